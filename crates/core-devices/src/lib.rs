@@ -1,0 +1,14 @@
+//! netcl-core-devices: OpenCL device discovery, capabilities, selection, and netcl's one error type.
+mod device;
+mod dtype;
+mod error;
+mod info;
+mod testing;
+
+pub use device::{ClDevice, Device, Selection};
+pub use dtype::DType;
+pub use error::{cl_code_name, is_oom_code, ClResultExt, Error, Result};
+pub use info::{DeviceInfo, DeviceKind};
+pub use testing::{opencl_test_devices, test_devices};
+pub use cl3;
+pub use opencl3;

@@ -1,0 +1,29 @@
+//! Device lists for test suites: every device present, with `NETCL_REQUIRE_OPENCL=1` making a missing OpenCL device an error.
+use crate::{Device, Error, Result};
+
+fn require_opencl() -> bool {
+    std::env::var("NETCL_REQUIRE_OPENCL").map(|v| v == "1").unwrap_or(false)
+}
+
+/// The OpenCL devices to test on. With none present this says why on stderr and returns an empty
+/// list, unless `NETCL_REQUIRE_OPENCL=1`, which makes it an error.
+pub fn opencl_test_devices() -> Result<Vec<Device>> {
+    let devices = Device::opencl_devices();
+    if devices.is_empty() {
+        if require_opencl() {
+            return Err(Error::device(
+                "test devices",
+                format!("NETCL_REQUIRE_OPENCL=1 but no OpenCL device is present: {}", Device::opencl_status()),
+            ));
+        }
+        eprintln!("netcl: OpenCL part skipped ({})", Device::opencl_status());
+    }
+    Ok(devices)
+}
+
+/// The host and every OpenCL device (see [`opencl_test_devices`]).
+pub fn test_devices() -> Result<Vec<Device>> {
+    let mut all = vec![Device::host()];
+    all.extend(opencl_test_devices()?);
+    Ok(all)
+}

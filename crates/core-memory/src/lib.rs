@@ -1,0 +1,10 @@
+//! netcl-core-memory: a bucket pool per OpenCL device and host<->device copies through pinned staging.
+mod pool;
+mod size_class;
+mod transfer;
+
+pub use pool::{parse_bytes, Block, Pool, PoolStats};
+pub use size_class::{size_class, SLAB_BYTES, SMALL_MAX};
+pub use transfer::{
+    copy, read, read_async, write, write_async, Pending, PinnedBuffer, Transfer, STAGING_CHUNK, STAGING_THRESHOLD,
+};

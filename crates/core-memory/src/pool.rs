@@ -1,0 +1,385 @@
+//! The per-device bucket pool: size classes, slabs carved into aligned sub-buffers, free-lists, OOM retry.
+use crate::size_class::{size_class, SLAB_BYTES, SMALL_MAX};
+use netcl_core_devices::opencl3::memory::{Buffer, ClMem, CL_MEM_READ_WRITE};
+use netcl_core_devices::opencl3::types::cl_mem;
+use netcl_core_devices::{cl3, ClResultExt, Device, Error, Result};
+use std::collections::HashMap;
+use std::fmt;
+use std::ptr;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+/// Counters of one pool. Byte counts are in block (size-class) bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Bytes of blocks handed out and not yet returned.
+    pub in_use: usize,
+    /// Highest `in_use` seen.
+    pub peak: usize,
+    /// Bytes held from the driver (slabs and dedicated buffers).
+    pub reserved: usize,
+    /// Bytes held but not in use: free blocks and uncarved slab space (`reserved - in_use`).
+    pub cached: usize,
+    /// clCreateBuffer calls (slabs and dedicated buffers; sub-buffers not counted).
+    pub driver_allocations: u64,
+    /// Driver buffers released back by `empty_cache`.
+    pub driver_frees: u64,
+    /// Sub-buffers carved from slabs.
+    pub sub_buffers: u64,
+    /// Requests served from a free-list.
+    pub hits: u64,
+    /// Requests that needed a new block.
+    pub misses: u64,
+    /// Blocks handed out and not yet returned.
+    pub live_blocks: usize,
+}
+
+impl fmt::Display for PoolStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "in use {} B, peak {} B, reserved {} B, cached {} B, driver allocations {}, hits {}, misses {}",
+            self.in_use, self.peak, self.reserved, self.cached, self.driver_allocations, self.hits, self.misses
+        )
+    }
+}
+
+struct FreeBlock {
+    buf: Buffer<u8>,
+    slab: Option<u64>,
+    origin: usize,
+}
+
+struct Slab {
+    buf: Buffer<u8>,
+    class: usize,
+    carved: usize,
+    live: usize,
+}
+
+#[derive(Default)]
+struct State {
+    free: HashMap<usize, Vec<FreeBlock>>,
+    slabs: HashMap<u64, Slab>,
+    open_slab: HashMap<usize, u64>,
+    next_slab: u64,
+    stats: PoolStats,
+    limit: Option<usize>,
+}
+
+struct Shared {
+    device: Device,
+    align: usize,
+    max_alloc: usize,
+    state: Mutex<State>,
+}
+
+/// A block of device memory from the pool. Returns to its free-list when dropped.
+pub struct Block {
+    buf: Option<Buffer<u8>>,
+    len: usize,
+    class: usize,
+    slab: Option<u64>,
+    origin: usize,
+    pool: Arc<Shared>,
+}
+
+impl Block {
+    /// The OpenCL buffer (a sub-buffer for small blocks).
+    pub fn buffer(&self) -> &Buffer<u8> {
+        self.buf.as_ref().expect("a live block always holds its buffer")
+    }
+    /// The raw cl_mem, for kernel arguments and copies.
+    pub fn mem(&self) -> cl_mem {
+        self.buffer().get()
+    }
+    /// Bytes requested.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Bytes actually reserved (the size class).
+    pub fn capacity(&self) -> usize {
+        self.class
+    }
+    /// Offset inside its slab (0 for dedicated buffers).
+    pub fn origin(&self) -> usize {
+        self.origin
+    }
+    pub fn is_sub_buffer(&self) -> bool {
+        self.slab.is_some()
+    }
+    pub fn device(&self) -> &Device {
+        &self.pool.device
+    }
+}
+
+impl fmt::Debug for Block {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Block({} B of class {} on {})", self.len, self.class, self.pool.device)
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            let mut st = self.pool.lock();
+            st.stats.in_use -= self.class;
+            st.stats.live_blocks -= 1;
+            if let Some(id) = self.slab {
+                if let Some(s) = st.slabs.get_mut(&id) {
+                    s.live -= 1;
+                }
+            }
+            st.free.entry(self.class).or_default().push(FreeBlock { buf, slab: self.slab, origin: self.origin });
+            st.stats.cached = st.stats.reserved - st.stats.in_use;
+        }
+    }
+}
+
+/// The memory pool of one OpenCL device.
+#[derive(Clone)]
+pub struct Pool {
+    shared: Arc<Shared>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves consistent counters: keep going.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Pool {
+    /// A new, empty pool for `device` (an OpenCL device). `NETCL_POOL_LIMIT` (bytes, or with K/M/G)
+    /// caps the bytes it may hold from the driver.
+    pub fn new(device: &Device) -> Result<Pool> {
+        let info = device.info();
+        device.cl("Pool::new")?;
+        let limit = match std::env::var("NETCL_POOL_LIMIT") {
+            Ok(v) if !v.trim().is_empty() => Some(parse_bytes(&v)?),
+            _ => None,
+        };
+        let state = State { limit, ..State::default() };
+        Ok(Pool {
+            shared: Arc::new(Shared {
+                device: device.clone(),
+                align: info.base_addr_align_bytes.max(256),
+                max_alloc: info.max_alloc_bytes as usize,
+                state: Mutex::new(state),
+            }),
+        })
+    }
+
+    /// The process-wide pool of `device`.
+    pub fn of(device: &Device) -> Result<Pool> {
+        static POOLS: OnceLock<Vec<Option<Pool>>> = OnceLock::new();
+        let pools = POOLS.get_or_init(|| Device::all().iter().map(|d| Pool::new(d).ok()).collect());
+        pools
+            .get(device.ordinal())
+            .and_then(|p| p.clone())
+            .ok_or_else(|| Error::device("Pool::of", format!("{device} has no device memory pool")))
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.shared.device
+    }
+
+    /// Alignment of sub-buffer origins in bytes (at least the device's base-address alignment).
+    pub fn alignment(&self) -> usize {
+        self.shared.align
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        self.shared.lock().stats
+    }
+
+    /// Cap the bytes held from the driver (`None`: no cap).
+    pub fn set_limit(&self, limit: Option<usize>) {
+        self.shared.lock().limit = limit;
+    }
+
+    /// Release every cached block and every slab with no live block back to the driver.
+    pub fn empty_cache(&self) {
+        release_cached(&mut self.shared.lock());
+    }
+
+    /// A block of at least `bytes` bytes. Out of memory: release the cache, retry once, then
+    /// `Error::OutOfMemory` with the size and the stats.
+    pub fn alloc(&self, bytes: usize) -> Result<Block> {
+        let sh = &self.shared;
+        let class = size_class(bytes, sh.align);
+        if class > sh.max_alloc {
+            return Err(self.oom(bytes, &sh.lock().stats, "larger than the device's max allocation"));
+        }
+        let mut st = sh.lock();
+        if let Some(fb) = st.free.get_mut(&class).and_then(|v| v.pop()) {
+            st.stats.hits += 1;
+            return Ok(self.hand_out(&mut st, fb, bytes, class));
+        }
+        st.stats.misses += 1;
+        let fb = match self.grow(&mut st, class) {
+            Ok(fb) => fb,
+            Err(e) if e.is_out_of_memory() => {
+                log::info!("pool on {}: out of memory for {bytes} B, releasing cache and retrying", sh.device);
+                release_cached(&mut st);
+                self.grow(&mut st, class).map_err(|e| match e {
+                    e if e.is_out_of_memory() => self.oom(bytes, &st.stats, &e.to_string()),
+                    e => e,
+                })?
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(self.hand_out(&mut st, fb, bytes, class))
+    }
+
+    fn oom(&self, bytes: usize, stats: &PoolStats, why: &str) -> Error {
+        Error::OutOfMemory { device: self.shared.device.label(), requested: bytes, stats: format!("{why}; {stats}") }
+    }
+
+    fn hand_out(&self, st: &mut State, fb: FreeBlock, len: usize, class: usize) -> Block {
+        if let Some(id) = fb.slab {
+            if let Some(s) = st.slabs.get_mut(&id) {
+                s.live += 1;
+            }
+        }
+        st.stats.in_use += class;
+        st.stats.live_blocks += 1;
+        st.stats.peak = st.stats.peak.max(st.stats.in_use);
+        st.stats.cached = st.stats.reserved - st.stats.in_use;
+        Block { buf: Some(fb.buf), len, class, slab: fb.slab, origin: fb.origin, pool: self.shared.clone() }
+    }
+
+    /// A new block of `class` bytes: carved from an open slab, from a new slab, or a dedicated buffer.
+    fn grow(&self, st: &mut State, class: usize) -> Result<FreeBlock> {
+        if class > SMALL_MAX {
+            let buf = self.driver_alloc(st, class)?;
+            return Ok(FreeBlock { buf, slab: None, origin: 0 });
+        }
+        let id = match st.open_slab.get(&class) {
+            Some(&id) => id,
+            None => {
+                let bytes = SLAB_BYTES.max(class * 4);
+                let buf = self.driver_alloc(st, bytes)?;
+                let id = st.next_slab;
+                st.next_slab += 1;
+                st.slabs.insert(id, Slab { buf, class, carved: 0, live: 0 });
+                st.open_slab.insert(class, id);
+                id
+            }
+        };
+        let slab = st.slabs.get_mut(&id).expect("open slab is registered");
+        let origin = slab.carved;
+        // SAFETY: origin + class lies inside the slab, and origin is a multiple of the alignment.
+        let buf = unsafe { slab.buf.create_sub_buffer(CL_MEM_READ_WRITE, origin, class) }.cl("clCreateSubBuffer")?;
+        slab.carved += class;
+        let slab_size = SLAB_BYTES.max(slab.class * 4);
+        if slab.carved + class > slab_size {
+            st.open_slab.remove(&class);
+        }
+        st.stats.sub_buffers += 1;
+        Ok(FreeBlock { buf, slab: Some(id), origin })
+    }
+
+    fn driver_alloc(&self, st: &mut State, bytes: usize) -> Result<Buffer<u8>> {
+        if let Some(limit) = st.limit {
+            if st.stats.reserved + bytes > limit {
+                return Err(Error::OutOfMemory {
+                    device: self.shared.device.label(),
+                    requested: bytes,
+                    stats: format!("NETCL_POOL_LIMIT of {limit} B reached"),
+                });
+            }
+        }
+        let cl = self.shared.device.cl("Pool::alloc")?;
+        // SAFETY: no host pointer; the context is valid for the life of the device.
+        let buf = unsafe { Buffer::<u8>::create(&cl.context, CL_MEM_READ_WRITE, bytes, ptr::null_mut()) }
+            .cl("clCreateBuffer")?;
+        // Drivers may defer the allocation to the first command that touches the buffer, and only
+        // then report out-of-memory: touch it now, while the failure can still be handled.
+        let byte = [0u8; 1];
+        // SAFETY: a blocking write of one byte inside the buffer, from a live stack array.
+        unsafe {
+            cl3::command_queue::enqueue_write_buffer(
+                cl.queue.get(),
+                buf.get(),
+                cl3::types::CL_BLOCKING,
+                bytes - 1,
+                1,
+                byte.as_ptr().cast(),
+                0,
+                ptr::null(),
+            )
+            .map(|ev| cl3::event::release_event(ev))
+        }
+        .cl("touch new buffer")?
+        .cl("clReleaseEvent")?;
+        st.stats.driver_allocations += 1;
+        st.stats.reserved += bytes;
+        st.stats.cached = st.stats.reserved - st.stats.in_use;
+        Ok(buf)
+    }
+}
+
+fn release_cached(st: &mut State) {
+    let mut freed = 0usize;
+    let mut frees = 0u64;
+    // Dedicated buffers go back to the driver one by one.
+    for (class, list) in st.free.iter_mut() {
+        if *class > SMALL_MAX {
+            freed += *class * list.len();
+            frees += list.len() as u64;
+            list.clear();
+        }
+    }
+    // Slabs go back when none of their blocks is live.
+    let empty: Vec<u64> = st.slabs.iter().filter(|(_, s)| s.live == 0).map(|(id, _)| *id).collect();
+    for id in empty {
+        if let Some(slab) = st.slabs.remove(&id) {
+            if let Some(list) = st.free.get_mut(&slab.class) {
+                list.retain(|fb| fb.slab != Some(id));
+            }
+            if st.open_slab.get(&slab.class) == Some(&id) {
+                st.open_slab.remove(&slab.class);
+            }
+            freed += SLAB_BYTES.max(slab.class * 4);
+            frees += 1;
+        }
+    }
+    st.free.retain(|_, v| !v.is_empty());
+    st.stats.reserved -= freed;
+    st.stats.driver_frees += frees;
+    st.stats.cached = st.stats.reserved - st.stats.in_use;
+}
+
+/// Parse `1048576`, `512K`, `64M`, `2G` (binary units) into bytes.
+pub fn parse_bytes(s: &str) -> Result<usize> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 1usize << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    num.trim()
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| Error::invalid("NETCL_POOL_LIMIT", format!("'{s}' is not a byte count (e.g. 512M, 2G)")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts() {
+        assert_eq!(parse_bytes("1024").unwrap(), 1024);
+        assert_eq!(parse_bytes("2k").unwrap(), 2048);
+        assert_eq!(parse_bytes(" 64M ").unwrap(), 64 << 20);
+        assert_eq!(parse_bytes("1G").unwrap(), 1 << 30);
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("").is_err());
+    }
+}

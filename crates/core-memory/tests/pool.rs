@@ -1,0 +1,127 @@
+//! Pool behaviour on every OpenCL device: reuse without driver calls, aligned sub-buffers, baseline after churn, OOM recovery.
+use netcl_core_devices::{opencl_test_devices, Error};
+use netcl_core_memory::{read, write, Pool, SMALL_MAX};
+
+const SIZES: [usize; 8] = [4, 100, 1000, 5000, 70_000, 600_000, 3_000_000, 9_000_000];
+
+#[test]
+fn steady_loop_makes_no_driver_allocations_after_warm_up() {
+    for dev in opencl_test_devices().unwrap() {
+        let pool = Pool::new(&dev).unwrap();
+        let step = || {
+            let held: Vec<_> = SIZES.iter().map(|&s| pool.alloc(s).unwrap()).collect();
+            let more: Vec<_> = SIZES.iter().rev().map(|&s| pool.alloc(s / 2 + 1).unwrap()).collect();
+            drop(held);
+            drop(more);
+        };
+        step();
+        let warm = pool.stats();
+        assert!(warm.driver_allocations > 0);
+        for _ in 0..200 {
+            step();
+        }
+        let after = pool.stats();
+        assert_eq!(after.driver_allocations, warm.driver_allocations, "{dev}: {after}");
+        assert_eq!(after.hits - warm.hits, 200 * 2 * SIZES.len() as u64);
+        assert_eq!(after.misses, warm.misses);
+        assert_eq!(after.in_use, 0);
+        assert_eq!(after.reserved, warm.reserved);
+    }
+}
+
+#[test]
+fn sub_buffers_are_aligned_disjoint_and_usable() {
+    for dev in opencl_test_devices().unwrap() {
+        let pool = Pool::new(&dev).unwrap();
+        let align = dev.info().base_addr_align_bytes;
+        assert_eq!(pool.alignment() % align, 0);
+        let sizes: Vec<usize> = (0..300).map(|i| 1 + (i * 7919) % 20_000).collect();
+        let blocks: Vec<_> = sizes.iter().map(|&s| pool.alloc(s).unwrap()).collect();
+        for b in &blocks {
+            assert!(b.is_sub_buffer(), "{b:?} should come from a slab");
+            assert_eq!(b.origin() % align, 0, "{dev}: origin {} not aligned to {align}", b.origin());
+            assert!(b.capacity() >= b.len());
+        }
+        // Each block gets its own bytes; reading back proves the sub-buffers do not overlap.
+        for (i, b) in blocks.iter().enumerate() {
+            write(b, 0, &vec![(i % 251) as u8; b.len()]).unwrap();
+        }
+        for (i, b) in blocks.iter().enumerate() {
+            let mut out = vec![0u8; b.len()];
+            read(b, 0, &mut out).unwrap();
+            assert!(out.iter().all(|&x| x == (i % 251) as u8), "{dev}: block {i} was overwritten");
+        }
+        let big = pool.alloc(SMALL_MAX + 1).unwrap();
+        assert!(!big.is_sub_buffer() && big.origin() == 0);
+    }
+}
+
+#[test]
+fn hundred_thousand_cycles_return_to_baseline() {
+    for dev in opencl_test_devices().unwrap() {
+        let pool = Pool::new(&dev).unwrap();
+        // Warm-up: the most blocks of each size the churn below can hold at once (7).
+        let warm: Vec<_> = SIZES.iter().flat_map(|&s| (0..7).map(move |_| s)).map(|s| pool.alloc(s).unwrap()).collect();
+        drop(warm);
+        let mut held = Vec::new();
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut cycle = |held: &mut Vec<_>| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            held.push(pool.alloc(SIZES[(x % SIZES.len() as u64) as usize]).unwrap());
+            if held.len() > 6 {
+                held.swap_remove((x >> 20) as usize % held.len());
+            }
+        };
+        let base = pool.stats();
+        for _ in 0..100_000 {
+            cycle(&mut held);
+        }
+        held.clear();
+        let end = pool.stats();
+        assert_eq!(end.in_use, 0);
+        assert_eq!(end.live_blocks, 0);
+        assert_eq!(end.reserved, base.reserved, "{dev}: pool grew during churn: {base} -> {end}");
+        assert_eq!(end.driver_allocations, base.driver_allocations);
+        pool.empty_cache();
+        let empty = pool.stats();
+        assert_eq!((empty.reserved, empty.cached, empty.in_use), (0, 0, 0), "{empty}");
+        assert_eq!(empty.driver_frees, empty.driver_allocations);
+    }
+}
+
+#[test]
+fn out_of_memory_releases_cache_then_errors_and_pool_still_works() {
+    for dev in opencl_test_devices().unwrap() {
+        let pool = Pool::new(&dev).unwrap();
+        pool.set_limit(Some(8 << 20));
+        // A cached 6 MiB block is released to make room for a 7 MiB one.
+        drop(pool.alloc(6 << 20).unwrap());
+        let seven = pool.alloc(7 << 20).unwrap();
+        let s = pool.stats();
+        assert_eq!(s.driver_frees, 1, "{s}");
+        assert_eq!(s.reserved, 7 << 20);
+        // Nothing left to release: a typed error carrying the size and the stats.
+        match pool.alloc(4 << 20) {
+            Err(Error::OutOfMemory { requested, stats, .. }) => {
+                assert_eq!(requested, 4 << 20);
+                assert!(stats.contains("in use"), "{stats}");
+            }
+            other => panic!("{dev}: expected OutOfMemory, got {other:?}"),
+        }
+        // Larger than the device can ever allocate.
+        let huge = dev.info().max_alloc_bytes as usize * 2;
+        let err = pool.alloc(huge).unwrap_err();
+        assert!(matches!(err, Error::OutOfMemory { .. }) && err.to_string().contains(&huge.to_string()), "{err}");
+        // The pool is intact: the held block still works, and freeing it makes room again.
+        write(&seven, 0, &[7u8; 64]).unwrap();
+        drop(seven);
+        let four = pool.alloc(4 << 20).unwrap();
+        let mut back = [0u8; 16];
+        write(&four, 100, &[42u8; 16]).unwrap();
+        read(&four, 100, &mut back).unwrap();
+        assert_eq!(back, [42u8; 16]);
+        assert!(pool.stats().reserved <= 8 << 20);
+    }
+}
