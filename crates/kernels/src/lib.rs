@@ -1,1 +1,13 @@
-//! tmp
+//! netcl-kernels: OpenCL C from kernels/*.cl, built per device with -D options, cached in memory and on disk, launched with checks.
+mod disk_cache;
+mod launch;
+mod program;
+pub mod sources;
+
+pub use disk_cache::default_dir as cache_dir;
+pub use launch::Kernel;
+pub use program::{build, program, Origin, Program};
+pub use sources::Source;
+
+/// The work-group size netcl uses for one-dimensional kernels (few distinct local sizes keep PoCL fast).
+pub const GROUP_1D: usize = 256;

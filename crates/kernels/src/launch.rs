@@ -1,0 +1,176 @@
+//! Checked kernel launches: per-thread kernel objects, arguments, work-group and local-memory checks.
+use crate::program::Program;
+use netcl_core_devices::opencl3::kernel::Kernel as ClKernel;
+use netcl_core_devices::opencl3::types::cl_mem;
+use netcl_core_devices::{cl3, ClResultExt, Device, Error, Result};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ptr;
+use std::rc::Rc;
+use std::sync::Arc;
+
+struct Entry {
+    kernel: ClKernel,
+    name: String,
+    num_args: u32,
+    work_group_size: usize,
+    local_mem: u64,
+}
+
+thread_local! {
+    // cl_kernel argument state is not thread-safe: every thread gets its own kernel objects.
+    static KERNELS: RefCell<HashMap<(u64, String), Rc<Entry>>> = RefCell::new(HashMap::new());
+}
+
+/// One launch of a kernel: set its arguments in order, then `launch`.
+pub struct Kernel {
+    entry: Rc<Entry>,
+    program: Arc<Program>,
+    next_arg: u32,
+    dynamic_local: u64,
+}
+
+impl Kernel {
+    /// The kernel `name` of `program`, as this thread's own kernel object.
+    pub fn new(program: &Arc<Program>, name: &str) -> Result<Kernel> {
+        if name.contains('\0') {
+            return Err(Error::invalid("Kernel::new", format!("kernel name {name:?} contains a NUL byte")));
+        }
+        let key = (program.id, name.to_string());
+        let cached = KERNELS.with(|k| k.borrow().get(&key).cloned());
+        let entry = match cached {
+            Some(e) => e,
+            None => {
+                let cl = program.device.cl(name)?;
+                let kernel = ClKernel::create(&program.inner, name).map_err(|e| Error::Launch {
+                    kernel: name.to_string(),
+                    msg: format!("not found in kernels/{} ({})", program.source.name, netcl_core_devices::cl_code_name(e.0)),
+                })?;
+                let dev = cl.id.id();
+                let entry = Rc::new(Entry {
+                    num_args: kernel.num_args().cl("clGetKernelInfo")?,
+                    work_group_size: kernel.get_work_group_size(dev).cl("CL_KERNEL_WORK_GROUP_SIZE")?,
+                    local_mem: kernel.get_local_mem_size(dev).cl("CL_KERNEL_LOCAL_MEM_SIZE")?,
+                    kernel,
+                    name: name.to_string(),
+                });
+                KERNELS.with(|k| k.borrow_mut().insert(key, entry.clone()));
+                entry
+            }
+        };
+        Ok(Kernel { entry, program: program.clone(), next_arg: 0, dynamic_local: 0 })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.entry.name
+    }
+
+    /// The largest work-group this kernel can run with on its device.
+    pub fn max_work_group_size(&self) -> usize {
+        self.entry.work_group_size.min(self.program.device.info().max_work_group_size)
+    }
+
+    fn next_index(&mut self) -> Result<u32> {
+        if self.next_arg >= self.entry.num_args {
+            return Err(Error::Launch {
+                kernel: self.entry.name.clone(),
+                msg: format!("more than its {} arguments given", self.entry.num_args),
+            });
+        }
+        self.next_arg += 1;
+        Ok(self.next_arg - 1)
+    }
+
+    /// Set the next argument to a plain value (a scalar, or a `#[repr(C)]` struct matching the kernel's).
+    pub fn arg<T: Copy>(&mut self, value: &T) -> Result<&mut Self> {
+        let i = self.next_index()?;
+        // SAFETY: the index is within num_args and the value is plain data of the size passed.
+        unsafe { self.entry.kernel.set_arg(i, value) }.map_err(|e| self.arg_error(i, e.0))?;
+        Ok(self)
+    }
+
+    /// Set the next argument to a buffer.
+    pub fn arg_mem(&mut self, mem: cl_mem) -> Result<&mut Self> {
+        self.arg(&mem)
+    }
+
+    /// Set the next argument to `bytes` of dynamic local memory (checked at launch).
+    pub fn arg_local(&mut self, bytes: usize) -> Result<&mut Self> {
+        let i = self.next_index()?;
+        // SAFETY: a local-memory argument takes a size and no value.
+        unsafe { self.entry.kernel.set_arg_local_buffer(i, bytes) }.map_err(|e| self.arg_error(i, e.0))?;
+        self.dynamic_local += bytes as u64;
+        Ok(self)
+    }
+
+    fn arg_error(&self, i: u32, code: i32) -> Error {
+        Error::Launch {
+            kernel: self.entry.name.clone(),
+            msg: format!("argument {i}: {} ({code})", netcl_core_devices::cl_code_name(code)),
+        }
+    }
+
+    /// Enqueue over `global` work-items (1 to 3 dims) in work-groups of `local`. Each global size is
+    /// rounded up to a multiple of its local size, so kernels bounds-check their index. Everything
+    /// is checked before the enqueue; nothing is enqueued on error, and the arguments are reset.
+    pub fn launch(&mut self, global: &[usize], local: &[usize]) -> Result<()> {
+        let result = self.try_launch(global, local);
+        self.next_arg = 0;
+        self.dynamic_local = 0;
+        result
+    }
+
+    fn try_launch(&self, global: &[usize], local: &[usize]) -> Result<()> {
+        let fail = |msg: String| Err(Error::Launch { kernel: self.entry.name.clone(), msg });
+        let device: &Device = &self.program.device;
+        let info = device.info();
+        if global.is_empty() || global.len() > 3 || local.len() != global.len() {
+            return fail(format!("global {global:?} and local {local:?} must both have 1 to 3 dims"));
+        }
+        if self.next_arg != self.entry.num_args {
+            return fail(format!("{} of its {} arguments set", self.next_arg, self.entry.num_args));
+        }
+        if global.contains(&0) {
+            return Ok(());
+        }
+        let group: usize = local.iter().product();
+        if local.contains(&0) || group > self.max_work_group_size() {
+            return fail(format!(
+                "work-group {local:?} ({group} items) exceeds the limit of {} on {device}",
+                self.max_work_group_size()
+            ));
+        }
+        for (d, &l) in local.iter().enumerate() {
+            if info.max_work_item_sizes.get(d).is_some_and(|&m| l > m) {
+                return fail(format!("local size {l} in dim {d} exceeds {} on {device}", info.max_work_item_sizes[d]));
+            }
+        }
+        let local_mem = self.entry.local_mem + self.dynamic_local;
+        if local_mem > info.local_mem_bytes {
+            return fail(format!("needs {local_mem} B of local memory; {device} has {} B", info.local_mem_bytes));
+        }
+        let mut rounded = [1usize; 3];
+        for d in 0..global.len() {
+            rounded[d] = global[d].div_ceil(local[d]) * local[d];
+        }
+        let cl = device.cl(&self.entry.name)?;
+        // SAFETY: all arguments are set, sizes are checked, and the arrays outlive the call.
+        unsafe {
+            cl3::command_queue::enqueue_nd_range_kernel(
+                cl.queue.get(),
+                self.entry.kernel.get(),
+                global.len() as u32,
+                ptr::null(),
+                rounded.as_ptr(),
+                local.as_ptr(),
+                0,
+                ptr::null(),
+            )
+            .and_then(|ev| cl3::event::release_event(ev))
+        }
+        .map_err(|code| Error::Launch {
+            kernel: self.entry.name.clone(),
+            msg: format!("clEnqueueNDRangeKernel: {} ({code})", netcl_core_devices::cl_code_name(code)),
+        })
+    }
+}

@@ -1,0 +1,140 @@
+//! Building programs: from an on-disk binary when one matches, else from source; cached per device in memory.
+use crate::disk_cache::{self, Key};
+use crate::sources::{Source, COMMON};
+use netcl_core_devices::opencl3::program::Program as ClProgram;
+use netcl_core_devices::{ClResultExt, Device, Error, Result};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// A built program for one device.
+pub struct Program {
+    pub(crate) inner: ClProgram,
+    /// Unique in this process; keys the per-thread kernel objects.
+    pub(crate) id: u64,
+    pub source: Source,
+    pub options: String,
+    pub device: Device,
+    /// Where the executable came from.
+    pub origin: Origin,
+}
+
+/// Where a program's executable came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// Compiled from OpenCL C (and stored on disk, when a cache directory is set).
+    Source,
+    /// Loaded from a binary in the disk cache.
+    DiskCache,
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+fn check_options(device: &Device, source: &Source, options: &str) -> Result<()> {
+    if options.contains('\0') {
+        return Err(Error::invalid("build program", format!("options for {} contain a NUL byte", source.name)));
+    }
+    if options.contains("-DDT_F64") && !device.info().fp64 {
+        return Err(Error::dtype(source.name, format!("{device} does not support f64 (no cl_khr_fp64)")));
+    }
+    Ok(())
+}
+
+/// Build `source` (with kernels/common.cl in front) for `device` with `options`, through the
+/// disk cache in `cache_dir` when given. A missing, corrupt or rejected binary rebuilds from source.
+pub fn build(device: &Device, source: &Source, options: &str, cache_dir: Option<&Path>) -> Result<Program> {
+    check_options(device, source, options)?;
+    let cl = device.cl(source.name)?;
+    let info = device.info();
+    let text = format!("{}\n{}", COMMON.text, source.text);
+    let key = Key::new(&[
+        "netcl-program-v1",
+        source.name,
+        &text,
+        options,
+        &info.platform,
+        &info.platform_version,
+        &info.name,
+        &info.driver_version,
+    ]);
+    let file = cache_dir.map(|d| disk_cache::path(d, source.name.trim_end_matches(".cl"), key));
+    let make = |inner, origin| Program {
+        inner,
+        id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        source: *source,
+        options: options.to_string(),
+        device: device.clone(),
+        origin,
+    };
+    if let Some(bin) = file.as_deref().and_then(|f| disk_cache::load(f, key)) {
+        match ClProgram::create_and_build_from_binary(&cl.context, &[&bin], options) {
+            Ok(p) => return Ok(make(p, Origin::DiskCache)),
+            Err(e) => log::info!("cached binary for {} rejected ({e}); rebuilding from source", source.name),
+        }
+    }
+    let mut program = ClProgram::create_from_source(&cl.context, &text).cl("clCreateProgramWithSource")?;
+    if let Err(e) = program.build(&[cl.id.id()], options) {
+        let log = program.get_build_log(cl.id.id()).unwrap_or_else(|_| format!("(no build log; error {})", e.0));
+        return Err(Error::KernelBuild { file: source.name.to_string(), options: options.to_string(), log });
+    }
+    if let Some(f) = &file {
+        match program.get_binaries() {
+            Ok(bins) if bins.len() == 1 && !bins[0].is_empty() => disk_cache::store(f, key, &bins[0]),
+            _ => log::info!("{}: the driver returned no binary to cache", source.name),
+        }
+    }
+    Ok(make(program, Origin::Source))
+}
+
+type ProgramKey = (usize, &'static str, String);
+
+/// The program for (`device`, `source`, `options`), built once per process and cached in memory.
+pub fn program(device: &Device, source: &Source, options: &str) -> Result<Arc<Program>> {
+    static PROGRAMS: OnceLock<Mutex<HashMap<ProgramKey, Arc<Program>>>> = OnceLock::new();
+    let programs = PROGRAMS.get_or_init(|| Mutex::new(HashMap::new()));
+    let key = (device.ordinal(), source.name, options.to_string());
+    let mut map = programs.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = map.get(&key) {
+        return Ok(p.clone());
+    }
+    let p = Arc::new(build(device, source, options, disk_cache::default_dir().as_deref())?);
+    log::debug!("built {} [{}] for {} ({:?})", source.name, options, device, p.origin);
+    map.insert(key, p.clone());
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sources::COPY;
+
+    #[test]
+    fn a_binary_the_driver_rejects_is_rebuilt_from_source() {
+        let Ok(devices) = netcl_core_devices::opencl_test_devices() else { panic!("OpenCL required") };
+        for dev in devices {
+            let dir = tempfile::tempdir().unwrap();
+            build(&dev, &COPY, "-DDT_F32", Some(dir.path())).unwrap();
+            let file = std::fs::read_dir(dir.path()).unwrap().next().unwrap().unwrap().path();
+            // A well-formed cache file around bytes that are no program binary.
+            let text = format!("{}\n{}", COMMON.text, COPY.text);
+            let info = dev.info();
+            let key = Key::new(&[
+                "netcl-program-v1",
+                COPY.name,
+                &text,
+                "-DDT_F32",
+                &info.platform,
+                &info.platform_version,
+                &info.name,
+                &info.driver_version,
+            ]);
+            assert_eq!(disk_cache::path(dir.path(), "copy", key), file);
+            disk_cache::store(&file, key, b"definitely not a binary");
+            assert!(disk_cache::load(&file, key).is_some());
+            let p = build(&dev, &COPY, "-DDT_F32", Some(dir.path())).unwrap();
+            assert_eq!(p.origin, Origin::Source);
+            assert_eq!(build(&dev, &COPY, "-DDT_F32", Some(dir.path())).unwrap().origin, Origin::DiskCache);
+        }
+    }
+}

@@ -1,0 +1,23 @@
+//! The OpenCL C sources in the top-level kernels/ folder, embedded at compile time.
+
+/// One kernels/*.cl file. `kernels/common.cl` is prepended to every program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Source {
+    /// File name under kernels/, e.g. `elementwise.cl`.
+    pub name: &'static str,
+    pub text: &'static str,
+}
+
+macro_rules! source {
+    ($ident:ident, $file:literal) => {
+        pub const $ident: Source = Source { name: $file, text: include_str!(concat!("../../../kernels/", $file)) };
+    };
+}
+
+source!(COMMON, "common.cl");
+source!(ELEMENTWISE, "elementwise.cl");
+source!(COPY, "copy.cl");
+source!(RANDOM, "random.cl");
+
+/// Every op-family source (not the common header).
+pub const ALL: [Source; 3] = [ELEMENTWISE, COPY, RANDOM];

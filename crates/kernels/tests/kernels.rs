@@ -1,0 +1,132 @@
+//! Program builds, the disk cache, build errors and launch checks on every OpenCL device.
+use netcl_core_devices::{opencl_test_devices, Device, Error};
+use netcl_core_memory::{read, write, Pool};
+use netcl_kernels::sources::ELEMENTWISE;
+use netcl_kernels::{build, program, Kernel, Origin, Program, Source, GROUP_1D};
+use std::sync::Arc;
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Runs `add_contig` of `program` on a few numbers and checks the sums.
+fn check_add(dev: &Device, program: &Arc<Program>) {
+    let pool = Pool::of(dev).unwrap();
+    let n = 1000usize;
+    let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+    let b: Vec<f32> = (0..n).map(|i| 3.0 - i as f32).collect();
+    let (ba, bb, bo) = (pool.alloc(4 * n).unwrap(), pool.alloc(4 * n).unwrap(), pool.alloc(4 * n).unwrap());
+    write(&ba, 0, &f32_bytes(&a)).unwrap();
+    write(&bb, 0, &f32_bytes(&b)).unwrap();
+    let mut k = Kernel::new(program, "add_contig").unwrap();
+    k.arg_mem(bo.mem()).unwrap().arg_mem(ba.mem()).unwrap().arg_mem(bb.mem()).unwrap().arg(&(n as u32)).unwrap();
+    k.launch(&[n], &[GROUP_1D]).unwrap();
+    let mut out = vec![0u8; 4 * n];
+    read(&bo, 0, &mut out).unwrap();
+    for i in 0..n {
+        let got = f32::from_le_bytes(out[4 * i..4 * i + 4].try_into().unwrap());
+        assert_eq!(got, a[i] + b[i], "{dev}: element {i}");
+    }
+}
+
+#[test]
+fn disk_cache_reuses_and_rebuilds_corrupt_binaries() {
+    for dev in opencl_test_devices().unwrap() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = build(&dev, &ELEMENTWISE, "-DDT_F32", Some(dir.path())).unwrap();
+        assert_eq!(first.origin, Origin::Source);
+        let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
+        assert_eq!(files.len(), 1, "{files:?}");
+        let second = Arc::new(build(&dev, &ELEMENTWISE, "-DDT_F32", Some(dir.path())).unwrap());
+        assert_eq!(second.origin, Origin::DiskCache);
+        check_add(&dev, &second);
+        // Other options are another binary.
+        let f64_build = build(&dev, &ELEMENTWISE, "-DDT_I32", Some(dir.path())).unwrap();
+        assert_eq!(f64_build.origin, Origin::Source);
+        // Flip bytes in the middle, then truncate: each time it silently rebuilds from source.
+        let mut bytes = std::fs::read(&files[0]).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0xff;
+        std::fs::write(&files[0], &bytes).unwrap();
+        let rebuilt = Arc::new(build(&dev, &ELEMENTWISE, "-DDT_F32", Some(dir.path())).unwrap());
+        assert_eq!(rebuilt.origin, Origin::Source);
+        check_add(&dev, &rebuilt);
+        std::fs::write(&files[0], &bytes[..20]).unwrap();
+        assert_eq!(build(&dev, &ELEMENTWISE, "-DDT_F32", Some(dir.path())).unwrap().origin, Origin::Source);
+        assert_eq!(build(&dev, &ELEMENTWISE, "-DDT_F32", Some(dir.path())).unwrap().origin, Origin::DiskCache);
+    }
+}
+
+#[test]
+fn failed_build_reports_file_options_and_log() {
+    let broken = Source { name: "broken.cl", text: "__kernel void f(__global float* x) { x[0] = undefined_thing; }" };
+    for dev in opencl_test_devices().unwrap() {
+        match build(&dev, &broken, "-DDT_F32", None) {
+            Err(Error::KernelBuild { file, options, log }) => {
+                assert_eq!(file, "broken.cl");
+                assert_eq!(options, "-DDT_F32");
+                assert!(log.contains("undefined_thing"), "build log does not name the problem: {log}");
+            }
+            Err(e) => panic!("{dev}: expected KernelBuild, got {e}"),
+            Ok(_) => panic!("{dev}: broken source built"),
+        }
+    }
+}
+
+const LOCAL: Source = Source {
+    name: "local_test.cl",
+    text: "__kernel void scale(__global float* x, __local float* tmp, uint n) {
+        uint i = get_global_id(0), l = get_local_id(0);
+        tmp[l] = i < n ? x[i] : 0.0f;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (i < n) x[i] = 2.0f * tmp[l];
+    }",
+};
+
+#[test]
+fn launches_are_checked_before_enqueue() {
+    for dev in opencl_test_devices().unwrap() {
+        let p = Arc::new(build(&dev, &LOCAL, "", None).unwrap());
+        let pool = Pool::of(&dev).unwrap();
+        let buf = pool.alloc(4 * 300).unwrap();
+        write(&buf, 0, &f32_bytes(&vec![1.5; 300])).unwrap();
+        let mut k = Kernel::new(&p, "scale").unwrap();
+        // Too much local memory: an error, not a crashed process.
+        let too_much = dev.info().local_mem_bytes as usize + 4;
+        k.arg_mem(buf.mem()).unwrap().arg_local(too_much).unwrap().arg(&300u32).unwrap();
+        let err = k.launch(&[300], &[64]).unwrap_err();
+        assert!(matches!(err, Error::Launch { .. }) && err.to_string().contains("local memory"), "{err}");
+        // A work-group larger than the device allows.
+        let big = k.max_work_group_size() + 1;
+        k.arg_mem(buf.mem()).unwrap().arg_local(4 * big).unwrap().arg(&300u32).unwrap();
+        let err = k.launch(&[300], &[big]).unwrap_err();
+        assert!(err.to_string().contains("work-group"), "{err}");
+        // Missing and surplus arguments.
+        k.arg_mem(buf.mem()).unwrap();
+        assert!(k.launch(&[300], &[64]).unwrap_err().to_string().contains("1 of its 3 arguments"));
+        k.arg_mem(buf.mem()).unwrap().arg_local(256).unwrap().arg(&300u32).unwrap();
+        assert!(k.arg(&1u32).is_err());
+        k.launch(&[300], &[64]).unwrap();
+        // Nothing bad was enqueued: exactly one doubling happened.
+        let mut out = vec![0u8; 4 * 300];
+        read(&buf, 0, &mut out).unwrap();
+        assert!(out.chunks(4).all(|c| f32::from_le_bytes(c.try_into().unwrap()) == 3.0));
+        assert!(matches!(Kernel::new(&p, "no_such_kernel"), Err(Error::Launch { .. })));
+    }
+}
+
+#[test]
+fn kernels_are_per_thread() {
+    for dev in opencl_test_devices().unwrap() {
+        let p = program(&dev, &ELEMENTWISE, "-DDT_F32").unwrap();
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..10 {
+                        check_add(&dev, &p);
+                    }
+                });
+            }
+        });
+    }
+}
