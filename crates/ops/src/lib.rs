@@ -1,1 +1,16 @@
-//! tmp
+//! netcl-ops: the Tensor and its ops, each with an OpenCL kernel and a host (ndarray) reference.
+#[macro_use]
+mod element;
+mod binary;
+mod create;
+mod launch;
+pub mod layout;
+mod random;
+mod tensor;
+mod views;
+
+pub use binary::BinaryOp;
+pub use element::{Element, HostData};
+pub use netcl_core_devices::{DType, Device, Error, Result};
+pub use random::Generator;
+pub use tensor::{Storage, Tensor};

@@ -1,0 +1,149 @@
+//! Shapes and strides: contiguity, broadcasting, and the strided layout passed to kernels.
+use netcl_core_devices::{Error, Result};
+
+/// Most dims a kernel layout holds after merging (kernels/common.cl MAX_DIMS).
+pub const MAX_DIMS: usize = 8;
+
+/// Row-major strides (in elements) of a contiguous tensor of `shape`.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * shape[d + 1].max(1);
+    }
+    strides
+}
+
+pub fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// True when `strides` walk `shape` row-major without gaps (size-1 dims may have any stride; empty tensors always are).
+pub fn is_contiguous(shape: &[usize], strides: &[usize]) -> bool {
+    if shape.contains(&0) {
+        return true;
+    }
+    let mut expected = 1;
+    for d in (0..shape.len()).rev() {
+        if shape[d] != 1 && strides[d] != expected {
+            return false;
+        }
+        expected *= shape[d];
+    }
+    true
+}
+
+/// NumPy broadcasting of two shapes.
+pub fn broadcast_shapes(op: &str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let get = |s: &[usize], i: usize| if i + s.len() >= n { s[i + s.len() - n] } else { 1 };
+    (0..n)
+        .map(|i| match (get(a, i), get(b, i)) {
+            (x, y) if x == y || y == 1 => Ok(x),
+            (1, y) => Ok(y),
+            (x, y) => Err(Error::shape(op, format!("shapes {a:?} and {b:?} do not broadcast (dim {i}: {x} vs {y})"))),
+        })
+        .collect()
+}
+
+/// Strides that view (`shape`, `strides`) as `target` (broadcast dims get stride 0).
+pub fn broadcast_strides(op: &str, shape: &[usize], strides: &[usize], target: &[usize]) -> Result<Vec<usize>> {
+    if shape.len() > target.len() {
+        return Err(Error::shape(op, format!("cannot broadcast {shape:?} to fewer dims {target:?}")));
+    }
+    let lead = target.len() - shape.len();
+    (0..target.len())
+        .map(|i| {
+            if i < lead {
+                return Ok(0);
+            }
+            match (shape[i - lead], target[i]) {
+                (s, t) if s == t => Ok(strides[i - lead]),
+                (1, _) => Ok(0),
+                (s, t) => Err(Error::shape(op, format!("cannot broadcast {shape:?} to {target:?} (dim {i}: {s} vs {t})"))),
+            }
+        })
+        .collect()
+}
+
+/// The strided layout of up to three operands over one shape, as kernels/common.cl's `Layout`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelLayout {
+    pub ndim: u32,
+    pub shape: [u32; MAX_DIMS],
+    pub stride: [[u32; MAX_DIMS]; 3],
+    pub offset: [u32; 3],
+}
+
+impl KernelLayout {
+    /// Layout of `operands` (strides, element offset) over `shape`, with size-1 dims dropped and
+    /// dims merged wherever every operand walks them as one.
+    pub fn new(op: &str, shape: &[usize], operands: &[(&[usize], usize)]) -> Result<KernelLayout> {
+        let k = operands.len();
+        let mut dims: Vec<(usize, [usize; 3])> = Vec::new();
+        for d in 0..shape.len() {
+            if shape[d] == 1 {
+                continue;
+            }
+            let mut st = [0usize; 3];
+            for (j, (s, _)) in operands.iter().enumerate() {
+                st[j] = s[d];
+            }
+            if let Some(last) = dims.last_mut() {
+                if (0..k).all(|j| last.1[j] == st[j] * shape[d]) {
+                    last.0 *= shape[d];
+                    last.1 = st;
+                    continue;
+                }
+            }
+            dims.push((shape[d], st));
+        }
+        if dims.len() > MAX_DIMS {
+            return Err(Error::shape(op, format!("{shape:?} needs {} strided dims; kernels take {MAX_DIMS}", dims.len())));
+        }
+        let small = |x: usize| {
+            u32::try_from(x).map_err(|_| Error::shape(op, format!("index {x} does not fit the 32-bit kernel layout")))
+        };
+        let mut l = KernelLayout { ndim: dims.len() as u32, shape: [1; MAX_DIMS], stride: [[0; MAX_DIMS]; 3], offset: [0; 3] };
+        for (i, (n, st)) in dims.iter().enumerate() {
+            l.shape[i] = small(*n)?;
+            for j in 0..k {
+                l.stride[j][i] = small(st[j])?;
+            }
+        }
+        for (j, (_, off)) in operands.iter().enumerate() {
+            l.offset[j] = small(*off)?;
+        }
+        Ok(l)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strides_and_contiguity() {
+        assert_eq!(contiguous_strides(&[2, 3, 4]), vec![12, 4, 1]);
+        assert!(is_contiguous(&[2, 3, 4], &[12, 4, 1]));
+        assert!(is_contiguous(&[2, 1, 4], &[4, 99, 1]));
+        assert!(!is_contiguous(&[3, 2], &[1, 3]));
+    }
+
+    #[test]
+    fn broadcasting() {
+        assert_eq!(broadcast_shapes("t", &[3, 1, 5], &[4, 1]).unwrap(), vec![3, 4, 5]);
+        assert_eq!(broadcast_shapes("t", &[], &[2]).unwrap(), vec![2]);
+        let e = broadcast_shapes("add", &[3, 2], &[4, 2]).unwrap_err().to_string();
+        assert!(e.contains("add") && e.contains("[3, 2]") && e.contains("[4, 2]"), "{e}");
+        assert_eq!(broadcast_strides("t", &[3, 1], &[1, 1], &[2, 3, 4]).unwrap(), vec![0, 1, 0]);
+    }
+
+    #[test]
+    fn layouts_merge_dims() {
+        let l = KernelLayout::new("t", &[2, 3, 4], &[(&[12, 4, 1], 0), (&[12, 4, 1], 5)]).unwrap();
+        assert_eq!((l.ndim, l.shape[0], l.stride[1][0], l.offset[1]), (1, 24, 1, 5));
+        let t = KernelLayout::new("t", &[2, 1, 3], &[(&[3, 3, 1], 0), (&[1, 7, 2], 0)]).unwrap();
+        assert_eq!((t.ndim, t.shape[0], t.shape[1], t.stride[1][0], t.stride[1][1]), (2, 2, 3, 1, 2));
+    }
+}

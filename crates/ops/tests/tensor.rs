@@ -1,0 +1,306 @@
+//! Tensor creation, transfers, views, elementwise ops and RNG on every device against the host reference.
+use half::{bf16, f16};
+use ndarray::{ArrayD, IxDyn};
+use netcl_core_devices::test_devices;
+use netcl_ops::{BinaryOp, DType, Device, Error, Generator, Tensor};
+
+/// Small deterministic generator for test cases.
+struct Cases(u64);
+impl Cases {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn shape(&mut self, max_dims: usize, max_len: usize) -> Vec<usize> {
+        (0..1 + self.below(max_dims)).map(|_| self.below(max_len + 1)).collect()
+    }
+}
+
+fn dtypes_for(dev: &Device) -> Vec<DType> {
+    DType::ALL.into_iter().filter(|d| *d != DType::F64 || dev.info().fp64).collect()
+}
+
+/// Values that are exact in every dtype (small integers and halves), so results compare exactly.
+fn sample(dtype: DType, n: usize, seed: u64) -> Tensor {
+    let mut c = Cases(seed | 1);
+    let v: Vec<f64> = (0..n)
+        .map(|_| {
+            let x = (c.below(64) as f64) - 16.0;
+            if dtype.is_float() { x * 0.5 } else { x.abs() + 1.0 }
+        })
+        .collect();
+    host_tensor(dtype, v, &[n])
+}
+
+fn host_tensor(dtype: DType, v: Vec<f64>, shape: &[usize]) -> Tensor {
+    let h = Device::host();
+    match dtype {
+        DType::F32 => Tensor::from_vec(v.iter().map(|&x| x as f32).collect(), shape, &h),
+        DType::F64 => Tensor::from_vec(v, shape, &h),
+        DType::F16 => Tensor::from_vec(v.iter().map(|&x| f16::from_f64(x)).collect(), shape, &h),
+        DType::BF16 => Tensor::from_vec(v.iter().map(|&x| bf16::from_f64(x)).collect(), shape, &h),
+        DType::I32 => Tensor::from_vec(v.iter().map(|&x| x as i32).collect(), shape, &h),
+        DType::U32 => Tensor::from_vec(v.iter().map(|&x| x as u32).collect(), shape, &h),
+    }
+    .unwrap()
+}
+
+/// A random view (permute, slice with steps, unsqueeze/broadcast) of `base`, applied identically.
+fn random_view(t: &Tensor, c: &mut Cases) -> Tensor {
+    let mut v = t.clone();
+    let nd = v.ndim();
+    if nd >= 2 && c.below(2) == 0 {
+        let mut dims: Vec<usize> = (0..nd).collect();
+        dims.rotate_left(1 + c.below(nd - 1));
+        v = v.permute(&dims).unwrap();
+    }
+    for d in 0..v.ndim() {
+        let n = v.shape()[d];
+        if n > 2 && c.below(3) == 0 {
+            let start = c.below(n / 2);
+            let step = 1 + c.below(2);
+            v = v.slice(d, start, n, step).unwrap();
+        }
+    }
+    v
+}
+
+#[test]
+fn round_trips_every_dtype_on_every_device() {
+    for dev in test_devices().unwrap() {
+        for dtype in dtypes_for(&dev) {
+            for n in [0usize, 1, 7, 1000, 70_001] {
+                let h = sample(dtype, n, n as u64 + 3);
+                let d = h.to_device(&dev).unwrap();
+                assert_eq!((d.shape(), d.dtype(), d.device()), (&[n][..], dtype, &dev));
+                let back = d.to_device(&Device::host()).unwrap();
+                assert_eq!(back.to_vec_f64().unwrap(), h.to_vec_f64().unwrap(), "{dev} {dtype} n={n}");
+            }
+        }
+        let v: Vec<f32> = (0..24).map(|i| i as f32).collect();
+        let t = Tensor::from_vec(v.clone(), &[2, 3, 4], &dev).unwrap();
+        assert_eq!(t.to_vec::<f32>().unwrap(), v);
+        assert!(matches!(t.to_vec::<f64>(), Err(Error::DType { .. })));
+        let arr = ArrayD::from_shape_vec(IxDyn(&[2, 3, 4]), v).unwrap();
+        let transposed = arr.view().permuted_axes(IxDyn(&[2, 0, 1]));
+        let from_nd = Tensor::from_ndarray(transposed.view(), &dev).unwrap();
+        assert_eq!(from_nd.shape(), &[4, 2, 3]);
+        assert_eq!(from_nd.to_ndarray::<f32>().unwrap(), transposed.to_owned());
+    }
+}
+
+#[test]
+fn transfers_between_opencl_devices() {
+    let devices = test_devices().unwrap();
+    let h = sample(DType::F32, 5000, 42);
+    let mut t = h.clone();
+    for dev in devices.iter().chain(devices.iter().rev()) {
+        t = t.to_device(dev).unwrap();
+    }
+    assert_eq!(t.to_vec::<f32>().unwrap(), h.to_vec::<f32>().unwrap());
+}
+
+#[test]
+fn creation_matches_the_host() {
+    let host = Device::host();
+    for dev in test_devices().unwrap() {
+        for dtype in dtypes_for(&dev) {
+            for shape in [vec![0], vec![1], vec![3, 5, 7], vec![1000, 3]] {
+                for value in [0.0, 1.0, -2.5, 7.0] {
+                    let d = Tensor::full(&shape, value, dtype, &dev).unwrap();
+                    let h = Tensor::full(&shape, value, dtype, &host).unwrap();
+                    assert_eq!(d.to_vec_f64().unwrap(), h.to_vec_f64().unwrap(), "full {dev} {dtype} {shape:?} {value}");
+                }
+            }
+            assert!(Tensor::zeros(&[4], dtype, &dev).unwrap().to_vec_f64().unwrap().iter().all(|&x| x == 0.0));
+            assert!(Tensor::ones(&[4], dtype, &dev).unwrap().to_vec_f64().unwrap().iter().all(|&x| x == 1.0));
+            for (start, end, step) in [(0.0, 10.0, 1.0), (2.0, 50.0, 3.0), (1.0, 0.0, 1.0), (0.0, 1000.0, 1.0)] {
+                let d = Tensor::arange(start, end, step, dtype, &dev).unwrap();
+                let h = Tensor::arange(start, end, step, dtype, &host).unwrap();
+                assert_eq!(d.to_vec_f64().unwrap(), h.to_vec_f64().unwrap(), "arange {dev} {dtype}");
+            }
+        }
+        let f = Tensor::arange(0.5, -1.0, -0.25, DType::F32, &dev).unwrap();
+        assert_eq!(f.to_vec::<f32>().unwrap(), vec![0.5, 0.25, 0.0, -0.25, -0.5, -0.75]);
+        assert!(Tensor::arange(0.0, 1.0, 0.0, DType::F32, &dev).is_err());
+    }
+}
+
+#[test]
+fn views_and_contiguous_match_the_host() {
+    let mut c = Cases(0xC0FFEE);
+    let devices = test_devices().unwrap();
+    for case in 0..300 {
+        let shape = c.shape(5, 6);
+        let n: usize = shape.iter().product();
+        let dtype = [DType::F32, DType::F16, DType::I32, DType::BF16][case % 4];
+        let host = sample(dtype, n, case as u64).reshape(&shape).unwrap();
+        let seed = c.next();
+        let expected = random_view(&host, &mut Cases(seed)).contiguous().unwrap();
+        for dev in &devices {
+            let view = random_view(&host.to_device(dev).unwrap(), &mut Cases(seed));
+            assert!(view.shares_storage(&view.clone()));
+            let got = view.contiguous().unwrap();
+            assert!(got.is_contiguous());
+            assert_eq!(got.shape(), expected.shape(), "case {case} on {dev}");
+            assert_eq!(got.to_vec_f64().unwrap(), expected.to_vec_f64().unwrap(), "case {case} on {dev}");
+        }
+    }
+}
+
+#[test]
+fn view_ops_share_storage_and_check_arguments() {
+    for dev in test_devices().unwrap() {
+        let t = Tensor::arange(0.0, 24.0, 1.0, DType::F32, &dev).unwrap().reshape(&[2, 3, 4]).unwrap();
+        let tr = t.transpose(0, 2).unwrap();
+        assert!(tr.shares_storage(&t) && !tr.is_contiguous());
+        assert_eq!(tr.shape(), &[4, 3, 2]);
+        assert_eq!(tr.contiguous().unwrap().to_vec::<f32>().unwrap()[..4], [0.0, 12.0, 4.0, 16.0]);
+        let nar = t.narrow(2, 1, 2).unwrap();
+        assert_eq!(nar.to_vec::<f32>().unwrap(), vec![1., 2., 5., 6., 9., 10., 13., 14., 17., 18., 21., 22.]);
+        let row = t.narrow(0, 1, 1).unwrap().squeeze(0).unwrap();
+        assert!(row.is_contiguous() && row.shares_storage(&t) && row.offset() == 12);
+        let col = Tensor::arange(0.0, 3.0, 1.0, DType::F32, &dev).unwrap().unsqueeze(1).unwrap();
+        let b = col.broadcast_to(&[2, 3, 4]).unwrap();
+        assert_eq!(b.strides(), &[0, 1, 0]);
+        assert_eq!(b.to_vec::<f32>().unwrap()[..8], [0., 0., 0., 0., 1., 1., 1., 1.]);
+        assert_eq!(t.unsqueeze(3).unwrap().squeeze_all().shape(), &[2, 3, 4]);
+        // Reshape of a non-contiguous view copies; of a contiguous one it does not.
+        assert!(t.reshape(&[6, 4]).unwrap().shares_storage(&t));
+        assert!(!tr.reshape(&[24]).unwrap().shares_storage(&t));
+        // Bad arguments are errors naming the op and the shapes.
+        for err in [
+            t.reshape(&[5, 5]).unwrap_err(),
+            t.permute(&[0, 0, 1]).unwrap_err(),
+            t.transpose(0, 3).unwrap_err(),
+            t.slice(1, 2, 4, 1).unwrap_err(),
+            t.squeeze(1).unwrap_err(),
+            t.broadcast_to(&[2, 5, 4]).unwrap_err(),
+            t.unsqueeze(4).unwrap_err(),
+        ] {
+            assert!(err.to_string().contains("[2, 3, 4]"), "{err}");
+        }
+    }
+}
+
+fn ulp_diff(a: f32, b: f32) -> u32 {
+    if a == b {
+        return 0;
+    }
+    (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs() as u32
+}
+
+#[test]
+fn binary_ops_broadcast_over_views_and_match_the_host() {
+    let mut c = Cases(0xB1_0A2B);
+    let devices = test_devices().unwrap();
+    let ops = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div];
+    for case in 0..240 {
+        let shape = c.shape(4, 5);
+        // b broadcasts: some dims set to 1, some leading dims dropped.
+        let mut bshape: Vec<usize> = shape.iter().map(|&n| if c.below(3) == 0 { 1 } else { n }).collect();
+        bshape.drain(..c.below(bshape.len()));
+        let dtype = DType::ALL[case % 6];
+        let op = ops[(case / 6) % 4];
+        let a = sample(dtype, shape.iter().product(), case as u64 + 1).reshape(&shape).unwrap();
+        let b = sample(dtype, bshape.iter().product(), case as u64 + 99).reshape(&bshape).unwrap();
+        let seed = c.next();
+        let expected = random_view(&a, &mut Cases(seed)).binary(&b, op);
+        for dev in &devices {
+            if dtype == DType::F64 && !dev.info().fp64 {
+                continue;
+            }
+            let av = random_view(&a.to_device(dev).unwrap(), &mut Cases(seed));
+            let got = av.binary(&b.to_device(dev).unwrap(), op);
+            let (got, exp) = match (got, &expected) {
+                (Ok(g), Ok(e)) => (g, e),
+                (Err(_), Err(_)) => continue,
+                (g, e) => panic!("case {case} {op:?} on {dev}: {g:?} vs host {e:?}"),
+            };
+            assert_eq!(got.shape(), exp.shape());
+            let (g, e) = (got.to_vec_f64().unwrap(), exp.to_vec_f64().unwrap());
+            for (i, (x, y)) in g.iter().zip(&e).enumerate() {
+                // OpenCL allows 2.5 ulp for f32 division; everything else is exactly rounded.
+                let ok = if op == BinaryOp::Div && dtype == DType::F32 { ulp_diff(*x as f32, *y as f32) <= 3 } else { x == y };
+                assert!(ok, "case {case} {op:?} {dtype} on {dev} at {i}: {x} vs {y}");
+            }
+        }
+    }
+}
+
+#[test]
+fn binary_ops_reject_mismatches_before_enqueue() {
+    let devices = test_devices().unwrap();
+    for dev in &devices {
+        let a = Tensor::zeros(&[3, 2], DType::F32, dev).unwrap();
+        let b = Tensor::zeros(&[4, 2], DType::F32, dev).unwrap();
+        let e = a.add(&b).unwrap_err();
+        assert!(matches!(e, Error::Shape { .. }) && e.to_string().contains("add") && e.to_string().contains("[4, 2]"), "{e}");
+        let i = Tensor::zeros(&[3, 2], DType::I32, dev).unwrap();
+        let e = a.mul(&i).unwrap_err();
+        assert!(matches!(e, Error::DType { .. }) && e.to_string().contains("mul") && e.to_string().contains("i32"), "{e}");
+        assert!(matches!(Tensor::from_vec(vec![1.0f32; 5], &[2, 3], dev), Err(Error::Shape { .. })));
+    }
+    if let Some(dev) = devices.iter().find(|d| d.is_opencl()) {
+        let a = Tensor::zeros(&[2], DType::F32, dev).unwrap();
+        let h = Tensor::zeros(&[2], DType::F32, &Device::host()).unwrap();
+        assert!(matches!(a.sub(&h), Err(Error::Device { .. })));
+    }
+}
+
+#[test]
+fn uniform_streams_are_bit_identical_and_follow_rand_philox() {
+    let seed = 1234;
+    let n = 10_003;
+    // Independent reference: the rand_philox stream itself.
+    let mut reference = rand_philox::Philox::from_u64_seed(seed);
+    let expected: Vec<f32> = (0..n).map(|_| rand_philox::u32_to_unit_f32(reference.next_u32())).collect();
+    let mut g = Generator::new(seed);
+    let host = Tensor::rand(&[n], DType::F32, &Device::host(), &mut g).unwrap();
+    assert_eq!(host.to_vec::<f32>().unwrap(), expected);
+    for dev in test_devices().unwrap() {
+        for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+            if dtype == DType::F64 && !dev.info().fp64 {
+                continue;
+            }
+            let mut gh = Generator::new(seed);
+            let mut gd = Generator::new(seed);
+            for (shape, low, high) in [(vec![n], 0.0, 1.0), (vec![3, 7, 5], -2.0, 3.0), (vec![1], 0.0, 1.0)] {
+                let h = Tensor::uniform(&shape, low, high, dtype, &Device::host(), &mut gh).unwrap();
+                let d = Tensor::uniform(&shape, low, high, dtype, &dev, &mut gd).unwrap();
+                assert_eq!(d.to_vec_f64().unwrap(), h.to_vec_f64().unwrap(), "{dev} {dtype} {shape:?}");
+                assert!(h.to_vec_f64().unwrap().iter().all(|&x| x >= low && x <= high));
+            }
+            assert_eq!(gh, gd);
+        }
+        assert!(Tensor::rand(&[3], DType::I32, &dev, &mut Generator::new(1)).is_err());
+    }
+}
+
+#[test]
+fn normal_streams_match_across_devices_and_have_the_right_moments() {
+    let n = 200_000;
+    let h = Tensor::normal(&[n], 1.5, 2.0, DType::F64, &Device::host(), &mut Generator::new(7)).unwrap();
+    let v = h.to_vec_f64().unwrap();
+    let mean = v.iter().sum::<f64>() / n as f64;
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n as f64;
+    assert!((mean - 1.5).abs() < 0.02 && (var.sqrt() - 2.0).abs() < 0.02, "mean {mean} std {}", var.sqrt());
+    for dev in test_devices().unwrap() {
+        for dtype in [DType::F32, DType::F64] {
+            if dtype == DType::F64 && !dev.info().fp64 {
+                continue;
+            }
+            let h = Tensor::randn(&[4097], dtype, &Device::host(), &mut Generator::new(99)).unwrap();
+            let d = Tensor::randn(&[4097], dtype, &dev, &mut Generator::new(99)).unwrap();
+            let tol = if dtype == DType::F32 { 2e-5 } else { 1e-12 };
+            for (i, (x, y)) in d.to_vec_f64().unwrap().iter().zip(h.to_vec_f64().unwrap()).enumerate() {
+                assert!((x - y).abs() <= tol * (1.0 + y.abs()), "{dev} {dtype} at {i}: {x} vs {y}");
+            }
+        }
+    }
+}
