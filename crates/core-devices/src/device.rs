@@ -65,11 +65,19 @@ fn registry() -> &'static Registry {
 }
 
 fn discover() -> Registry {
-    let mut devices = vec![Device(Arc::new(Inner { ordinal: 0, info: DeviceInfo::host(), backend: Backend::Host }))];
-    let profiling = std::env::var("NETCL_PROFILE").map(|v| v == "1").unwrap_or(false);
+    let mut devices = vec![Device(Arc::new(Inner {
+        ordinal: 0,
+        info: DeviceInfo::host(),
+        backend: Backend::Host,
+    }))];
+    let profiling = std::env::var("NETCL_PROFILE")
+        .map(|v| v == "1")
+        .unwrap_or(false);
     let opencl_status = match opencl3::platform::get_platforms() {
         Err(e) => format!("OpenCL unavailable: {}", crate::cl_code_name(e.0)),
-        Ok(platforms) if platforms.is_empty() => "OpenCL loader found but no platform is installed".into(),
+        Ok(platforms) if platforms.is_empty() => {
+            "OpenCL loader found but no platform is installed".into()
+        }
         Ok(platforms) => {
             let mut problems = Vec::new();
             for (pi, platform) in platforms.iter().enumerate() {
@@ -83,13 +91,20 @@ fn discover() -> Registry {
                 for (di, raw) in ids.into_iter().enumerate() {
                     let ordinal = devices.len();
                     match open_device(platform, raw, pi, di, profiling) {
-                        Ok((info, cl)) => devices.push(Device(Arc::new(Inner { ordinal, info, backend: Backend::OpenCl(cl) }))),
+                        Ok((info, cl)) => devices.push(Device(Arc::new(Inner {
+                            ordinal,
+                            info,
+                            backend: Backend::OpenCl(cl),
+                        }))),
                         Err(e) => problems.push(format!("opencl:{pi}:{di}: {e}")),
                     }
                 }
             }
             if devices.len() == 1 {
-                format!("OpenCL platforms found but no usable device ({})", problems.join("; "))
+                format!(
+                    "OpenCL platforms found but no usable device ({})",
+                    problems.join("; ")
+                )
             } else {
                 for p in &problems {
                     log::warn!("skipped OpenCL device {p}");
@@ -98,7 +113,10 @@ fn discover() -> Registry {
             }
         }
     };
-    Registry { devices, opencl_status }
+    Registry {
+        devices,
+        opencl_status,
+    }
 }
 
 fn open_device(
@@ -111,9 +129,23 @@ fn open_device(
     let id = ClDeviceId::new(raw);
     let info = DeviceInfo::query(platform, &id)?;
     let context = Context::from_device(&id).cl("clCreateContext")?;
-    let props = if profiling { CL_QUEUE_PROFILING_ENABLE } else { 0 };
-    let queue = CommandQueue::create_default_with_properties(&context, props, 0).cl("clCreateCommandQueue")?;
-    Ok((info, ClDevice { id, context, queue, platform_index, device_index }))
+    let props = if profiling {
+        CL_QUEUE_PROFILING_ENABLE
+    } else {
+        0
+    };
+    let queue = CommandQueue::create_default_with_properties(&context, props, 0)
+        .cl("clCreateCommandQueue")?;
+    Ok((
+        info,
+        ClDevice {
+            id,
+            context,
+            queue,
+            platform_index,
+            device_index,
+        },
+    ))
 }
 
 /// A device together with the reason it was chosen.
@@ -130,7 +162,12 @@ impl Device {
 
     /// The OpenCL devices only.
     pub fn opencl_devices() -> Vec<Device> {
-        registry().devices.iter().filter(|d| d.is_opencl()).cloned().collect()
+        registry()
+            .devices
+            .iter()
+            .filter(|d| d.is_opencl())
+            .cloned()
+            .collect()
     }
 
     /// Why there is no OpenCL device ("" when there is one).
@@ -152,8 +189,14 @@ impl Device {
 
     /// Like [`Device::best`], also telling why the device was chosen.
     pub fn select_best() -> Result<Selection> {
-        let spec = std::env::var("NETCL_DEVICE").ok().filter(|s| !s.trim().is_empty());
-        select_best_from(&registry().devices, spec.as_deref(), &registry().opencl_status)
+        let spec = std::env::var("NETCL_DEVICE")
+            .ok()
+            .filter(|s| !s.trim().is_empty());
+        select_best_from(
+            &registry().devices,
+            spec.as_deref(),
+            &registry().opencl_status,
+        )
     }
 
     /// Look a device up by spec: `host`, `cpu`, `gpu`, `gpu:1`, `cpu:0`, `opencl:P:D`, `opencl:N`.
@@ -202,7 +245,12 @@ impl Device {
     pub fn label(&self) -> String {
         match &self.0.backend {
             Backend::Host => "host".into(),
-            Backend::OpenCl(_) => format!("{} ({}) {}", self.spec(), self.kind().name(), self.0.info.name),
+            Backend::OpenCl(_) => format!(
+                "{} ({}) {}",
+                self.spec(),
+                self.kind().name(),
+                self.0.info.name
+            ),
         }
     }
 
@@ -215,19 +263,39 @@ impl Device {
     }
 }
 
-fn select_best_from(devices: &[Device], spec: Option<&str>, opencl_status: &str) -> Result<Selection> {
+fn select_best_from(
+    devices: &[Device],
+    spec: Option<&str>,
+    opencl_status: &str,
+) -> Result<Selection> {
     if let Some(spec) = spec {
         let device = find(devices, spec)?;
-        return Ok(Selection { device, reason: format!("NETCL_DEVICE={spec}") });
+        return Ok(Selection {
+            device,
+            reason: format!("NETCL_DEVICE={spec}"),
+        });
     }
     if let Some(d) = devices.iter().find(|d| d.kind() == DeviceKind::Gpu) {
-        return Ok(Selection { device: d.clone(), reason: "first OpenCL GPU".into() });
+        return Ok(Selection {
+            device: d.clone(),
+            reason: "first OpenCL GPU".into(),
+        });
     }
     if let Some(d) = devices.iter().find(|d| d.is_opencl()) {
-        return Ok(Selection { device: d.clone(), reason: "no OpenCL GPU; first other OpenCL device".into() });
+        return Ok(Selection {
+            device: d.clone(),
+            reason: "no OpenCL GPU; first other OpenCL device".into(),
+        });
     }
-    let why = if opencl_status.is_empty() { "no OpenCL device" } else { opencl_status };
-    Ok(Selection { device: devices[0].clone(), reason: format!("falling back to the host device: {why}") })
+    let why = if opencl_status.is_empty() {
+        "no OpenCL device"
+    } else {
+        opencl_status
+    };
+    Ok(Selection {
+        device: devices[0].clone(),
+        reason: format!("falling back to the host device: {why}"),
+    })
 }
 
 fn find(devices: &[Device], spec: &str) -> Result<Device> {
@@ -247,7 +315,11 @@ fn find(devices: &[Device], spec: &str) -> Result<Device> {
         "host" if parts.len() == 1 => devices.first().cloned(),
         "gpu" | "cpu" | "accelerator" if parts.len() <= 2 => {
             let n = index(parts.get(1))?;
-            devices.iter().filter(|d| d.is_opencl() && d.kind().name() == parts[0]).nth(n).cloned()
+            devices
+                .iter()
+                .filter(|d| d.is_opencl() && d.kind().name() == parts[0])
+                .nth(n)
+                .cloned()
         }
         "opencl" if parts.len() == 2 => {
             let n = index(parts.get(1))?;
@@ -255,7 +327,14 @@ fn find(devices: &[Device], spec: &str) -> Result<Device> {
         }
         "opencl" if parts.len() == 3 => {
             let (p, d) = (index(parts.get(1))?, index(parts.get(2))?);
-            devices.iter().find(|x| x.cl("").map(|c| c.platform_index == p && c.device_index == d).unwrap_or(false)).cloned()
+            devices
+                .iter()
+                .find(|x| {
+                    x.cl("")
+                        .map(|c| c.platform_index == p && c.device_index == d)
+                        .unwrap_or(false)
+                })
+                .cloned()
         }
         _ => None,
     };
@@ -280,8 +359,14 @@ mod tests {
         let err = find(&all, "gpu:7").unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("gpu:7") && msg.contains("host"), "{msg}");
-        assert!(matches!(find(&all, "tpu").unwrap_err(), Error::DeviceNotFound { .. }));
-        assert!(matches!(find(&all, "opencl:x:1").unwrap_err(), Error::DeviceNotFound { .. }));
+        assert!(matches!(
+            find(&all, "tpu").unwrap_err(),
+            Error::DeviceNotFound { .. }
+        ));
+        assert!(matches!(
+            find(&all, "opencl:x:1").unwrap_err(),
+            Error::DeviceNotFound { .. }
+        ));
     }
 
     #[test]

@@ -14,7 +14,14 @@ pub enum DType {
 }
 
 impl DType {
-    pub const ALL: [DType; 6] = [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::U32];
+    pub const ALL: [DType; 6] = [
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::BF16,
+        DType::I32,
+        DType::U32,
+    ];
 
     /// Bytes per element.
     pub fn size(self) -> usize {

@@ -10,11 +10,22 @@ pub enum Error {
     /// An OpenCL call failed; `op` names what netcl was doing, `code` is the OpenCL status.
     OpenCl { op: String, code: i32 },
     /// The requested device does not exist; `available` lists the ones that do.
-    DeviceNotFound { requested: String, available: Vec<String> },
+    DeviceNotFound {
+        requested: String,
+        available: Vec<String>,
+    },
     /// The pool could not serve `requested` bytes even after releasing its cache.
-    OutOfMemory { device: String, requested: usize, stats: String },
+    OutOfMemory {
+        device: String,
+        requested: usize,
+        stats: String,
+    },
     /// An OpenCL program failed to build.
-    KernelBuild { file: String, options: String, log: String },
+    KernelBuild {
+        file: String,
+        options: String,
+        log: String,
+    },
     /// A launch configuration the device cannot run (work-group size, local memory, ...).
     Launch { kernel: String, msg: String },
     /// Shapes that do not fit the operation.
@@ -26,32 +37,56 @@ pub enum Error {
     /// Any other invalid argument (axis out of range, bad environment variable, ...).
     Invalid { op: String, msg: String },
     /// A file could not be read or written.
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     /// A file or buffer whose contents are corrupt or do not match what was expected.
     Format { what: String, msg: String },
 }
 
 impl Error {
     pub fn opencl(op: impl Into<String>, code: i32) -> Self {
-        Error::OpenCl { op: op.into(), code }
+        Error::OpenCl {
+            op: op.into(),
+            code,
+        }
     }
     pub fn shape(op: impl Into<String>, msg: impl Into<String>) -> Self {
-        Error::Shape { op: op.into(), msg: msg.into() }
+        Error::Shape {
+            op: op.into(),
+            msg: msg.into(),
+        }
     }
     pub fn dtype(op: impl Into<String>, msg: impl Into<String>) -> Self {
-        Error::DType { op: op.into(), msg: msg.into() }
+        Error::DType {
+            op: op.into(),
+            msg: msg.into(),
+        }
     }
     pub fn device(op: impl Into<String>, msg: impl Into<String>) -> Self {
-        Error::Device { op: op.into(), msg: msg.into() }
+        Error::Device {
+            op: op.into(),
+            msg: msg.into(),
+        }
     }
     pub fn invalid(op: impl Into<String>, msg: impl Into<String>) -> Self {
-        Error::Invalid { op: op.into(), msg: msg.into() }
+        Error::Invalid {
+            op: op.into(),
+            msg: msg.into(),
+        }
     }
     pub fn io(path: impl Into<String>, source: std::io::Error) -> Self {
-        Error::Io { path: path.into(), source }
+        Error::Io {
+            path: path.into(),
+            source,
+        }
     }
     pub fn format(what: impl Into<String>, msg: impl Into<String>) -> Self {
-        Error::Format { what: what.into(), msg: msg.into() }
+        Error::Format {
+            what: what.into(),
+            msg: msg.into(),
+        }
     }
     /// True for the OpenCL status codes that mean the device (or host) ran out of memory.
     pub fn is_out_of_memory(&self) -> bool {

@@ -54,7 +54,9 @@ pub struct DeviceInfo {
 
 impl DeviceInfo {
     pub(crate) fn host() -> DeviceInfo {
-        let cores = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1);
         let mem = host_memory_bytes();
         DeviceInfo {
             name: "host (ndarray)".into(),

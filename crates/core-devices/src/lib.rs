@@ -5,10 +5,10 @@ mod error;
 mod info;
 mod testing;
 
+pub use cl3;
 pub use device::{ClDevice, Device, Selection};
 pub use dtype::DType;
 pub use error::{cl_code_name, is_oom_code, ClResultExt, Error, Result};
 pub use info::{DeviceInfo, DeviceKind};
-pub use testing::{opencl_test_devices, test_devices};
-pub use cl3;
 pub use opencl3;
+pub use testing::{opencl_test_devices, test_devices};

@@ -2,7 +2,9 @@
 use crate::{Device, Error, Result};
 
 fn require_opencl() -> bool {
-    std::env::var("NETCL_REQUIRE_OPENCL").map(|v| v == "1").unwrap_or(false)
+    std::env::var("NETCL_REQUIRE_OPENCL")
+        .map(|v| v == "1")
+        .unwrap_or(false)
 }
 
 /// The OpenCL devices to test on. With none present this says why on stderr and returns an empty
@@ -13,7 +15,10 @@ pub fn opencl_test_devices() -> Result<Vec<Device>> {
         if require_opencl() {
             return Err(Error::device(
                 "test devices",
-                format!("NETCL_REQUIRE_OPENCL=1 but no OpenCL device is present: {}", Device::opencl_status()),
+                format!(
+                    "NETCL_REQUIRE_OPENCL=1 but no OpenCL device is present: {}",
+                    Device::opencl_status()
+                ),
             ));
         }
         eprintln!("netcl: OpenCL part skipped ({})", Device::opencl_status());

@@ -86,7 +86,9 @@ pub struct Block {
 impl Block {
     /// The OpenCL buffer (a sub-buffer for small blocks).
     pub fn buffer(&self) -> &Buffer<u8> {
-        self.buf.as_ref().expect("a live block always holds its buffer")
+        self.buf
+            .as_ref()
+            .expect("a live block always holds its buffer")
     }
     /// The raw cl_mem, for kernel arguments and copies.
     pub fn mem(&self) -> cl_mem {
@@ -117,7 +119,11 @@ impl Block {
 
 impl fmt::Debug for Block {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Block({} B of class {} on {})", self.len, self.class, self.pool.device)
+        write!(
+            f,
+            "Block({} B of class {} on {})",
+            self.len, self.class, self.pool.device
+        )
     }
 }
 
@@ -132,7 +138,11 @@ impl Drop for Block {
                     s.live -= 1;
                 }
             }
-            st.free.entry(self.class).or_default().push(FreeBlock { buf, slab: self.slab, origin: self.origin });
+            st.free.entry(self.class).or_default().push(FreeBlock {
+                buf,
+                slab: self.slab,
+                origin: self.origin,
+            });
             st.stats.cached = st.stats.reserved - st.stats.in_use;
         }
     }
@@ -161,7 +171,10 @@ impl Pool {
             Ok(v) if !v.trim().is_empty() => Some(parse_bytes(&v)?),
             _ => None,
         };
-        let state = State { limit, ..State::default() };
+        let state = State {
+            limit,
+            ..State::default()
+        };
         Ok(Pool {
             shared: Arc::new(Shared {
                 device: device.clone(),
@@ -211,7 +224,11 @@ impl Pool {
         let sh = &self.shared;
         let class = size_class(bytes, sh.align);
         if class > sh.max_alloc {
-            return Err(self.oom(bytes, &sh.lock().stats, "larger than the device's max allocation"));
+            return Err(self.oom(
+                bytes,
+                &sh.lock().stats,
+                "larger than the device's max allocation",
+            ));
         }
         let mut st = sh.lock();
         if let Some(fb) = st.free.get_mut(&class).and_then(|v| v.pop()) {
@@ -222,7 +239,10 @@ impl Pool {
         let fb = match self.grow(&mut st, class) {
             Ok(fb) => fb,
             Err(e) if e.is_out_of_memory() => {
-                log::info!("pool on {}: out of memory for {bytes} B, releasing cache and retrying", sh.device);
+                log::info!(
+                    "pool on {}: out of memory for {bytes} B, releasing cache and retrying",
+                    sh.device
+                );
                 release_cached(&mut st);
                 self.grow(&mut st, class).map_err(|e| match e {
                     e if e.is_out_of_memory() => self.oom(bytes, &st.stats, &e.to_string()),
@@ -235,7 +255,11 @@ impl Pool {
     }
 
     fn oom(&self, bytes: usize, stats: &PoolStats, why: &str) -> Error {
-        Error::OutOfMemory { device: self.shared.device.label(), requested: bytes, stats: format!("{why}; {stats}") }
+        Error::OutOfMemory {
+            device: self.shared.device.label(),
+            requested: bytes,
+            stats: format!("{why}; {stats}"),
+        }
     }
 
     fn hand_out(&self, st: &mut State, fb: FreeBlock, len: usize, class: usize) -> Block {
@@ -248,14 +272,25 @@ impl Pool {
         st.stats.live_blocks += 1;
         st.stats.peak = st.stats.peak.max(st.stats.in_use);
         st.stats.cached = st.stats.reserved - st.stats.in_use;
-        Block { buf: Some(fb.buf), len, class, slab: fb.slab, origin: fb.origin, pool: self.shared.clone() }
+        Block {
+            buf: Some(fb.buf),
+            len,
+            class,
+            slab: fb.slab,
+            origin: fb.origin,
+            pool: self.shared.clone(),
+        }
     }
 
     /// A new block of `class` bytes: carved from an open slab, from a new slab, or a dedicated buffer.
     fn grow(&self, st: &mut State, class: usize) -> Result<FreeBlock> {
         if class > SMALL_MAX {
             let buf = self.driver_alloc(st, class)?;
-            return Ok(FreeBlock { buf, slab: None, origin: 0 });
+            return Ok(FreeBlock {
+                buf,
+                slab: None,
+                origin: 0,
+            });
         }
         let id = match st.open_slab.get(&class) {
             Some(&id) => id,
@@ -264,7 +299,15 @@ impl Pool {
                 let buf = self.driver_alloc(st, bytes)?;
                 let id = st.next_slab;
                 st.next_slab += 1;
-                st.slabs.insert(id, Slab { buf, class, carved: 0, live: 0 });
+                st.slabs.insert(
+                    id,
+                    Slab {
+                        buf,
+                        class,
+                        carved: 0,
+                        live: 0,
+                    },
+                );
                 st.open_slab.insert(class, id);
                 id
             }
@@ -272,14 +315,19 @@ impl Pool {
         let slab = st.slabs.get_mut(&id).expect("open slab is registered");
         let origin = slab.carved;
         // SAFETY: origin + class lies inside the slab, and origin is a multiple of the alignment.
-        let buf = unsafe { slab.buf.create_sub_buffer(CL_MEM_READ_WRITE, origin, class) }.cl("clCreateSubBuffer")?;
+        let buf = unsafe { slab.buf.create_sub_buffer(CL_MEM_READ_WRITE, origin, class) }
+            .cl("clCreateSubBuffer")?;
         slab.carved += class;
         let slab_size = SLAB_BYTES.max(slab.class * 4);
         if slab.carved + class > slab_size {
             st.open_slab.remove(&class);
         }
         st.stats.sub_buffers += 1;
-        Ok(FreeBlock { buf, slab: Some(id), origin })
+        Ok(FreeBlock {
+            buf,
+            slab: Some(id),
+            origin,
+        })
     }
 
     fn driver_alloc(&self, st: &mut State, bytes: usize) -> Result<Buffer<u8>> {
@@ -294,8 +342,9 @@ impl Pool {
         }
         let cl = self.shared.device.cl("Pool::alloc")?;
         // SAFETY: no host pointer; the context is valid for the life of the device.
-        let buf = unsafe { Buffer::<u8>::create(&cl.context, CL_MEM_READ_WRITE, bytes, ptr::null_mut()) }
-            .cl("clCreateBuffer")?;
+        let buf =
+            unsafe { Buffer::<u8>::create(&cl.context, CL_MEM_READ_WRITE, bytes, ptr::null_mut()) }
+                .cl("clCreateBuffer")?;
         // Drivers may defer the allocation to the first command that touches the buffer, and only
         // then report out-of-memory: touch it now, while the failure can still be handled.
         let byte = [0u8; 1];
@@ -334,7 +383,12 @@ fn release_cached(st: &mut State) {
         }
     }
     // Slabs go back when none of their blocks is live.
-    let empty: Vec<u64> = st.slabs.iter().filter(|(_, s)| s.live == 0).map(|(id, _)| *id).collect();
+    let empty: Vec<u64> = st
+        .slabs
+        .iter()
+        .filter(|(_, s)| s.live == 0)
+        .map(|(id, _)| *id)
+        .collect();
     for id in empty {
         if let Some(slab) = st.slabs.remove(&id) {
             if let Some(list) = st.free.get_mut(&slab.class) {
@@ -366,7 +420,12 @@ pub fn parse_bytes(s: &str) -> Result<usize> {
         .parse::<usize>()
         .ok()
         .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| Error::invalid("NETCL_POOL_LIMIT", format!("'{s}' is not a byte count (e.g. 512M, 2G)")))
+        .ok_or_else(|| {
+            Error::invalid(
+                "NETCL_POOL_LIMIT",
+                format!("'{s}' is not a byte count (e.g. 512M, 2G)"),
+            )
+        })
 }
 
 #[cfg(test)]

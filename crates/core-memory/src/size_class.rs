@@ -33,9 +33,15 @@ mod tests {
             while s < (1 << 31) {
                 for b in [s, s + 1, s * 5 / 4, s * 3 / 2 + 7, s * 2 - 1] {
                     let c = size_class(b, align);
-                    assert!(c >= b && c % align == 0, "class {c} for {b} (align {align})");
+                    assert!(
+                        c >= b && c.is_multiple_of(align),
+                        "class {c} for {b} (align {align})"
+                    );
                     if b >= 4 * align {
-                        assert!(((c - b) as f64) < 0.25 * c as f64, "class {c} wastes too much for {b}");
+                        assert!(
+                            ((c - b) as f64) < 0.25 * c as f64,
+                            "class {c} wastes too much for {b}"
+                        );
                     } else {
                         assert!(c - b < align.max(b / 4 + align), "class {c} for small {b}");
                     }
@@ -47,7 +53,10 @@ mod tests {
 
     #[test]
     fn few_distinct_classes() {
-        let mut classes: Vec<usize> = (1..=1 << 20).step_by(97).map(|b| size_class(b, 128)).collect();
+        let mut classes: Vec<usize> = (1..=1 << 20)
+            .step_by(97)
+            .map(|b| size_class(b, 128))
+            .collect();
         classes.dedup();
         assert!(classes.len() < 80, "{} classes up to 1 MiB", classes.len());
     }

@@ -19,24 +19,71 @@ pub const STAGING_CHUNK: usize = 16 << 20;
 fn check_range(op: &str, block: &Block, offset: usize, len: usize) -> Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= block.len() => Ok(()),
-        _ => Err(Error::invalid(op, format!("range {offset}..{} is outside the {}-byte block", offset + len, block.len()))),
+        _ => Err(Error::invalid(
+            op,
+            format!(
+                "range {offset}..{} is outside the {}-byte block",
+                offset + len,
+                block.len()
+            ),
+        )),
     }
 }
 
 /// SAFETY: `src` must stay valid and unchanged until the returned event completes.
-unsafe fn enqueue_write(q: &CommandQueue, dst: cl_mem, offset: usize, src: *const u8, len: usize, blocking: bool) -> Result<Event> {
-    let b = if blocking { CL_BLOCKING } else { CL_NON_BLOCKING };
-    cl3::command_queue::enqueue_write_buffer(q.get(), dst, b, offset, len, src.cast(), 0, ptr::null())
-        .map(Event::new)
-        .cl("clEnqueueWriteBuffer")
+unsafe fn enqueue_write(
+    q: &CommandQueue,
+    dst: cl_mem,
+    offset: usize,
+    src: *const u8,
+    len: usize,
+    blocking: bool,
+) -> Result<Event> {
+    let b = if blocking {
+        CL_BLOCKING
+    } else {
+        CL_NON_BLOCKING
+    };
+    cl3::command_queue::enqueue_write_buffer(
+        q.get(),
+        dst,
+        b,
+        offset,
+        len,
+        src.cast(),
+        0,
+        ptr::null(),
+    )
+    .map(Event::new)
+    .cl("clEnqueueWriteBuffer")
 }
 
 /// SAFETY: `dst` must stay valid, and not be read, until the returned event completes.
-unsafe fn enqueue_read(q: &CommandQueue, src: cl_mem, offset: usize, dst: *mut u8, len: usize, blocking: bool) -> Result<Event> {
-    let b = if blocking { CL_BLOCKING } else { CL_NON_BLOCKING };
-    cl3::command_queue::enqueue_read_buffer(q.get(), src, b, offset, len, dst.cast(), 0, ptr::null())
-        .map(Event::new)
-        .cl("clEnqueueReadBuffer")
+unsafe fn enqueue_read(
+    q: &CommandQueue,
+    src: cl_mem,
+    offset: usize,
+    dst: *mut u8,
+    len: usize,
+    blocking: bool,
+) -> Result<Event> {
+    let b = if blocking {
+        CL_BLOCKING
+    } else {
+        CL_NON_BLOCKING
+    };
+    cl3::command_queue::enqueue_read_buffer(
+        q.get(),
+        src,
+        b,
+        offset,
+        len,
+        dst.cast(),
+        0,
+        ptr::null(),
+    )
+    .map(Event::new)
+    .cl("clEnqueueReadBuffer")
 }
 
 /// Page-locked host memory (CL_MEM_ALLOC_HOST_PTR, mapped once): the fast path for copies.
@@ -57,20 +104,42 @@ impl PinnedBuffer {
         let cl = device.cl("PinnedBuffer::new")?;
         let len = len.max(1);
         // SAFETY: the driver allocates the host memory; no host pointer is passed.
-        let buf = unsafe { Buffer::<u8>::create(&cl.context, CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR, len, ptr::null_mut()) }
-            .map_err(|e| match e.0 {
-                c if netcl_core_devices::is_oom_code(c) => Error::OutOfMemory {
-                    device: device.label(),
-                    requested: len,
-                    stats: "pinned host staging buffer".into(),
-                },
-                c => Error::opencl("clCreateBuffer(CL_MEM_ALLOC_HOST_PTR)", c),
-            })?;
+        let buf = unsafe {
+            Buffer::<u8>::create(
+                &cl.context,
+                CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR,
+                len,
+                ptr::null_mut(),
+            )
+        }
+        .map_err(|e| match e.0 {
+            c if netcl_core_devices::is_oom_code(c) => Error::OutOfMemory {
+                device: device.label(),
+                requested: len,
+                stats: "pinned host staging buffer".into(),
+            },
+            c => Error::opencl("clCreateBuffer(CL_MEM_ALLOC_HOST_PTR)", c),
+        })?;
         let mut mapped: cl_mem = ptr::null_mut();
         // SAFETY: a blocking map of the whole buffer; the pointer lives until unmap in Drop.
-        unsafe { cl.queue.enqueue_map_buffer(&buf, CL_BLOCKING, CL_MAP_READ | CL_MAP_WRITE, 0, len, &mut mapped, &[]) }
-            .cl("clEnqueueMapBuffer")?;
-        Ok(PinnedBuffer { buf, ptr: mapped.cast(), len, device: device.clone() })
+        unsafe {
+            cl.queue.enqueue_map_buffer(
+                &buf,
+                CL_BLOCKING,
+                CL_MAP_READ | CL_MAP_WRITE,
+                0,
+                len,
+                &mut mapped,
+                &[],
+            )
+        }
+        .cl("clEnqueueMapBuffer")?;
+        Ok(PinnedBuffer {
+            buf,
+            ptr: mapped.cast(),
+            len,
+            device: device.clone(),
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -96,7 +165,10 @@ impl PinnedBuffer {
         let q = &dst.device().cl("PinnedBuffer::write_to")?.queue;
         // SAFETY: the borrow of self in Transfer keeps the source alive until the event completes.
         let ev = unsafe { enqueue_write(q, dst.mem(), offset, self.ptr, len, false)? };
-        Ok(Transfer { event: Some(ev), _borrow: PhantomData })
+        Ok(Transfer {
+            event: Some(ev),
+            _borrow: PhantomData,
+        })
     }
 
     /// Start copying `len` bytes of `src` at `offset` into the start of this buffer.
@@ -106,15 +178,31 @@ impl PinnedBuffer {
         let q = &src.device().cl("PinnedBuffer::read_from")?.queue;
         // SAFETY: the mutable borrow in Transfer keeps the destination alive and unread until done.
         let ev = unsafe { enqueue_read(q, src.mem(), offset, self.ptr, len, false)? };
-        Ok(Transfer { event: Some(ev), _borrow: PhantomData })
+        Ok(Transfer {
+            event: Some(ev),
+            _borrow: PhantomData,
+        })
     }
 
     fn check(&self, block: &Block, op: &str, len: usize) -> Result<()> {
         if block.device() != &self.device {
-            return Err(Error::device(op, format!("pinned buffer of {} used with a block on {}", self.device, block.device())));
+            return Err(Error::device(
+                op,
+                format!(
+                    "pinned buffer of {} used with a block on {}",
+                    self.device,
+                    block.device()
+                ),
+            ));
         }
         if len > self.len {
-            return Err(Error::invalid(op, format!("{len} bytes requested from a {}-byte pinned buffer", self.len)));
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "{len} bytes requested from a {}-byte pinned buffer",
+                    self.len
+                ),
+            ));
         }
         Ok(())
     }
@@ -124,7 +212,10 @@ impl Drop for PinnedBuffer {
     fn drop(&mut self) {
         if let Ok(cl) = self.device.cl("PinnedBuffer::drop") {
             // SAFETY: ptr came from mapping buf; no transfer can be pending (they borrow self).
-            let unmapped = unsafe { cl.queue.enqueue_unmap_mem_object(self.buf.get(), self.ptr.cast(), &[]) };
+            let unmapped = unsafe {
+                cl.queue
+                    .enqueue_unmap_mem_object(self.buf.get(), self.ptr.cast(), &[])
+            };
             if let Ok(ev) = unmapped {
                 let _ = ev.wait();
             }
@@ -169,12 +260,21 @@ impl<H> Pending<H> {
         if let Some(ev) = self.event.take() {
             ev.wait().cl("clWaitForEvents")?;
         }
-        self.host.take().ok_or_else(|| Error::invalid("Pending::wait", "already waited"))
+        self.host
+            .take()
+            .ok_or_else(|| Error::invalid("Pending::wait", "already waited"))
     }
     /// True once the device has finished the copy.
     pub fn is_done(&self) -> bool {
         use netcl_core_devices::opencl3::event::CL_COMPLETE;
-        self.event.as_ref().map(|e| e.command_execution_status().map(|s| s.0 == CL_COMPLETE).unwrap_or(true)).unwrap_or(true)
+        self.event
+            .as_ref()
+            .map(|e| {
+                e.command_execution_status()
+                    .map(|s| s.0 == CL_COMPLETE)
+                    .unwrap_or(true)
+            })
+            .unwrap_or(true)
     }
 }
 
@@ -187,13 +287,20 @@ impl<H> Drop for Pending<H> {
 }
 
 /// Start copying `data` to `dst` at `offset`; `data` is kept alive until the copy completes.
-pub fn write_async<H: AsRef<[u8]> + Send>(dst: &Block, offset: usize, data: H) -> Result<Pending<H>> {
+pub fn write_async<H: AsRef<[u8]> + Send>(
+    dst: &Block,
+    offset: usize,
+    data: H,
+) -> Result<Pending<H>> {
     let bytes = data.as_ref();
     check_range("write_async", dst, offset, bytes.len())?;
     let q = &dst.device().cl("write_async")?.queue;
     // SAFETY: the heap memory behind `data` moves into Pending with it and is not touched until done.
     let ev = unsafe { enqueue_write(q, dst.mem(), offset, bytes.as_ptr(), bytes.len(), false)? };
-    Ok(Pending { event: Some(ev), host: Some(data) })
+    Ok(Pending {
+        event: Some(ev),
+        host: Some(data),
+    })
 }
 
 /// Start copying `len` bytes of `src` at `offset` into a new host vector, returned by `wait`.
@@ -203,17 +310,29 @@ pub fn read_async(src: &Block, offset: usize, len: usize) -> Result<Pending<Vec<
     let mut host = vec![0u8; len];
     // SAFETY: the vector's heap memory moves into Pending and is handed out only after the wait.
     let ev = unsafe { enqueue_read(q, src.mem(), offset, host.as_mut_ptr(), len, false)? };
-    Ok(Pending { event: Some(ev), host: Some(host) })
+    Ok(Pending {
+        event: Some(ev),
+        host: Some(host),
+    })
 }
 
 fn staging_ring(device: &Device) -> Result<&'static Mutex<Vec<PinnedBuffer>>> {
     static RINGS: OnceLock<Vec<Mutex<Vec<PinnedBuffer>>>> = OnceLock::new();
-    let rings = RINGS.get_or_init(|| Device::all().iter().map(|_| Mutex::new(Vec::new())).collect());
-    rings.get(device.ordinal()).ok_or_else(|| Error::device("staging", format!("unknown device {device}")))
+    let rings = RINGS.get_or_init(|| {
+        Device::all()
+            .iter()
+            .map(|_| Mutex::new(Vec::new()))
+            .collect()
+    });
+    rings
+        .get(device.ordinal())
+        .ok_or_else(|| Error::device("staging", format!("unknown device {device}")))
 }
 
 fn with_ring<R>(device: &Device, f: impl FnOnce(&mut [PinnedBuffer]) -> Result<R>) -> Result<R> {
-    let mut ring = staging_ring(device)?.lock().unwrap_or_else(|p| p.into_inner());
+    let mut ring = staging_ring(device)?
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
     while ring.len() < 2 {
         ring.push(PinnedBuffer::new(device, STAGING_CHUNK)?);
     }
@@ -240,7 +359,16 @@ pub fn write(dst: &Block, offset: usize, data: &[u8]) -> Result<()> {
             let stage = &mut ring[slot];
             stage.as_mut_slice()[..chunk.len()].copy_from_slice(chunk);
             // SAFETY: the staging buffer is not touched again until this event has been waited for.
-            let ev = unsafe { enqueue_write(q, dst.mem(), offset + i * STAGING_CHUNK, stage.ptr, chunk.len(), false)? };
+            let ev = unsafe {
+                enqueue_write(
+                    q,
+                    dst.mem(),
+                    offset + i * STAGING_CHUNK,
+                    stage.ptr,
+                    chunk.len(),
+                    false,
+                )?
+            };
             events[slot] = Some(ev);
         }
         for ev in events.into_iter().flatten() {
@@ -269,8 +397,8 @@ pub fn read(src: &Block, offset: usize, out: &mut [u8]) -> Result<()> {
             // SAFETY: the slot is read back only after this event has been waited for.
             unsafe { enqueue_read(q, src.mem(), offset + a, ring[i % 2].ptr, b - a, false) }
         };
-        for i in 0..n.min(2) {
-            events[i] = Some(issue(i, ring)?);
+        for (i, slot) in events.iter_mut().enumerate().take(n) {
+            *slot = Some(issue(i, ring)?);
         }
         for i in 0..n {
             if let Some(ev) = events[i % 2].take() {
@@ -287,11 +415,20 @@ pub fn read(src: &Block, offset: usize, out: &mut [u8]) -> Result<()> {
 }
 
 /// Copy `len` bytes between two blocks of the same device, in queue order (no wait).
-pub fn copy(src: &Block, src_offset: usize, dst: &Block, dst_offset: usize, len: usize) -> Result<()> {
+pub fn copy(
+    src: &Block,
+    src_offset: usize,
+    dst: &Block,
+    dst_offset: usize,
+    len: usize,
+) -> Result<()> {
     check_range("copy", src, src_offset, len)?;
     check_range("copy", dst, dst_offset, len)?;
     if src.device() != dst.device() {
-        return Err(Error::device("copy", format!("blocks on {} and {}", src.device(), dst.device())));
+        return Err(Error::device(
+            "copy",
+            format!("blocks on {} and {}", src.device(), dst.device()),
+        ));
     }
     if len == 0 {
         return Ok(());
@@ -299,8 +436,17 @@ pub fn copy(src: &Block, src_offset: usize, dst: &Block, dst_offset: usize, len:
     let q = &src.device().cl("copy")?.queue;
     // SAFETY: both ranges were checked to lie inside live buffers.
     unsafe {
-        cl3::command_queue::enqueue_copy_buffer(q.get(), src.mem(), dst.mem(), src_offset, dst_offset, len, 0, ptr::null())
-            .map(|ev| drop(Event::new(ev)))
-            .cl("clEnqueueCopyBuffer")
+        cl3::command_queue::enqueue_copy_buffer(
+            q.get(),
+            src.mem(),
+            dst.mem(),
+            src_offset,
+            dst_offset,
+            len,
+            0,
+            ptr::null(),
+        )
+        .map(|ev| drop(Event::new(ev)))
+        .cl("clEnqueueCopyBuffer")
     }
 }

@@ -10,7 +10,11 @@ fn steady_loop_makes_no_driver_allocations_after_warm_up() {
         let pool = Pool::new(&dev).unwrap();
         let step = || {
             let held: Vec<_> = SIZES.iter().map(|&s| pool.alloc(s).unwrap()).collect();
-            let more: Vec<_> = SIZES.iter().rev().map(|&s| pool.alloc(s / 2 + 1).unwrap()).collect();
+            let more: Vec<_> = SIZES
+                .iter()
+                .rev()
+                .map(|&s| pool.alloc(s / 2 + 1).unwrap())
+                .collect();
             drop(held);
             drop(more);
         };
@@ -21,7 +25,10 @@ fn steady_loop_makes_no_driver_allocations_after_warm_up() {
             step();
         }
         let after = pool.stats();
-        assert_eq!(after.driver_allocations, warm.driver_allocations, "{dev}: {after}");
+        assert_eq!(
+            after.driver_allocations, warm.driver_allocations,
+            "{dev}: {after}"
+        );
         assert_eq!(after.hits - warm.hits, 200 * 2 * SIZES.len() as u64);
         assert_eq!(after.misses, warm.misses);
         assert_eq!(after.in_use, 0);
@@ -39,7 +46,12 @@ fn sub_buffers_are_aligned_disjoint_and_usable() {
         let blocks: Vec<_> = sizes.iter().map(|&s| pool.alloc(s).unwrap()).collect();
         for b in &blocks {
             assert!(b.is_sub_buffer(), "{b:?} should come from a slab");
-            assert_eq!(b.origin() % align, 0, "{dev}: origin {} not aligned to {align}", b.origin());
+            assert_eq!(
+                b.origin() % align,
+                0,
+                "{dev}: origin {} not aligned to {align}",
+                b.origin()
+            );
             assert!(b.capacity() >= b.len());
         }
         // Each block gets its own bytes; reading back proves the sub-buffers do not overlap.
@@ -49,7 +61,10 @@ fn sub_buffers_are_aligned_disjoint_and_usable() {
         for (i, b) in blocks.iter().enumerate() {
             let mut out = vec![0u8; b.len()];
             read(b, 0, &mut out).unwrap();
-            assert!(out.iter().all(|&x| x == (i % 251) as u8), "{dev}: block {i} was overwritten");
+            assert!(
+                out.iter().all(|&x| x == (i % 251) as u8),
+                "{dev}: block {i} was overwritten"
+            );
         }
         let big = pool.alloc(SMALL_MAX + 1).unwrap();
         assert!(!big.is_sub_buffer() && big.origin() == 0);
@@ -61,7 +76,11 @@ fn hundred_thousand_cycles_return_to_baseline() {
     for dev in opencl_test_devices().unwrap() {
         let pool = Pool::new(&dev).unwrap();
         // Warm-up: the most blocks of each size the churn below can hold at once (7).
-        let warm: Vec<_> = SIZES.iter().flat_map(|&s| (0..7).map(move |_| s)).map(|s| pool.alloc(s).unwrap()).collect();
+        let warm: Vec<_> = SIZES
+            .iter()
+            .flat_map(|&s| (0..7).map(move |_| s))
+            .map(|s| pool.alloc(s).unwrap())
+            .collect();
         drop(warm);
         let mut held = Vec::new();
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -69,7 +88,10 @@ fn hundred_thousand_cycles_return_to_baseline() {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            held.push(pool.alloc(SIZES[(x % SIZES.len() as u64) as usize]).unwrap());
+            held.push(
+                pool.alloc(SIZES[(x % SIZES.len() as u64) as usize])
+                    .unwrap(),
+            );
             if held.len() > 6 {
                 held.swap_remove((x >> 20) as usize % held.len());
             }
@@ -82,11 +104,18 @@ fn hundred_thousand_cycles_return_to_baseline() {
         let end = pool.stats();
         assert_eq!(end.in_use, 0);
         assert_eq!(end.live_blocks, 0);
-        assert_eq!(end.reserved, base.reserved, "{dev}: pool grew during churn: {base} -> {end}");
+        assert_eq!(
+            end.reserved, base.reserved,
+            "{dev}: pool grew during churn: {base} -> {end}"
+        );
         assert_eq!(end.driver_allocations, base.driver_allocations);
         pool.empty_cache();
         let empty = pool.stats();
-        assert_eq!((empty.reserved, empty.cached, empty.in_use), (0, 0, 0), "{empty}");
+        assert_eq!(
+            (empty.reserved, empty.cached, empty.in_use),
+            (0, 0, 0),
+            "{empty}"
+        );
         assert_eq!(empty.driver_frees, empty.driver_allocations);
     }
 }
@@ -104,7 +133,9 @@ fn out_of_memory_releases_cache_then_errors_and_pool_still_works() {
         assert_eq!(s.reserved, 7 << 20);
         // Nothing left to release: a typed error carrying the size and the stats.
         match pool.alloc(4 << 20) {
-            Err(Error::OutOfMemory { requested, stats, .. }) => {
+            Err(Error::OutOfMemory {
+                requested, stats, ..
+            }) => {
                 assert_eq!(requested, 4 << 20);
                 assert!(stats.contains("in use"), "{stats}");
             }
@@ -113,7 +144,10 @@ fn out_of_memory_releases_cache_then_errors_and_pool_still_works() {
         // Larger than the device can ever allocate.
         let huge = dev.info().max_alloc_bytes as usize * 2;
         let err = pool.alloc(huge).unwrap_err();
-        assert!(matches!(err, Error::OutOfMemory { .. }) && err.to_string().contains(&huge.to_string()), "{err}");
+        assert!(
+            matches!(err, Error::OutOfMemory { .. }) && err.to_string().contains(&huge.to_string()),
+            "{err}"
+        );
         // The pool is intact: the held block still works, and freeing it makes room again.
         write(&seven, 0, &[7u8; 64]).unwrap();
         drop(seven);

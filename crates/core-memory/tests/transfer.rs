@@ -6,7 +6,9 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
     (0..len)
         .map(|_| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (x >> 56) as u8
         })
         .collect()
@@ -39,7 +41,10 @@ fn non_blocking_copies_keep_host_memory_until_done() {
         let pending = write_async(&block, 0, data.clone()).unwrap();
         let returned = pending.wait().unwrap();
         assert!(returned == data);
-        let back = read_async(&block, 1, data.len() - 1).unwrap().wait().unwrap();
+        let back = read_async(&block, 1, data.len() - 1)
+            .unwrap()
+            .wait()
+            .unwrap();
         assert!(back[..] == data[1..]);
         // Dropping a pending write without waiting still completes it before the memory goes.
         drop(write_async(&block, 0, vec![5u8; 4096]).unwrap());
@@ -64,7 +69,11 @@ fn pinned_buffers_and_device_copies() {
         pinned.write_to(&a, 0, data.len()).unwrap().wait().unwrap();
         copy(&a, 1000, &b, 0, data.len() - 1000).unwrap();
         pinned.as_mut_slice().fill(0);
-        pinned.read_from(&b, 0, data.len() - 1000).unwrap().wait().unwrap();
+        pinned
+            .read_from(&b, 0, data.len() - 1000)
+            .unwrap()
+            .wait()
+            .unwrap();
         assert!(pinned.as_slice()[..data.len() - 1000] == data[1000..]);
         assert!(pinned.write_to(&a, 10, data.len()).is_err());
         assert!(copy(&a, 0, &b, 1, data.len()).is_err());

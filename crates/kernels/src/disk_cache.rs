@@ -19,7 +19,9 @@ pub fn default_dir() -> Option<PathBuf> {
 
 /// FNV-1a over `bytes`, from the given offset basis.
 fn fnv1a(bytes: &[u8], basis: u64) -> u64 {
-    bytes.iter().fold(basis, |h, &b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
+    bytes.iter().fold(basis, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// Two independent 64-bit hashes of everything that determines a binary.
@@ -29,7 +31,10 @@ pub struct Key(u64, u64);
 impl Key {
     pub fn new(parts: &[&str]) -> Key {
         let joined = parts.join("\u{0}");
-        Key(fnv1a(joined.as_bytes(), 0xcbf2_9ce4_8422_2325), fnv1a(joined.as_bytes(), 0x6c62_272e_07bb_0142))
+        Key(
+            fnv1a(joined.as_bytes(), 0xcbf2_9ce4_8422_2325),
+            fnv1a(joined.as_bytes(), 0x6c62_272e_07bb_0142),
+        )
     }
 }
 
@@ -43,10 +48,12 @@ pub fn load(file: &Path, key: Key) -> Option<Vec<u8>> {
     if data.len() < HEADER || &data[..8] != MAGIC {
         return None;
     }
-    let word = |i: usize| u64::from_le_bytes(data[8 + 8 * i..16 + 8 * i].try_into().expect("8 bytes"));
+    let word =
+        |i: usize| u64::from_le_bytes(data[8 + 8 * i..16 + 8 * i].try_into().expect("8 bytes"));
     let (check, len, sum) = (word(0), word(1) as usize, word(2));
     let bin = &data[HEADER..];
-    (check == key.1 && len == bin.len() && sum == fnv1a(bin, 0xcbf2_9ce4_8422_2325)).then(|| bin.to_vec())
+    (check == key.1 && len == bin.len() && sum == fnv1a(bin, 0xcbf2_9ce4_8422_2325))
+        .then(|| bin.to_vec())
 }
 
 /// Store a binary atomically (temporary file + rename). Failures are logged, never fatal.

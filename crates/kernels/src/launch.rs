@@ -34,7 +34,10 @@ impl Kernel {
     /// The kernel `name` of `program`, as this thread's own kernel object.
     pub fn new(program: &Arc<Program>, name: &str) -> Result<Kernel> {
         if name.contains('\0') {
-            return Err(Error::invalid("Kernel::new", format!("kernel name {name:?} contains a NUL byte")));
+            return Err(Error::invalid(
+                "Kernel::new",
+                format!("kernel name {name:?} contains a NUL byte"),
+            ));
         }
         let key = (program.id, name.to_string());
         let cached = KERNELS.with(|k| k.borrow().get(&key).cloned());
@@ -44,13 +47,21 @@ impl Kernel {
                 let cl = program.device.cl(name)?;
                 let kernel = ClKernel::create(&program.inner, name).map_err(|e| Error::Launch {
                     kernel: name.to_string(),
-                    msg: format!("not found in kernels/{} ({})", program.source.name, netcl_core_devices::cl_code_name(e.0)),
+                    msg: format!(
+                        "not found in kernels/{} ({})",
+                        program.source.name,
+                        netcl_core_devices::cl_code_name(e.0)
+                    ),
                 })?;
                 let dev = cl.id.id();
                 let entry = Rc::new(Entry {
                     num_args: kernel.num_args().cl("clGetKernelInfo")?,
-                    work_group_size: kernel.get_work_group_size(dev).cl("CL_KERNEL_WORK_GROUP_SIZE")?,
-                    local_mem: kernel.get_local_mem_size(dev).cl("CL_KERNEL_LOCAL_MEM_SIZE")?,
+                    work_group_size: kernel
+                        .get_work_group_size(dev)
+                        .cl("CL_KERNEL_WORK_GROUP_SIZE")?,
+                    local_mem: kernel
+                        .get_local_mem_size(dev)
+                        .cl("CL_KERNEL_LOCAL_MEM_SIZE")?,
                     kernel,
                     name: name.to_string(),
                 });
@@ -58,7 +69,12 @@ impl Kernel {
                 entry
             }
         };
-        Ok(Kernel { entry, program: program.clone(), next_arg: 0, dynamic_local: 0 })
+        Ok(Kernel {
+            entry,
+            program: program.clone(),
+            next_arg: 0,
+            dynamic_local: 0,
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -67,7 +83,9 @@ impl Kernel {
 
     /// The largest work-group this kernel can run with on its device.
     pub fn max_work_group_size(&self) -> usize {
-        self.entry.work_group_size.min(self.program.device.info().max_work_group_size)
+        self.entry
+            .work_group_size
+            .min(self.program.device.info().max_work_group_size)
     }
 
     fn next_index(&mut self) -> Result<u32> {
@@ -98,7 +116,8 @@ impl Kernel {
     pub fn arg_local(&mut self, bytes: usize) -> Result<&mut Self> {
         let i = self.next_index()?;
         // SAFETY: a local-memory argument takes a size and no value.
-        unsafe { self.entry.kernel.set_arg_local_buffer(i, bytes) }.map_err(|e| self.arg_error(i, e.0))?;
+        unsafe { self.entry.kernel.set_arg_local_buffer(i, bytes) }
+            .map_err(|e| self.arg_error(i, e.0))?;
         self.dynamic_local += bytes as u64;
         Ok(self)
     }
@@ -106,7 +125,10 @@ impl Kernel {
     fn arg_error(&self, i: u32, code: i32) -> Error {
         Error::Launch {
             kernel: self.entry.name.clone(),
-            msg: format!("argument {i}: {} ({code})", netcl_core_devices::cl_code_name(code)),
+            msg: format!(
+                "argument {i}: {} ({code})",
+                netcl_core_devices::cl_code_name(code)
+            ),
         }
     }
 
@@ -121,14 +143,24 @@ impl Kernel {
     }
 
     fn try_launch(&self, global: &[usize], local: &[usize]) -> Result<()> {
-        let fail = |msg: String| Err(Error::Launch { kernel: self.entry.name.clone(), msg });
+        let fail = |msg: String| {
+            Err(Error::Launch {
+                kernel: self.entry.name.clone(),
+                msg,
+            })
+        };
         let device: &Device = &self.program.device;
         let info = device.info();
         if global.is_empty() || global.len() > 3 || local.len() != global.len() {
-            return fail(format!("global {global:?} and local {local:?} must both have 1 to 3 dims"));
+            return fail(format!(
+                "global {global:?} and local {local:?} must both have 1 to 3 dims"
+            ));
         }
         if self.next_arg != self.entry.num_args {
-            return fail(format!("{} of its {} arguments set", self.next_arg, self.entry.num_args));
+            return fail(format!(
+                "{} of its {} arguments set",
+                self.next_arg, self.entry.num_args
+            ));
         }
         if global.contains(&0) {
             return Ok(());
@@ -142,12 +174,18 @@ impl Kernel {
         }
         for (d, &l) in local.iter().enumerate() {
             if info.max_work_item_sizes.get(d).is_some_and(|&m| l > m) {
-                return fail(format!("local size {l} in dim {d} exceeds {} on {device}", info.max_work_item_sizes[d]));
+                return fail(format!(
+                    "local size {l} in dim {d} exceeds {} on {device}",
+                    info.max_work_item_sizes[d]
+                ));
             }
         }
         let local_mem = self.entry.local_mem + self.dynamic_local;
         if local_mem > info.local_mem_bytes {
-            return fail(format!("needs {local_mem} B of local memory; {device} has {} B", info.local_mem_bytes));
+            return fail(format!(
+                "needs {local_mem} B of local memory; {device} has {} B",
+                info.local_mem_bytes
+            ));
         }
         let mut rounded = [1usize; 3];
         for d in 0..global.len() {
@@ -170,7 +208,10 @@ impl Kernel {
         }
         .map_err(|code| Error::Launch {
             kernel: self.entry.name.clone(),
-            msg: format!("clEnqueueNDRangeKernel: {} ({code})", netcl_core_devices::cl_code_name(code)),
+            msg: format!(
+                "clEnqueueNDRangeKernel: {} ({code})",
+                netcl_core_devices::cl_code_name(code)
+            ),
         })
     }
 }

@@ -33,17 +33,28 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 fn check_options(device: &Device, source: &Source, options: &str) -> Result<()> {
     if options.contains('\0') {
-        return Err(Error::invalid("build program", format!("options for {} contain a NUL byte", source.name)));
+        return Err(Error::invalid(
+            "build program",
+            format!("options for {} contain a NUL byte", source.name),
+        ));
     }
     if options.contains("-DDT_F64") && !device.info().fp64 {
-        return Err(Error::dtype(source.name, format!("{device} does not support f64 (no cl_khr_fp64)")));
+        return Err(Error::dtype(
+            source.name,
+            format!("{device} does not support f64 (no cl_khr_fp64)"),
+        ));
     }
     Ok(())
 }
 
 /// Build `source` (with kernels/common.cl in front) for `device` with `options`, through the
 /// disk cache in `cache_dir` when given. A missing, corrupt or rejected binary rebuilds from source.
-pub fn build(device: &Device, source: &Source, options: &str, cache_dir: Option<&Path>) -> Result<Program> {
+pub fn build(
+    device: &Device,
+    source: &Source,
+    options: &str,
+    cache_dir: Option<&Path>,
+) -> Result<Program> {
     check_options(device, source, options)?;
     let cl = device.cl(source.name)?;
     let info = device.info();
@@ -70,17 +81,29 @@ pub fn build(device: &Device, source: &Source, options: &str, cache_dir: Option<
     if let Some(bin) = file.as_deref().and_then(|f| disk_cache::load(f, key)) {
         match ClProgram::create_and_build_from_binary(&cl.context, &[&bin], options) {
             Ok(p) => return Ok(make(p, Origin::DiskCache)),
-            Err(e) => log::info!("cached binary for {} rejected ({e}); rebuilding from source", source.name),
+            Err(e) => log::info!(
+                "cached binary for {} rejected ({e}); rebuilding from source",
+                source.name
+            ),
         }
     }
-    let mut program = ClProgram::create_from_source(&cl.context, &text).cl("clCreateProgramWithSource")?;
+    let mut program =
+        ClProgram::create_from_source(&cl.context, &text).cl("clCreateProgramWithSource")?;
     if let Err(e) = program.build(&[cl.id.id()], options) {
-        let log = program.get_build_log(cl.id.id()).unwrap_or_else(|_| format!("(no build log; error {})", e.0));
-        return Err(Error::KernelBuild { file: source.name.to_string(), options: options.to_string(), log });
+        let log = program
+            .get_build_log(cl.id.id())
+            .unwrap_or_else(|_| format!("(no build log; error {})", e.0));
+        return Err(Error::KernelBuild {
+            file: source.name.to_string(),
+            options: options.to_string(),
+            log,
+        });
     }
     if let Some(f) = &file {
         match program.get_binaries() {
-            Ok(bins) if bins.len() == 1 && !bins[0].is_empty() => disk_cache::store(f, key, &bins[0]),
+            Ok(bins) if bins.len() == 1 && !bins[0].is_empty() => {
+                disk_cache::store(f, key, &bins[0])
+            }
             _ => log::info!("{}: the driver returned no binary to cache", source.name),
         }
     }
@@ -98,8 +121,19 @@ pub fn program(device: &Device, source: &Source, options: &str) -> Result<Arc<Pr
     if let Some(p) = map.get(&key) {
         return Ok(p.clone());
     }
-    let p = Arc::new(build(device, source, options, disk_cache::default_dir().as_deref())?);
-    log::debug!("built {} [{}] for {} ({:?})", source.name, options, device, p.origin);
+    let p = Arc::new(build(
+        device,
+        source,
+        options,
+        disk_cache::default_dir().as_deref(),
+    )?);
+    log::debug!(
+        "built {} [{}] for {} ({:?})",
+        source.name,
+        options,
+        device,
+        p.origin
+    );
     map.insert(key, p.clone());
     Ok(p)
 }
@@ -111,11 +145,18 @@ mod tests {
 
     #[test]
     fn a_binary_the_driver_rejects_is_rebuilt_from_source() {
-        let Ok(devices) = netcl_core_devices::opencl_test_devices() else { panic!("OpenCL required") };
+        let Ok(devices) = netcl_core_devices::opencl_test_devices() else {
+            panic!("OpenCL required")
+        };
         for dev in devices {
             let dir = tempfile::tempdir().unwrap();
             build(&dev, &COPY, "-DDT_F32", Some(dir.path())).unwrap();
-            let file = std::fs::read_dir(dir.path()).unwrap().next().unwrap().unwrap().path();
+            let file = std::fs::read_dir(dir.path())
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap()
+                .path();
             // A well-formed cache file around bytes that are no program binary.
             let text = format!("{}\n{}", COMMON.text, COPY.text);
             let info = dev.info();
@@ -134,7 +175,12 @@ mod tests {
             assert!(disk_cache::load(&file, key).is_some());
             let p = build(&dev, &COPY, "-DDT_F32", Some(dir.path())).unwrap();
             assert_eq!(p.origin, Origin::Source);
-            assert_eq!(build(&dev, &COPY, "-DDT_F32", Some(dir.path())).unwrap().origin, Origin::DiskCache);
+            assert_eq!(
+                build(&dev, &COPY, "-DDT_F32", Some(dir.path()))
+                    .unwrap()
+                    .origin,
+                Origin::DiskCache
+            );
         }
     }
 }

@@ -10,7 +10,10 @@ pub struct Source {
 
 macro_rules! source {
     ($ident:ident, $file:literal) => {
-        pub const $ident: Source = Source { name: $file, text: include_str!(concat!("../../../kernels/", $file)) };
+        pub const $ident: Source = Source {
+            name: $file,
+            text: include_str!(concat!("../../../kernels/", $file)),
+        };
     };
 }
 

@@ -15,11 +15,22 @@ fn check_add(dev: &Device, program: &Arc<Program>) {
     let n = 1000usize;
     let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
     let b: Vec<f32> = (0..n).map(|i| 3.0 - i as f32).collect();
-    let (ba, bb, bo) = (pool.alloc(4 * n).unwrap(), pool.alloc(4 * n).unwrap(), pool.alloc(4 * n).unwrap());
+    let (ba, bb, bo) = (
+        pool.alloc(4 * n).unwrap(),
+        pool.alloc(4 * n).unwrap(),
+        pool.alloc(4 * n).unwrap(),
+    );
     write(&ba, 0, &f32_bytes(&a)).unwrap();
     write(&bb, 0, &f32_bytes(&b)).unwrap();
     let mut k = Kernel::new(program, "add_contig").unwrap();
-    k.arg_mem(bo.mem()).unwrap().arg_mem(ba.mem()).unwrap().arg_mem(bb.mem()).unwrap().arg(&(n as u32)).unwrap();
+    k.arg_mem(bo.mem())
+        .unwrap()
+        .arg_mem(ba.mem())
+        .unwrap()
+        .arg_mem(bb.mem())
+        .unwrap()
+        .arg(&(n as u32))
+        .unwrap();
     k.launch(&[n], &[GROUP_1D]).unwrap();
     let mut out = vec![0u8; 4 * n];
     read(&bo, 0, &mut out).unwrap();
@@ -35,7 +46,10 @@ fn disk_cache_reuses_and_rebuilds_corrupt_binaries() {
         let dir = tempfile::tempdir().unwrap();
         let first = build(&dev, &ELEMENTWISE, "-DDT_F32", Some(dir.path())).unwrap();
         assert_eq!(first.origin, Origin::Source);
-        let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
+        let files: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
         assert_eq!(files.len(), 1, "{files:?}");
         let second = Arc::new(build(&dev, &ELEMENTWISE, "-DDT_F32", Some(dir.path())).unwrap());
         assert_eq!(second.origin, Origin::DiskCache);
@@ -52,20 +66,36 @@ fn disk_cache_reuses_and_rebuilds_corrupt_binaries() {
         assert_eq!(rebuilt.origin, Origin::Source);
         check_add(&dev, &rebuilt);
         std::fs::write(&files[0], &bytes[..20]).unwrap();
-        assert_eq!(build(&dev, &ELEMENTWISE, "-DDT_F32", Some(dir.path())).unwrap().origin, Origin::Source);
-        assert_eq!(build(&dev, &ELEMENTWISE, "-DDT_F32", Some(dir.path())).unwrap().origin, Origin::DiskCache);
+        assert_eq!(
+            build(&dev, &ELEMENTWISE, "-DDT_F32", Some(dir.path()))
+                .unwrap()
+                .origin,
+            Origin::Source
+        );
+        assert_eq!(
+            build(&dev, &ELEMENTWISE, "-DDT_F32", Some(dir.path()))
+                .unwrap()
+                .origin,
+            Origin::DiskCache
+        );
     }
 }
 
 #[test]
 fn failed_build_reports_file_options_and_log() {
-    let broken = Source { name: "broken.cl", text: "__kernel void f(__global float* x) { x[0] = undefined_thing; }" };
+    let broken = Source {
+        name: "broken.cl",
+        text: "__kernel void f(__global float* x) { x[0] = undefined_thing; }",
+    };
     for dev in opencl_test_devices().unwrap() {
         match build(&dev, &broken, "-DDT_F32", None) {
             Err(Error::KernelBuild { file, options, log }) => {
                 assert_eq!(file, "broken.cl");
                 assert_eq!(options, "-DDT_F32");
-                assert!(log.contains("undefined_thing"), "build log does not name the problem: {log}");
+                assert!(
+                    log.contains("undefined_thing"),
+                    "build log does not name the problem: {log}"
+                );
             }
             Err(e) => panic!("{dev}: expected KernelBuild, got {e}"),
             Ok(_) => panic!("{dev}: broken source built"),
@@ -93,25 +123,52 @@ fn launches_are_checked_before_enqueue() {
         let mut k = Kernel::new(&p, "scale").unwrap();
         // Too much local memory: an error, not a crashed process.
         let too_much = dev.info().local_mem_bytes as usize + 4;
-        k.arg_mem(buf.mem()).unwrap().arg_local(too_much).unwrap().arg(&300u32).unwrap();
+        k.arg_mem(buf.mem())
+            .unwrap()
+            .arg_local(too_much)
+            .unwrap()
+            .arg(&300u32)
+            .unwrap();
         let err = k.launch(&[300], &[64]).unwrap_err();
-        assert!(matches!(err, Error::Launch { .. }) && err.to_string().contains("local memory"), "{err}");
+        assert!(
+            matches!(err, Error::Launch { .. }) && err.to_string().contains("local memory"),
+            "{err}"
+        );
         // A work-group larger than the device allows.
         let big = k.max_work_group_size() + 1;
-        k.arg_mem(buf.mem()).unwrap().arg_local(4 * big).unwrap().arg(&300u32).unwrap();
+        k.arg_mem(buf.mem())
+            .unwrap()
+            .arg_local(4 * big)
+            .unwrap()
+            .arg(&300u32)
+            .unwrap();
         let err = k.launch(&[300], &[big]).unwrap_err();
         assert!(err.to_string().contains("work-group"), "{err}");
         // Missing and surplus arguments.
         k.arg_mem(buf.mem()).unwrap();
-        assert!(k.launch(&[300], &[64]).unwrap_err().to_string().contains("1 of its 3 arguments"));
-        k.arg_mem(buf.mem()).unwrap().arg_local(256).unwrap().arg(&300u32).unwrap();
+        assert!(k
+            .launch(&[300], &[64])
+            .unwrap_err()
+            .to_string()
+            .contains("1 of its 3 arguments"));
+        k.arg_mem(buf.mem())
+            .unwrap()
+            .arg_local(256)
+            .unwrap()
+            .arg(&300u32)
+            .unwrap();
         assert!(k.arg(&1u32).is_err());
         k.launch(&[300], &[64]).unwrap();
         // Nothing bad was enqueued: exactly one doubling happened.
         let mut out = vec![0u8; 4 * 300];
         read(&buf, 0, &mut out).unwrap();
-        assert!(out.chunks(4).all(|c| f32::from_le_bytes(c.try_into().unwrap()) == 3.0));
-        assert!(matches!(Kernel::new(&p, "no_such_kernel"), Err(Error::Launch { .. })));
+        assert!(out
+            .chunks(4)
+            .all(|c| f32::from_le_bytes(c.try_into().unwrap()) == 3.0));
+        assert!(matches!(
+            Kernel::new(&p, "no_such_kernel"),
+            Err(Error::Launch { .. })
+        ));
     }
 }
 

@@ -2,7 +2,7 @@
 use crate::element::{Element, HostData};
 use crate::launch::{launch_1d, program_for};
 use crate::layout::{broadcast_shapes, broadcast_strides, contiguous_strides, KernelLayout};
-use crate::tensor::{gather, Tensor};
+use crate::tensor::Tensor;
 use half::{bf16, f16};
 use netcl_core_devices::{Error, Result};
 use netcl_kernels::sources::ELEMENTWISE;
@@ -33,7 +33,12 @@ trait Arith: Element {
     fn apply(op: BinaryOp, x: Self, y: Self) -> Self;
 }
 
-fn float_op<F: std::ops::Add<Output = F> + std::ops::Sub<Output = F> + std::ops::Mul<Output = F> + std::ops::Div<Output = F>>(
+fn float_op<
+    F: std::ops::Add<Output = F>
+        + std::ops::Sub<Output = F>
+        + std::ops::Mul<Output = F>
+        + std::ops::Div<Output = F>,
+>(
     op: BinaryOp,
     x: F,
     y: F,
@@ -84,10 +89,8 @@ macro_rules! int_arith {
 int_arith!(i32);
 int_arith!(u32);
 
-fn host_binary<T: Arith>(op: BinaryOp, a: &[T], sa: &[usize], oa: usize, b: &[T], sb: &[usize], ob: usize, shape: &[usize]) -> HostData {
-    let xs = gather(a, shape, sa, oa);
-    let ys = gather(b, shape, sb, ob);
-    T::wrap(xs.into_iter().zip(ys).map(|(x, y)| T::apply(op, x, y)).collect())
+fn zip_apply<T: Arith>(op: BinaryOp, x: &[T], y: &[T]) -> HostData {
+    T::wrap(x.iter().zip(y).map(|(&x, &y)| T::apply(op, x, y)).collect())
 }
 
 impl Tensor {
@@ -95,22 +98,31 @@ impl Tensor {
     pub fn binary(&self, other: &Tensor, op: BinaryOp) -> Result<Tensor> {
         let name = op.name();
         if self.device != other.device {
-            return Err(Error::device(name, format!("operands on {} and {}", self.device, other.device)));
+            return Err(Error::device(
+                name,
+                format!("operands on {} and {}", self.device, other.device),
+            ));
         }
         if self.dtype != other.dtype {
-            return Err(Error::dtype(name, format!("operands are {} {:?} and {} {:?}", self.dtype, self.shape, other.dtype, other.shape)));
+            return Err(Error::dtype(
+                name,
+                format!(
+                    "operands are {} {:?} and {} {:?}",
+                    self.dtype, self.shape, other.dtype, other.shape
+                ),
+            ));
         }
         let shape = broadcast_shapes(name, &self.shape, &other.shape)?;
         let sa = broadcast_strides(name, &self.shape, &self.strides, &shape)?;
         let sb = broadcast_strides(name, &other.shape, &other.strides, &shape)?;
-        if let (Some(a), Some(b)) = (self.host(), other.host()) {
-            let data = match (&*a, &*b) {
-                (HostData::F32(x), HostData::F32(y)) => host_binary(op, x, &sa, self.offset, y, &sb, other.offset, &shape),
-                (HostData::F64(x), HostData::F64(y)) => host_binary(op, x, &sa, self.offset, y, &sb, other.offset, &shape),
-                (HostData::F16(x), HostData::F16(y)) => host_binary(op, x, &sa, self.offset, y, &sb, other.offset, &shape),
-                (HostData::BF16(x), HostData::BF16(y)) => host_binary(op, x, &sa, self.offset, y, &sb, other.offset, &shape),
-                (HostData::I32(x), HostData::I32(y)) => host_binary(op, x, &sa, self.offset, y, &sb, other.offset, &shape),
-                (HostData::U32(x), HostData::U32(y)) => host_binary(op, x, &sa, self.offset, y, &sb, other.offset, &shape),
+        if let (Some(x), Some(y)) = (self.host_view(&shape, &sa), other.host_view(&shape, &sb)) {
+            let data = match (&x, &y) {
+                (HostData::F32(x), HostData::F32(y)) => zip_apply(op, x, y),
+                (HostData::F64(x), HostData::F64(y)) => zip_apply(op, x, y),
+                (HostData::F16(x), HostData::F16(y)) => zip_apply(op, x, y),
+                (HostData::BF16(x), HostData::BF16(y)) => zip_apply(op, x, y),
+                (HostData::I32(x), HostData::I32(y)) => zip_apply(op, x, y),
+                (HostData::U32(x), HostData::U32(y)) => zip_apply(op, x, y),
                 _ => return Err(Error::dtype(name, "host storage does not match the dtype")),
             };
             return Ok(Tensor::from_host_data(data, &shape));
@@ -118,17 +130,29 @@ impl Tensor {
         let out = Tensor::alloc(&shape, self.dtype, &self.device)?;
         let program = program_for(&self.device, &ELEMENTWISE, self.dtype)?;
         let n = out.numel();
-        let dense = self.is_contiguous() && other.is_contiguous() && self.shape == shape && other.shape == shape;
+        let dense = self.is_contiguous()
+            && other.is_contiguous()
+            && self.shape == shape
+            && other.shape == shape;
         if dense && self.offset == 0 && other.offset == 0 {
             launch_1d(&program, &format!("{name}_contig"), n, |k| {
-                k.arg_mem(out.mem()?)?.arg_mem(self.mem()?)?.arg_mem(other.mem()?)?;
+                k.arg_mem(out.mem()?)?
+                    .arg_mem(self.mem()?)?
+                    .arg_mem(other.mem()?)?;
                 Ok(())
             })?;
         } else {
             let so = contiguous_strides(&shape);
-            let layout = KernelLayout::new(name, &shape, &[(&so, 0), (&sa, self.offset), (&sb, other.offset)])?;
+            let layout = KernelLayout::new(
+                name,
+                &shape,
+                &[(&so, 0), (&sa, self.offset), (&sb, other.offset)],
+            )?;
             launch_1d(&program, &format!("{name}_strided"), n, |k| {
-                k.arg_mem(out.mem()?)?.arg_mem(self.mem()?)?.arg_mem(other.mem()?)?.arg(&layout)?;
+                k.arg_mem(out.mem()?)?
+                    .arg_mem(self.mem()?)?
+                    .arg_mem(other.mem()?)?
+                    .arg(&layout)?;
                 Ok(())
             })?;
         }

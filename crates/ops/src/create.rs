@@ -23,7 +23,10 @@ impl Tensor {
     /// A tensor of `shape` filled with `value` (converted to `dtype`).
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: &Device) -> Result<Tensor> {
         if device.is_host() {
-            return Ok(Tensor::from_host_data(HostData::filled(dtype, numel(shape), value), shape));
+            return Ok(Tensor::from_host_data(
+                HostData::filled(dtype, numel(shape), value),
+                shape,
+            ));
         }
         let out = Tensor::alloc(shape, dtype, device)?;
         let program = program_for(device, &COPY, dtype)?;
@@ -44,17 +47,34 @@ impl Tensor {
 
     /// `start, start + step, ...` below `end` (above it for a negative step), as a 1-D tensor.
     /// Element i is `start + i * step` computed in the dtype's arithmetic type, identically on every device.
-    pub fn arange(start: f64, end: f64, step: f64, dtype: DType, device: &Device) -> Result<Tensor> {
+    pub fn arange(
+        start: f64,
+        end: f64,
+        step: f64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
         if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
-            return Err(Error::invalid("arange", format!("start {start}, end {end}, step {step}: need finite values and a non-zero step")));
+            return Err(Error::invalid(
+                "arange",
+                format!(
+                    "start {start}, end {end}, step {step}: need finite values and a non-zero step"
+                ),
+            ));
         }
         let n = ((end - start) / step).ceil().max(0.0) as usize;
         if device.is_host() {
             let data = match dtype {
                 DType::F64 => HostData::from_fn(dtype, n, |i| start + i as f64 * step),
-                DType::I32 => HostData::from_fn(dtype, n, |i| (start as i32).wrapping_add((i as i32).wrapping_mul(step as i32)) as f64),
-                DType::U32 => HostData::from_fn(dtype, n, |i| (start as u32).wrapping_add((i as u32).wrapping_mul(step as u32)) as f64),
-                _ => HostData::from_fn(dtype, n, |i| (start as f32 + i as f32 * step as f32) as f64),
+                DType::I32 => HostData::from_fn(dtype, n, |i| {
+                    (start as i32).wrapping_add((i as i32).wrapping_mul(step as i32)) as f64
+                }),
+                DType::U32 => HostData::from_fn(dtype, n, |i| {
+                    (start as u32).wrapping_add((i as u32).wrapping_mul(step as u32)) as f64
+                }),
+                _ => {
+                    HostData::from_fn(dtype, n, |i| (start as f32 + i as f32 * step as f32) as f64)
+                }
             };
             return Ok(Tensor::from_host_data(data, &[n]));
         }
@@ -71,7 +91,14 @@ impl Tensor {
     /// A tensor of `shape` holding `data` (row-major) on `device`.
     pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize], device: &Device) -> Result<Tensor> {
         if data.len() != numel(shape) {
-            return Err(Error::shape("from_vec", format!("{} elements do not fill shape {shape:?} ({} elements)", data.len(), numel(shape))));
+            return Err(Error::shape(
+                "from_vec",
+                format!(
+                    "{} elements do not fill shape {shape:?} ({} elements)",
+                    data.len(),
+                    numel(shape)
+                ),
+            ));
         }
         Tensor::from_host_data_on(T::wrap(data), shape, device)
     }
@@ -85,6 +112,7 @@ impl Tensor {
     /// The elements as an ndarray array (copied to the host). `T` must match the dtype.
     pub fn to_ndarray<T: Element>(&self) -> Result<ArrayD<T>> {
         let v = self.to_vec::<T>()?;
-        ArrayD::from_shape_vec(IxDyn(&self.shape), v).map_err(|e| Error::shape("to_ndarray", e.to_string()))
+        ArrayD::from_shape_vec(IxDyn(&self.shape), v)
+            .map_err(|e| Error::shape("to_ndarray", e.to_string()))
     }
 }

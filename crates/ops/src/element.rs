@@ -56,7 +56,9 @@ impl HostData {
     /// Typed storage of `dtype` from raw bytes (`bytes.len()` must be a multiple of the size).
     pub fn from_bytes(dtype: DType, bytes: &[u8]) -> HostData {
         fn cast<T: bytemuck::Pod>(b: &[u8]) -> Vec<T> {
-            b.chunks_exact(std::mem::size_of::<T>()).map(bytemuck::pod_read_unaligned).collect()
+            b.chunks_exact(std::mem::size_of::<T>())
+                .map(bytemuck::pod_read_unaligned)
+                .collect()
         }
         match dtype {
             DType::F32 => HostData::F32(cast(bytes)),
@@ -95,7 +97,9 @@ impl HostData {
 }
 
 /// A Rust type that a tensor can hold.
-pub trait Element: Copy + Send + Sync + bytemuck::Pod + std::fmt::Debug + PartialEq + 'static {
+pub trait Element:
+    Copy + Send + Sync + bytemuck::Pod + std::fmt::Debug + PartialEq + 'static
+{
     const DTYPE: DType;
     fn wrap(v: Vec<Self>) -> HostData;
     fn unwrap(d: &HostData) -> Option<&Vec<Self>>;

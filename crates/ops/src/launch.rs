@@ -17,7 +17,10 @@ pub(crate) fn launch_1d(
     args: impl FnOnce(&mut Kernel) -> Result<()>,
 ) -> Result<()> {
     let n32 = u32::try_from(n).map_err(|_| {
-        netcl_core_devices::Error::shape(name, format!("{n} work-items exceed the 32-bit index of kernel {name}"))
+        netcl_core_devices::Error::shape(
+            name,
+            format!("{n} work-items exceed the 32-bit index of kernel {name}"),
+        )
     })?;
     let mut k = Kernel::new(program, name)?;
     args(&mut k)?;

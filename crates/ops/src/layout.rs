@@ -35,20 +35,37 @@ pub fn is_contiguous(shape: &[usize], strides: &[usize]) -> bool {
 /// NumPy broadcasting of two shapes.
 pub fn broadcast_shapes(op: &str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
     let n = a.len().max(b.len());
-    let get = |s: &[usize], i: usize| if i + s.len() >= n { s[i + s.len() - n] } else { 1 };
+    let get = |s: &[usize], i: usize| {
+        if i + s.len() >= n {
+            s[i + s.len() - n]
+        } else {
+            1
+        }
+    };
     (0..n)
         .map(|i| match (get(a, i), get(b, i)) {
             (x, y) if x == y || y == 1 => Ok(x),
             (1, y) => Ok(y),
-            (x, y) => Err(Error::shape(op, format!("shapes {a:?} and {b:?} do not broadcast (dim {i}: {x} vs {y})"))),
+            (x, y) => Err(Error::shape(
+                op,
+                format!("shapes {a:?} and {b:?} do not broadcast (dim {i}: {x} vs {y})"),
+            )),
         })
         .collect()
 }
 
 /// Strides that view (`shape`, `strides`) as `target` (broadcast dims get stride 0).
-pub fn broadcast_strides(op: &str, shape: &[usize], strides: &[usize], target: &[usize]) -> Result<Vec<usize>> {
+pub fn broadcast_strides(
+    op: &str,
+    shape: &[usize],
+    strides: &[usize],
+    target: &[usize],
+) -> Result<Vec<usize>> {
     if shape.len() > target.len() {
-        return Err(Error::shape(op, format!("cannot broadcast {shape:?} to fewer dims {target:?}")));
+        return Err(Error::shape(
+            op,
+            format!("cannot broadcast {shape:?} to fewer dims {target:?}"),
+        ));
     }
     let lead = target.len() - shape.len();
     (0..target.len())
@@ -59,7 +76,10 @@ pub fn broadcast_strides(op: &str, shape: &[usize], strides: &[usize], target: &
             match (shape[i - lead], target[i]) {
                 (s, t) if s == t => Ok(strides[i - lead]),
                 (1, _) => Ok(0),
-                (s, t) => Err(Error::shape(op, format!("cannot broadcast {shape:?} to {target:?} (dim {i}: {s} vs {t})"))),
+                (s, t) => Err(Error::shape(
+                    op,
+                    format!("cannot broadcast {shape:?} to {target:?} (dim {i}: {s} vs {t})"),
+                )),
             }
         })
         .collect()
@@ -99,16 +119,32 @@ impl KernelLayout {
             dims.push((shape[d], st));
         }
         if dims.len() > MAX_DIMS {
-            return Err(Error::shape(op, format!("{shape:?} needs {} strided dims; kernels take {MAX_DIMS}", dims.len())));
+            return Err(Error::shape(
+                op,
+                format!(
+                    "{shape:?} needs {} strided dims; kernels take {MAX_DIMS}",
+                    dims.len()
+                ),
+            ));
         }
         let small = |x: usize| {
-            u32::try_from(x).map_err(|_| Error::shape(op, format!("index {x} does not fit the 32-bit kernel layout")))
+            u32::try_from(x).map_err(|_| {
+                Error::shape(
+                    op,
+                    format!("index {x} does not fit the 32-bit kernel layout"),
+                )
+            })
         };
-        let mut l = KernelLayout { ndim: dims.len() as u32, shape: [1; MAX_DIMS], stride: [[0; MAX_DIMS]; 3], offset: [0; 3] };
+        let mut l = KernelLayout {
+            ndim: dims.len() as u32,
+            shape: [1; MAX_DIMS],
+            stride: [[0; MAX_DIMS]; 3],
+            offset: [0; 3],
+        };
         for (i, (n, st)) in dims.iter().enumerate() {
             l.shape[i] = small(*n)?;
-            for j in 0..k {
-                l.stride[j][i] = small(st[j])?;
+            for (row, &s) in l.stride.iter_mut().zip(st.iter()).take(k) {
+                row[i] = small(s)?;
             }
         }
         for (j, (_, off)) in operands.iter().enumerate() {
@@ -132,18 +168,41 @@ mod tests {
 
     #[test]
     fn broadcasting() {
-        assert_eq!(broadcast_shapes("t", &[3, 1, 5], &[4, 1]).unwrap(), vec![3, 4, 5]);
+        assert_eq!(
+            broadcast_shapes("t", &[3, 1, 5], &[4, 1]).unwrap(),
+            vec![3, 4, 5]
+        );
         assert_eq!(broadcast_shapes("t", &[], &[2]).unwrap(), vec![2]);
-        let e = broadcast_shapes("add", &[3, 2], &[4, 2]).unwrap_err().to_string();
-        assert!(e.contains("add") && e.contains("[3, 2]") && e.contains("[4, 2]"), "{e}");
-        assert_eq!(broadcast_strides("t", &[3, 1], &[1, 1], &[2, 3, 4]).unwrap(), vec![0, 1, 0]);
+        let e = broadcast_shapes("add", &[3, 2], &[4, 2])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("add") && e.contains("[3, 2]") && e.contains("[4, 2]"),
+            "{e}"
+        );
+        assert_eq!(
+            broadcast_strides("t", &[3, 1], &[1, 1], &[2, 3, 4]).unwrap(),
+            vec![0, 1, 0]
+        );
     }
 
     #[test]
     fn layouts_merge_dims() {
         let l = KernelLayout::new("t", &[2, 3, 4], &[(&[12, 4, 1], 0), (&[12, 4, 1], 5)]).unwrap();
-        assert_eq!((l.ndim, l.shape[0], l.stride[1][0], l.offset[1]), (1, 24, 1, 5));
+        assert_eq!(
+            (l.ndim, l.shape[0], l.stride[1][0], l.offset[1]),
+            (1, 24, 1, 5)
+        );
         let t = KernelLayout::new("t", &[2, 1, 3], &[(&[3, 3, 1], 0), (&[1, 7, 2], 0)]).unwrap();
-        assert_eq!((t.ndim, t.shape[0], t.shape[1], t.stride[1][0], t.stride[1][1]), (2, 2, 3, 1, 2));
+        assert_eq!(
+            (
+                t.ndim,
+                t.shape[0],
+                t.shape[1],
+                t.stride[1][0],
+                t.stride[1][1]
+            ),
+            (2, 2, 3, 1, 2)
+        );
     }
 }

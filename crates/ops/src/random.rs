@@ -25,7 +25,10 @@ pub struct Generator {
 impl Generator {
     pub fn new(seed: u64) -> Generator {
         let k = splitmix64(seed);
-        Generator { key: [k as u32, (k >> 32) as u32], counter: 0 }
+        Generator {
+            key: [k as u32, (k >> 32) as u32],
+            counter: 0,
+        }
     }
 
     /// The next counter block to be used.
@@ -50,7 +53,15 @@ fn words(key: [u32; 2], base: u128, n: usize) -> Vec<u32> {
     let mut out = Vec::with_capacity(n.div_ceil(4) * 4);
     for j in 0..n.div_ceil(4) {
         let c = base.wrapping_add(j as u128);
-        out.extend(philox4x32_10([c as u32, (c >> 32) as u32, (c >> 64) as u32, (c >> 96) as u32], key));
+        out.extend(philox4x32_10(
+            [
+                c as u32,
+                (c >> 32) as u32,
+                (c >> 64) as u32,
+                (c >> 96) as u32,
+            ],
+            key,
+        ));
     }
     out
 }
@@ -80,24 +91,42 @@ fn host_values(dtype: DType, dist: Dist, w: &[u32], n: usize) -> HostData {
 }
 
 impl Tensor {
-    fn random(shape: &[usize], dist: Dist, dtype: DType, device: &Device, gen: &mut Generator) -> Result<Tensor> {
+    fn random(
+        shape: &[usize],
+        dist: Dist,
+        dtype: DType,
+        device: &Device,
+        gen: &mut Generator,
+    ) -> Result<Tensor> {
         if !dtype.is_float() {
-            return Err(Error::dtype("random", format!("random values need a float dtype, not {dtype}")));
+            return Err(Error::dtype(
+                "random",
+                format!("random values need a float dtype, not {dtype}"),
+            ));
         }
         let n = numel(shape);
         let base = gen.take(n);
         if device.is_host() {
-            return Ok(Tensor::from_host_data(host_values(dtype, dist, &words(gen.key, base, n), n), shape));
+            return Ok(Tensor::from_host_data(
+                host_values(dtype, dist, &words(gen.key, base, n), n),
+                shape,
+            ));
         }
         let out = Tensor::alloc(shape, dtype, device)?;
         let (name, a, b) = match dist {
             Dist::Uniform { low, high } => ("uniform", low, high),
             Dist::Normal { mean, std } => ("normal", mean, std),
         };
-        let n32 = u32::try_from(n).map_err(|_| Error::shape(name, format!("{n} elements exceed the 32-bit kernel index")))?;
+        let n32 = u32::try_from(n).map_err(|_| {
+            Error::shape(name, format!("{n} elements exceed the 32-bit kernel index"))
+        })?;
         let program = program_for(device, &RANDOM, dtype)?;
         let mut k = Kernel::new(&program, name)?;
-        k.arg_mem(out.mem()?)?.arg(&gen.key[0])?.arg(&gen.key[1])?.arg(&(base as u64))?.arg(&((base >> 64) as u64))?;
+        k.arg_mem(out.mem()?)?
+            .arg(&gen.key[0])?
+            .arg(&gen.key[1])?
+            .arg(&(base as u64))?
+            .arg(&((base >> 64) as u64))?;
         arg_acc(&mut k, dtype, a)?;
         arg_acc(&mut k, dtype, b)?;
         k.arg(&n32)?;
@@ -106,22 +135,46 @@ impl Tensor {
     }
 
     /// Uniform values on (low, high).
-    pub fn uniform(shape: &[usize], low: f64, high: f64, dtype: DType, device: &Device, gen: &mut Generator) -> Result<Tensor> {
+    pub fn uniform(
+        shape: &[usize],
+        low: f64,
+        high: f64,
+        dtype: DType,
+        device: &Device,
+        gen: &mut Generator,
+    ) -> Result<Tensor> {
         Tensor::random(shape, Dist::Uniform { low, high }, dtype, device, gen)
     }
 
     /// Normal values with the given mean and standard deviation.
-    pub fn normal(shape: &[usize], mean: f64, std: f64, dtype: DType, device: &Device, gen: &mut Generator) -> Result<Tensor> {
+    pub fn normal(
+        shape: &[usize],
+        mean: f64,
+        std: f64,
+        dtype: DType,
+        device: &Device,
+        gen: &mut Generator,
+    ) -> Result<Tensor> {
         Tensor::random(shape, Dist::Normal { mean, std }, dtype, device, gen)
     }
 
     /// Uniform values on (0, 1).
-    pub fn rand(shape: &[usize], dtype: DType, device: &Device, gen: &mut Generator) -> Result<Tensor> {
+    pub fn rand(
+        shape: &[usize],
+        dtype: DType,
+        device: &Device,
+        gen: &mut Generator,
+    ) -> Result<Tensor> {
         Tensor::uniform(shape, 0.0, 1.0, dtype, device, gen)
     }
 
     /// Standard normal values.
-    pub fn randn(shape: &[usize], dtype: DType, device: &Device, gen: &mut Generator) -> Result<Tensor> {
+    pub fn randn(
+        shape: &[usize],
+        dtype: DType,
+        device: &Device,
+        gen: &mut Generator,
+    ) -> Result<Tensor> {
         Tensor::normal(shape, 0.0, 1.0, dtype, device, gen)
     }
 }

@@ -1,7 +1,7 @@
 //! Tensor: Arc'd storage (pooled device block or host vector) with shape, strides, offset, dtype and device.
 use crate::element::{Element, HostData};
-use crate::layout::{contiguous_strides, is_contiguous, numel, KernelLayout};
 use crate::launch::{launch_1d, program_for};
+use crate::layout::{contiguous_strides, is_contiguous, numel, KernelLayout};
 use netcl_core_devices::{DType, Device, Error, Result};
 use netcl_core_memory::{Block, Pool};
 use netcl_kernels::sources::COPY;
@@ -28,7 +28,11 @@ pub struct Tensor {
 
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Tensor({:?}, {}, {})", self.shape, self.dtype, self.device)
+        write!(
+            f,
+            "Tensor({:?}, {}, {})",
+            self.shape, self.dtype, self.device
+        )
     }
 }
 
@@ -118,7 +122,9 @@ impl Tensor {
         if let Some(h) = t.host() {
             return Ok(with_host!(&*h, v => Element::wrap(v[start..start + n].to_vec())));
         }
-        let block = t.block().ok_or_else(|| Error::invalid("to_host", "storage is neither host nor device"))?;
+        let block = t
+            .block()
+            .ok_or_else(|| Error::invalid("to_host", "storage is neither host nor device"))?;
         let size = t.dtype.size();
         let mut bytes = vec![0u8; n * size];
         netcl_core_memory::read(block, start * size, &mut bytes)?;
@@ -129,7 +135,9 @@ impl Tensor {
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         self.check_dtype::<T>("to_vec")?;
         let data = self.to_host_data()?;
-        T::unwrap(&data).cloned().ok_or_else(|| Error::dtype("to_vec", "storage dtype mismatch"))
+        T::unwrap(&data)
+            .cloned()
+            .ok_or_else(|| Error::dtype("to_vec", "storage dtype mismatch"))
     }
 
     /// The elements in row-major order, converted to f64 whatever the dtype.
@@ -139,7 +147,10 @@ impl Tensor {
 
     pub(crate) fn check_dtype<T: Element>(&self, op: &str) -> Result<()> {
         if T::DTYPE != self.dtype {
-            return Err(Error::dtype(op, format!("tensor is {} but {} was requested", self.dtype, T::DTYPE)));
+            return Err(Error::dtype(
+                op,
+                format!("tensor is {} but {} was requested", self.dtype, T::DTYPE),
+            ));
         }
         Ok(())
     }
@@ -153,7 +164,11 @@ impl Tensor {
         Tensor::from_host_data_on(data, &self.shape, device)
     }
 
-    pub(crate) fn from_host_data_on(data: HostData, shape: &[usize], device: &Device) -> Result<Tensor> {
+    pub(crate) fn from_host_data_on(
+        data: HostData,
+        shape: &[usize],
+        device: &Device,
+    ) -> Result<Tensor> {
         if device.is_host() {
             return Ok(Tensor::from_host_data(data, shape));
         }
@@ -169,8 +184,7 @@ impl Tensor {
         if self.is_contiguous() {
             return Ok(self.clone());
         }
-        if let Some(h) = self.host() {
-            let data = with_host!(&*h, v => Element::wrap(gather(v, &self.shape, &self.strides, self.offset)));
+        if let Some(data) = self.host_view(&self.shape, &self.strides) {
             return Ok(Tensor::from_host_data(data, &self.shape));
         }
         let out = Tensor::alloc(&self.shape, self.dtype, &self.device)?;
@@ -187,13 +201,27 @@ impl Tensor {
         Ok(out)
     }
 
+    /// For host storage: the elements seen through (`shape`, `strides`) from this tensor's offset,
+    /// in row-major order. `None` for device storage.
+    pub(crate) fn host_view(&self, shape: &[usize], strides: &[usize]) -> Option<HostData> {
+        let h = self.host()?;
+        Some(with_host!(&*h, v => Element::wrap(gather(v, shape, strides, self.offset))))
+    }
+
     pub(crate) fn mem(&self) -> Result<netcl_core_devices::opencl3::types::cl_mem> {
-        self.block().map(|b| b.mem()).ok_or_else(|| Error::device("kernel argument", "tensor is on the host"))
+        self.block()
+            .map(|b| b.mem())
+            .ok_or_else(|| Error::device("kernel argument", "tensor is on the host"))
     }
 }
 
 /// Elements of a strided view in row-major order.
-pub(crate) fn gather<T: Copy>(data: &[T], shape: &[usize], strides: &[usize], offset: usize) -> Vec<T> {
+pub(crate) fn gather<T: Copy>(
+    data: &[T],
+    shape: &[usize],
+    strides: &[usize],
+    offset: usize,
+) -> Vec<T> {
     let n = numel(shape);
     let mut out = Vec::with_capacity(n);
     if n == 0 {

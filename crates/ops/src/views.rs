@@ -5,12 +5,22 @@ use netcl_core_devices::{Error, Result};
 
 impl Tensor {
     fn view_of(&self, shape: Vec<usize>, strides: Vec<usize>, offset: usize) -> Tensor {
-        Tensor { storage: self.storage.clone(), shape, strides, offset, dtype: self.dtype, device: self.device.clone() }
+        Tensor {
+            storage: self.storage.clone(),
+            shape,
+            strides,
+            offset,
+            dtype: self.dtype,
+            device: self.device.clone(),
+        }
     }
 
     fn check_dim(&self, op: &str, dim: usize) -> Result<()> {
         if dim >= self.ndim() {
-            return Err(Error::invalid(op, format!("dim {dim} out of range for shape {:?}", self.shape)));
+            return Err(Error::invalid(
+                op,
+                format!("dim {dim} out of range for shape {:?}", self.shape),
+            ));
         }
         Ok(())
     }
@@ -18,7 +28,15 @@ impl Tensor {
     /// The same elements in `shape`: a view when contiguous, else a contiguous copy.
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         if numel(shape) != self.numel() {
-            return Err(Error::shape("reshape", format!("cannot reshape {:?} ({} elements) to {shape:?} ({} elements)", self.shape, self.numel(), numel(shape))));
+            return Err(Error::shape(
+                "reshape",
+                format!(
+                    "cannot reshape {:?} ({} elements) to {shape:?} ({} elements)",
+                    self.shape,
+                    self.numel(),
+                    numel(shape)
+                ),
+            ));
         }
         let t = self.contiguous()?;
         Ok(t.view_of(shape.to_vec(), contiguous_strides(shape), t.offset))
@@ -27,8 +45,19 @@ impl Tensor {
     /// Reorder the dims: dim i of the result is dim `dims[i]` of this tensor.
     pub fn permute(&self, dims: &[usize]) -> Result<Tensor> {
         let mut seen = vec![false; self.ndim()];
-        if dims.len() != self.ndim() || dims.iter().any(|&d| d >= self.ndim() || std::mem::replace(&mut seen[d], true)) {
-            return Err(Error::invalid("permute", format!("{dims:?} is not a permutation of the {} dims of {:?}", self.ndim(), self.shape)));
+        if dims.len() != self.ndim()
+            || dims
+                .iter()
+                .any(|&d| d >= self.ndim() || std::mem::replace(&mut seen[d], true))
+        {
+            return Err(Error::invalid(
+                "permute",
+                format!(
+                    "{dims:?} is not a permutation of the {} dims of {:?}",
+                    self.ndim(),
+                    self.shape
+                ),
+            ));
         }
         let shape = dims.iter().map(|&d| self.shape[d]).collect();
         let strides = dims.iter().map(|&d| self.strides[d]).collect();
@@ -53,13 +82,23 @@ impl Tensor {
     pub fn slice(&self, dim: usize, start: usize, end: usize, step: usize) -> Result<Tensor> {
         self.check_dim("slice", dim)?;
         if step == 0 || start > end || end > self.shape[dim] {
-            return Err(Error::invalid("slice", format!("{start}..{end} step {step} does not fit dim {dim} of {:?}", self.shape)));
+            return Err(Error::invalid(
+                "slice",
+                format!(
+                    "{start}..{end} step {step} does not fit dim {dim} of {:?}",
+                    self.shape
+                ),
+            ));
         }
         let mut shape = self.shape.clone();
         let mut strides = self.strides.clone();
         shape[dim] = (end - start).div_ceil(step);
         strides[dim] *= step;
-        let offset = if shape[dim] == 0 { self.offset } else { self.offset + start * self.strides[dim] };
+        let offset = if shape[dim] == 0 {
+            self.offset
+        } else {
+            self.offset + start * self.strides[dim]
+        };
         Ok(self.view_of(shape, strides, offset))
     }
 
@@ -73,7 +112,13 @@ impl Tensor {
     pub fn squeeze(&self, dim: usize) -> Result<Tensor> {
         self.check_dim("squeeze", dim)?;
         if self.shape[dim] != 1 {
-            return Err(Error::shape("squeeze", format!("dim {dim} of {:?} has size {}, not 1", self.shape, self.shape[dim])));
+            return Err(Error::shape(
+                "squeeze",
+                format!(
+                    "dim {dim} of {:?} has size {}, not 1",
+                    self.shape, self.shape[dim]
+                ),
+            ));
         }
         let (mut shape, mut strides) = (self.shape.clone(), self.strides.clone());
         shape.remove(dim);
@@ -92,10 +137,17 @@ impl Tensor {
     /// Insert a dim of size 1 at `dim` (0..=ndim).
     pub fn unsqueeze(&self, dim: usize) -> Result<Tensor> {
         if dim > self.ndim() {
-            return Err(Error::invalid("unsqueeze", format!("dim {dim} out of range for shape {:?}", self.shape)));
+            return Err(Error::invalid(
+                "unsqueeze",
+                format!("dim {dim} out of range for shape {:?}", self.shape),
+            ));
         }
         let (mut shape, mut strides) = (self.shape.clone(), self.strides.clone());
-        let stride = if dim < self.ndim() { self.strides[dim] * self.shape[dim] } else { 1 };
+        let stride = if dim < self.ndim() {
+            self.strides[dim] * self.shape[dim]
+        } else {
+            1
+        };
         shape.insert(dim, 1);
         strides.insert(dim, stride);
         Ok(self.view_of(shape, strides, self.offset))

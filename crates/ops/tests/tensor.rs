@@ -17,12 +17,17 @@ impl Cases {
         (self.next() % n as u64) as usize
     }
     fn shape(&mut self, max_dims: usize, max_len: usize) -> Vec<usize> {
-        (0..1 + self.below(max_dims)).map(|_| self.below(max_len + 1)).collect()
+        (0..1 + self.below(max_dims))
+            .map(|_| self.below(max_len + 1))
+            .collect()
     }
 }
 
 fn dtypes_for(dev: &Device) -> Vec<DType> {
-    DType::ALL.into_iter().filter(|d| *d != DType::F64 || dev.info().fp64).collect()
+    DType::ALL
+        .into_iter()
+        .filter(|d| *d != DType::F64 || dev.info().fp64)
+        .collect()
 }
 
 /// Values that are exact in every dtype (small integers and halves), so results compare exactly.
@@ -31,7 +36,11 @@ fn sample(dtype: DType, n: usize, seed: u64) -> Tensor {
     let v: Vec<f64> = (0..n)
         .map(|_| {
             let x = (c.below(64) as f64) - 16.0;
-            if dtype.is_float() { x * 0.5 } else { x.abs() + 1.0 }
+            if dtype.is_float() {
+                x * 0.5
+            } else {
+                x.abs() + 1.0
+            }
         })
         .collect();
     host_tensor(dtype, v, &[n])
@@ -79,7 +88,11 @@ fn round_trips_every_dtype_on_every_device() {
                 let d = h.to_device(&dev).unwrap();
                 assert_eq!((d.shape(), d.dtype(), d.device()), (&[n][..], dtype, &dev));
                 let back = d.to_device(&Device::host()).unwrap();
-                assert_eq!(back.to_vec_f64().unwrap(), h.to_vec_f64().unwrap(), "{dev} {dtype} n={n}");
+                assert_eq!(
+                    back.to_vec_f64().unwrap(),
+                    h.to_vec_f64().unwrap(),
+                    "{dev} {dtype} n={n}"
+                );
             }
         }
         let v: Vec<f32> = (0..24).map(|i| i as f32).collect();
@@ -114,19 +127,45 @@ fn creation_matches_the_host() {
                 for value in [0.0, 1.0, -2.5, 7.0] {
                     let d = Tensor::full(&shape, value, dtype, &dev).unwrap();
                     let h = Tensor::full(&shape, value, dtype, &host).unwrap();
-                    assert_eq!(d.to_vec_f64().unwrap(), h.to_vec_f64().unwrap(), "full {dev} {dtype} {shape:?} {value}");
+                    assert_eq!(
+                        d.to_vec_f64().unwrap(),
+                        h.to_vec_f64().unwrap(),
+                        "full {dev} {dtype} {shape:?} {value}"
+                    );
                 }
             }
-            assert!(Tensor::zeros(&[4], dtype, &dev).unwrap().to_vec_f64().unwrap().iter().all(|&x| x == 0.0));
-            assert!(Tensor::ones(&[4], dtype, &dev).unwrap().to_vec_f64().unwrap().iter().all(|&x| x == 1.0));
-            for (start, end, step) in [(0.0, 10.0, 1.0), (2.0, 50.0, 3.0), (1.0, 0.0, 1.0), (0.0, 1000.0, 1.0)] {
+            assert!(Tensor::zeros(&[4], dtype, &dev)
+                .unwrap()
+                .to_vec_f64()
+                .unwrap()
+                .iter()
+                .all(|&x| x == 0.0));
+            assert!(Tensor::ones(&[4], dtype, &dev)
+                .unwrap()
+                .to_vec_f64()
+                .unwrap()
+                .iter()
+                .all(|&x| x == 1.0));
+            for (start, end, step) in [
+                (0.0, 10.0, 1.0),
+                (2.0, 50.0, 3.0),
+                (1.0, 0.0, 1.0),
+                (0.0, 1000.0, 1.0),
+            ] {
                 let d = Tensor::arange(start, end, step, dtype, &dev).unwrap();
                 let h = Tensor::arange(start, end, step, dtype, &host).unwrap();
-                assert_eq!(d.to_vec_f64().unwrap(), h.to_vec_f64().unwrap(), "arange {dev} {dtype}");
+                assert_eq!(
+                    d.to_vec_f64().unwrap(),
+                    h.to_vec_f64().unwrap(),
+                    "arange {dev} {dtype}"
+                );
             }
         }
         let f = Tensor::arange(0.5, -1.0, -0.25, DType::F32, &dev).unwrap();
-        assert_eq!(f.to_vec::<f32>().unwrap(), vec![0.5, 0.25, 0.0, -0.25, -0.5, -0.75]);
+        assert_eq!(
+            f.to_vec::<f32>().unwrap(),
+            vec![0.5, 0.25, 0.0, -0.25, -0.5, -0.75]
+        );
         assert!(Tensor::arange(0.0, 1.0, 0.0, DType::F32, &dev).is_err());
     }
 }
@@ -148,7 +187,11 @@ fn views_and_contiguous_match_the_host() {
             let got = view.contiguous().unwrap();
             assert!(got.is_contiguous());
             assert_eq!(got.shape(), expected.shape(), "case {case} on {dev}");
-            assert_eq!(got.to_vec_f64().unwrap(), expected.to_vec_f64().unwrap(), "case {case} on {dev}");
+            assert_eq!(
+                got.to_vec_f64().unwrap(),
+                expected.to_vec_f64().unwrap(),
+                "case {case} on {dev}"
+            );
         }
     }
 }
@@ -156,19 +199,34 @@ fn views_and_contiguous_match_the_host() {
 #[test]
 fn view_ops_share_storage_and_check_arguments() {
     for dev in test_devices().unwrap() {
-        let t = Tensor::arange(0.0, 24.0, 1.0, DType::F32, &dev).unwrap().reshape(&[2, 3, 4]).unwrap();
+        let t = Tensor::arange(0.0, 24.0, 1.0, DType::F32, &dev)
+            .unwrap()
+            .reshape(&[2, 3, 4])
+            .unwrap();
         let tr = t.transpose(0, 2).unwrap();
         assert!(tr.shares_storage(&t) && !tr.is_contiguous());
         assert_eq!(tr.shape(), &[4, 3, 2]);
-        assert_eq!(tr.contiguous().unwrap().to_vec::<f32>().unwrap()[..4], [0.0, 12.0, 4.0, 16.0]);
+        assert_eq!(
+            tr.contiguous().unwrap().to_vec::<f32>().unwrap()[..4],
+            [0.0, 12.0, 4.0, 16.0]
+        );
         let nar = t.narrow(2, 1, 2).unwrap();
-        assert_eq!(nar.to_vec::<f32>().unwrap(), vec![1., 2., 5., 6., 9., 10., 13., 14., 17., 18., 21., 22.]);
+        assert_eq!(
+            nar.to_vec::<f32>().unwrap(),
+            vec![1., 2., 5., 6., 9., 10., 13., 14., 17., 18., 21., 22.]
+        );
         let row = t.narrow(0, 1, 1).unwrap().squeeze(0).unwrap();
         assert!(row.is_contiguous() && row.shares_storage(&t) && row.offset() == 12);
-        let col = Tensor::arange(0.0, 3.0, 1.0, DType::F32, &dev).unwrap().unsqueeze(1).unwrap();
+        let col = Tensor::arange(0.0, 3.0, 1.0, DType::F32, &dev)
+            .unwrap()
+            .unsqueeze(1)
+            .unwrap();
         let b = col.broadcast_to(&[2, 3, 4]).unwrap();
         assert_eq!(b.strides(), &[0, 1, 0]);
-        assert_eq!(b.to_vec::<f32>().unwrap()[..8], [0., 0., 0., 0., 1., 1., 1., 1.]);
+        assert_eq!(
+            b.to_vec::<f32>().unwrap()[..8],
+            [0., 0., 0., 0., 1., 1., 1., 1.]
+        );
         assert_eq!(t.unsqueeze(3).unwrap().squeeze_all().shape(), &[2, 3, 4]);
         // Reshape of a non-contiguous view copies; of a contiguous one it does not.
         assert!(t.reshape(&[6, 4]).unwrap().shares_storage(&t));
@@ -203,12 +261,19 @@ fn binary_ops_broadcast_over_views_and_match_the_host() {
     for case in 0..240 {
         let shape = c.shape(4, 5);
         // b broadcasts: some dims set to 1, some leading dims dropped.
-        let mut bshape: Vec<usize> = shape.iter().map(|&n| if c.below(3) == 0 { 1 } else { n }).collect();
+        let mut bshape: Vec<usize> = shape
+            .iter()
+            .map(|&n| if c.below(3) == 0 { 1 } else { n })
+            .collect();
         bshape.drain(..c.below(bshape.len()));
         let dtype = DType::ALL[case % 6];
         let op = ops[(case / 6) % 4];
-        let a = sample(dtype, shape.iter().product(), case as u64 + 1).reshape(&shape).unwrap();
-        let b = sample(dtype, bshape.iter().product(), case as u64 + 99).reshape(&bshape).unwrap();
+        let a = sample(dtype, shape.iter().product(), case as u64 + 1)
+            .reshape(&shape)
+            .unwrap();
+        let b = sample(dtype, bshape.iter().product(), case as u64 + 99)
+            .reshape(&bshape)
+            .unwrap();
         let seed = c.next();
         let expected = random_view(&a, &mut Cases(seed)).binary(&b, op);
         for dev in &devices {
@@ -226,7 +291,11 @@ fn binary_ops_broadcast_over_views_and_match_the_host() {
             let (g, e) = (got.to_vec_f64().unwrap(), exp.to_vec_f64().unwrap());
             for (i, (x, y)) in g.iter().zip(&e).enumerate() {
                 // OpenCL allows 2.5 ulp for f32 division; everything else is exactly rounded.
-                let ok = if op == BinaryOp::Div && dtype == DType::F32 { ulp_diff(*x as f32, *y as f32) <= 3 } else { x == y };
+                let ok = if op == BinaryOp::Div && dtype == DType::F32 {
+                    ulp_diff(*x as f32, *y as f32) <= 3
+                } else {
+                    x == y
+                };
                 assert!(ok, "case {case} {op:?} {dtype} on {dev} at {i}: {x} vs {y}");
             }
         }
@@ -240,11 +309,24 @@ fn binary_ops_reject_mismatches_before_enqueue() {
         let a = Tensor::zeros(&[3, 2], DType::F32, dev).unwrap();
         let b = Tensor::zeros(&[4, 2], DType::F32, dev).unwrap();
         let e = a.add(&b).unwrap_err();
-        assert!(matches!(e, Error::Shape { .. }) && e.to_string().contains("add") && e.to_string().contains("[4, 2]"), "{e}");
+        assert!(
+            matches!(e, Error::Shape { .. })
+                && e.to_string().contains("add")
+                && e.to_string().contains("[4, 2]"),
+            "{e}"
+        );
         let i = Tensor::zeros(&[3, 2], DType::I32, dev).unwrap();
         let e = a.mul(&i).unwrap_err();
-        assert!(matches!(e, Error::DType { .. }) && e.to_string().contains("mul") && e.to_string().contains("i32"), "{e}");
-        assert!(matches!(Tensor::from_vec(vec![1.0f32; 5], &[2, 3], dev), Err(Error::Shape { .. })));
+        assert!(
+            matches!(e, Error::DType { .. })
+                && e.to_string().contains("mul")
+                && e.to_string().contains("i32"),
+            "{e}"
+        );
+        assert!(matches!(
+            Tensor::from_vec(vec![1.0f32; 5], &[2, 3], dev),
+            Err(Error::Shape { .. })
+        ));
     }
     if let Some(dev) = devices.iter().find(|d| d.is_opencl()) {
         let a = Tensor::zeros(&[2], DType::F32, dev).unwrap();
@@ -259,7 +341,9 @@ fn uniform_streams_are_bit_identical_and_follow_rand_philox() {
     let n = 10_003;
     // Independent reference: the rand_philox stream itself.
     let mut reference = rand_philox::Philox::from_u64_seed(seed);
-    let expected: Vec<f32> = (0..n).map(|_| rand_philox::u32_to_unit_f32(reference.next_u32())).collect();
+    let expected: Vec<f32> = (0..n)
+        .map(|_| rand_philox::u32_to_unit_f32(reference.next_u32()))
+        .collect();
     let mut g = Generator::new(seed);
     let host = Tensor::rand(&[n], DType::F32, &Device::host(), &mut g).unwrap();
     assert_eq!(host.to_vec::<f32>().unwrap(), expected);
@@ -270,11 +354,24 @@ fn uniform_streams_are_bit_identical_and_follow_rand_philox() {
             }
             let mut gh = Generator::new(seed);
             let mut gd = Generator::new(seed);
-            for (shape, low, high) in [(vec![n], 0.0, 1.0), (vec![3, 7, 5], -2.0, 3.0), (vec![1], 0.0, 1.0)] {
-                let h = Tensor::uniform(&shape, low, high, dtype, &Device::host(), &mut gh).unwrap();
+            for (shape, low, high) in [
+                (vec![n], 0.0, 1.0),
+                (vec![3, 7, 5], -2.0, 3.0),
+                (vec![1], 0.0, 1.0),
+            ] {
+                let h =
+                    Tensor::uniform(&shape, low, high, dtype, &Device::host(), &mut gh).unwrap();
                 let d = Tensor::uniform(&shape, low, high, dtype, &dev, &mut gd).unwrap();
-                assert_eq!(d.to_vec_f64().unwrap(), h.to_vec_f64().unwrap(), "{dev} {dtype} {shape:?}");
-                assert!(h.to_vec_f64().unwrap().iter().all(|&x| x >= low && x <= high));
+                assert_eq!(
+                    d.to_vec_f64().unwrap(),
+                    h.to_vec_f64().unwrap(),
+                    "{dev} {dtype} {shape:?}"
+                );
+                assert!(h
+                    .to_vec_f64()
+                    .unwrap()
+                    .iter()
+                    .all(|&x| x >= low && x <= high));
             }
             assert_eq!(gh, gd);
         }
@@ -285,21 +382,43 @@ fn uniform_streams_are_bit_identical_and_follow_rand_philox() {
 #[test]
 fn normal_streams_match_across_devices_and_have_the_right_moments() {
     let n = 200_000;
-    let h = Tensor::normal(&[n], 1.5, 2.0, DType::F64, &Device::host(), &mut Generator::new(7)).unwrap();
+    let h = Tensor::normal(
+        &[n],
+        1.5,
+        2.0,
+        DType::F64,
+        &Device::host(),
+        &mut Generator::new(7),
+    )
+    .unwrap();
     let v = h.to_vec_f64().unwrap();
     let mean = v.iter().sum::<f64>() / n as f64;
     let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n as f64;
-    assert!((mean - 1.5).abs() < 0.02 && (var.sqrt() - 2.0).abs() < 0.02, "mean {mean} std {}", var.sqrt());
+    assert!(
+        (mean - 1.5).abs() < 0.02 && (var.sqrt() - 2.0).abs() < 0.02,
+        "mean {mean} std {}",
+        var.sqrt()
+    );
     for dev in test_devices().unwrap() {
         for dtype in [DType::F32, DType::F64] {
             if dtype == DType::F64 && !dev.info().fp64 {
                 continue;
             }
-            let h = Tensor::randn(&[4097], dtype, &Device::host(), &mut Generator::new(99)).unwrap();
+            let h =
+                Tensor::randn(&[4097], dtype, &Device::host(), &mut Generator::new(99)).unwrap();
             let d = Tensor::randn(&[4097], dtype, &dev, &mut Generator::new(99)).unwrap();
             let tol = if dtype == DType::F32 { 2e-5 } else { 1e-12 };
-            for (i, (x, y)) in d.to_vec_f64().unwrap().iter().zip(h.to_vec_f64().unwrap()).enumerate() {
-                assert!((x - y).abs() <= tol * (1.0 + y.abs()), "{dev} {dtype} at {i}: {x} vs {y}");
+            for (i, (x, y)) in d
+                .to_vec_f64()
+                .unwrap()
+                .iter()
+                .zip(h.to_vec_f64().unwrap())
+                .enumerate()
+            {
+                assert!(
+                    (x - y).abs() <= tol * (1.0 + y.abs()),
+                    "{dev} {dtype} at {i}: {x} vs {y}"
+                );
             }
         }
     }
