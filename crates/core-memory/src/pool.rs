@@ -2,7 +2,7 @@
 use crate::size_class::{size_class, SLAB_BYTES, SMALL_MAX};
 use netcl_core_devices::opencl3::memory::{Buffer, ClMem, CL_MEM_READ_WRITE};
 use netcl_core_devices::opencl3::types::cl_mem;
-use netcl_core_devices::{cl3, ClResultExt, Device, Error, Result};
+use netcl_core_devices::{ClResultExt, Device, Error, Result};
 use std::collections::HashMap;
 use std::fmt;
 use std::ptr;
@@ -350,20 +350,12 @@ impl Pool {
         let byte = [0u8; 1];
         // SAFETY: a blocking write of one byte inside the buffer, from a live stack array.
         unsafe {
-            cl3::command_queue::enqueue_write_buffer(
-                cl.queue.get(),
-                buf.get(),
-                cl3::types::CL_BLOCKING,
-                bytes - 1,
-                1,
-                byte.as_ptr().cast(),
-                0,
-                ptr::null(),
-            )
-            .map(|ev| cl3::event::release_event(ev))
+            crate::transfer::enqueue_write(&cl.queue, buf.get(), bytes - 1, byte.as_ptr(), 1, true)
         }
-        .cl("touch new buffer")?
-        .cl("clReleaseEvent")?;
+        .map_err(|e| match e {
+            Error::OpenCl { code, .. } => Error::opencl("touch new buffer", code),
+            e => e,
+        })?;
         st.stats.driver_allocations += 1;
         st.stats.reserved += bytes;
         st.stats.cached = st.stats.reserved - st.stats.in_use;

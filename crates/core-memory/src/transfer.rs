@@ -31,7 +31,7 @@ fn check_range(op: &str, block: &Block, offset: usize, len: usize) -> Result<()>
 }
 
 /// SAFETY: `src` must stay valid and unchanged until the returned event completes.
-unsafe fn enqueue_write(
+pub(crate) unsafe fn enqueue_write(
     q: &CommandQueue,
     dst: cl_mem,
     offset: usize,
@@ -59,7 +59,7 @@ unsafe fn enqueue_write(
 }
 
 /// SAFETY: `dst` must stay valid, and not be read, until the returned event completes.
-unsafe fn enqueue_read(
+pub(crate) unsafe fn enqueue_read(
     q: &CommandQueue,
     src: cl_mem,
     offset: usize,
