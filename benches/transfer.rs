@@ -24,24 +24,30 @@ fn transfer(c: &mut Criterion) {
         let bytes = bench_bytes(&dev);
         let pool = Pool::of(&dev).expect("pool");
         let block = pool.alloc(bytes).expect("device block");
-        let mut pinned = PinnedBuffer::new(&dev, bytes).expect("pinned buffer");
-        pinned
-            .as_mut_slice()
+        let mut buf = PinnedBuffer::new(&dev, bytes).expect("pinned buffer");
+        buf.as_mut_slice()
             .iter_mut()
             .enumerate()
             .for_each(|(i, b)| *b = i as u8);
+        // A pending copy owns the pinned buffer; each iteration takes it out and puts it back.
+        let mut pinned = Some(buf);
+        let mut cycle = |up: bool| {
+            let p = pinned.take().expect("pinned buffer is back");
+            let pending = if up {
+                p.write_to(&block, 0, bytes)
+            } else {
+                p.read_from(&block, 0, bytes)
+            };
+            pinned = Some(pending.unwrap().wait().unwrap());
+        };
         let mut pageable = vec![1u8; bytes];
         let mut group = c.benchmark_group(format!("transfer/{}", dev.spec()));
         group
             .throughput(Throughput::Bytes(bytes as u64))
             .sample_size(10)
             .measurement_time(Duration::from_secs(4));
-        group.bench_function("pinned_host_to_device", |b| {
-            b.iter(|| pinned.write_to(&block, 0, bytes).unwrap().wait().unwrap())
-        });
-        group.bench_function("pinned_device_to_host", |b| {
-            b.iter(|| pinned.read_from(&block, 0, bytes).unwrap().wait().unwrap())
-        });
+        group.bench_function("pinned_host_to_device", |b| b.iter(|| cycle(true)));
+        group.bench_function("pinned_device_to_host", |b| b.iter(|| cycle(false)));
         group.bench_function("staged_host_to_device", |b| {
             b.iter(|| write(&block, 0, &pageable).unwrap())
         });
@@ -50,7 +56,7 @@ fn transfer(c: &mut Criterion) {
         });
         group.finish();
         // The round trip is correct, not only fast.
-        pinned.write_to(&block, 0, bytes).unwrap().wait().unwrap();
+        cycle(true);
         read(&block, 0, &mut pageable).unwrap();
         assert!(
             pageable.iter().enumerate().all(|(i, &b)| b == i as u8),

@@ -6,6 +6,6 @@ mod transfer;
 pub use pool::{parse_bytes, Block, Pool, PoolStats};
 pub use size_class::{size_class, SLAB_BYTES, SMALL_MAX};
 pub use transfer::{
-    copy, read, read_async, write, write_async, Pending, PinnedBuffer, Transfer, STAGING_CHUNK,
+    copy, read, read_async, write, write_async, Pending, PinnedBuffer, STAGING_CHUNK,
     STAGING_THRESHOLD,
 };

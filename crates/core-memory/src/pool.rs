@@ -222,6 +222,10 @@ impl Pool {
     /// `Error::OutOfMemory` with the size and the stats.
     pub fn alloc(&self, bytes: usize) -> Result<Block> {
         let sh = &self.shared;
+        if bytes > sh.max_alloc {
+            let stats = sh.lock().stats;
+            return Err(self.oom(bytes, &stats, "larger than the device's max allocation"));
+        }
         let class = size_class(bytes, sh.align);
         if class > sh.max_alloc {
             return Err(self.oom(

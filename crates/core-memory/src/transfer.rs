@@ -7,7 +7,6 @@ use netcl_core_devices::opencl3::memory::{
 };
 use netcl_core_devices::opencl3::types::{cl_mem, CL_BLOCKING, CL_NON_BLOCKING};
 use netcl_core_devices::{cl3, ClResultExt, Device, Error, Result};
-use std::marker::PhantomData;
 use std::ptr;
 use std::sync::{Mutex, OnceLock};
 
@@ -157,30 +156,36 @@ impl PinnedBuffer {
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 
-    /// Start copying the first `len` bytes of this buffer to `dst` at `offset`. The returned
-    /// transfer borrows `self`, so the memory stays alive and unchanged until it completes.
-    pub fn write_to(&self, dst: &Block, offset: usize, len: usize) -> Result<Transfer<'_>> {
+    /// Start copying the first `len` bytes of this buffer to `dst` at `offset`. The buffer moves
+    /// into the returned [`Pending`] and comes back from `wait`, so it cannot be touched (or freed)
+    /// while the copy runs.
+    pub fn write_to(self, dst: &Block, offset: usize, len: usize) -> Result<Pending<PinnedBuffer>> {
         self.check(dst, "PinnedBuffer::write_to", len)?;
         check_range("PinnedBuffer::write_to", dst, offset, len)?;
         let q = &dst.device().cl("PinnedBuffer::write_to")?.queue;
-        // SAFETY: the borrow of self in Transfer keeps the source alive until the event completes.
+        // SAFETY: the buffer (and its mapping) moves into Pending and is handed back only after the wait.
         let ev = unsafe { enqueue_write(q, dst.mem(), offset, self.ptr, len, false)? };
-        Ok(Transfer {
+        Ok(Pending {
             event: Some(ev),
-            _borrow: PhantomData,
+            host: Some(self),
         })
     }
 
-    /// Start copying `len` bytes of `src` at `offset` into the start of this buffer.
-    pub fn read_from(&mut self, src: &Block, offset: usize, len: usize) -> Result<Transfer<'_>> {
+    /// Start copying `len` bytes of `src` at `offset` into the start of this buffer (see [`Self::write_to`]).
+    pub fn read_from(
+        self,
+        src: &Block,
+        offset: usize,
+        len: usize,
+    ) -> Result<Pending<PinnedBuffer>> {
         self.check(src, "PinnedBuffer::read_from", len)?;
         check_range("PinnedBuffer::read_from", src, offset, len)?;
         let q = &src.device().cl("PinnedBuffer::read_from")?.queue;
-        // SAFETY: the mutable borrow in Transfer keeps the destination alive and unread until done.
+        // SAFETY: as in write_to; nothing can read the buffer until the wait hands it back.
         let ev = unsafe { enqueue_read(q, src.mem(), offset, self.ptr, len, false)? };
-        Ok(Transfer {
+        Ok(Pending {
             event: Some(ev),
-            _borrow: PhantomData,
+            host: Some(self),
         })
     }
 
@@ -211,7 +216,7 @@ impl PinnedBuffer {
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
         if let Ok(cl) = self.device.cl("PinnedBuffer::drop") {
-            // SAFETY: ptr came from mapping buf; no transfer can be pending (they borrow self).
+            // SAFETY: ptr came from mapping buf; no copy can be pending (a pending copy owns self).
             let unmapped = unsafe {
                 cl.queue
                     .enqueue_unmap_mem_object(self.buf.get(), self.ptr.cast(), &[])
@@ -219,30 +224,6 @@ impl Drop for PinnedBuffer {
             if let Ok(ev) = unmapped {
                 let _ = ev.wait();
             }
-        }
-    }
-}
-
-/// A copy in flight that borrows its host memory; dropping it waits for completion.
-#[must_use = "a transfer completes only when waited for (dropping it waits)"]
-pub struct Transfer<'a> {
-    event: Option<Event>,
-    _borrow: PhantomData<&'a mut ()>,
-}
-
-impl Transfer<'_> {
-    pub fn wait(mut self) -> Result<()> {
-        match self.event.take() {
-            Some(ev) => ev.wait().cl("clWaitForEvents"),
-            None => Ok(()),
-        }
-    }
-}
-
-impl Drop for Transfer<'_> {
-    fn drop(&mut self) {
-        if let Some(ev) = self.event.take() {
-            let _ = ev.wait();
         }
     }
 }
@@ -286,16 +267,24 @@ impl<H> Drop for Pending<H> {
     }
 }
 
-/// Start copying `data` to `dst` at `offset`; `data` is kept alive until the copy completes.
-pub fn write_async<H: AsRef<[u8]> + Send>(
+/// Start copying `data` to `dst` at `offset`; `data` is kept alive (boxed, so it never moves)
+/// until the copy completes, and `wait` hands it back.
+pub fn write_async<H: AsRef<[u8]> + Send + 'static>(
     dst: &Block,
     offset: usize,
     data: H,
-) -> Result<Pending<H>> {
-    let bytes = data.as_ref();
+) -> Result<Pending<Box<H>>> {
+    let data = Box::new(data);
+    let bytes = (*data).as_ref();
     check_range("write_async", dst, offset, bytes.len())?;
+    if bytes.is_empty() {
+        return Ok(Pending {
+            event: None,
+            host: Some(data),
+        });
+    }
     let q = &dst.device().cl("write_async")?.queue;
-    // SAFETY: the heap memory behind `data` moves into Pending with it and is not touched until done.
+    // SAFETY: the bytes live on the heap inside the box, which moves into Pending untouched until done.
     let ev = unsafe { enqueue_write(q, dst.mem(), offset, bytes.as_ptr(), bytes.len(), false)? };
     Ok(Pending {
         event: Some(ev),
@@ -308,12 +297,40 @@ pub fn read_async(src: &Block, offset: usize, len: usize) -> Result<Pending<Vec<
     check_range("read_async", src, offset, len)?;
     let q = &src.device().cl("read_async")?.queue;
     let mut host = vec![0u8; len];
+    if len == 0 {
+        return Ok(Pending {
+            event: None,
+            host: Some(host),
+        });
+    }
     // SAFETY: the vector's heap memory moves into Pending and is handed out only after the wait.
     let ev = unsafe { enqueue_read(q, src.mem(), offset, host.as_mut_ptr(), len, false)? };
     Ok(Pending {
         event: Some(ev),
         host: Some(host),
     })
+}
+
+/// Events of copies into or out of the staging ring; dropping the set waits for all of them, so
+/// an early error return never leaves a copy running into a slot another call may reuse.
+#[derive(Default)]
+struct InFlight([Option<Event>; 2]);
+
+impl InFlight {
+    fn wait(&mut self, slot: usize) -> Result<()> {
+        match self.0[slot].take() {
+            Some(ev) => ev.wait().cl("clWaitForEvents"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        for ev in self.0.iter_mut().filter_map(Option::take) {
+            let _ = ev.wait();
+        }
+    }
 }
 
 fn staging_ring(device: &Device) -> Result<&'static Mutex<Vec<PinnedBuffer>>> {
@@ -343,6 +360,9 @@ fn with_ring<R>(device: &Device, f: impl FnOnce(&mut [PinnedBuffer]) -> Result<R
 /// buffers, so the memcpy of one chunk overlaps the DMA of the previous one.
 pub fn write(dst: &Block, offset: usize, data: &[u8]) -> Result<()> {
     check_range("write", dst, offset, data.len())?;
+    if data.is_empty() {
+        return Ok(());
+    }
     let q = &dst.device().cl("write")?.queue;
     if data.len() <= STAGING_THRESHOLD {
         // SAFETY: blocking write from a live slice.
@@ -350,12 +370,10 @@ pub fn write(dst: &Block, offset: usize, data: &[u8]) -> Result<()> {
         return Ok(());
     }
     with_ring(dst.device(), |ring| {
-        let mut events: [Option<Event>; 2] = [None, None];
+        let mut events = InFlight::default();
         for (i, chunk) in data.chunks(STAGING_CHUNK).enumerate() {
             let slot = i % 2;
-            if let Some(ev) = events[slot].take() {
-                ev.wait().cl("clWaitForEvents")?;
-            }
+            events.wait(slot)?;
             let stage = &mut ring[slot];
             stage.as_mut_slice()[..chunk.len()].copy_from_slice(chunk);
             // SAFETY: the staging buffer is not touched again until this event has been waited for.
@@ -369,11 +387,10 @@ pub fn write(dst: &Block, offset: usize, data: &[u8]) -> Result<()> {
                     false,
                 )?
             };
-            events[slot] = Some(ev);
+            events.0[slot] = Some(ev);
         }
-        for ev in events.into_iter().flatten() {
-            ev.wait().cl("clWaitForEvents")?;
-        }
+        events.wait(0)?;
+        events.wait(1)?;
         Ok(())
     })
 }
@@ -381,6 +398,9 @@ pub fn write(dst: &Block, offset: usize, data: &[u8]) -> Result<()> {
 /// Copy `out.len()` bytes of `src` at `offset` into `out` and wait (staged like [`write`]).
 pub fn read(src: &Block, offset: usize, out: &mut [u8]) -> Result<()> {
     check_range("read", src, offset, out.len())?;
+    if out.is_empty() {
+        return Ok(());
+    }
     let q = &src.device().cl("read")?.queue;
     if out.len() <= STAGING_THRESHOLD {
         // SAFETY: blocking read into a live slice.
@@ -391,23 +411,21 @@ pub fn read(src: &Block, offset: usize, out: &mut [u8]) -> Result<()> {
         let total = out.len();
         let n = total.div_ceil(STAGING_CHUNK);
         let span = move |i: usize| (i * STAGING_CHUNK, ((i + 1) * STAGING_CHUNK).min(total));
-        let mut events: Vec<Option<Event>> = vec![None, None];
+        let mut events = InFlight::default();
         let issue = |i: usize, ring: &mut [PinnedBuffer]| -> Result<Event> {
             let (a, b) = span(i);
             // SAFETY: the slot is read back only after this event has been waited for.
             unsafe { enqueue_read(q, src.mem(), offset + a, ring[i % 2].ptr, b - a, false) }
         };
-        for (i, slot) in events.iter_mut().enumerate().take(n) {
+        for (i, slot) in events.0.iter_mut().enumerate().take(n) {
             *slot = Some(issue(i, ring)?);
         }
         for i in 0..n {
-            if let Some(ev) = events[i % 2].take() {
-                ev.wait().cl("clWaitForEvents")?;
-            }
+            events.wait(i % 2)?;
             let (a, b) = span(i);
             out[a..b].copy_from_slice(&ring[i % 2].as_slice()[..b - a]);
             if i + 2 < n {
-                events[i % 2] = Some(issue(i + 2, ring)?);
+                events.0[i % 2] = Some(issue(i + 2, ring)?);
             }
         }
         Ok(())

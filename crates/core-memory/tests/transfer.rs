@@ -40,12 +40,28 @@ fn non_blocking_copies_keep_host_memory_until_done() {
         let block = pool.alloc(data.len()).unwrap();
         let pending = write_async(&block, 0, data.clone()).unwrap();
         let returned = pending.wait().unwrap();
-        assert!(returned == data);
+        assert!(*returned == data);
+        // Zero-length copies are no-ops, not OpenCL errors.
+        write_async(&block, 0, Vec::<u8>::new())
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert!(read_async(&block, 0, 0).unwrap().wait().unwrap().is_empty());
+        write(&block, 0, &[]).unwrap();
+        read(&block, 0, &mut []).unwrap();
         let back = read_async(&block, 1, data.len() - 1)
             .unwrap()
             .wait()
             .unwrap();
         assert!(back[..] == data[1..]);
+        // Data stored inline (an array) is boxed before its address goes to the device.
+        write_async(&block, 64, [9u8; 1000])
+            .unwrap()
+            .wait()
+            .unwrap();
+        let mut nine = vec![0u8; 1000];
+        read(&block, 64, &mut nine).unwrap();
+        assert!(nine.iter().all(|&b| b == 9));
         // Dropping a pending write without waiting still completes it before the memory goes.
         drop(write_async(&block, 0, vec![5u8; 4096]).unwrap());
         let mut head = vec![0u8; 4096];
@@ -66,16 +82,19 @@ fn pinned_buffers_and_device_copies() {
         pinned.as_mut_slice().copy_from_slice(&data);
         let a = pool.alloc(data.len()).unwrap();
         let b = pool.alloc(data.len()).unwrap();
-        pinned.write_to(&a, 0, data.len()).unwrap().wait().unwrap();
+        let mut pinned = pinned.write_to(&a, 0, data.len()).unwrap().wait().unwrap();
         copy(&a, 1000, &b, 0, data.len() - 1000).unwrap();
         pinned.as_mut_slice().fill(0);
-        pinned
+        let pinned = pinned
             .read_from(&b, 0, data.len() - 1000)
             .unwrap()
             .wait()
             .unwrap();
         assert!(pinned.as_slice()[..data.len() - 1000] == data[1000..]);
-        assert!(pinned.write_to(&a, 10, data.len()).is_err());
+        // A pending copy that is dropped unwaited still completes before the buffer goes.
+        drop(pinned.read_from(&a, 0, 4096).unwrap());
+        let small = PinnedBuffer::new(&dev, 16).unwrap();
+        assert!(small.write_to(&a, 10, data.len()).is_err());
         assert!(copy(&a, 0, &b, 1, data.len()).is_err());
     }
 }

@@ -6,7 +6,6 @@ use netcl_core_devices::{cl3, ClResultExt, Device, Error, Result};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ptr;
-use std::rc::Rc;
 use std::sync::Arc;
 
 struct Entry {
@@ -19,12 +18,14 @@ struct Entry {
 
 thread_local! {
     // cl_kernel argument state is not thread-safe: every thread gets its own kernel objects.
-    static KERNELS: RefCell<HashMap<(u64, String), Rc<Entry>>> = RefCell::new(HashMap::new());
+    // A live `Kernel` takes its entry out of this map and puts it back on drop, so two handles
+    // never share (and overwrite) one kernel's arguments.
+    static KERNELS: RefCell<HashMap<(u64, String), Entry>> = RefCell::new(HashMap::new());
 }
 
 /// One launch of a kernel: set its arguments in order, then `launch`.
 pub struct Kernel {
-    entry: Rc<Entry>,
+    entry: Option<Entry>,
     program: Arc<Program>,
     next_arg: u32,
     dynamic_local: u64,
@@ -40,7 +41,7 @@ impl Kernel {
             ));
         }
         let key = (program.id, name.to_string());
-        let cached = KERNELS.with(|k| k.borrow().get(&key).cloned());
+        let cached = KERNELS.with(|k| k.borrow_mut().remove(&key));
         let entry = match cached {
             Some(e) => e,
             None => {
@@ -54,7 +55,7 @@ impl Kernel {
                     ),
                 })?;
                 let dev = cl.id.id();
-                let entry = Rc::new(Entry {
+                Entry {
                     num_args: kernel.num_args().cl("clGetKernelInfo")?,
                     work_group_size: kernel
                         .get_work_group_size(dev)
@@ -64,35 +65,39 @@ impl Kernel {
                         .cl("CL_KERNEL_LOCAL_MEM_SIZE")?,
                     kernel,
                     name: name.to_string(),
-                });
-                KERNELS.with(|k| k.borrow_mut().insert(key, entry.clone()));
-                entry
+                }
             }
         };
         Ok(Kernel {
-            entry,
+            entry: Some(entry),
             program: program.clone(),
             next_arg: 0,
             dynamic_local: 0,
         })
     }
 
+    fn entry(&self) -> &Entry {
+        self.entry
+            .as_ref()
+            .expect("a live Kernel holds its entry until drop")
+    }
+
     pub fn name(&self) -> &str {
-        &self.entry.name
+        &self.entry().name
     }
 
     /// The largest work-group this kernel can run with on its device.
     pub fn max_work_group_size(&self) -> usize {
-        self.entry
+        self.entry()
             .work_group_size
             .min(self.program.device.info().max_work_group_size)
     }
 
     fn next_index(&mut self) -> Result<u32> {
-        if self.next_arg >= self.entry.num_args {
+        if self.next_arg >= self.entry().num_args {
             return Err(Error::Launch {
-                kernel: self.entry.name.clone(),
-                msg: format!("more than its {} arguments given", self.entry.num_args),
+                kernel: self.entry().name.clone(),
+                msg: format!("more than its {} arguments given", self.entry().num_args),
             });
         }
         self.next_arg += 1;
@@ -103,7 +108,7 @@ impl Kernel {
     pub fn arg<T: Copy>(&mut self, value: &T) -> Result<&mut Self> {
         let i = self.next_index()?;
         // SAFETY: the index is within num_args and the value is plain data of the size passed.
-        unsafe { self.entry.kernel.set_arg(i, value) }.map_err(|e| self.arg_error(i, e.0))?;
+        unsafe { self.entry().kernel.set_arg(i, value) }.map_err(|e| self.arg_error(i, e.0))?;
         Ok(self)
     }
 
@@ -116,7 +121,7 @@ impl Kernel {
     pub fn arg_local(&mut self, bytes: usize) -> Result<&mut Self> {
         let i = self.next_index()?;
         // SAFETY: a local-memory argument takes a size and no value.
-        unsafe { self.entry.kernel.set_arg_local_buffer(i, bytes) }
+        unsafe { self.entry().kernel.set_arg_local_buffer(i, bytes) }
             .map_err(|e| self.arg_error(i, e.0))?;
         self.dynamic_local += bytes as u64;
         Ok(self)
@@ -124,7 +129,7 @@ impl Kernel {
 
     fn arg_error(&self, i: u32, code: i32) -> Error {
         Error::Launch {
-            kernel: self.entry.name.clone(),
+            kernel: self.entry().name.clone(),
             msg: format!(
                 "argument {i}: {} ({code})",
                 netcl_core_devices::cl_code_name(code)
@@ -145,7 +150,7 @@ impl Kernel {
     fn try_launch(&self, global: &[usize], local: &[usize]) -> Result<()> {
         let fail = |msg: String| {
             Err(Error::Launch {
-                kernel: self.entry.name.clone(),
+                kernel: self.entry().name.clone(),
                 msg,
             })
         };
@@ -156,10 +161,11 @@ impl Kernel {
                 "global {global:?} and local {local:?} must both have 1 to 3 dims"
             ));
         }
-        if self.next_arg != self.entry.num_args {
+        if self.next_arg != self.entry().num_args {
             return fail(format!(
                 "{} of its {} arguments set",
-                self.next_arg, self.entry.num_args
+                self.next_arg,
+                self.entry().num_args
             ));
         }
         if global.contains(&0) {
@@ -180,7 +186,7 @@ impl Kernel {
                 ));
             }
         }
-        let local_mem = self.entry.local_mem + self.dynamic_local;
+        let local_mem = self.entry().local_mem + self.dynamic_local;
         if local_mem > info.local_mem_bytes {
             return fail(format!(
                 "needs {local_mem} B of local memory; {device} has {} B",
@@ -191,12 +197,12 @@ impl Kernel {
         for d in 0..global.len() {
             rounded[d] = global[d].div_ceil(local[d]) * local[d];
         }
-        let cl = device.cl(&self.entry.name)?;
+        let cl = device.cl(&self.entry().name)?;
         // SAFETY: all arguments are set, sizes are checked, and the arrays outlive the call.
         unsafe {
             cl3::command_queue::enqueue_nd_range_kernel(
                 cl.queue.get(),
-                self.entry.kernel.get(),
+                self.entry().kernel.get(),
                 global.len() as u32,
                 ptr::null(),
                 rounded.as_ptr(),
@@ -207,11 +213,21 @@ impl Kernel {
             .and_then(|ev| cl3::event::release_event(ev))
         }
         .map_err(|code| Error::Launch {
-            kernel: self.entry.name.clone(),
+            kernel: self.entry().name.clone(),
             msg: format!(
                 "clEnqueueNDRangeKernel: {} ({code})",
                 netcl_core_devices::cl_code_name(code)
             ),
         })
+    }
+}
+
+impl Drop for Kernel {
+    fn drop(&mut self) {
+        if let Some(entry) = self.entry.take() {
+            let key = (self.program.id, entry.name.clone());
+            // During thread teardown the map may already be gone; the kernel is then released.
+            let _ = KERNELS.try_with(|k| k.borrow_mut().insert(key, entry));
+        }
     }
 }

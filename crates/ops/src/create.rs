@@ -1,7 +1,7 @@
 //! Creating tensors: zeros, ones, full, arange, from_vec, from_ndarray, and back to ndarray.
 use crate::element::{Element, HostData};
 use crate::launch::{launch_1d, program_for};
-use crate::layout::numel;
+use crate::layout::{checked_numel, numel};
 use crate::tensor::Tensor;
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
 use netcl_core_devices::{DType, Device, Error, Result};
@@ -13,8 +13,9 @@ pub(crate) fn arg_acc(k: &mut Kernel, dtype: DType, value: f64) -> Result<()> {
     match dtype {
         DType::F32 | DType::F16 | DType::BF16 => k.arg(&(value as f32)),
         DType::F64 => k.arg(&value),
-        DType::I32 => k.arg(&(value as i32)),
-        DType::U32 => k.arg(&(value as u32)),
+        // Through i64 so that negative values wrap (as the host does) instead of saturating.
+        DType::I32 => k.arg(&(value as i64 as i32)),
+        DType::U32 => k.arg(&(value as i64 as u32)),
     }
     .map(|_| ())
 }
@@ -24,7 +25,7 @@ impl Tensor {
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: &Device) -> Result<Tensor> {
         if device.is_host() {
             return Ok(Tensor::from_host_data(
-                HostData::filled(dtype, numel(shape), value),
+                HostData::filled(dtype, checked_numel("full", shape, dtype.size())?, value),
                 shape,
             ));
         }
@@ -62,15 +63,24 @@ impl Tensor {
                 ),
             ));
         }
-        let n = ((end - start) / step).ceil().max(0.0) as usize;
+        let count = ((end - start) / step).ceil().max(0.0);
+        if count > u32::MAX as f64 {
+            return Err(Error::shape(
+                "arange",
+                format!("{count} elements exceed the 32-bit kernel index"),
+            ));
+        }
+        let n = count as usize;
         if device.is_host() {
             let data = match dtype {
                 DType::F64 => HostData::from_fn(dtype, n, |i| start + i as f64 * step),
                 DType::I32 => HostData::from_fn(dtype, n, |i| {
-                    (start as i32).wrapping_add((i as i32).wrapping_mul(step as i32)) as f64
+                    (start as i64 as i32).wrapping_add((i as i32).wrapping_mul(step as i64 as i32))
+                        as f64
                 }),
                 DType::U32 => HostData::from_fn(dtype, n, |i| {
-                    (start as u32).wrapping_add((i as u32).wrapping_mul(step as u32)) as f64
+                    (start as i64 as u32).wrapping_add((i as u32).wrapping_mul(step as i64 as u32))
+                        as f64
                 }),
                 _ => {
                     HostData::from_fn(dtype, n, |i| (start as f32 + i as f32 * step as f32) as f64)
@@ -90,7 +100,7 @@ impl Tensor {
 
     /// A tensor of `shape` holding `data` (row-major) on `device`.
     pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize], device: &Device) -> Result<Tensor> {
-        if data.len() != numel(shape) {
+        if data.len() != checked_numel("from_vec", shape, T::DTYPE.size())? {
             return Err(Error::shape(
                 "from_vec",
                 format!(

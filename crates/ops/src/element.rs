@@ -104,7 +104,8 @@ pub trait Element:
     fn wrap(v: Vec<Self>) -> HostData;
     fn unwrap(d: &HostData) -> Option<&Vec<Self>>;
     fn to_f64(self) -> f64;
-    /// Conversion from f64 (rounding to nearest, saturating for integers).
+    /// Conversion from f64: floats round to nearest; integers truncate toward zero and wrap
+    /// modulo 2^32, as the kernels' scalar arguments do.
     fn from_f64(x: f64) -> Self;
 }
 
@@ -135,5 +136,5 @@ element!(f32, F32, |x: f32| x as f64, |x: f64| x as f32);
 element!(f64, F64, |x: f64| x, |x: f64| x);
 element!(f16, F16, |x: f16| x.to_f64(), f16::from_f64);
 element!(bf16, BF16, |x: bf16| x.to_f64(), bf16::from_f64);
-element!(i32, I32, |x: i32| x as f64, |x: f64| x as i32);
-element!(u32, U32, |x: u32| x as f64, |x: f64| x as u32);
+element!(i32, I32, |x: i32| x as f64, |x: f64| x as i64 as i32);
+element!(u32, U32, |x: u32| x as f64, |x: f64| x as i64 as u32);

@@ -25,5 +25,6 @@ pub(crate) fn launch_1d(
     let mut k = Kernel::new(program, name)?;
     args(&mut k)?;
     k.arg(&n32)?;
-    k.launch(&[n], &[GROUP_1D])
+    let group = GROUP_1D.min(k.max_work_group_size());
+    k.launch(&[n], &[group])
 }

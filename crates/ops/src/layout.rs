@@ -17,6 +17,23 @@ pub fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
 
+/// The element count of `shape`, or an error naming `op` when it does not fit in memory.
+pub fn checked_numel(op: &str, shape: &[usize], elem_size: usize) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .filter(|n| {
+            n.checked_mul(elem_size)
+                .is_some_and(|b| b <= isize::MAX as usize)
+        })
+        .ok_or_else(|| {
+            Error::shape(
+                op,
+                format!("shape {shape:?} has more elements than memory can hold"),
+            )
+        })
+}
+
 /// True when `strides` walk `shape` row-major without gaps (size-1 dims may have any stride; empty tensors always are).
 pub fn is_contiguous(shape: &[usize], strides: &[usize]) -> bool {
     if shape.contains(&0) {
@@ -147,8 +164,21 @@ impl KernelLayout {
                 row[i] = small(s)?;
             }
         }
-        for (j, (_, off)) in operands.iter().enumerate() {
+        for (j, (strides, off)) in operands.iter().enumerate() {
             l.offset[j] = small(*off)?;
+            // The furthest element any work-item reaches must fit the 32-bit index as well.
+            let reach = shape
+                .iter()
+                .zip(strides.iter())
+                .try_fold(*off as u128, |acc, (&n, &s)| {
+                    (n > 0).then(|| acc + (n as u128 - 1) * s as u128)
+                });
+            if reach.is_some_and(|r| r > u32::MAX as u128) {
+                return Err(Error::shape(
+                    op,
+                    format!("{shape:?} reaches past the 32-bit kernel index"),
+                ));
+            }
         }
         Ok(l)
     }

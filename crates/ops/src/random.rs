@@ -130,7 +130,8 @@ impl Tensor {
         arg_acc(&mut k, dtype, a)?;
         arg_acc(&mut k, dtype, b)?;
         k.arg(&n32)?;
-        k.launch(&[n.div_ceil(4)], &[GROUP_1D])?;
+        let group = GROUP_1D.min(k.max_work_group_size());
+        k.launch(&[n.div_ceil(4)], &[group])?;
         Ok(out)
     }
 

@@ -1,7 +1,7 @@
 //! Tensor: Arc'd storage (pooled device block or host vector) with shape, strides, offset, dtype and device.
 use crate::element::{Element, HostData};
 use crate::launch::{launch_1d, program_for};
-use crate::layout::{contiguous_strides, is_contiguous, numel, KernelLayout};
+use crate::layout::{checked_numel, contiguous_strides, is_contiguous, numel, KernelLayout};
 use netcl_core_devices::{DType, Device, Error, Result};
 use netcl_core_memory::{Block, Pool};
 use netcl_kernels::sources::COPY;
@@ -51,7 +51,7 @@ impl Tensor {
 
     /// A new, uninitialised contiguous tensor on `device`.
     pub(crate) fn alloc(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
-        let n = numel(shape);
+        let n = checked_numel("alloc", shape, dtype.size())?;
         let storage = if device.is_host() {
             Storage::Host(RwLock::new(HostData::filled(dtype, n, 0.0)))
         } else {

@@ -1,5 +1,5 @@
 //! Views without copies: reshape, permute/transpose, narrow/slice, broadcast_to, squeeze/unsqueeze.
-use crate::layout::{broadcast_strides, contiguous_strides, numel};
+use crate::layout::{broadcast_strides, checked_numel, contiguous_strides, numel};
 use crate::tensor::Tensor;
 use netcl_core_devices::{Error, Result};
 
@@ -27,7 +27,7 @@ impl Tensor {
 
     /// The same elements in `shape`: a view when contiguous, else a contiguous copy.
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
-        if numel(shape) != self.numel() {
+        if checked_numel("reshape", shape, 1)? != self.numel() {
             return Err(Error::shape(
                 "reshape",
                 format!(
@@ -75,7 +75,16 @@ impl Tensor {
 
     /// `len` entries of `dim` starting at `start`.
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Tensor> {
-        self.slice(dim, start, start + len, 1)
+        let end = start.checked_add(len).ok_or_else(|| {
+            Error::invalid(
+                "narrow",
+                format!(
+                    "{start} + {len} overflows for dim {dim} of {:?}",
+                    self.shape
+                ),
+            )
+        })?;
+        self.slice(dim, start, end, 1)
     }
 
     /// Entries `start, start + step, ...` below `end` of `dim`.
@@ -93,7 +102,7 @@ impl Tensor {
         let mut shape = self.shape.clone();
         let mut strides = self.strides.clone();
         shape[dim] = (end - start).div_ceil(step);
-        strides[dim] *= step;
+        strides[dim] = strides[dim].saturating_mul(step);
         let offset = if shape[dim] == 0 {
             self.offset
         } else {
@@ -104,6 +113,15 @@ impl Tensor {
 
     /// This tensor seen as `shape` by NumPy broadcasting (repeated dims have stride 0).
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<Tensor> {
+        checked_numel("broadcast_to", shape, 1).map_err(|_| {
+            Error::shape(
+                "broadcast_to",
+                format!(
+                    "cannot broadcast {:?} to {shape:?}: too many elements",
+                    self.shape
+                ),
+            )
+        })?;
         let strides = broadcast_strides("broadcast_to", &self.shape, &self.strides, shape)?;
         Ok(self.view_of(shape.to_vec(), strides, self.offset))
     }

@@ -161,6 +161,11 @@ fn creation_matches_the_host() {
                 );
             }
         }
+        let u = Tensor::arange(5.0, 0.0, -1.0, DType::U32, &dev).unwrap();
+        assert_eq!(u.to_vec::<u32>().unwrap(), vec![5, 4, 3, 2, 1]);
+        let i = Tensor::arange(3.0, -7.0, -3.0, DType::I32, &dev).unwrap();
+        assert_eq!(i.to_vec::<i32>().unwrap(), vec![3, 0, -3, -6]);
+        assert!(Tensor::arange(-1e300, 1e300, 1.0, DType::F32, &dev).is_err());
         let f = Tensor::arange(0.5, -1.0, -0.25, DType::F32, &dev).unwrap();
         assert_eq!(
             f.to_vec::<f32>().unwrap(),
@@ -232,7 +237,19 @@ fn view_ops_share_storage_and_check_arguments() {
         assert!(t.reshape(&[6, 4]).unwrap().shares_storage(&t));
         assert!(!tr.reshape(&[24]).unwrap().shares_storage(&t));
         // Bad arguments are errors naming the op and the shapes.
+        // Sizes beyond memory are errors, not overflows.
+        let huge = [usize::MAX / 2, 4];
+        assert!(matches!(
+            Tensor::zeros(&huge, DType::F32, &dev),
+            Err(Error::Shape { .. })
+        ));
+        assert!(matches!(
+            Tensor::from_vec(vec![0f32; 4], &huge, &dev),
+            Err(Error::Shape { .. })
+        ));
+        assert!(t.narrow(0, usize::MAX, 2).is_err());
         for err in [
+            t.broadcast_to(&[usize::MAX / 2, 3, 4]).unwrap_err(),
             t.reshape(&[5, 5]).unwrap_err(),
             t.permute(&[0, 0, 1]).unwrap_err(),
             t.transpose(0, 3).unwrap_err(),
