@@ -7,6 +7,7 @@ mod launch;
 pub mod layout;
 mod random;
 mod tensor;
+pub mod testing;
 mod views;
 
 pub use binary::BinaryOp;

@@ -1,90 +1,15 @@
 //! Tensor creation, transfers, views, elementwise ops and RNG on every device against the host reference.
-use half::{bf16, f16};
 use ndarray::{ArrayD, IxDyn};
 use netcl_core_devices::test_devices;
+use netcl_ops::testing::{dtypes_for, random_view, sample, Cases};
 use netcl_ops::{BinaryOp, DType, Device, Error, Generator, Tensor};
-
-/// Small deterministic generator for test cases.
-struct Cases(u64);
-impl Cases {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn shape(&mut self, max_dims: usize, max_len: usize) -> Vec<usize> {
-        (0..1 + self.below(max_dims))
-            .map(|_| self.below(max_len + 1))
-            .collect()
-    }
-}
-
-fn dtypes_for(dev: &Device) -> Vec<DType> {
-    DType::ALL
-        .into_iter()
-        .filter(|d| *d != DType::F64 || dev.info().fp64)
-        .collect()
-}
-
-/// Values that are exact in every dtype (small integers and halves), so results compare exactly.
-fn sample(dtype: DType, n: usize, seed: u64) -> Tensor {
-    let mut c = Cases(seed | 1);
-    let v: Vec<f64> = (0..n)
-        .map(|_| {
-            let x = (c.below(64) as f64) - 16.0;
-            if dtype.is_float() {
-                x * 0.5
-            } else {
-                x.abs() + 1.0
-            }
-        })
-        .collect();
-    host_tensor(dtype, v, &[n])
-}
-
-fn host_tensor(dtype: DType, v: Vec<f64>, shape: &[usize]) -> Tensor {
-    let h = Device::host();
-    match dtype {
-        DType::F32 => Tensor::from_vec(v.iter().map(|&x| x as f32).collect(), shape, &h),
-        DType::F64 => Tensor::from_vec(v, shape, &h),
-        DType::F16 => Tensor::from_vec(v.iter().map(|&x| f16::from_f64(x)).collect(), shape, &h),
-        DType::BF16 => Tensor::from_vec(v.iter().map(|&x| bf16::from_f64(x)).collect(), shape, &h),
-        DType::I32 => Tensor::from_vec(v.iter().map(|&x| x as i32).collect(), shape, &h),
-        DType::U32 => Tensor::from_vec(v.iter().map(|&x| x as u32).collect(), shape, &h),
-    }
-    .unwrap()
-}
-
-/// A random view (permute, slice with steps, unsqueeze/broadcast) of `base`, applied identically.
-fn random_view(t: &Tensor, c: &mut Cases) -> Tensor {
-    let mut v = t.clone();
-    let nd = v.ndim();
-    if nd >= 2 && c.below(2) == 0 {
-        let mut dims: Vec<usize> = (0..nd).collect();
-        dims.rotate_left(1 + c.below(nd - 1));
-        v = v.permute(&dims).unwrap();
-    }
-    for d in 0..v.ndim() {
-        let n = v.shape()[d];
-        if n > 2 && c.below(3) == 0 {
-            let start = c.below(n / 2);
-            let step = 1 + c.below(2);
-            v = v.slice(d, start, n, step).unwrap();
-        }
-    }
-    v
-}
 
 #[test]
 fn round_trips_every_dtype_on_every_device() {
     for dev in test_devices().unwrap() {
         for dtype in dtypes_for(&dev) {
             for n in [0usize, 1, 7, 1000, 70_001] {
-                let h = sample(dtype, n, n as u64 + 3);
+                let h = sample(dtype, &[n], n as u64 + 3);
                 let d = h.to_device(&dev).unwrap();
                 assert_eq!((d.shape(), d.dtype(), d.device()), (&[n][..], dtype, &dev));
                 let back = d.to_device(&Device::host()).unwrap();
@@ -110,7 +35,7 @@ fn round_trips_every_dtype_on_every_device() {
 #[test]
 fn transfers_between_opencl_devices() {
     let devices = test_devices().unwrap();
-    let h = sample(DType::F32, 5000, 42);
+    let h = sample(DType::F32, &[5000], 42);
     let mut t = h.clone();
     for dev in devices.iter().chain(devices.iter().rev()) {
         t = t.to_device(dev).unwrap();
@@ -181,9 +106,8 @@ fn views_and_contiguous_match_the_host() {
     let devices = test_devices().unwrap();
     for case in 0..300 {
         let shape = c.shape(5, 6);
-        let n: usize = shape.iter().product();
         let dtype = [DType::F32, DType::F16, DType::I32, DType::BF16][case % 4];
-        let host = sample(dtype, n, case as u64).reshape(&shape).unwrap();
+        let host = sample(dtype, &shape, case as u64);
         let seed = c.next();
         let expected = random_view(&host, &mut Cases(seed)).contiguous().unwrap();
         for dev in &devices {
@@ -285,12 +209,8 @@ fn binary_ops_broadcast_over_views_and_match_the_host() {
         bshape.drain(..c.below(bshape.len()));
         let dtype = DType::ALL[case % 6];
         let op = ops[(case / 6) % 4];
-        let a = sample(dtype, shape.iter().product(), case as u64 + 1)
-            .reshape(&shape)
-            .unwrap();
-        let b = sample(dtype, bshape.iter().product(), case as u64 + 99)
-            .reshape(&bshape)
-            .unwrap();
+        let a = sample(dtype, &shape, case as u64 + 1);
+        let b = sample(dtype, &bshape, case as u64 + 99);
         let seed = c.next();
         let expected = random_view(&a, &mut Cases(seed)).binary(&b, op);
         for dev in &devices {
