@@ -108,7 +108,7 @@ fn views_and_contiguous_match_the_host() {
         let shape = c.shape(5, 6);
         let dtype = [DType::F32, DType::F16, DType::I32, DType::BF16][case % 4];
         let host = sample(dtype, &shape, case as u64);
-        let seed = c.next();
+        let seed = c.next_u64();
         let expected = random_view(&host, &mut Cases(seed)).contiguous().unwrap();
         for dev in &devices {
             let view = random_view(&host.to_device(dev).unwrap(), &mut Cases(seed));
@@ -211,7 +211,7 @@ fn binary_ops_broadcast_over_views_and_match_the_host() {
         let op = ops[(case / 6) % 4];
         let a = sample(dtype, &shape, case as u64 + 1);
         let b = sample(dtype, &bshape, case as u64 + 99);
-        let seed = c.next();
+        let seed = c.next_u64();
         let expected = random_view(&a, &mut Cases(seed)).binary(&b, op);
         for dev in &devices {
             if dtype == DType::F64 && !dev.info().fp64 {
