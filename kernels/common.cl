@@ -1,13 +1,25 @@
 // common.cl: prepended to every netcl program: dtype macros (-DDT_*), strided layouts, Philox4x32-10.
 #pragma OPENCL FP_CONTRACT OFF
 
+#if defined(DT_F64) || defined(NETCL_FP64)
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#define NETCL_HAS_F64
+#endif
+
+// bf16 is the upper half of an f32; stores round to nearest even.
+inline ushort bf16_from_float(float f) {
+    uint u = as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x40u);  // quiet NaN
+    u += 0x7fffu + ((u >> 16) & 1u);                                          // round to nearest even
+    return (ushort)(u >> 16);
+}
+
 #if defined(DT_F32)
 typedef float T;
 typedef float ACC;
 #define LOAD(p, i) ((p)[i])
 #define STORE(p, i, v) ((p)[i] = (v))
 #elif defined(DT_F64)
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
 typedef double T;
 typedef double ACC;
 #define LOAD(p, i) ((p)[i])
@@ -21,12 +33,6 @@ typedef float ACC;
 #elif defined(DT_BF16)
 typedef ushort T;
 typedef float ACC;
-inline ushort bf16_from_float(float f) {
-    uint u = as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x40u);  // quiet NaN
-    u += 0x7fffu + ((u >> 16) & 1u);                                          // round to nearest even
-    return (ushort)(u >> 16);
-}
 #define LOAD(p, i) as_float(((uint)(p)[i]) << 16)
 #define STORE(p, i, v) ((p)[i] = bf16_from_float(v))
 #elif defined(DT_I32)
@@ -40,6 +46,30 @@ typedef uint ACC;
 #define LOAD(p, i) ((p)[i])
 #define STORE(p, i, v) ((p)[i] = (v))
 #endif
+
+// Typed loads and stores into each dtype's compute type (float for f32/f16/bf16), for kernels
+// that mix dtypes (generated fused kernels, casts, index tensors).
+inline float load_f32(__global const float* p, uint i) { return p[i]; }
+inline float load_f16(__global const half* p, uint i) { return vload_half(i, p); }
+inline float load_bf16(__global const ushort* p, uint i) { return as_float(((uint)p[i]) << 16); }
+inline int load_i32(__global const int* p, uint i) { return p[i]; }
+inline uint load_u32(__global const uint* p, uint i) { return p[i]; }
+inline void store_f32(__global float* p, uint i, float v) { p[i] = v; }
+inline void store_f16(__global half* p, uint i, float v) { vstore_half_rte(v, i, p); }
+inline void store_bf16(__global ushort* p, uint i, float v) { p[i] = bf16_from_float(v); }
+inline void store_i32(__global int* p, uint i, int v) { p[i] = v; }
+inline void store_u32(__global uint* p, uint i, uint v) { p[i] = v; }
+#ifdef NETCL_HAS_F64
+inline double load_f64(__global const double* p, uint i) { return p[i]; }
+inline void store_f64(__global double* p, uint i, double v) { p[i] = v; }
+#endif
+// A float rounded to the nearest f16 / bf16 value (computation stays in float).
+inline float round_f16(float v) {
+    ushort bits;  // half variables need cl_khr_fp16; a half pointer to 16 bits does not
+    vstore_half_rte(v, 0, (__private half*)&bits);
+    return vload_half(0, (__private const half*)&bits);
+}
+inline float round_bf16(float v) { return as_float(((uint)bf16_from_float(v)) << 16); }
 
 // Up to three strided operands over one shape; operand 0 is usually the output.
 // Strides and offsets count elements; a stride of 0 broadcasts. Mirrors ops::layout::KernelLayout.

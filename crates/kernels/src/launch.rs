@@ -112,6 +112,23 @@ impl Kernel {
         Ok(self)
     }
 
+    /// Set the next argument to raw bytes (a struct whose size is only known at run time, e.g. a
+    /// generated kernel's layout; the bytes must match the kernel's struct layout).
+    pub fn arg_bytes(&mut self, bytes: &[u8]) -> Result<&mut Self> {
+        let i = self.next_index()?;
+        // SAFETY: the index is within num_args; the pointer and size describe `bytes`.
+        unsafe {
+            cl3::kernel::set_kernel_arg(
+                self.entry().kernel.get(),
+                i,
+                bytes.len(),
+                bytes.as_ptr().cast(),
+            )
+        }
+        .map_err(|e| self.arg_error(i, e))?;
+        Ok(self)
+    }
+
     /// Set the next argument to a buffer.
     pub fn arg_mem(&mut self, mem: cl_mem) -> Result<&mut Self> {
         self.arg(&mem)

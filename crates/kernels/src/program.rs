@@ -38,7 +38,7 @@ fn check_options(device: &Device, source: &Source, options: &str) -> Result<()> 
             format!("options for {} contain a NUL byte", source.name),
         ));
     }
-    if options.contains("-DDT_F64") && !device.info().fp64 {
+    if (options.contains("-DDT_F64") || options.contains("-DNETCL_FP64")) && !device.info().fp64 {
         return Err(Error::dtype(
             source.name,
             format!("{device} does not support f64 (no cl_khr_fp64)"),

@@ -3,7 +3,7 @@
 /// One kernels/*.cl file. `kernels/common.cl` is prepended to every program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Source {
-    /// File name under kernels/, e.g. `elementwise.cl`.
+    /// File name under kernels/, e.g. `copy.cl`.
     pub name: &'static str,
     pub text: &'static str,
 }
@@ -18,9 +18,8 @@ macro_rules! source {
 }
 
 source!(COMMON, "common.cl");
-source!(ELEMENTWISE, "elementwise.cl");
 source!(COPY, "copy.cl");
 source!(RANDOM, "random.cl");
 
 /// Every op-family source (not the common header).
-pub const ALL: [Source; 3] = [ELEMENTWISE, COPY, RANDOM];
+pub const ALL: [Source; 2] = [COPY, RANDOM];

@@ -1,9 +1,17 @@
 //! Program builds, the disk cache, build errors and launch checks on every OpenCL device.
 use netcl_core_devices::{opencl_test_devices, Device, Error};
 use netcl_core_memory::{read, write, Pool};
-use netcl_kernels::sources::ELEMENTWISE;
 use netcl_kernels::{build, program, Kernel, Origin, Program, Source, GROUP_1D};
 use std::sync::Arc;
+
+/// A test program of its own, so these tests do not depend on the op library's kernels.
+const ELEMENTWISE: Source = Source {
+    name: "test_add.cl",
+    text: "__kernel void add_contig(__global T* out, __global const T* a, __global const T* b, uint n) {
+        uint i = get_global_id(0);
+        if (i < n) STORE(out, i, LOAD(a, i) + LOAD(b, i));
+    }",
+};
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()

@@ -116,42 +116,7 @@ impl KernelLayout {
     /// Layout of `operands` (strides, element offset) over `shape`, with size-1 dims dropped and
     /// dims merged wherever every operand walks them as one.
     pub fn new(op: &str, shape: &[usize], operands: &[(&[usize], usize)]) -> Result<KernelLayout> {
-        let k = operands.len();
-        let mut dims: Vec<(usize, [usize; 3])> = Vec::new();
-        for d in 0..shape.len() {
-            if shape[d] == 1 {
-                continue;
-            }
-            let mut st = [0usize; 3];
-            for (j, (s, _)) in operands.iter().enumerate() {
-                st[j] = s[d];
-            }
-            if let Some(last) = dims.last_mut() {
-                if (0..k).all(|j| last.1[j] == st[j] * shape[d]) {
-                    last.0 *= shape[d];
-                    last.1 = st;
-                    continue;
-                }
-            }
-            dims.push((shape[d], st));
-        }
-        if dims.len() > MAX_DIMS {
-            return Err(Error::shape(
-                op,
-                format!(
-                    "{shape:?} needs {} strided dims; kernels take {MAX_DIMS}",
-                    dims.len()
-                ),
-            ));
-        }
-        let small = |x: usize| {
-            u32::try_from(x).map_err(|_| {
-                Error::shape(
-                    op,
-                    format!("index {x} does not fit the 32-bit kernel layout"),
-                )
-            })
-        };
+        let dims = merged_dims(op, shape, operands)?;
         let mut l = KernelLayout {
             ndim: dims.len() as u32,
             shape: [1; MAX_DIMS],
@@ -159,29 +124,70 @@ impl KernelLayout {
             offset: [0; 3],
         };
         for (i, (n, st)) in dims.iter().enumerate() {
-            l.shape[i] = small(*n)?;
-            for (row, &s) in l.stride.iter_mut().zip(st.iter()).take(k) {
-                row[i] = small(s)?;
+            l.shape[i] = *n;
+            for (row, &s) in l.stride.iter_mut().zip(st.iter()) {
+                row[i] = s;
             }
         }
-        for (j, (strides, off)) in operands.iter().enumerate() {
-            l.offset[j] = small(*off)?;
-            // The furthest element any work-item reaches must fit the 32-bit index as well.
-            let reach = shape
-                .iter()
-                .zip(strides.iter())
-                .try_fold(*off as u128, |acc, (&n, &s)| {
-                    (n > 0).then(|| acc + (n as u128 - 1) * s as u128)
-                });
-            if reach.is_some_and(|r| r > u32::MAX as u128) {
-                return Err(Error::shape(
-                    op,
-                    format!("{shape:?} reaches past the 32-bit kernel index"),
-                ));
-            }
+        for (j, (_, off)) in operands.iter().enumerate() {
+            l.offset[j] = *off as u32;
         }
         Ok(l)
     }
+}
+
+/// The dims of `shape` as kernels walk them for `operands` (strides, element offset): size-1
+/// dims dropped, neighbours merged wherever every operand walks them as one; each entry is
+/// (extent, stride per operand). Checks that every index fits the kernels' 32-bit arithmetic.
+pub fn merged_dims(
+    op: &str,
+    shape: &[usize],
+    operands: &[(&[usize], usize)],
+) -> Result<Vec<(u32, Vec<u32>)>> {
+    let mut dims: Vec<(usize, Vec<usize>)> = Vec::new();
+    for d in 0..shape.len() {
+        if shape[d] == 1 {
+            continue;
+        }
+        let st: Vec<usize> = operands.iter().map(|(s, _)| s[d]).collect();
+        if let Some(last) = dims.last_mut() {
+            if last.1.iter().zip(&st).all(|(&l, &s)| l == s * shape[d]) {
+                last.0 *= shape[d];
+                last.1 = st;
+                continue;
+            }
+        }
+        dims.push((shape[d], st));
+    }
+    if dims.len() > MAX_DIMS {
+        return Err(Error::shape(
+            op,
+            format!(
+                "{shape:?} needs {} strided dims; kernels take {MAX_DIMS}",
+                dims.len()
+            ),
+        ));
+    }
+    for (strides, off) in operands {
+        // The furthest element any work-item reaches must fit the 32-bit index.
+        let reach = shape
+            .iter()
+            .zip(strides.iter())
+            .try_fold(*off as u128, |acc, (&n, &s)| {
+                (n > 0).then(|| acc + (n as u128 - 1) * s as u128)
+            });
+        if reach.is_some_and(|r| r > u32::MAX as u128) || *off > u32::MAX as usize {
+            return Err(Error::shape(
+                op,
+                format!("{shape:?} reaches past the 32-bit kernel index"),
+            ));
+        }
+    }
+    // Every extent and stride is at most the reach checked above.
+    Ok(dims
+        .into_iter()
+        .map(|(n, st)| (n as u32, st.into_iter().map(|s| s as u32).collect()))
+        .collect())
 }
 
 #[cfg(test)]

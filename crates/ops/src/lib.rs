@@ -3,15 +3,19 @@
 mod element;
 mod binary;
 mod create;
+mod expr;
+mod fused;
 mod launch;
 pub mod layout;
 mod random;
 mod tensor;
 pub mod testing;
+mod unary;
 mod views;
 
-pub use binary::BinaryOp;
 pub use element::{Element, HostData};
+pub use expr::{BinaryOp, Expr, UnaryOp};
+pub use fused::{fused, fused_into};
 pub use netcl_core_devices::{DType, Device, Error, Result};
 pub use random::Generator;
 pub use tensor::{Storage, Tensor};

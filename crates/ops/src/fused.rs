@@ -1,0 +1,567 @@
+//! Fused elementwise kernels: expressions typed and compiled into one OpenCL kernel (cached by structure), or evaluated on the host.
+use crate::element::Element;
+use crate::expr::{BinaryOp, Class, Expr, UnaryOp};
+use crate::launch::launch_1d;
+use crate::layout::{broadcast_shapes, broadcast_strides, merged_dims, numel};
+use crate::tensor::{Storage, Tensor};
+use half::{bf16, f16};
+use netcl_core_devices::{DType, Device, Error, Result};
+use netcl_kernels::{Kernel, Program, Source};
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, OnceLock};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Kind {
+    Input(usize),
+    Scalar(usize),
+    Unary(UnaryOp, usize),
+    Binary(BinaryOp, usize, usize),
+    Where(usize, usize, usize),
+    Cast(usize),
+}
+
+/// What determines a generated program: the typed node list, the outputs and the input dtypes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct PlanKey {
+    nodes: Vec<(Kind, DType)>,
+    outputs: Vec<usize>,
+    inputs: Vec<DType>,
+}
+
+/// Typed, deduplicated expressions (children before parents) with their scalar values.
+struct Plan {
+    key: PlanKey,
+    scalars: Vec<(f64, Class)>,
+}
+
+/// True when the expression has no tensor operand (its dtype comes from where it is used).
+fn weak(e: &Expr) -> bool {
+    match e {
+        Expr::Input(_) => false,
+        Expr::Scalar(_) => true,
+        Expr::Unary(_, a) | Expr::Cast(_, a) => weak(a),
+        Expr::Binary(_, a, b) => weak(a) && weak(b),
+        Expr::Where(c, a, b) => weak(c) && weak(a) && weak(b),
+    }
+}
+
+struct Lowering<'a> {
+    op: &'a str,
+    inputs: &'a [DType],
+    key: PlanKey,
+    scalars: Vec<(f64, Class)>,
+    seen: HashMap<(Kind, DType), usize>,
+}
+
+impl Lowering<'_> {
+    fn push(&mut self, kind: Kind, dtype: DType) -> usize {
+        if let Some(&i) = self.seen.get(&(kind, dtype)) {
+            return i;
+        }
+        self.key.nodes.push((kind, dtype));
+        let i = self.key.nodes.len() - 1;
+        if !matches!(kind, Kind::Scalar(_)) {
+            self.seen.insert((kind, dtype), i);
+        }
+        i
+    }
+
+    fn dtype(&self, node: usize) -> DType {
+        self.key.nodes[node].1
+    }
+
+    /// Two operands of one dtype: a weak side takes the other side's dtype.
+    fn pair(&mut self, a: &Expr, b: &Expr, hint: Option<DType>) -> Result<(usize, usize)> {
+        let (ia, ib) = if weak(a) && !weak(b) {
+            let ib = self.lower(b, hint)?;
+            (self.lower(a, Some(self.dtype(ib)))?, ib)
+        } else {
+            let ia = self.lower(a, hint)?;
+            (ia, self.lower(b, Some(self.dtype(ia)))?)
+        };
+        let (da, db) = (self.dtype(ia), self.dtype(ib));
+        if da != db {
+            return Err(Error::dtype(
+                self.op,
+                format!("operands are {da} and {db}; cast one of them first"),
+            ));
+        }
+        Ok((ia, ib))
+    }
+
+    fn lower(&mut self, e: &Expr, hint: Option<DType>) -> Result<usize> {
+        let op = self.op;
+        Ok(match e {
+            Expr::Input(i) => {
+                let d = *self.inputs.get(*i).ok_or_else(|| {
+                    Error::invalid(
+                        op,
+                        format!("input {i} used but {} inputs given", self.inputs.len()),
+                    )
+                })?;
+                self.push(Kind::Input(*i), d)
+            }
+            Expr::Scalar(v) => {
+                let d = hint.ok_or_else(|| {
+                    Error::invalid(op, "an expression of scalars only has no dtype")
+                })?;
+                self.scalars.push((*v, Class::of(d)));
+                self.push(Kind::Scalar(self.scalars.len() - 1), d)
+            }
+            Expr::Unary(u, a) => {
+                let ia = self.lower(a, hint)?;
+                let d = self.dtype(ia);
+                if u.float_only() && !d.is_float() {
+                    return Err(Error::dtype(
+                        op,
+                        format!("{} needs a float tensor, got {d}", u.name()),
+                    ));
+                }
+                self.push(Kind::Unary(*u, ia), d)
+            }
+            Expr::Binary(b, x, y) => {
+                let (ix, iy) = self.pair(x, y, hint)?;
+                let d = self.dtype(ix);
+                if b.float_only() && !d.is_float() {
+                    return Err(Error::dtype(
+                        op,
+                        format!("{} needs float tensors, got {d}", b.name()),
+                    ));
+                }
+                self.push(Kind::Binary(*b, ix, iy), d)
+            }
+            Expr::Where(c, x, y) => {
+                let (ix, iy) = self.pair(x, y, hint)?;
+                let ic = self.lower(c, Some(self.dtype(ix)))?;
+                self.push(Kind::Where(ic, ix, iy), self.dtype(ix))
+            }
+            Expr::Cast(to, a) => {
+                let ia = self.lower(a, Some(*to))?;
+                if self.dtype(ia) == *to {
+                    ia
+                } else {
+                    self.push(Kind::Cast(ia), *to)
+                }
+            }
+        })
+    }
+}
+
+fn plan(op: &str, inputs: &[DType], outputs: &[&Expr]) -> Result<Plan> {
+    let mut l = Lowering {
+        op,
+        inputs,
+        key: PlanKey {
+            nodes: Vec::new(),
+            outputs: Vec::new(),
+            inputs: inputs.to_vec(),
+        },
+        scalars: Vec::new(),
+        seen: HashMap::new(),
+    };
+    for e in outputs {
+        let i = l.lower(e, None)?;
+        l.key.outputs.push(i);
+    }
+    Ok(Plan {
+        key: l.key,
+        scalars: l.scalars,
+    })
+}
+
+fn storage_cl(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float",
+        DType::F64 => "double",
+        DType::F16 => "half",
+        DType::BF16 => "ushort",
+        DType::I32 => "int",
+        DType::U32 => "uint",
+    }
+}
+
+fn cast_cl(from: Class, to: DType, a: &str) -> String {
+    match to {
+        DType::F32 => format!("((float){a})"),
+        DType::F16 => format!("round_f16((float){a})"),
+        DType::BF16 => format!("round_bf16((float){a})"),
+        DType::F64 => format!("((double){a})"),
+        DType::I32 if from.is_float() => format!("convert_int_sat_rtz({a})"),
+        DType::U32 if from.is_float() => format!("convert_uint_sat_rtz({a})"),
+        DType::I32 => format!("((int){a})"),
+        DType::U32 => format!("((uint){a})"),
+    }
+}
+
+/// Host conversion matching `cast_cl`: f16/bf16 round through f32; float to integer truncates
+/// and saturates (NaN gives 0); integer to integer wraps.
+fn cast_host(from: Class, to: DType, x: f64) -> f64 {
+    let sat = |lo: f64, hi: f64| {
+        if x.is_nan() {
+            0.0
+        } else {
+            x.trunc().clamp(lo, hi)
+        }
+    };
+    match to {
+        DType::F32 => x as f32 as f64,
+        DType::F16 => f16::from_f32(x as f32).to_f64(),
+        DType::BF16 => bf16::from_f32(x as f32).to_f64(),
+        DType::F64 => x,
+        DType::I32 if from.is_float() => sat(i32::MIN as f64, i32::MAX as f64),
+        DType::U32 if from.is_float() => sat(0.0, u32::MAX as f64),
+        DType::I32 | DType::U32 => Class::of(to).round(x),
+    }
+}
+
+/// OpenCL C for a plan: `fused_contig` (all operands dense over the shape, element offsets as
+/// arguments) and `fused_strided` (a layout of every operand), outputs first, then inputs.
+fn generate(key: &PlanKey, scalars: &[(f64, Class)]) -> String {
+    let (no, ni) = (key.outputs.len(), key.inputs.len());
+    let k = no + ni;
+    let mut params = String::new();
+    for (j, &o) in key.outputs.iter().enumerate() {
+        let _ = write!(params, "__global {}* o{j}, ", storage_cl(key.nodes[o].1));
+    }
+    for (j, d) in key.inputs.iter().enumerate() {
+        let _ = write!(params, "__global const {}* i{j}, ", storage_cl(*d));
+    }
+    let scalar_params: String = scalars
+        .iter()
+        .enumerate()
+        .map(|(s, (_, c))| format!("{} s{s}, ", c.cl()))
+        .collect();
+    let mut body = String::new();
+    for (id, (kind, d)) in key.nodes.iter().enumerate() {
+        let c = Class::of(*d);
+        let v = |n: &usize| format!("t{n}");
+        let class_of = |n: &usize| Class::of(key.nodes[*n].1);
+        let rhs = match kind {
+            Kind::Input(i) => format!("load_{}(i{i}, off{})", d.name(), no + i),
+            Kind::Scalar(s) => format!("s{s}"),
+            Kind::Unary(u, a) => u.cl(c, &v(a)),
+            Kind::Binary(b, x, y) => b.cl(c, &v(x), &v(y)),
+            Kind::Where(cond, x, y) => format!(
+                "(({} != ({})0) ? {} : {})",
+                v(cond),
+                class_of(cond).cl(),
+                v(x),
+                v(y)
+            ),
+            Kind::Cast(a) => cast_cl(class_of(a), *d, &v(a)),
+        };
+        let _ = writeln!(body, "    {} t{id} = {rhs};", c.cl());
+    }
+    for (j, &o) in key.outputs.iter().enumerate() {
+        let _ = writeln!(
+            body,
+            "    store_{}(o{j}, off{j}, t{o});",
+            key.nodes[o].1.name()
+        );
+    }
+    let offsets: String = (0..k).map(|j| format!("uint off{j}, ")).collect();
+    let advance: String = (0..k).map(|j| format!("    off{j} += gid;\n")).collect();
+    let start: String = (0..k)
+        .map(|j| format!("    uint off{j} = l.offset[{j}];\n"))
+        .collect();
+    let step: String = (0..k)
+        .map(|j| format!("        off{j} += idx * l.stride[{j}][d];\n"))
+        .collect();
+    format!(
+        "// Generated by netcl-ops fused.rs: {n} nodes, {no} outputs, {ni} inputs.\n\
+         typedef struct {{ uint ndim; uint shape[MAX_DIMS]; uint stride[{k}][MAX_DIMS]; uint offset[{k}]; }} FusedLayout;\n\
+         __kernel void fused_contig({params}{offsets}{scalar_params}uint n) {{\n\
+         \x20   uint gid = get_global_id(0);\n    if (gid >= n) return;\n{advance}{body}}}\n\
+         __kernel void fused_strided({params}FusedLayout l, {scalar_params}uint n) {{\n\
+         \x20   uint gid = get_global_id(0);\n    if (gid >= n) return;\n{start}\
+         \x20   uint r = gid;\n    for (int d = (int)l.ndim - 1; d >= 0; --d) {{\n\
+         \x20       uint e = l.shape[d];\n        uint idx = r % e;\n        r /= e;\n{step}    }}\n{body}}}\n",
+        n = key.nodes.len()
+    )
+}
+
+type Cache = Mutex<HashMap<(usize, PlanKey), Arc<Program>>>;
+
+/// The program for `plan` on `device`, generated and built on first use.
+fn program(device: &Device, plan: &Plan) -> Result<Arc<Program>> {
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let key = (device.ordinal(), plan.key.clone());
+    if let Some(p) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return Ok(p.clone());
+    }
+    let text = generate(&plan.key, &plan.scalars);
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    // Generated sources live as long as the process's program cache that refers to them.
+    let source = Source {
+        name: Box::leak(format!("fused_{:016x}.cl", h.finish()).into_boxed_str()),
+        text: Box::leak(text.into_boxed_str()),
+    };
+    let f64_used = plan.key.nodes.iter().any(|(_, d)| *d == DType::F64);
+    let options = if f64_used { "-DNETCL_FP64" } else { "" };
+    let p = Arc::new(netcl_kernels::build(
+        device,
+        &source,
+        options,
+        netcl_kernels::cache_dir().as_deref(),
+    )?);
+    cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key, p.clone());
+    Ok(p)
+}
+
+/// Node values over all elements, computed on the host in each node's arithmetic.
+fn eval_host(plan: &Plan, inputs: &[Vec<f64>], n: usize) -> Vec<Vec<f64>> {
+    let nodes = &plan.key.nodes;
+    let mut vals: Vec<Vec<f64>> = Vec::with_capacity(nodes.len());
+    for (kind, d) in nodes {
+        let c = Class::of(*d);
+        let class_of = |i: &usize| Class::of(nodes[*i].1);
+        let v: Vec<f64> = match kind {
+            Kind::Input(i) => inputs[*i].clone(),
+            Kind::Scalar(s) => vec![c.round(plan.scalars[*s].0); n],
+            Kind::Unary(u, a) => vals[*a].iter().map(|&x| c.round(u.host(x))).collect(),
+            Kind::Binary(b, x, y) => vals[*x]
+                .iter()
+                .zip(&vals[*y])
+                .map(|(&x, &y)| c.round(b.host(c, x, y)))
+                .collect(),
+            Kind::Where(cond, x, y) => (0..n)
+                .map(|j| {
+                    if vals[*cond][j] != 0.0 {
+                        vals[*x][j]
+                    } else {
+                        vals[*y][j]
+                    }
+                })
+                .collect(),
+            Kind::Cast(a) => vals[*a]
+                .iter()
+                .map(|&x| cast_host(class_of(a), *d, x))
+                .collect(),
+        };
+        vals.push(v);
+    }
+    plan.key.outputs.iter().map(|&o| vals[o].clone()).collect()
+}
+
+/// Write row-major `values` into the host tensor `t` through its strides.
+fn write_host(t: &Tensor, values: &[f64]) -> Result<()> {
+    fn scatter<T: Element>(dst: &mut [T], t: &Tensor, values: &[f64]) {
+        let mut idx = vec![0usize; t.ndim()];
+        let mut pos = t.offset;
+        for &v in values {
+            dst[pos] = T::from_f64(v);
+            for d in (0..t.ndim()).rev() {
+                idx[d] += 1;
+                pos += t.strides[d];
+                if idx[d] < t.shape[d] {
+                    break;
+                }
+                pos -= t.strides[d] * t.shape[d];
+                idx[d] = 0;
+            }
+        }
+    }
+    match &*t.storage {
+        Storage::Host(lock) => {
+            let mut g = lock.write().unwrap_or_else(|p| p.into_inner());
+            with_host!(&mut *g, v => scatter(v, t, values));
+            Ok(())
+        }
+        Storage::Device(_) => Err(Error::device(
+            "fused",
+            "host evaluation into a device tensor",
+        )),
+    }
+}
+
+/// Evaluate `outputs` elementwise over `inputs` (broadcast together) in one kernel; each output
+/// is written to its destination when one is given, else to a new contiguous tensor. `op` names
+/// the operation in errors.
+pub(crate) fn run(
+    op: &str,
+    inputs: &[&Tensor],
+    outputs: &[(&Expr, Option<&Tensor>)],
+) -> Result<Vec<Tensor>> {
+    let device = inputs
+        .first()
+        .map(|t| t.device.clone())
+        .ok_or_else(|| Error::invalid(op, "no input tensors"))?;
+    let dests: Vec<&Tensor> = outputs.iter().filter_map(|(_, d)| *d).collect();
+    for t in inputs.iter().chain(&dests) {
+        if t.device != device {
+            return Err(Error::device(
+                op,
+                format!("operands on {} and {}", device, t.device),
+            ));
+        }
+    }
+    let dtypes: Vec<DType> = inputs.iter().map(|t| t.dtype).collect();
+    let exprs: Vec<&Expr> = outputs.iter().map(|(e, _)| *e).collect();
+    let plan = plan(op, &dtypes, &exprs)?;
+    let describe = || {
+        inputs
+            .iter()
+            .map(|t| format!("{:?}", t.shape))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut shape: Vec<usize> = Vec::new();
+    for t in inputs.iter().chain(&dests) {
+        shape = broadcast_shapes(op, &shape, &t.shape)
+            .map_err(|_| Error::shape(op, format!("shapes {} do not broadcast", describe())))?;
+    }
+    let mut out_tensors = Vec::with_capacity(outputs.len());
+    for ((_, dest), &node) in outputs.iter().zip(&plan.key.outputs) {
+        let dtype = plan.key.nodes[node].1;
+        let t = match dest {
+            Some(d) => {
+                if d.shape != shape || d.dtype != dtype {
+                    return Err(Error::shape(
+                        op,
+                        format!(
+                            "destination is {} {:?} but the result is {dtype} {shape:?} (inputs {})",
+                            d.dtype,
+                            d.shape,
+                            describe()
+                        ),
+                    ));
+                }
+                if d.shape
+                    .iter()
+                    .zip(&d.strides)
+                    .any(|(&n, &s)| n > 1 && s == 0)
+                {
+                    return Err(Error::invalid(
+                        op,
+                        format!("destination {:?} overlaps itself (broadcast view)", d.shape),
+                    ));
+                }
+                (*d).clone()
+            }
+            None => Tensor::alloc(&shape, dtype, &device)?,
+        };
+        out_tensors.push(t);
+    }
+    let bstrides: Vec<Vec<usize>> = inputs
+        .iter()
+        .map(|t| broadcast_strides(op, &t.shape, &t.strides, &shape))
+        .collect::<Result<_>>()?;
+    // An input may alias a destination only element for element (in-place updates).
+    for (i, t) in inputs.iter().enumerate() {
+        for d in &dests {
+            if t.shares_storage(d) && (bstrides[i] != d.strides || t.offset != d.offset) {
+                return Err(Error::invalid(
+                    op,
+                    format!(
+                        "input {i} {:?} overlaps destination {:?} at other elements",
+                        t.shape, d.shape
+                    ),
+                ));
+            }
+        }
+    }
+    for (a, d) in dests.iter().enumerate() {
+        if dests[a + 1..].iter().any(|e| e.shares_storage(d)) {
+            return Err(Error::invalid(op, "two destinations share storage"));
+        }
+    }
+    let n = numel(&shape);
+    if n == 0 {
+        return Ok(out_tensors);
+    }
+    if device.is_host() {
+        let values: Vec<Vec<f64>> = inputs
+            .iter()
+            .zip(&bstrides)
+            .map(|(t, s)| t.host_view(&shape, s).map(|h| h.to_f64()))
+            .collect::<Option<_>>()
+            .ok_or_else(|| Error::device(op, "host tensor without host storage"))?;
+        for (t, v) in out_tensors.iter().zip(eval_host(&plan, &values, n)) {
+            write_host(t, &v)?;
+        }
+        return Ok(out_tensors);
+    }
+    let program = program(&device, &plan)?;
+    let dense = out_tensors.iter().all(|t| t.is_contiguous())
+        && inputs.iter().all(|t| t.shape == shape && t.is_contiguous());
+    let mut operands: Vec<(&[usize], usize)> = out_tensors
+        .iter()
+        .map(|t| (&t.strides[..], t.offset))
+        .collect();
+    operands.extend(bstrides.iter().zip(inputs).map(|(s, t)| (&s[..], t.offset)));
+    let dims = merged_dims(op, &shape, &operands)?;
+    let set_buffers = |k: &mut Kernel| -> Result<()> {
+        for t in out_tensors.iter().chain(inputs.iter().copied()) {
+            k.arg_mem(t.mem()?)?;
+        }
+        Ok(())
+    };
+    let set_scalars = |k: &mut Kernel| -> Result<()> {
+        for &(v, c) in &plan.scalars {
+            match c {
+                Class::F32 => k.arg(&(v as f32))?,
+                Class::F64 => k.arg(&v)?,
+                Class::I32 => k.arg(&(v as i64 as i32))?,
+                Class::U32 => k.arg(&(v as i64 as u32))?,
+            };
+        }
+        Ok(())
+    };
+    if dense {
+        launch_1d(&program, "fused_contig", n, |k| {
+            set_buffers(k)?;
+            for (_, off) in &operands {
+                k.arg(&(*off as u32))?;
+            }
+            set_scalars(k)
+        })?;
+    } else {
+        let k = operands.len();
+        let mut words = vec![0u32; 1 + crate::layout::MAX_DIMS * (1 + k) + k];
+        words[0] = dims.len() as u32;
+        for (d, (extent, strides)) in dims.iter().enumerate() {
+            words[1 + d] = *extent;
+            for (j, s) in strides.iter().enumerate() {
+                words[1 + crate::layout::MAX_DIMS * (1 + j) + d] = *s;
+            }
+        }
+        for (j, (_, off)) in operands.iter().enumerate() {
+            words[1 + crate::layout::MAX_DIMS * (1 + k) + j] = *off as u32;
+        }
+        launch_1d(&program, "fused_strided", n, |k| {
+            set_buffers(k)?;
+            k.arg_bytes(bytemuck::cast_slice(&words))?;
+            set_scalars(k)
+        })?;
+    }
+    Ok(out_tensors)
+}
+
+/// Evaluate the expressions `outputs` elementwise over `inputs` (NumPy broadcasting, any strides)
+/// in one kernel, returning one new contiguous tensor per expression. The kernel is generated
+/// from the expressions' structure and cached, so changing scalar values reuses it.
+pub fn fused(inputs: &[&Tensor], outputs: &[Expr]) -> Result<Vec<Tensor>> {
+    let outs: Vec<(&Expr, Option<&Tensor>)> = outputs.iter().map(|e| (e, None)).collect();
+    run("fused", inputs, &outs)
+}
+
+/// Like `fused`, writing each expression into its destination tensor (which has the broadcast
+/// shape and the expression's dtype). Inputs may be destinations (in-place updates such as
+/// optimizer steps) when they view the same elements.
+pub fn fused_into(inputs: &[&Tensor], outputs: &[(Expr, &Tensor)]) -> Result<()> {
+    let outs: Vec<(&Expr, Option<&Tensor>)> = outputs.iter().map(|(e, d)| (e, Some(*d))).collect();
+    run("fused_into", inputs, &outs).map(|_| ())
+}
+
+/// One expression over `inputs` into a new tensor; the building block of the named elementwise ops.
+pub(crate) fn map(op: &str, inputs: &[&Tensor], expr: Expr) -> Result<Tensor> {
+    let mut v = run(op, inputs, &[(&expr, None)])?;
+    Ok(v.remove(0))
+}

@@ -1,0 +1,57 @@
+//! Unary elementwise ops (neg, exp, relu, gelu, ..., clamp, leaky_relu, powf) and dtype casts, through the fused-kernel generator.
+use crate::expr::{Expr, UnaryOp};
+use crate::fused::map;
+use crate::tensor::Tensor;
+use netcl_core_devices::{DType, Result};
+
+macro_rules! unary_methods {
+    ($($fn:ident => $op:ident),* $(,)?) => {
+        impl Tensor {
+            $(
+                #[doc = concat!("`", stringify!($fn), "` of every element.")]
+                pub fn $fn(&self) -> Result<Tensor> {
+                    self.unary(UnaryOp::$op)
+                }
+            )*
+        }
+    };
+}
+
+unary_methods!(
+    neg => Neg, abs => Abs, sign => Sign, exp => Exp, log => Log, sqrt => Sqrt, rsqrt => Rsqrt,
+    sin => Sin, cos => Cos, tanh => Tanh, sigmoid => Sigmoid, relu => Relu, gelu => Gelu,
+    gelu_tanh => GeluTanh, silu => Silu, square => Square, reciprocal => Reciprocal,
+    floor => Floor, erf => Erf,
+);
+
+impl Tensor {
+    /// `op` of every element (into a new contiguous tensor of the same dtype).
+    pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
+        map(op.name(), &[self], Expr::input(0).unary(op))
+    }
+
+    /// `x` where positive, `slope * x` elsewhere.
+    pub fn leaky_relu(&self, slope: f64) -> Result<Tensor> {
+        map("leaky_relu", &[self], Expr::input(0).leaky_relu(slope))
+    }
+
+    /// Every element limited to `[lo, hi]` (NaN stays NaN).
+    pub fn clamp(&self, lo: f64, hi: f64) -> Result<Tensor> {
+        map("clamp", &[self], Expr::input(0).clamp(lo, hi))
+    }
+
+    /// Every element to the power `p`.
+    pub fn powf(&self, p: f64) -> Result<Tensor> {
+        map("powf", &[self], Expr::input(0).pow(p))
+    }
+
+    /// The elements converted to `dtype` (a copy; the same tensor when the dtype already matches).
+    /// Floats to f16/bf16 round to nearest even (f64 through f32); floats to integers truncate
+    /// toward zero and saturate (NaN gives 0); integers to integers wrap.
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype {
+            return Ok(self.clone());
+        }
+        map("cast", &[self], Expr::input(0).cast(dtype))
+    }
+}
