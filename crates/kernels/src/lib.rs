@@ -3,11 +3,13 @@ mod disk_cache;
 mod launch;
 mod program;
 pub mod sources;
+pub mod tuning;
 
 pub use disk_cache::default_dir as cache_dir;
 pub use launch::Kernel;
 pub use program::{build, program, Origin, Program};
 pub use sources::Source;
+pub use tuning::{gemm_tile, GemmTile};
 
 /// The work-group size netcl uses for one-dimensional kernels (few distinct local sizes keep PoCL fast).
 pub const GROUP_1D: usize = 256;

@@ -20,6 +20,7 @@ macro_rules! source {
 source!(COMMON, "common.cl");
 source!(COPY, "copy.cl");
 source!(RANDOM, "random.cl");
+source!(MATMUL, "matmul.cl");
 
 /// Every op-family source (not the common header).
-pub const ALL: [Source; 2] = [COPY, RANDOM];
+pub const ALL: [Source; 3] = [COPY, RANDOM, MATMUL];

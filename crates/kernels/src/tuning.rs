@@ -1,0 +1,174 @@
+//! Tuning data per device (GEMM tile sizes): the user's autotuned file first, then kernels/tuning.json, then defaults by device kind.
+use netcl_core_devices::{Device, DeviceKind, Error, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
+
+/// GEMM tiling: a work-group computes a `bm` x `bn` tile of C, stepping `bk` along K; each
+/// work-item computes `wm` x `wn` outputs (so work-groups are (bn/wn) x (bm/wm) items).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GemmTile {
+    pub bm: u32,
+    pub bn: u32,
+    pub bk: u32,
+    pub wm: u32,
+    pub wn: u32,
+}
+
+impl GemmTile {
+    /// Work-group size (along n, along m).
+    pub fn local(&self) -> [usize; 2] {
+        [(self.bn / self.wn) as usize, (self.bm / self.wm) as usize]
+    }
+
+    /// The `-D` options of kernels/matmul.cl.
+    pub fn options(&self) -> String {
+        format!(
+            "-DBM={} -DBN={} -DBK={} -DWM={} -DWN={}",
+            self.bm, self.bn, self.bk, self.wm, self.wn
+        )
+    }
+
+    /// Checks the tile divides evenly and fits `device` (work-group size and local memory for
+    /// elements of `acc_bytes`).
+    pub fn check(&self, device: &Device, acc_bytes: usize) -> Result<()> {
+        let info = device.info();
+        let ok = [self.bm, self.bn, self.bk, self.wm, self.wn]
+            .iter()
+            .all(|&x| x > 0)
+            && self.bm.is_multiple_of(self.wm)
+            && self.bn.is_multiple_of(self.wn);
+        let threads = self.local()[0] * self.local()[1];
+        let local = self.bk as usize * (self.bm + self.bn + 8) as usize * acc_bytes;
+        if !ok || threads > info.max_work_group_size || local as u64 > info.local_mem_bytes {
+            return Err(Error::invalid(
+                "gemm tile",
+                format!(
+                    "{self:?} does not fit {device} ({threads} work-items of at most {}, {local} B local memory of {})",
+                    info.max_work_group_size, info.local_mem_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct TuningEntry {
+    /// A substring of the device name (the autotuner writes the full name).
+    #[serde(rename = "match")]
+    pub pattern: String,
+    /// Driver version the values were measured with (informational).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
+    pub gemm: GemmTile,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct TuningTable {
+    pub schema: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    pub devices: Vec<TuningEntry>,
+}
+
+impl TuningTable {
+    pub fn parse(text: &str, origin: &str) -> Result<TuningTable> {
+        let t: TuningTable = serde_json::from_str(text)
+            .map_err(|e| Error::format(origin, format!("not a tuning table: {e}")))?;
+        if t.schema != 1 {
+            return Err(Error::format(
+                origin,
+                format!("tuning schema {} (expected 1)", t.schema),
+            ));
+        }
+        Ok(t)
+    }
+
+    fn find(&self, name: &str) -> Option<GemmTile> {
+        self.devices
+            .iter()
+            .find(|e| name.to_lowercase().contains(&e.pattern.to_lowercase()))
+            .map(|e| e.gemm)
+    }
+}
+
+/// The shipped table (kernels/tuning.json).
+pub fn builtin_table() -> TuningTable {
+    TuningTable::parse(
+        include_str!("../../../kernels/tuning.json"),
+        "kernels/tuning.json",
+    )
+    .expect("kernels/tuning.json is valid (checked by a test)")
+}
+
+/// Where the autotuner writes: `NETCL_TUNING`, else `tuning.json` in the kernel cache directory.
+pub fn user_table_path() -> Option<PathBuf> {
+    std::env::var_os("NETCL_TUNING")
+        .map(PathBuf::from)
+        .or_else(|| crate::cache_dir().map(|d| d.join("tuning.json")))
+}
+
+/// The GEMM tile for `device`: its entry in the user's table, else in the shipped table, else a
+/// default by device kind. Read once per device and process (`reset_tuning` forgets).
+pub fn gemm_tile(device: &Device) -> GemmTile {
+    let mut cache = CHOICES
+        .get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    *cache.entry(device.ordinal()).or_insert_with(|| {
+        let name = device.info().name.clone();
+        let user = user_table_path()
+            .and_then(|p| std::fs::read_to_string(&p).ok().map(|t| (p, t)))
+            .and_then(
+                |(p, t)| match TuningTable::parse(&t, &p.display().to_string()) {
+                    Ok(t) => t.find(&name),
+                    Err(e) => {
+                        log::warn!("ignoring {e}");
+                        None
+                    }
+                },
+            );
+        user.or_else(|| builtin_table().find(&name))
+            .filter(|t| t.check(device, 4).is_ok())
+            .unwrap_or(match device.info().kind {
+                DeviceKind::Gpu => GemmTile {
+                    bm: 64,
+                    bn: 64,
+                    bk: 16,
+                    wm: 4,
+                    wn: 4,
+                },
+                _ => GemmTile {
+                    bm: 32,
+                    bn: 32,
+                    bk: 16,
+                    wm: 4,
+                    wn: 4,
+                },
+            })
+    })
+}
+
+static CHOICES: OnceLock<Mutex<HashMap<usize, GemmTile>>> = OnceLock::new();
+
+/// Forget the tiles chosen so far (after the autotuner wrote a new table).
+pub fn reset_tuning() {
+    if let Some(c) = CHOICES.get() {
+        c.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_table_parses_and_bad_tables_are_errors() {
+        let t = builtin_table();
+        assert!(t.find("NVIDIA H200").is_some());
+        assert!(TuningTable::parse("{}", "x.json").is_err());
+        assert!(TuningTable::parse(r#"{"schema": 2, "devices": []}"#, "x.json").is_err());
+    }
+}

@@ -1,0 +1,263 @@
+//! matmul on every device against the host GEMM: random sizes, batch broadcasting, transposed and strided operands, epilogues, errors.
+use netcl_core_devices::test_devices;
+use netcl_ops::testing::{check_close, random_tensor, tolerance, Cases};
+use netcl_ops::{Activation, DType, Device, Error, GemmTile, MatmulOptions, Tensor};
+
+const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+const ACTS: [Activation; 5] = [
+    Activation::None,
+    Activation::Relu,
+    Activation::Gelu,
+    Activation::GeluTanh,
+    Activation::Silu,
+];
+
+/// A (rows, cols) operand, stored transposed (and so viewed through swapped strides) when `t`.
+fn operand(dtype: DType, batch: &[usize], rows: usize, cols: usize, t: bool, seed: u64) -> Tensor {
+    let mut shape = batch.to_vec();
+    if t {
+        shape.extend([cols, rows]);
+    } else {
+        shape.extend([rows, cols]);
+    }
+    let x = random_tensor(dtype, &shape, -1.0, 1.0, seed);
+    if t {
+        let nd = shape.len();
+        x.transpose(nd - 2, nd - 1).unwrap()
+    } else {
+        x
+    }
+}
+
+fn check(got: &Tensor, want: &Tensor, dtype: DType, k: usize, what: &str) {
+    assert_eq!(got.shape(), want.shape(), "{what}");
+    let tol = match dtype {
+        DType::F32 => 1e-5 * (k as f64).sqrt().max(1.0),
+        d => tolerance(d) * 2.0,
+    };
+    let (g, w) = (got.to_vec_f64().unwrap(), want.to_vec_f64().unwrap());
+    check_close(&g, &w, tol, 1.0, what).unwrap();
+}
+
+#[test]
+fn matmul_matches_the_host_over_shapes_strides_and_batches() {
+    let devices = test_devices().unwrap();
+    let mut c = Cases::new(0x6E44);
+    let mut cases = 0;
+    for case in 0..520 {
+        let dtype = FLOATS[case % 4];
+        let big = case % 50 == 0;
+        let dim = |c: &mut Cases| if big { 60 + c.below(90) } else { c.below(40) };
+        let (m, n, k) = (dim(&mut c), dim(&mut c), dim(&mut c));
+        let batch_a: Vec<usize> = (0..c.below(3)).map(|_| 1 + c.below(3)).collect();
+        // b's batch dims broadcast against a's: a suffix with some dims set to 1.
+        let mut batch_b: Vec<usize> = batch_a
+            .iter()
+            .map(|&d| if c.below(3) == 0 { 1 } else { d })
+            .collect();
+        batch_b.drain(..c.below(batch_b.len() + 1));
+        let (ta, tb) = (c.below(2) == 0, c.below(2) == 0);
+        let a = operand(dtype, &batch_a, m, k, ta, case as u64);
+        let b = operand(dtype, &batch_b, k, n, tb, case as u64 + 7);
+        let bias =
+            (c.below(2) == 0).then(|| random_tensor(dtype, &[n], -1.0, 1.0, case as u64 + 9));
+        let act = ACTS[c.below(5)];
+        fn opts(bias: Option<&Tensor>, activation: Activation) -> MatmulOptions<'_> {
+            MatmulOptions {
+                bias,
+                activation,
+                tile: None,
+            }
+        }
+        let want = a.matmul_with(&b, opts(bias.as_ref(), act)).unwrap();
+        for dev in devices
+            .iter()
+            .filter(|d| dtype != DType::F64 || d.info().fp64)
+        {
+            let (ad, bd) = (a.to_device(dev).unwrap(), b.to_device(dev).unwrap());
+            let biasd = bias.as_ref().map(|t| t.to_device(dev).unwrap());
+            let got = ad.matmul_with(&bd, opts(biasd.as_ref(), act)).unwrap();
+            let what = format!(
+                "case {case} {dtype} {:?} x {:?} (ta {ta}, tb {tb}) {act:?} on {dev}",
+                a.shape(),
+                b.shape()
+            );
+            check(&got, &want, dtype, k, &what);
+            cases += 1;
+        }
+    }
+    assert!(cases >= 500);
+}
+
+#[test]
+fn one_dim_operands_sliced_views_and_explicit_tiles() {
+    for dev in test_devices().unwrap() {
+        let h = Device::host();
+        let a = random_tensor(DType::F32, &[7, 12], -1.0, 1.0, 1);
+        let v = random_tensor(DType::F32, &[12], -1.0, 1.0, 2);
+        let w = random_tensor(DType::F32, &[12, 5], -1.0, 1.0, 3);
+        let (ad, vd, wd) = (
+            a.to_device(&dev).unwrap(),
+            v.to_device(&dev).unwrap(),
+            w.to_device(&dev).unwrap(),
+        );
+        check(
+            &ad.matmul(&vd).unwrap(),
+            &a.matmul(&v).unwrap(),
+            DType::F32,
+            12,
+            "matrix x vector",
+        );
+        assert_eq!(ad.matmul(&vd).unwrap().shape(), &[7]);
+        assert_eq!(vd.matmul(&wd).unwrap().shape(), &[5]);
+        assert_eq!(vd.matmul(&vd).unwrap().shape(), &[] as &[usize]);
+        check(
+            &vd.matmul(&vd).unwrap(),
+            &v.matmul(&v).unwrap(),
+            DType::F32,
+            12,
+            "dot",
+        );
+        // Every other row and column: neither stride is 1.
+        let big = random_tensor(DType::F32, &[14, 24], -1.0, 1.0, 4);
+        let s = |t: &Tensor| t.slice(0, 0, 14, 2).unwrap().slice(1, 0, 24, 2).unwrap();
+        let bd = big.to_device(&dev).unwrap();
+        check(
+            &s(&bd).matmul(&wd).unwrap(),
+            &s(&big).matmul(&w).unwrap(),
+            DType::F32,
+            12,
+            "strided",
+        );
+        // K = 0 gives the bias (through the activation); empty M gives an empty result.
+        let e = Tensor::zeros(&[3, 0], DType::F32, &dev).unwrap();
+        let f = Tensor::zeros(&[0, 4], DType::F32, &dev).unwrap();
+        let bias = Tensor::from_vec(vec![1.0f32, -1.0, 2.0, -3.0], &[4], &dev).unwrap();
+        let opts = MatmulOptions {
+            bias: Some(&bias),
+            activation: Activation::Relu,
+            tile: None,
+        };
+        assert_eq!(
+            e.matmul_with(&f, opts).unwrap().to_vec::<f32>().unwrap(),
+            [1., 0., 2., 0., 1., 0., 2., 0., 1., 0., 2., 0.]
+        );
+        assert_eq!(
+            Tensor::zeros(&[0, 5], DType::F32, &dev)
+                .unwrap()
+                .matmul(&w.to_device(&dev).unwrap().narrow(0, 0, 5).unwrap())
+                .unwrap()
+                .shape(),
+            &[0, 5]
+        );
+        if !dev.is_host() {
+            // Every tile the autotuner may try gives the same product.
+            let x = random_tensor(DType::F32, &[67, 45], -1.0, 1.0, 5);
+            let y = random_tensor(DType::F32, &[45, 39], -1.0, 1.0, 6);
+            let want = x.matmul(&y).unwrap();
+            for tile in [
+                GemmTile {
+                    bm: 16,
+                    bn: 16,
+                    bk: 8,
+                    wm: 2,
+                    wn: 2,
+                },
+                GemmTile {
+                    bm: 32,
+                    bn: 64,
+                    bk: 16,
+                    wm: 4,
+                    wn: 8,
+                },
+                GemmTile {
+                    bm: 64,
+                    bn: 32,
+                    bk: 8,
+                    wm: 8,
+                    wn: 4,
+                },
+            ] {
+                let opts = MatmulOptions {
+                    tile: Some(tile),
+                    ..Default::default()
+                };
+                let got = x
+                    .to_device(&dev)
+                    .unwrap()
+                    .matmul_with(&y.to_device(&dev).unwrap(), opts)
+                    .unwrap();
+                check(&got, &want, DType::F32, 45, &format!("{tile:?} on {dev}"));
+            }
+            let bad = GemmTile {
+                bm: 30,
+                bn: 32,
+                bk: 8,
+                wm: 4,
+                wn: 4,
+            };
+            let opts = MatmulOptions {
+                tile: Some(bad),
+                ..Default::default()
+            };
+            assert!(x
+                .to_device(&dev)
+                .unwrap()
+                .matmul_with(&y.to_device(&dev).unwrap(), opts)
+                .is_err());
+        }
+        let _ = h;
+    }
+}
+
+#[test]
+fn matmul_is_deterministic() {
+    for dev in test_devices().unwrap() {
+        let x = random_tensor(DType::F32, &[3, 70, 90], -1.0, 1.0, 8)
+            .to_device(&dev)
+            .unwrap();
+        let y = random_tensor(DType::F32, &[90, 50], -1.0, 1.0, 9)
+            .to_device(&dev)
+            .unwrap();
+        let first = x.matmul(&y).unwrap().to_host_data().unwrap();
+        for _ in 0..3 {
+            assert_eq!(
+                x.matmul(&y).unwrap().to_host_data().unwrap(),
+                first,
+                "{dev}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_matmul_input_is_an_error_naming_the_shapes() {
+    for dev in test_devices().unwrap() {
+        let a = Tensor::zeros(&[2, 3, 4], DType::F32, &dev).unwrap();
+        let b = Tensor::zeros(&[5, 6], DType::F32, &dev).unwrap();
+        let e = a.matmul(&b).unwrap_err();
+        assert!(
+            matches!(e, Error::Shape { .. })
+                && e.to_string().contains("[2, 3, 4]")
+                && e.to_string().contains("[5, 6]"),
+            "{e}"
+        );
+        let c = Tensor::zeros(&[3, 4, 2], DType::F32, &dev).unwrap();
+        let e = a.matmul(&c).unwrap_err();
+        assert!(e.to_string().contains("batch"), "{e}");
+        let i = Tensor::zeros(&[4, 2], DType::I32, &dev).unwrap();
+        assert!(matches!(a.matmul(&i), Err(Error::DType { .. })));
+        let h = Tensor::zeros(&[4, 2], DType::F16, &dev).unwrap();
+        assert!(matches!(a.matmul(&h), Err(Error::DType { .. })));
+        let ok = Tensor::zeros(&[4, 2], DType::F32, &dev).unwrap();
+        let bias = Tensor::zeros(&[3], DType::F32, &dev).unwrap();
+        let opts = MatmulOptions {
+            bias: Some(&bias),
+            ..Default::default()
+        };
+        let e = a.matmul_with(&ok, opts).unwrap_err();
+        assert!(e.to_string().contains("bias"), "{e}");
+        let s = Tensor::full(&[], 1.0, DType::F32, &dev).unwrap();
+        assert!(s.matmul(&ok).is_err());
+    }
+}
