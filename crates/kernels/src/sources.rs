@@ -21,6 +21,9 @@ source!(COMMON, "common.cl");
 source!(ELEMENTWISE, "elementwise.cl");
 source!(COPY, "copy.cl");
 source!(RANDOM, "random.cl");
+source!(INDEX, "index.cl");
+source!(SHAPE, "shape.cl");
+source!(ROPE, "rope.cl");
 
 /// Every op-family source (not the common header).
-pub const ALL: [Source; 3] = [ELEMENTWISE, COPY, RANDOM];
+pub const ALL: [Source; 6] = [ELEMENTWISE, COPY, RANDOM, INDEX, SHAPE, ROPE];

@@ -9,9 +9,13 @@ mod random;
 mod tensor;
 pub mod testing;
 mod views;
-
 pub use binary::BinaryOp;
 pub use element::{Element, HostData};
 pub use netcl_core_devices::{DType, Device, Error, Result};
 pub use random::Generator;
 pub use tensor::{Storage, Tensor};
+mod dropout;
+mod index;
+mod rope;
+mod shape_ops;
+pub use index::INDEX_CHECK_LIMIT;
