@@ -50,6 +50,18 @@ __kernel void bernoulli(__global T* out,  /* (n) */
         STORE(out, 4 * j + k, ((ulong)words[k] < threshold) ? (ACC)1 : (ACC)0);
 }
 
+// The same mask as 32-bit integers 1/0 (i32 and u32 masks; built in a float program since
+// the kernels above need float math).
+__kernel void bernoulli_int(__global uint* out,  /* (n) */
+                            uint key0, uint key1, ulong base_lo, ulong base_hi,
+                            ulong threshold, uint n) {
+    uint j = get_global_id(0);
+    if (4 * j >= n) return;
+    uint4 w = block_words((uint2)(key0, key1), base_lo, base_hi, j);
+    uint words[4] = {w.x, w.y, w.z, w.w};
+    for (uint k = 0; k < 4 && 4 * j + k < n; ++k) out[4 * j + k] = ((ulong)words[k] < threshold) ? 1u : 0u;
+}
+
 // Dropout of a strided x: mask as bernoulli(1 - p) over x's row-major order, y = mask ? x * scale : 0.
 __kernel void dropout(__global T* y,        /* layout operand 0: (n), contiguous */
                       __global T* mask,     /* (n), contiguous */

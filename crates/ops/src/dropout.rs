@@ -78,8 +78,13 @@ impl Tensor {
             return Ok(Tensor::from_host_data(data, shape));
         }
         let out = Tensor::alloc(shape, dtype, device)?;
-        let program = program_for(device, &RANDOM, dtype)?;
-        let mut k = Kernel::new(&program, op)?;
+        // random.cl only builds for float dtypes; integer masks come from its f32 program.
+        let (program, name) = if dtype.is_float() {
+            (program_for(device, &RANDOM, dtype)?, op)
+        } else {
+            (program_for(device, &RANDOM, DType::F32)?, "bernoulli_int")
+        };
+        let mut k = Kernel::new(&program, name)?;
         k.arg_mem(out.mem()?)?;
         stream_args(&mut k, key, base, thr)?;
         k.arg(&count)?;
