@@ -66,7 +66,7 @@ impl Tensor {
     }
 
     fn rope_impl(&self, op: &str, pos_offset: usize, theta: f64, sign: f64) -> Result<Tensor> {
-        if self.ndim() != 4 || self.shape[3] % 2 != 0 {
+        if self.ndim() != 4 || !self.shape[3].is_multiple_of(2) {
             return Err(Error::shape(
                 op,
                 format!(

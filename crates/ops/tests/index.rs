@@ -183,7 +183,7 @@ fn indexing_ops_match_naive_references_on_every_device() {
                 }
             }
             // index_select / index_select_backward / index_add
-            2 | 3 | 4 => {
+            2..=4 => {
                 let x = Input::new(sample(dtype, &c.shape(4, 5), case as u64), &mut c);
                 let xh = x.host();
                 let shape = xh.shape().to_vec();

@@ -39,7 +39,7 @@ fn rope_matches_a_naive_reference_on_every_device() {
         let use_view = c.below(2) == 0;
         let pick = |t: Tensor| {
             let v = random_view(&t, &mut Cases(seed));
-            if use_view && v.ndim() == 4 && v.shape()[3] % 2 == 0 {
+            if use_view && v.ndim() == 4 && v.shape()[3].is_multiple_of(2) {
                 v
             } else {
                 t
