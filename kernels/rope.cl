@@ -1,5 +1,7 @@
 // rope.cl: rotary position embeddings in the Llama layout x: (B, T, H, Dh), pairs (2i, 2i+1) interleaved as in llama2.c.
 
+#if !defined(DT_I32) && !defined(DT_U32)  // float dtypes only (rope.rs rejects the others)
+
 // One work-item per pair: a = (pos0 + t) / theta^(2i / Dh) (computed in ACC, as llama2.c does in float),
 // y[2i] = x[2i] cos a - x[2i+1] sin a, y[2i+1] = x[2i] sin a + x[2i+1] cos a.
 // sign = -1 rotates by -a: the inverse rotation, which is rope's backward (its transpose).
@@ -20,3 +22,5 @@ __kernel void rope(__global T* out,        /* layout operand 0: (B, T, H, Dh/2) 
     STORE(out, o.x, x0 * c - x1 * s);
     STORE(out, o.x + 1, x0 * s + x1 * c);
 }
+
+#endif

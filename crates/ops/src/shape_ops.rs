@@ -225,7 +225,8 @@ impl Tensor {
     }
 
     /// This tensor surrounded by `value`: `pads[0] = (before, after)` pads the last dim,
-    /// `pads[1]` the one before it, and so on (the order of `torch.nn.functional.pad`). One kernel.
+    /// `pads[1]` the one before it, and so on (the order of `torch.nn.functional.pad`); pads are
+    /// non-negative (no cropping). One kernel.
     pub fn pad(&self, pads: &[(usize, usize)], value: f64) -> Result<Tensor> {
         let op = "pad";
         let nd = self.ndim();
