@@ -9,6 +9,7 @@ mod random;
 mod tensor;
 pub mod testing;
 mod views;
+
 pub use binary::BinaryOp;
 pub use element::{Element, HostData};
 pub use netcl_core_devices::{DType, Device, Error, Result};
