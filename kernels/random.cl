@@ -36,3 +36,47 @@ __kernel void normal(__global T* out,  /* (n) */
     ACC z[4] = {r0 * cos(t0), r0 * sin(t0), r1 * cos(t1), r1 * sin(t1)};
     for (uint k = 0; k < 4 && 4 * j + k < n; ++k) STORE(out, 4 * j + k, mean + std * z[k]);
 }
+
+// Bernoulli draws (dropout.rs): element i is 1 when word i of the stream is below `threshold`
+// (= round(p * 2^32), a 64-bit value so that p = 1 keeps everything); integer compares are exact everywhere.
+__kernel void bernoulli(__global T* out,  /* (n) */
+                        uint key0, uint key1, ulong base_lo, ulong base_hi,
+                        ulong threshold, uint n) {
+    uint j = get_global_id(0);
+    if (4 * j >= n) return;
+    uint4 w = block_words((uint2)(key0, key1), base_lo, base_hi, j);
+    uint words[4] = {w.x, w.y, w.z, w.w};
+    for (uint k = 0; k < 4 && 4 * j + k < n; ++k)
+        STORE(out, 4 * j + k, ((ulong)words[k] < threshold) ? (ACC)1 : (ACC)0);
+}
+
+// The same mask as 32-bit integers 1/0 (i32 and u32 masks; built in a float program since
+// the kernels above need float math).
+__kernel void bernoulli_int(__global uint* out,  /* (n) */
+                            uint key0, uint key1, ulong base_lo, ulong base_hi,
+                            ulong threshold, uint n) {
+    uint j = get_global_id(0);
+    if (4 * j >= n) return;
+    uint4 w = block_words((uint2)(key0, key1), base_lo, base_hi, j);
+    uint words[4] = {w.x, w.y, w.z, w.w};
+    for (uint k = 0; k < 4 && 4 * j + k < n; ++k) out[4 * j + k] = ((ulong)words[k] < threshold) ? 1u : 0u;
+}
+
+// Dropout of a strided x: mask as bernoulli(1 - p) over x's row-major order, y = mask ? x * scale : 0.
+__kernel void dropout(__global T* y,        /* layout operand 0: (n), contiguous */
+                      __global T* mask,     /* (n), contiguous */
+                      __global const T* x,  /* layout operand 1 */
+                      uint key0, uint key1, ulong base_lo, ulong base_hi,
+                      ulong threshold, ACC scale, Layout l, uint n) {
+    uint j = get_global_id(0);
+    if (4 * j >= n) return;
+    uint4 w = block_words((uint2)(key0, key1), base_lo, base_hi, j);
+    uint words[4] = {w.x, w.y, w.z, w.w};
+    for (uint k = 0; k < 4 && 4 * j + k < n; ++k) {
+        uint i = 4 * j + k;
+        uint3 o = layout_offsets(&l, i);
+        int keep = (ulong)words[k] < threshold;
+        STORE(mask, i, keep ? (ACC)1 : (ACC)0);
+        STORE(y, o.x, keep ? (ACC)(LOAD(x, o.y) * scale) : (ACC)0);
+    }
+}

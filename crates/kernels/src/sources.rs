@@ -21,6 +21,9 @@ source!(COMMON, "common.cl");
 source!(COPY, "copy.cl");
 source!(RANDOM, "random.cl");
 source!(MATMUL, "matmul.cl");
+source!(INDEX, "index.cl");
+source!(SHAPE, "shape.cl");
+source!(ROPE, "rope.cl");
 
 /// Every op-family source (not the common header).
-pub const ALL: [Source; 3] = [COPY, RANDOM, MATMUL];
+pub const ALL: [Source; 6] = [COPY, RANDOM, MATMUL, INDEX, SHAPE, ROPE];

@@ -179,3 +179,20 @@ impl Tensor {
         Tensor::normal(shape, 0.0, 1.0, dtype, device, gen)
     }
 }
+
+impl Generator {
+    /// The Philox key (for kernels drawing from this stream).
+    pub(crate) fn key_words(&self) -> [u32; 2] {
+        self.key
+    }
+
+    /// Reserve the counter blocks of a draw of `n` values; returns the first block.
+    pub(crate) fn take_blocks(&mut self, n: usize) -> u128 {
+        self.take(n)
+    }
+}
+
+/// The `n` Philox words of a draw starting at counter block `base` under `key` (host side).
+pub(crate) fn philox_words(key: [u32; 2], base: u128, n: usize) -> Vec<u32> {
+    words(key, base, n)
+}

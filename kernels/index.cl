@@ -1,0 +1,71 @@
+// index.cl: indexing by I32 index tensors: gathers (embedding, index_select, gather) and deterministic scatter-adds.
+
+// out[o.x] = src[o.y + idx[o.z] * stride] when the index is in [0, bound), else 0: an index out
+// of range never reads outside the source. Serves embedding, index_select and gather, which
+// differ only in the layout the host builds.
+__kernel void gather_rows(__global T* out,          /* layout operand 0: (n), contiguous */
+                          __global const T* src,    /* layout operand 1: source with the indexed dim's stride 0 */
+                          __global const int* idx,  /* layout operand 2: the index of each output element */
+                          uint stride,              /* source stride of the indexed dim */
+                          uint bound,               /* source size of the indexed dim */
+                          Layout l, uint n) {
+    uint i = get_global_id(0);
+    if (i >= n) return;
+    uint3 o = layout_offsets(&l, i);
+    int r = idx[o.z];
+    if (r >= 0 && (uint)r < bound) {
+        STORE(out, o.x, LOAD(src, o.y + (uint)r * stride));
+    } else {
+        STORE(out, o.x, (ACC)0);
+    }
+}
+
+// Walk of a scatter-add: the output (= x) shape, and the index/src extent scanned per output element.
+typedef struct {
+    uint ndim;
+    uint dim;                   // the indexed dim
+    uint zero_init;             // 1: start from 0 instead of reading x
+    uint shape[MAX_DIMS];       // output shape (contiguous output)
+    uint x_stride[MAX_DIMS];
+    uint idx_shape[MAX_DIMS];   // extent of idx (and of src) that is scattered
+    uint idx_stride[MAX_DIMS];
+    uint src_stride[MAX_DIMS];
+    uint x_offset;
+    uint idx_offset;
+    uint src_offset;
+} ScatterLayout;
+
+// out[c] = x[c] + sum over j ascending of src[c with dim = j] where idx[c with dim = j] == c[dim].
+// One work-item per output element scanning idx along the dim: no atomics, so the sum order (and
+// the result) is the same on every run and device. Indices out of range match no element.
+__kernel void scatter_add(__global T* out,          /* (n): contiguous, shape l.shape */
+                          __global const T* x,      /* l.shape with l.x_stride (unread when zero_init) */
+                          __global const int* idx,  /* l.idx_shape with l.idx_stride */
+                          __global const T* src,    /* l.idx_shape with l.src_stride */
+                          ScatterLayout l, uint n) {
+    uint i = get_global_id(0);
+    if (i >= n) return;
+    uint rem = i, xo = l.x_offset, io = l.idx_offset, so = l.src_offset, target = 0;
+    int inside = 1;
+    for (int d = (int)l.ndim - 1; d >= 0; --d) {
+        uint c = rem % l.shape[d];
+        rem /= l.shape[d];
+        xo += c * l.x_stride[d];
+        if ((uint)d == l.dim) {
+            target = c;
+        } else if (c < l.idx_shape[d]) {
+            io += c * l.idx_stride[d];
+            so += c * l.src_stride[d];
+        } else {
+            inside = 0;
+        }
+    }
+    ACC acc = l.zero_init ? (ACC)0 : LOAD(x, xo);
+    if (inside) {
+        uint m = l.idx_shape[l.dim], is = l.idx_stride[l.dim], ss = l.src_stride[l.dim];
+        for (uint j = 0; j < m; ++j) {
+            if (idx[io + j * is] == (int)target) acc += LOAD(src, so + j * ss);
+        }
+    }
+    STORE(out, i, acc);
+}
