@@ -1,0 +1,70 @@
+# torch_bench.py: the netcl-bench workloads in PyTorch on the same GPU; with --netcl FILE prints the side-by-side table (ratio = PyTorch time / netcl time, >1 means netcl is faster).
+import argparse, json, torch
+
+def timed(fn, warmup=3, iters=10, reps=5):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end) / iters)
+    return sorted(samples)[len(samples) // 2]
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--suite", default="all")
+    p.add_argument("--json")
+    p.add_argument("--netcl", help="netcl-bench --json output to compare against")
+    a = p.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dev = torch.device("cuda")
+    want = lambda s: a.suite == "all" or s in a.suite.split(",")
+    records = []
+    def rec(suite, name, ms, bytes_=0, flops=0):
+        records.append(dict(suite=suite, name=name, ms=ms,
+                            gbps=bytes_ / ms / 1e6 if bytes_ else None,
+                            tflops=flops / ms / 1e9 if flops else None))
+    if want("gemm"):
+        for n in (1024, 2048, 4096):
+            x, y = torch.randn(n, n, device=dev), torch.randn(n, n, device=dev)
+            rec("gemm", f"sgemm_{n}", timed(lambda: x @ y), flops=2 * n**3)
+    if want("elementwise"):
+        n = 1 << 26
+        x, y = torch.randn(n, device=dev), torch.randn(n, device=dev)
+        rec("elementwise", "add_2^26", timed(lambda: x + y), bytes_=12 * n)
+        rec("elementwise", "copy_2^26", timed(lambda: x.clone()), bytes_=8 * n)
+    if want("softmax"):
+        rows, cols = 1 << 14, 4096
+        x = torch.randn(rows, cols, device=dev)
+        rec("softmax", "softmax_16384x4096", timed(lambda: torch.softmax(x, -1)), bytes_=8 * rows * cols)
+    if want("norm"):
+        rows, cols = 1 << 14, 4096
+        x = torch.randn(rows, cols, device=dev)
+        w, b = torch.ones(cols, device=dev), torch.zeros(cols, device=dev)
+        rec("norm", "layer_norm_16384x4096",
+            timed(lambda: torch.nn.functional.layer_norm(x, (cols,), w, b, 1e-5)), bytes_=8 * rows * cols)
+    out = dict(framework="pytorch " + torch.__version__, device=torch.cuda.get_device_name(), records=records)
+    if a.json:
+        json.dump(out, open(a.json, "w"), indent=2)
+    if a.netcl:
+        ours = {r["name"]: r for r in json.load(open(a.netcl))["records"]}
+        print(f"{'workload':<26}{'netcl ms':>11}{'torch ms':>11}{'ratio':>8}  netcl / torch rate")
+        for r in records:
+            o = ours.get(r["name"])
+            if not o:
+                continue
+            rate = lambda x: (f"{x['tflops']:.1f} TF/s" if x.get("tflops") else f"{x['gbps']:.0f} GB/s")
+            print(f"{r['name']:<26}{o['ms']:>11.4f}{r['ms']:>11.4f}{r['ms'] / o['ms']:>8.2f}  {rate(o)} / {rate(r)}")
+    else:
+        for r in records:
+            print(r)
+
+if __name__ == "__main__":
+    main()

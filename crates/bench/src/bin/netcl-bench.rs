@@ -1,0 +1,103 @@
+//! netcl-bench: runs the benchmark workloads on one device and prints/writes their times (benches/reference/torch_bench.py runs the same with PyTorch).
+use netcl_bench::{device_from_args, flag_value, time_per_call};
+use netcl_core_devices::{DType, Device, Result};
+use netcl_ops::{fused, Expr, Generator, Tensor};
+use serde::Serialize;
+
+/// One measured workload; `bytes` and `flops` are what the op must move and compute.
+#[derive(Serialize)]
+struct Record {
+    suite: &'static str,
+    name: String,
+    ms: f64,
+    gbps: Option<f64>,
+    tflops: Option<f64>,
+    kernels: usize,
+}
+
+struct Runner {
+    dev: Device,
+    gen: Generator,
+    records: Vec<Record>,
+}
+
+impl Runner {
+    fn randn(&mut self, shape: &[usize]) -> Result<Tensor> {
+        Tensor::randn(shape, DType::F32, &self.dev, &mut self.gen)
+    }
+
+    fn measure(
+        &mut self,
+        suite: &'static str,
+        name: String,
+        (bytes, flops, kernels): (f64, f64, usize),
+        f: impl FnMut() -> Result<()>,
+    ) -> Result<()> {
+        let secs = time_per_call(&self.dev, 3, 10, 5, f)?;
+        let r = Record {
+            suite,
+            name,
+            ms: secs * 1e3,
+            gbps: (bytes > 0.0).then(|| bytes / secs / 1e9),
+            tflops: (flops > 0.0).then(|| flops / secs / 1e12),
+            kernels,
+        };
+        println!(
+            "{:<12} {:<28} {:>10.4} ms {:>10} {:>10}",
+            r.suite,
+            r.name,
+            r.ms,
+            r.gbps.map_or(String::new(), |g| format!("{g:.0} GB/s")),
+            r.tflops.map_or(String::new(), |t| format!("{t:.2} TF/s")),
+        );
+        self.records.push(r);
+        Ok(())
+    }
+
+    fn gemm(&mut self) -> Result<()> {
+        for n in [1024usize, 2048, 4096] {
+            let (a, b) = (self.randn(&[n, n])?, self.randn(&[n, n])?);
+            let flops = 2.0 * (n as f64).powi(3);
+            self.measure("gemm", format!("sgemm_{n}"), (0.0, flops, 1), || a.matmul(&b).map(|_| ()))?;
+        }
+        Ok(())
+    }
+
+    fn elementwise(&mut self) -> Result<()> {
+        let n = 1usize << 26;
+        let (x, y) = (self.randn(&[n])?, self.randn(&[n])?);
+        let bytes = 12.0 * n as f64;
+        self.measure("elementwise", "add_2^26".into(), (bytes, 0.0, 1), || x.add(&y).map(|_| ()))?;
+        let copy = [Expr::input(0)];
+        self.measure("elementwise", "copy_2^26".into(), (8.0 * n as f64, 0.0, 1), || {
+            fused(&[&x], &copy).map(|_| ())
+        })?;
+        Ok(())
+    }
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let dev = device_from_args(&args)?;
+    let suite = flag_value(&args, "--suite").unwrap_or("all").to_string();
+    println!("netcl-bench on {dev} ({} {})", dev.info().platform, dev.info().driver_version);
+    let mut r = Runner { dev, gen: Generator::new(7), records: Vec::new() };
+    let want = |s: &str| suite == "all" || suite.split(',').any(|x| x == s);
+    if want("gemm") {
+        r.gemm()?;
+    }
+    if want("elementwise") {
+        r.elementwise()?;
+    }
+    if let Some(path) = flag_value(&args, "--json") {
+        let json = serde_json::json!({
+            "framework": "netcl",
+            "device": r.dev.info().name,
+            "driver": r.dev.info().driver_version,
+            "records": r.records,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&json).expect("records serialise"))
+            .map_err(|e| netcl_core_devices::Error::io(path, e))?;
+    }
+    Ok(())
+}
