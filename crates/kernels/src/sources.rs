@@ -21,6 +21,9 @@ source!(COMMON, "common.cl");
 source!(ELEMENTWISE, "elementwise.cl");
 source!(COPY, "copy.cl");
 source!(RANDOM, "random.cl");
+source!(REDUCE, "reduce.cl");
+source!(SOFTMAX, "softmax.cl");
+source!(NORM, "norm.cl");
 
 /// Every op-family source (not the common header).
-pub const ALL: [Source; 3] = [ELEMENTWISE, COPY, RANDOM];
+pub const ALL: [Source; 6] = [ELEMENTWISE, COPY, RANDOM, REDUCE, SOFTMAX, NORM];

@@ -15,3 +15,5 @@ pub use element::{Element, HostData};
 pub use netcl_core_devices::{DType, Device, Error, Result};
 pub use random::Generator;
 pub use tensor::{Storage, Tensor};
+mod reduce;
+pub use reduce::ReduceOp;
