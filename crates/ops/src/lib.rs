@@ -17,3 +17,5 @@ pub use random::Generator;
 pub use tensor::{Storage, Tensor};
 mod reduce;
 pub use reduce::ReduceOp;
+mod softmax;
+pub use softmax::{acc_dtype, CrossEntropy};
