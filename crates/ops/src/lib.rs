@@ -19,3 +19,5 @@ mod reduce;
 pub use reduce::ReduceOp;
 mod softmax;
 pub use softmax::{acc_dtype, CrossEntropy};
+mod norm;
+pub use norm::{BatchNorm, NormGrads};
