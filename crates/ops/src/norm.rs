@@ -72,7 +72,13 @@ fn host_vals(t: Option<&Tensor>) -> Result<Option<Vec<f64>>> {
 }
 
 /// Checks an optional affine parameter: same device and dtype as `x`, shape `shape`.
-fn check_param(op: &str, x: &Tensor, p: Option<&Tensor>, what: &str, shape: &[usize]) -> Result<()> {
+fn check_param(
+    op: &str,
+    x: &Tensor,
+    p: Option<&Tensor>,
+    what: &str,
+    shape: &[usize],
+) -> Result<()> {
     if let Some(p) = p {
         check_device(op, x, p, what)?;
         check_dtype(op, p, what, x.dtype)?;
@@ -123,7 +129,10 @@ fn norm_rows(op: &str, x: &Tensor, normalized_shape: &[usize]) -> Result<(Vec<us
 
 fn check_eps(op: &str, eps: f64) -> Result<()> {
     if !(eps.is_finite() && eps >= 0.0) {
-        return Err(Error::invalid(op, format!("eps {eps} must be finite and >= 0")));
+        return Err(Error::invalid(
+            op,
+            format!("eps {eps} must be finite and >= 0"),
+        ));
     }
     Ok(())
 }
@@ -183,7 +192,10 @@ impl Tensor {
                 (mean[o], rstd[o]) = (mu, rs);
             }
             return Ok((
-                Tensor::from_host_data(HostData::from_fn(self.dtype, y.len(), |i| y[i]), &self.shape),
+                Tensor::from_host_data(
+                    HostData::from_fn(self.dtype, y.len(), |i| y[i]),
+                    &self.shape,
+                ),
                 Tensor::from_host_data(HostData::from_fn(acc, rows, |i| mean[i]), &lead),
                 Tensor::from_host_data(HostData::from_fn(acc, rows, |i| rstd[i]), &lead),
             ));
@@ -233,15 +245,16 @@ impl Tensor {
         self.norm_forward("layer_norm", false, normalized_shape, weight, bias, eps)
     }
 
-    /// RMS normalisation over the trailing `normalized_shape` dims: `y = x / sqrt(mean(x^2) + eps)
-    /// * weight`. Returns (y, rstd) as [`Tensor::layer_norm`]. One kernel.
+    /// RMS normalisation over the trailing `normalized_shape` dims:
+    /// `y = x / sqrt(mean(x^2) + eps) * weight`. Returns (y, rstd) as [`Tensor::layer_norm`]. One kernel.
     pub fn rms_norm(
         &self,
         normalized_shape: &[usize],
         weight: Option<&Tensor>,
         eps: f64,
     ) -> Result<(Tensor, Tensor)> {
-        let (y, _, rstd) = self.norm_forward("rms_norm", true, normalized_shape, weight, None, eps)?;
+        let (y, _, rstd) =
+            self.norm_forward("rms_norm", true, normalized_shape, weight, None, eps)?;
         Ok((y, rstd))
     }
 
@@ -286,7 +299,11 @@ impl Tensor {
                 let gw: Vec<f64> = (0..n)
                     .map(|j| g[o * n + j] * w.as_ref().map_or(1.0, |w| w[j]))
                     .collect();
-                let mg = if rms { 0.0 } else { gw.iter().sum::<f64>() / n as f64 };
+                let mg = if rms {
+                    0.0
+                } else {
+                    gw.iter().sum::<f64>() / n as f64
+                };
                 let mgx = gw.iter().zip(&xh).map(|(a, b)| a * b).sum::<f64>() / n as f64;
                 for j in 0..n {
                     dx[o * n + j] = rs[o] * (gw[j] - mg - xh[j] * mgx);
@@ -363,11 +380,7 @@ impl Tensor {
             dweight = weight.map(|_| dw);
             dbias = want_bias.then_some(db);
         }
-        Ok(NormGrads {
-            dx,
-            dweight,
-            dbias,
-        })
+        Ok(NormGrads { dx, dweight, dbias })
     }
 
     /// Gradients of [`Tensor::layer_norm`] for input `self` given `dy` and the forward's `mean` and
@@ -382,7 +395,15 @@ impl Tensor {
         weight: Option<&Tensor>,
         bias: bool,
     ) -> Result<NormGrads> {
-        self.norm_backward("layer_norm_backward", dy, Some(mean), rstd, normalized_shape, weight, bias)
+        self.norm_backward(
+            "layer_norm_backward",
+            dy,
+            Some(mean),
+            rstd,
+            normalized_shape,
+            weight,
+            bias,
+        )
     }
 
     /// Gradients of [`Tensor::rms_norm`] (dx, and dweight when `weight` is given); kernels as
@@ -394,7 +415,15 @@ impl Tensor {
         normalized_shape: &[usize],
         weight: Option<&Tensor>,
     ) -> Result<NormGrads> {
-        self.norm_backward("rms_norm_backward", dy, None, rstd, normalized_shape, weight, false)
+        self.norm_backward(
+            "rms_norm_backward",
+            dy,
+            None,
+            rstd,
+            normalized_shape,
+            weight,
+            false,
+        )
     }
 
     fn bn_check(
@@ -423,8 +452,8 @@ impl Tensor {
     }
 
     /// Batch normalisation in training mode for NC or NCHW (any trailing spatial dims, any
-    /// strides): per-channel batch statistics over N and the spatial dims, `y = (x - mean) * invstd
-    /// * weight + bias` with the biased variance. When running stats are given ([C], in
+    /// strides): per-channel batch statistics over N and the spatial dims,
+    /// `y = (x - mean) * invstd * weight + bias` with the biased variance. When running stats are given ([C], in
     /// [`acc_dtype`], updated in place): `running = (1 - momentum) * running + momentum * stat`,
     /// with the unbiased variance. One kernel (one work-group per channel). Errors when a channel
     /// has fewer than 2 values.
@@ -506,14 +535,28 @@ impl Tensor {
             if !(t.is_contiguous() && t.offset == 0) {
                 return Err(Error::invalid(
                     op,
-                    format!("{what} {:?} must be a dense tensor (it is updated in place)", t.shape),
+                    format!(
+                        "{what} {:?} must be a dense tensor (it is updated in place)",
+                        t.shape
+                    ),
                 ));
             }
         }
         let ys = contiguous_strides(&self.shape);
-        let red_y: Vec<usize> = (0..self.ndim()).filter(|&d| d != 1).map(|d| ys[d]).collect();
-        let lk = KernelLayout::new(op, &[c], &[(&[self.strides[1]], self.offset), (&[ys[1]], 0)])?;
-        let lr = KernelLayout::new(op, &split.red_shape, &[(&split.red_strides, 0), (&red_y, 0)])?;
+        let red_y: Vec<usize> = (0..self.ndim())
+            .filter(|&d| d != 1)
+            .map(|d| ys[d])
+            .collect();
+        let lk = KernelLayout::new(
+            op,
+            &[c],
+            &[(&[self.strides[1]], self.offset), (&[ys[1]], 0)],
+        )?;
+        let lr = KernelLayout::new(
+            op,
+            &split.red_shape,
+            &[(&split.red_strides, 0), (&red_y, 0)],
+        )?;
         let cnt32 = u32_arg(op, "values per channel", cnt)?;
         let y = Tensor::alloc(&self.shape, self.dtype, &self.device)?;
         let save_mean = Tensor::alloc(&[c], acc, &self.device)?;
@@ -589,7 +632,10 @@ impl Tensor {
         }
         let ys = contiguous_strides(&self.shape);
         let l = KernelLayout::new(op, &self.shape, &[(&ys, 0), (&self.strides, self.offset)])?;
-        let (c32, inner32) = (u32_arg(op, "channels", c)?, u32_arg(op, "inner", inner.max(1))?);
+        let (c32, inner32) = (
+            u32_arg(op, "channels", c)?,
+            u32_arg(op, "inner", inner.max(1))?,
+        );
         let y = Tensor::alloc(&self.shape, self.dtype, &self.device)?;
         if y.numel() == 0 {
             return Ok(y);

@@ -23,7 +23,9 @@ pub enum ReduceOp {
     ArgMin,
     /// Variance `sum((x - mean)^2) / max(n - correction, 0)` (correction 1 = unbiased); NaN when
     /// the denominator is 0.
-    Var { correction: f64 },
+    Var {
+        correction: f64,
+    },
     /// `log(sum(exp(x)))` computed around the maximum; empty gives -inf.
     LogSumExp,
 }
@@ -129,7 +131,12 @@ impl AxisSplit {
     }
     /// For host tensors: the elements as `nout` rows of `nred` values in f64.
     pub fn host_rows(&self, t: &Tensor) -> Option<Vec<f64>> {
-        let shape: Vec<usize> = self.kept_shape.iter().chain(&self.red_shape).copied().collect();
+        let shape: Vec<usize> = self
+            .kept_shape
+            .iter()
+            .chain(&self.red_shape)
+            .copied()
+            .collect();
         let strides: Vec<usize> = self
             .kept_strides
             .iter()
@@ -173,20 +180,28 @@ fn host_reduce(op: ReduceOp, row: &[f64]) -> f64 {
     match op {
         ReduceOp::Sum => row.iter().sum(),
         ReduceOp::Mean => row.iter().sum::<f64>() / n as f64,
-        ReduceOp::Max => row.iter().fold(f64::NEG_INFINITY, |m, &x| {
-            if x.is_nan() || x > m {
-                x
-            } else {
-                m
-            }
-        }),
-        ReduceOp::Min => row.iter().fold(f64::INFINITY, |m, &x| {
-            if x.is_nan() || x < m {
-                x
-            } else {
-                m
-            }
-        }),
+        ReduceOp::Max => {
+            row.iter().fold(
+                f64::NEG_INFINITY,
+                |m, &x| {
+                    if x.is_nan() || x > m {
+                        x
+                    } else {
+                        m
+                    }
+                },
+            )
+        }
+        ReduceOp::Min => row.iter().fold(
+            f64::INFINITY,
+            |m, &x| {
+                if x.is_nan() || x < m {
+                    x
+                } else {
+                    m
+                }
+            },
+        ),
         ReduceOp::ArgMax => arg(|x, b| x > b),
         ReduceOp::ArgMin => arg(|x, b| x < b),
         ReduceOp::Var { correction } => {
@@ -230,7 +245,9 @@ fn plan(device: &Device, nout: usize, nred: usize, red_contiguous: bool) -> Plan
     let target_groups = 1024;
     let mut nsplit = 1;
     if nout < target_groups / 2 {
-        nsplit = (target_groups / nout).min(nred / (group * 16)).clamp(1, 1024);
+        nsplit = (target_groups / nout)
+            .min(nred / (group * 16))
+            .clamp(1, 1024);
     }
     let chunk = nred.div_ceil(nsplit);
     let nsplit = nred.div_ceil(chunk.max(1)).max(1);

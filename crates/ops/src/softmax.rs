@@ -21,7 +21,10 @@ pub(crate) fn check_float(op: &str, t: &Tensor, what: &str) -> Result<()> {
     if !t.dtype.is_float() {
         return Err(Error::dtype(
             op,
-            format!("{what} is {} {:?}; {op} needs a float dtype", t.dtype, t.shape),
+            format!(
+                "{what} is {} {:?}; {op} needs a float dtype",
+                t.dtype, t.shape
+            ),
         ));
     }
     Ok(())
@@ -155,7 +158,10 @@ impl Tensor {
         let split = AxisSplit::new(self, &mask);
         let (rows, n) = (split.nout(), split.nred());
         let cs = contiguous_strides(&self.shape);
-        let out_kept: Vec<usize> = (0..self.ndim()).filter(|&d| d != dim).map(|d| cs[d]).collect();
+        let out_kept: Vec<usize> = (0..self.ndim())
+            .filter(|&d| d != dim)
+            .map(|d| cs[d])
+            .collect();
         let os = cs[dim];
         if let Some(x) = split.host_rows(self) {
             let mut out = vec![0.0; rows * n];
@@ -286,11 +292,10 @@ impl Tensor {
             .arg(&(ignore_index.is_some() as i32))?
             .arg(&ignore_index.unwrap_or(0))?;
         let group = row_group(&k, a.c);
-        let global = a
-            .n
-            .checked_mul(group)
-            .filter(|&g| g <= u32::MAX as usize)
-            .ok_or_else(|| Error::shape(op, format!("{} rows exceed the kernel grid", a.n)))?;
+        let global =
+            a.n.checked_mul(group)
+                .filter(|&g| g <= u32::MAX as usize)
+                .ok_or_else(|| Error::shape(op, format!("{} rows exceed the kernel grid", a.n)))?;
         k.launch(&[global], &[group])?;
         Ok((losses, lse))
     }

@@ -98,6 +98,7 @@ fn tol_and_scale(op: ReduceOp, dtype: DType, nred: usize) -> (f64, f64) {
 
 /// Checks one case on every device: the host op against the independent reference, each device
 /// against the host op. Returns the number of (device, case) checks.
+#[allow(clippy::too_many_arguments)]
 fn check_case(
     devices: &[Device],
     op: ReduceOp,
@@ -137,9 +138,15 @@ fn check_case(
         Err(e) => {
             assert!(empty_arg, "{what}: unexpected error {e}");
             let msg = e.to_string();
-            assert!(msg.contains(op.name()) && msg.contains(&format!("{:?}", hv.shape())), "{msg}");
+            assert!(
+                msg.contains(op.name()) && msg.contains(&format!("{:?}", hv.shape())),
+                "{msg}"
+            );
             for dev in devices {
-                assert!(run(&view(&host.to_device(dev).unwrap())).is_err(), "{what} on {dev}");
+                assert!(
+                    run(&view(&host.to_device(dev).unwrap())).is_err(),
+                    "{what} on {dev}"
+                );
             }
             return devices.len();
         }
@@ -220,18 +227,63 @@ fn awkward_extents_and_large_reductions() {
         for op in OPS {
             for dtype in [DType::F32, DType::F16, DType::BF16] {
                 let view_seed = (i % 2 == 1).then(|| c.next_u64());
-                check_case(&devices, op, dtype, shape, Some(axes), i % 3 == 0, view_seed, i as u64);
+                check_case(
+                    &devices,
+                    op,
+                    dtype,
+                    shape,
+                    Some(axes),
+                    i % 3 == 0,
+                    view_seed,
+                    i as u64,
+                );
             }
         }
         for dtype in [DType::I32, DType::U32] {
-            check_case(&devices, ReduceOp::Sum, dtype, shape, Some(axes), false, None, 5);
-            check_case(&devices, ReduceOp::Max, dtype, shape, Some(axes), false, None, 6);
+            check_case(
+                &devices,
+                ReduceOp::Sum,
+                dtype,
+                shape,
+                Some(axes),
+                false,
+                None,
+                5,
+            );
+            check_case(
+                &devices,
+                ReduceOp::Max,
+                dtype,
+                shape,
+                Some(axes),
+                false,
+                None,
+                6,
+            );
         }
     }
     for dev in &devices {
         if dev.info().fp64 {
-            check_case(&[dev.clone()], ReduceOp::Var { correction: 1.0 }, DType::F64, &[3, 50000], None, false, None, 9);
-            check_case(&[dev.clone()], ReduceOp::LogSumExp, DType::F64, &[50000, 2], Some(&[0]), false, None, 9);
+            check_case(
+                std::slice::from_ref(dev),
+                ReduceOp::Var { correction: 1.0 },
+                DType::F64,
+                &[3, 50000],
+                None,
+                false,
+                None,
+                9,
+            );
+            check_case(
+                std::slice::from_ref(dev),
+                ReduceOp::LogSumExp,
+                DType::F64,
+                &[50000, 2],
+                Some(&[0]),
+                false,
+                None,
+                9,
+            );
         }
     }
 }
@@ -241,26 +293,53 @@ fn special_values_ties_and_empty() {
     for dev in test_devices().unwrap() {
         let t = |v: Vec<f32>, s: &[usize]| Tensor::from_vec(v, s, &dev).unwrap();
         let x = t(vec![1.0, 3.0, 3.0, -1.0, 2.0, -1.0], &[2, 3]);
-        assert_eq!(x.argmax(&[1], false).unwrap().to_vec::<i32>().unwrap(), vec![1, 1]);
-        assert_eq!(x.argmin(&[1], false).unwrap().to_vec::<i32>().unwrap(), vec![0, 0]);
+        assert_eq!(
+            x.argmax(&[1], false).unwrap().to_vec::<i32>().unwrap(),
+            vec![1, 1]
+        );
+        assert_eq!(
+            x.argmin(&[1], false).unwrap().to_vec::<i32>().unwrap(),
+            vec![0, 0]
+        );
         assert_eq!(x.argmax_all().unwrap().to_vec::<i32>().unwrap(), vec![1]);
         assert_eq!(x.argmax(&[0], true).unwrap().shape(), &[1, 3]);
         assert_eq!(x.sum_all().unwrap().shape(), &[] as &[usize]);
-        assert_eq!(x.sum(&[], false).unwrap().to_vec::<f32>().unwrap(), x.to_vec::<f32>().unwrap());
+        assert_eq!(
+            x.sum(&[], false).unwrap().to_vec::<f32>().unwrap(),
+            x.to_vec::<f32>().unwrap()
+        );
         let n = t(vec![1.0, f32::NAN, 5.0, f32::NAN], &[4]);
         assert!(n.max_all().unwrap().to_vec::<f32>().unwrap()[0].is_nan());
         assert!(n.min_all().unwrap().to_vec::<f32>().unwrap()[0].is_nan());
         assert_eq!(n.argmax_all().unwrap().to_vec::<i32>().unwrap(), vec![1]);
         let inf = t(vec![f32::NEG_INFINITY; 3], &[3]);
-        assert_eq!(inf.logsumexp_all().unwrap().to_vec::<f32>().unwrap(), vec![f32::NEG_INFINITY]);
+        assert_eq!(
+            inf.logsumexp_all().unwrap().to_vec::<f32>().unwrap(),
+            vec![f32::NEG_INFINITY]
+        );
         let e = t(vec![], &[0, 4]);
-        assert_eq!(e.sum(&[0], false).unwrap().to_vec::<f32>().unwrap(), vec![0.0; 4]);
-        assert!(e.mean(&[0], false).unwrap().to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()));
-        assert_eq!(e.logsumexp(&[0], false).unwrap().to_vec::<f32>().unwrap(), vec![f32::NEG_INFINITY; 4]);
+        assert_eq!(
+            e.sum(&[0], false).unwrap().to_vec::<f32>().unwrap(),
+            vec![0.0; 4]
+        );
+        assert!(e
+            .mean(&[0], false)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .all(|v| v.is_nan()));
+        assert_eq!(
+            e.logsumexp(&[0], false).unwrap().to_vec::<f32>().unwrap(),
+            vec![f32::NEG_INFINITY; 4]
+        );
         assert_eq!(e.max(&[1], false).unwrap().shape(), &[0]);
         let one = t(vec![4.0], &[1]);
         assert!(one.var_all(1.0).unwrap().to_vec::<f32>().unwrap()[0].is_nan());
-        assert_eq!(one.var_all(0.0).unwrap().to_vec::<f32>().unwrap(), vec![0.0]);
+        assert_eq!(
+            one.var_all(0.0).unwrap().to_vec::<f32>().unwrap(),
+            vec![0.0]
+        );
     }
 }
 
@@ -278,7 +357,10 @@ fn bad_arguments_are_errors_naming_the_op_and_shape() {
         }
         let i = Tensor::zeros(&[2, 3], DType::I32, &dev).unwrap();
         let e = i.mean_all().unwrap_err().to_string();
-        assert!(e.contains("mean") && e.contains("[2, 3]") && e.contains("i32"), "{e}");
+        assert!(
+            e.contains("mean") && e.contains("[2, 3]") && e.contains("i32"),
+            "{e}"
+        );
         let e = Tensor::zeros(&[3, 0], DType::F32, &dev)
             .unwrap()
             .argmax(&[1], false)
@@ -291,9 +373,16 @@ fn bad_arguments_are_errors_naming_the_op_and_shape() {
 #[test]
 fn reductions_are_deterministic() {
     for dev in test_devices().unwrap() {
-        let x = random_tensor(DType::F32, &[3, 40001], -1.0, 1.0, 11).to_device(&dev).unwrap();
+        let x = random_tensor(DType::F32, &[3, 40001], -1.0, 1.0, 11)
+            .to_device(&dev)
+            .unwrap();
         let xt = x.transpose(0, 1).unwrap();
-        for op in [ReduceOp::Sum, ReduceOp::Var { correction: 1.0 }, ReduceOp::LogSumExp, ReduceOp::ArgMax] {
+        for op in [
+            ReduceOp::Sum,
+            ReduceOp::Var { correction: 1.0 },
+            ReduceOp::LogSumExp,
+            ReduceOp::ArgMax,
+        ] {
             for run in [
                 |t: &Tensor, op| t.reduce_all(op),
                 |t: &Tensor, op| t.reduce(op, &[1], false),
@@ -312,7 +401,10 @@ fn reductions_are_deterministic() {
 // ---- softmax, log_softmax, cross-entropy ----
 
 fn float_dtypes(dev: &Device) -> Vec<DType> {
-    dtypes_for(dev).into_iter().filter(|d| d.is_float()).collect()
+    dtypes_for(dev)
+        .into_iter()
+        .filter(|d| d.is_float())
+        .collect()
 }
 
 /// Independent f64 softmax (or log_softmax) along `dim` of a contiguous host tensor.
@@ -329,7 +421,11 @@ fn softmax_reference(t: &Tensor, dim: usize, log: bool) -> Vec<f64> {
             let m = (0..n).map(|j| x[at(j)]).fold(f64::NEG_INFINITY, f64::max);
             let s: f64 = (0..n).map(|j| (x[at(j)] - m).exp()).sum();
             for j in 0..n {
-                out[at(j)] = if log { x[at(j)] - m - s.ln() } else { (x[at(j)] - m).exp() / s };
+                out[at(j)] = if log {
+                    x[at(j)] - m - s.ln()
+                } else {
+                    (x[at(j)] - m).exp() / s
+                };
             }
         }
     }
@@ -354,17 +450,38 @@ fn random_softmax_matches_the_host() {
         let host = random_tensor(dtype, &shape, -4.0, 4.0, case);
         let hv = random_view(&host, &mut Cases(seed));
         let dim = dim.min(hv.ndim() - 1);
-        let run = |t: &Tensor| if log { t.log_softmax(dim) } else { t.softmax(dim) };
-        let what = format!("softmax log={log} {dtype} {:?}/{:?} dim {dim}", hv.shape(), hv.strides());
+        let run = |t: &Tensor| {
+            if log {
+                t.log_softmax(dim)
+            } else {
+                t.softmax(dim)
+            }
+        };
+        let what = format!(
+            "softmax log={log} {dtype} {:?}/{:?} dim {dim}",
+            hv.shape(),
+            hv.strides()
+        );
         let want = run(&hv).unwrap();
         let w = want.to_vec_f64().unwrap();
         let tol = tolerance(dtype);
         let r = softmax_reference(&hv.contiguous().unwrap(), dim, log);
         check_close(&w, &r, tol, 1.0, &format!("host vs reference: {what}")).unwrap();
         for dev in &devices {
-            let got = run(&random_view(&host.to_device(dev).unwrap(), &mut Cases(seed))).unwrap();
+            let got = run(&random_view(
+                &host.to_device(dev).unwrap(),
+                &mut Cases(seed),
+            ))
+            .unwrap();
             assert!(got.is_contiguous() && got.shape() == want.shape() && got.dtype() == dtype);
-            check_close(&got.to_vec_f64().unwrap(), &w, tol, 1.0, &format!("{what} on {dev}")).unwrap();
+            check_close(
+                &got.to_vec_f64().unwrap(),
+                &w,
+                tol,
+                1.0,
+                &format!("{what} on {dev}"),
+            )
+            .unwrap();
         }
         cases += 1;
     }
@@ -373,7 +490,13 @@ fn random_softmax_matches_the_host() {
 
 /// Logits [n, c] as (base, transposed): the base is [c, n] when transposed. Targets have some
 /// rows at the ignore index -100.
-fn ce_inputs(c: &mut Cases, dtype: DType, n: usize, classes: usize, seed: u64) -> (Tensor, bool, Tensor) {
+fn ce_inputs(
+    c: &mut Cases,
+    dtype: DType,
+    n: usize,
+    classes: usize,
+    seed: u64,
+) -> (Tensor, bool, Tensor) {
     let transposed = c.below(2) == 0;
     let base = if transposed {
         random_tensor(dtype, &[classes, n], -4.0, 4.0, seed)
@@ -381,7 +504,13 @@ fn ce_inputs(c: &mut Cases, dtype: DType, n: usize, classes: usize, seed: u64) -
         random_tensor(dtype, &[n, classes], -4.0, 4.0, seed)
     };
     let t: Vec<i32> = (0..n)
-        .map(|_| if c.below(6) == 0 { -100 } else { c.below(classes) as i32 })
+        .map(|_| {
+            if c.below(6) == 0 {
+                -100
+            } else {
+                c.below(classes) as i32
+            }
+        })
         .collect();
     let targets = Tensor::from_vec(t, &[n], &Device::host()).unwrap();
     (base, transposed, targets)
@@ -402,14 +531,23 @@ fn random_cross_entropy_matches_the_host() {
     let dtypes = float_dtypes(devices.last().unwrap());
     for case in 0..500u64 {
         let n = c.below(20);
-        let classes = if case % 60 == 0 { [257, 4097][c.below(2)] } else { 1 + c.below(40) };
+        let classes = if case % 60 == 0 {
+            [257, 4097][c.below(2)]
+        } else {
+            1 + c.below(40)
+        };
         let dtype = dtypes[c.below(dtypes.len())];
         let ignore = if c.below(3) == 0 { None } else { Some(-100) };
         let (base, transposed, mut targets) = ce_inputs(&mut c, dtype, n, classes, case);
         let logits = ce_view(&base, transposed);
         if ignore.is_none() {
             targets = Tensor::from_vec(
-                targets.to_vec::<i32>().unwrap().iter().map(|&t| t.max(0)).collect(),
+                targets
+                    .to_vec::<i32>()
+                    .unwrap()
+                    .iter()
+                    .map(|&t| t.max(0))
+                    .collect(),
                 &[n],
                 &Device::host(),
             )
@@ -421,7 +559,10 @@ fn random_cross_entropy_matches_the_host() {
         } else {
             host_tensor(acc_dtype(dtype), &[1.5], &[])
         };
-        let what = format!("cross_entropy {dtype} [{n}, {classes}] ignore {ignore:?} strides {:?}", logits.strides());
+        let what = format!(
+            "cross_entropy {dtype} [{n}, {classes}] ignore {ignore:?} strides {:?}",
+            logits.strides()
+        );
         let want = logits.cross_entropy(&targets, ignore).unwrap();
         let count = (!per_row).then_some(&want.count);
         let want_dx = logits
@@ -441,7 +582,11 @@ fn random_cross_entropy_matches_the_host() {
             lse[i] = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
             if Some(t[i]) != ignore {
                 losses[i] = lse[i] - row[t[i] as usize];
-                let gi = if per_row { g[i] } else { g[0] / kept.len() as f64 };
+                let gi = if per_row {
+                    g[i]
+                } else {
+                    g[0] / kept.len() as f64
+                };
                 for j in 0..classes {
                     let onehot = if j == t[i] as usize { 1.0 } else { 0.0 };
                     dx[i * classes + j] = ((row[j] - lse[i]).exp() - onehot) * gi;
@@ -463,14 +608,44 @@ fn random_cross_entropy_matches_the_host() {
             );
             let got = l.cross_entropy(&tg, ignore).unwrap();
             let what = format!("{what} on {dev}");
-            check_close(&got.losses.to_vec_f64().unwrap(), &want.losses.to_vec_f64().unwrap(), tol, 1.0, &what).unwrap();
-            check_close(&got.lse.to_vec_f64().unwrap(), &want.lse.to_vec_f64().unwrap(), tol, 1.0, &what).unwrap();
-            check_close(&got.loss.to_vec_f64().unwrap(), &want.loss.to_vec_f64().unwrap(), tol, 1.0, &what).unwrap();
+            check_close(
+                &got.losses.to_vec_f64().unwrap(),
+                &want.losses.to_vec_f64().unwrap(),
+                tol,
+                1.0,
+                &what,
+            )
+            .unwrap();
+            check_close(
+                &got.lse.to_vec_f64().unwrap(),
+                &want.lse.to_vec_f64().unwrap(),
+                tol,
+                1.0,
+                &what,
+            )
+            .unwrap();
+            check_close(
+                &got.loss.to_vec_f64().unwrap(),
+                &want.loss.to_vec_f64().unwrap(),
+                tol,
+                1.0,
+                &what,
+            )
+            .unwrap();
             assert_eq!(got.count.to_vec_f64().unwrap(), vec![kept.len() as f64]);
             let count = (!per_row).then_some(&got.count);
-            let gdx = l.cross_entropy_backward(&tg, &got.lse, &gr, count, ignore).unwrap();
+            let gdx = l
+                .cross_entropy_backward(&tg, &got.lse, &gr, count, ignore)
+                .unwrap();
             assert_eq!(gdx.shape(), &[n, classes]);
-            check_close(&gdx.to_vec_f64().unwrap(), &want_dx.to_vec_f64().unwrap(), dtol, 1.0, &what).unwrap();
+            check_close(
+                &gdx.to_vec_f64().unwrap(),
+                &want_dx.to_vec_f64().unwrap(),
+                dtol,
+                1.0,
+                &what,
+            )
+            .unwrap();
         }
     }
 }
@@ -486,20 +661,32 @@ fn cross_entropy_gradient_matches_finite_differences() {
         let t = Tensor::from_vec(vec![4i32, 0, 2], &[n], &Device::host()).unwrap();
         let loss = |x: &[f64]| {
             let xt = Tensor::from_vec(x.to_vec(), &[n, classes], &dev).unwrap();
-            xt.cross_entropy(&t.to_device(&dev).unwrap(), None).unwrap().loss.to_vec_f64().unwrap()[0]
+            xt.cross_entropy(&t.to_device(&dev).unwrap(), None)
+                .unwrap()
+                .loss
+                .to_vec_f64()
+                .unwrap()[0]
         };
         let xd = x.to_device(&dev).unwrap();
         let td = t.to_device(&dev).unwrap();
         let ce = xd.cross_entropy(&td, None).unwrap();
         let one = Tensor::from_vec(vec![1.0f64], &[], &dev).unwrap();
-        let dx = xd.cross_entropy_backward(&td, &ce.lse, &one, Some(&ce.count), None).unwrap().to_vec_f64().unwrap();
+        let dx = xd
+            .cross_entropy_backward(&td, &ce.lse, &one, Some(&ce.count), None)
+            .unwrap()
+            .to_vec_f64()
+            .unwrap();
         let x0 = x.to_vec_f64().unwrap();
         for k in 0..n * classes {
             let (mut p, mut m) = (x0.clone(), x0.clone());
             p[k] += 1e-6;
             m[k] -= 1e-6;
             let fd = (loss(&p) - loss(&m)) / 2e-6;
-            assert!((fd - dx[k]).abs() < 1e-7, "{dev} element {k}: fd {fd} vs {}", dx[k]);
+            assert!(
+                (fd - dx[k]).abs() < 1e-7,
+                "{dev} element {k}: fd {fd} vs {}",
+                dx[k]
+            );
         }
     }
 }
@@ -511,25 +698,47 @@ fn softmax_and_cross_entropy_errors() {
         let e = x.softmax(2).unwrap_err().to_string();
         assert!(e.contains("softmax") && e.contains("[4, 3]"), "{e}");
         let i = Tensor::zeros(&[4, 3], DType::I32, &dev).unwrap();
-        assert!(i.log_softmax(0).unwrap_err().to_string().contains("log_softmax"));
+        assert!(i
+            .log_softmax(0)
+            .unwrap_err()
+            .to_string()
+            .contains("log_softmax"));
         let t = Tensor::zeros(&[3], DType::I32, &dev).unwrap();
         let e = x.cross_entropy(&t, None).unwrap_err().to_string();
-        assert!(e.contains("cross_entropy") && e.contains("[4, 3]") && e.contains("[3]"), "{e}");
+        assert!(
+            e.contains("cross_entropy") && e.contains("[4, 3]") && e.contains("[3]"),
+            "{e}"
+        );
         let tf = Tensor::zeros(&[4], DType::F32, &dev).unwrap();
         let e = x.cross_entropy(&tf, None).unwrap_err().to_string();
         assert!(e.contains("cross_entropy") && e.contains("targets"), "{e}");
         let t4 = Tensor::zeros(&[4], DType::I32, &dev).unwrap();
-        let other = if dev.is_host() { test_devices().unwrap().pop().unwrap() } else { Device::host() };
+        let other = if dev.is_host() {
+            test_devices().unwrap().pop().unwrap()
+        } else {
+            Device::host()
+        };
         if other != dev {
-            let e = x.cross_entropy(&t4.to_device(&other).unwrap(), None).unwrap_err().to_string();
+            let e = x
+                .cross_entropy(&t4.to_device(&other).unwrap(), None)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("cross_entropy") && e.contains("[4]"), "{e}");
         }
         let ce = x.cross_entropy(&t4, None).unwrap();
         let g = Tensor::zeros(&[2], DType::F32, &dev).unwrap();
-        let e = x.cross_entropy_backward(&t4, &ce.lse, &g, None, None).unwrap_err().to_string();
-        assert!(e.contains("cross_entropy_backward") && e.contains("[2]"), "{e}");
+        let e = x
+            .cross_entropy_backward(&t4, &ce.lse, &g, None, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cross_entropy_backward") && e.contains("[2]"),
+            "{e}"
+        );
         let g64 = Tensor::zeros(&[], DType::I32, &dev).unwrap();
-        assert!(x.cross_entropy_backward(&t4, &ce.lse, &g64, None, None).is_err());
+        assert!(x
+            .cross_entropy_backward(&t4, &ce.lse, &g64, None, None)
+            .is_err());
         // Out-of-range targets: an error on the host, NaN rows on devices.
         let bad = Tensor::from_vec(vec![0i32, 7, 1, 2], &[4], &dev).unwrap();
         match x.cross_entropy_rows(&bad, None) {
@@ -548,15 +757,27 @@ fn softmax_and_cross_entropy_errors() {
 #[test]
 fn softmax_is_deterministic() {
     for dev in test_devices().unwrap() {
-        let x = random_tensor(DType::F32, &[7, 4097], -3.0, 3.0, 5).to_device(&dev).unwrap();
+        let x = random_tensor(DType::F32, &[7, 4097], -3.0, 3.0, 5)
+            .to_device(&dev)
+            .unwrap();
         for dim in [0, 1] {
             let a = x.softmax(dim).unwrap().to_host_data().unwrap();
             let b = x.softmax(dim).unwrap().to_host_data().unwrap();
             assert_eq!(a.as_bytes(), b.as_bytes());
         }
         let t = Tensor::from_vec(vec![1i32, 5, 4000, 0, 9, 9, 9], &[7], &dev).unwrap();
-        let a = x.cross_entropy(&t, None).unwrap().loss.to_host_data().unwrap();
-        let b = x.cross_entropy(&t, None).unwrap().loss.to_host_data().unwrap();
+        let a = x
+            .cross_entropy(&t, None)
+            .unwrap()
+            .loss
+            .to_host_data()
+            .unwrap();
+        let b = x
+            .cross_entropy(&t, None)
+            .unwrap()
+            .loss
+            .to_host_data()
+            .unwrap();
         assert_eq!(a.as_bytes(), b.as_bytes());
     }
 }
