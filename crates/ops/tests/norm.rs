@@ -1,6 +1,8 @@
 //! layer_norm, rms_norm (forward, backward, finite differences) and batch_norm on every device against the host.
 use netcl_core_devices::test_devices;
-use netcl_ops::testing::{check_close, dtypes_for, random_tensor, random_view, tolerance, Cases};
+use netcl_ops::testing::{
+    check_close, dtypes_for, host_tensor, random_tensor, random_view, tolerance, Cases,
+};
 use netcl_ops::{acc_dtype, DType, Device, Tensor};
 
 fn float_dtypes(dev: &Device) -> Vec<DType> {
@@ -241,6 +243,13 @@ fn norm_gradients_match_finite_differences() {
     }
 }
 
+/// A copy of `t` on `dev` with its own storage (running stats are updated in place).
+fn fresh(t: &Tensor, dev: &Device) -> Tensor {
+    host_tensor(t.dtype(), &t.to_vec_f64().unwrap(), t.shape())
+        .to_device(dev)
+        .unwrap()
+}
+
 #[test]
 fn random_batch_norms_match_the_host() {
     let devices = test_devices().unwrap();
@@ -284,19 +293,7 @@ fn random_batch_norms_match_the_host() {
         let rm0 = random_tensor(acc, &[ch], -1.0, 1.0, case + 3);
         let rv0 = random_tensor(acc, &[ch], 0.5, 2.0, case + 4);
         let with_running = c.below(4) != 0;
-        let (rm, rv) = (
-            rm0.contiguous()
-                .unwrap()
-                .add(
-                    &rm0.mul(&Tensor::zeros(&[ch], acc, &Device::host()).unwrap())
-                        .unwrap(),
-                )
-                .unwrap(),
-            rv0.to_device(&Device::host()).unwrap(),
-        );
-        let rv = rv
-            .add(&Tensor::zeros(&[ch], acc, &Device::host()).unwrap())
-            .unwrap();
+        let (rm, rv) = (fresh(&rm0, &Device::host()), fresh(&rv0, &Device::host()));
         let what = format!("batch_norm {dtype} {:?}/{:?}", hv.shape(), hv.strides());
         let run = |x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, rm: &Tensor, rv: &Tensor| {
             let r = if with_running {
@@ -316,17 +313,7 @@ fn random_batch_norms_match_the_host() {
             assert_eq!(x.shape(), hv.shape());
             let wd = w.as_ref().map(|w| w.to_device(dev).unwrap());
             let bd = b.as_ref().map(|b| b.to_device(dev).unwrap());
-            let (rmd, rvd) = (rm0.to_device(dev).unwrap(), rv0.to_device(dev).unwrap());
-            let rmd = if dev.is_host() {
-                rmd.add(&Tensor::zeros(&[ch], acc, dev).unwrap()).unwrap()
-            } else {
-                rmd
-            };
-            let rvd = if dev.is_host() {
-                rvd.add(&Tensor::zeros(&[ch], acc, dev).unwrap()).unwrap()
-            } else {
-                rvd
-            };
+            let (rmd, rvd) = (fresh(&rm0, dev), fresh(&rv0, dev));
             let (got, got_eval) = run(&x, wd.as_ref(), bd.as_ref(), &rmd, &rvd);
             let what = format!("{what} on {dev}");
             close(&got.y, &want.y, tol * 4.0, 4.0, &what);
