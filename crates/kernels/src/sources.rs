@@ -24,6 +24,11 @@ source!(MATMUL, "matmul.cl");
 source!(INDEX, "index.cl");
 source!(SHAPE, "shape.cl");
 source!(ROPE, "rope.cl");
+source!(REDUCE, "reduce.cl");
+source!(SOFTMAX, "softmax.cl");
+source!(NORM, "norm.cl");
 
 /// Every op-family source (not the common header).
-pub const ALL: [Source; 6] = [COPY, RANDOM, MATMUL, INDEX, SHAPE, ROPE];
+pub const ALL: [Source; 9] = [
+    COPY, RANDOM, MATMUL, INDEX, SHAPE, ROPE, REDUCE, SOFTMAX, NORM,
+];

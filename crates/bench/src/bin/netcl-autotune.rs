@@ -8,7 +8,9 @@ use netcl_ops::{Generator, MatmulOptions, Tensor};
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let dev = device_from_args(&args)?;
-    let n: usize = flag_value(&args, "--size").and_then(|s| s.parse().ok()).unwrap_or(2048);
+    let n: usize = flag_value(&args, "--size")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2048);
     let mut gen = Generator::new(1);
     let a = Tensor::randn(&[n, n], DType::F32, &dev, &mut gen)?;
     let b = Tensor::randn(&[n, n], DType::F32, &dev, &mut gen)?;
@@ -24,7 +26,10 @@ fn main() -> Result<()> {
                         if tile.check(&dev, 4).is_err() || !(64..=256).contains(&threads) {
                             continue;
                         }
-                        let opts = MatmulOptions { tile: Some(tile), ..Default::default() };
+                        let opts = MatmulOptions {
+                            tile: Some(tile),
+                            ..Default::default()
+                        };
                         let run = || a.matmul_with(&b, opts).map(|_| ());
                         let secs = match time_per_call(&dev, 2, 3, 3, run) {
                             Ok(s) => s,
@@ -55,15 +60,32 @@ fn main() -> Result<()> {
     let mut table = std::fs::read_to_string(&path)
         .ok()
         .and_then(|t| TuningTable::parse(&t, &path.display().to_string()).ok())
-        .unwrap_or(TuningTable { schema: 1, note: None, devices: Vec::new() });
+        .unwrap_or(TuningTable {
+            schema: 1,
+            note: None,
+            devices: Vec::new(),
+        });
     let name = dev.info().name.clone();
     table.devices.retain(|e| e.pattern != name);
-    table.devices.insert(0, TuningEntry { pattern: name, driver: Some(dev.info().driver_version.clone()), gemm: tile });
+    table.devices.insert(
+        0,
+        TuningEntry {
+            pattern: name,
+            driver: Some(dev.info().driver_version.clone()),
+            gemm: tile,
+        },
+    );
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| netcl_core_devices::Error::io(dir.display().to_string(), e))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| netcl_core_devices::Error::io(dir.display().to_string(), e))?;
     }
     let text = serde_json::to_string_pretty(&table).expect("a tuning table serialises");
-    std::fs::write(&path, text).map_err(|e| netcl_core_devices::Error::io(path.display().to_string(), e))?;
-    println!("wrote {} (shipped defaults: {} entries)", path.display(), builtin_table().devices.len());
+    std::fs::write(&path, text)
+        .map_err(|e| netcl_core_devices::Error::io(path.display().to_string(), e))?;
+    println!(
+        "wrote {} (shipped defaults: {} entries)",
+        path.display(),
+        builtin_table().devices.len()
+    );
     Ok(())
 }

@@ -58,7 +58,9 @@ impl Runner {
         for n in [1024usize, 2048, 4096] {
             let (a, b) = (self.randn(&[n, n])?, self.randn(&[n, n])?);
             let flops = 2.0 * (n as f64).powi(3);
-            self.measure("gemm", format!("sgemm_{n}"), (0.0, flops, 1), || a.matmul(&b).map(|_| ()))?;
+            self.measure("gemm", format!("sgemm_{n}"), (0.0, flops, 1), || {
+                a.matmul(&b).map(|_| ())
+            })?;
         }
         Ok(())
     }
@@ -67,11 +69,16 @@ impl Runner {
         let n = 1usize << 26;
         let (x, y) = (self.randn(&[n])?, self.randn(&[n])?);
         let bytes = 12.0 * n as f64;
-        self.measure("elementwise", "add_2^26".into(), (bytes, 0.0, 1), || x.add(&y).map(|_| ()))?;
-        let copy = [Expr::input(0)];
-        self.measure("elementwise", "copy_2^26".into(), (8.0 * n as f64, 0.0, 1), || {
-            fused(&[&x], &copy).map(|_| ())
+        self.measure("elementwise", "add_2^26".into(), (bytes, 0.0, 1), || {
+            x.add(&y).map(|_| ())
         })?;
+        let copy = [Expr::input(0)];
+        self.measure(
+            "elementwise",
+            "copy_2^26".into(),
+            (8.0 * n as f64, 0.0, 1),
+            || fused(&[&x], &copy).map(|_| ()),
+        )?;
         Ok(())
     }
 }
@@ -80,8 +87,16 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let dev = device_from_args(&args)?;
     let suite = flag_value(&args, "--suite").unwrap_or("all").to_string();
-    println!("netcl-bench on {dev} ({} {})", dev.info().platform, dev.info().driver_version);
-    let mut r = Runner { dev, gen: Generator::new(7), records: Vec::new() };
+    println!(
+        "netcl-bench on {dev} ({} {})",
+        dev.info().platform,
+        dev.info().driver_version
+    );
+    let mut r = Runner {
+        dev,
+        gen: Generator::new(7),
+        records: Vec::new(),
+    };
     let want = |s: &str| suite == "all" || suite.split(',').any(|x| x == s);
     if want("gemm") {
         r.gemm()?;
@@ -96,8 +111,11 @@ fn main() -> Result<()> {
             "driver": r.dev.info().driver_version,
             "records": r.records,
         });
-        std::fs::write(path, serde_json::to_string_pretty(&json).expect("records serialise"))
-            .map_err(|e| netcl_core_devices::Error::io(path, e))?;
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(&json).expect("records serialise"),
+        )
+        .map_err(|e| netcl_core_devices::Error::io(path, e))?;
     }
     Ok(())
 }

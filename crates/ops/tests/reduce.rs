@@ -1,0 +1,783 @@
+//! Reductions (sum, mean, max, min, argmax, argmin, var, logsumexp) on every device against the host reference.
+use netcl_core_devices::test_devices;
+use netcl_ops::testing::{
+    check_close, dtypes_for, host_tensor, random_tensor, random_view, tolerance, Cases,
+};
+use netcl_ops::{acc_dtype, DType, Device, ReduceOp, Tensor};
+
+const OPS: [ReduceOp; 9] = [
+    ReduceOp::Sum,
+    ReduceOp::Mean,
+    ReduceOp::Max,
+    ReduceOp::Min,
+    ReduceOp::ArgMax,
+    ReduceOp::ArgMin,
+    ReduceOp::Var { correction: 1.0 },
+    ReduceOp::Var { correction: 0.0 },
+    ReduceOp::LogSumExp,
+];
+
+fn float_only(op: ReduceOp) -> bool {
+    matches!(
+        op,
+        ReduceOp::Mean | ReduceOp::Var { .. } | ReduceOp::LogSumExp
+    )
+}
+
+/// Values for a case: integers in 0..20 for integer dtypes, else uniform in [-2, 2).
+fn values(dtype: DType, shape: &[usize], seed: u64) -> Tensor {
+    if dtype.is_float() {
+        random_tensor(dtype, shape, -2.0, 2.0, seed)
+    } else {
+        random_tensor(dtype, shape, 0.0, 20.0, seed)
+    }
+}
+
+/// Independent f64 reference of one reduction over `axes` of a host tensor (row-major walk).
+fn reference(op: ReduceOp, t: &Tensor, axes: &[usize]) -> Vec<f64> {
+    let x = t.to_vec_f64().unwrap();
+    let shape = t.shape();
+    let kept: Vec<usize> = (0..shape.len()).filter(|d| !axes.contains(d)).collect();
+    let mut red: Vec<usize> = axes.to_vec();
+    red.sort();
+    let nout: usize = kept.iter().map(|&d| shape[d]).product();
+    let nred: usize = red.iter().map(|&d| shape[d]).product();
+    let strides = netcl_ops::layout::contiguous_strides(shape);
+    let offset = |dims: &[usize], mut i: usize| -> usize {
+        let mut off = 0;
+        for &d in dims.iter().rev() {
+            off += (i % shape[d]) * strides[d];
+            i /= shape[d];
+        }
+        off
+    };
+    (0..nout)
+        .map(|o| {
+            let base = offset(&kept, o);
+            let row: Vec<f64> = (0..nred).map(|r| x[base + offset(&red, r)]).collect();
+            let n = row.len() as f64;
+            match op {
+                ReduceOp::Sum => row.iter().sum(),
+                ReduceOp::Mean => row.iter().sum::<f64>() / n,
+                ReduceOp::Max => row.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+                ReduceOp::Min => row.iter().cloned().fold(f64::INFINITY, f64::min),
+                ReduceOp::ArgMax => {
+                    let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    row.iter().position(|&v| v == m).unwrap() as f64
+                }
+                ReduceOp::ArgMin => {
+                    let m = row.iter().cloned().fold(f64::INFINITY, f64::min);
+                    row.iter().position(|&v| v == m).unwrap() as f64
+                }
+                ReduceOp::Var { correction } => {
+                    let mean = row.iter().sum::<f64>() / n;
+                    row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - correction).max(0.0)
+                }
+                ReduceOp::LogSumExp => {
+                    let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    if m.is_infinite() {
+                        m
+                    } else {
+                        m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln()
+                    }
+                }
+            }
+        })
+        .collect()
+}
+
+fn tol_and_scale(op: ReduceOp, dtype: DType, nred: usize) -> (f64, f64) {
+    let tol = tolerance(dtype);
+    let scale = match op {
+        ReduceOp::Sum => 2.0 * (nred as f64).sqrt().max(1.0),
+        ReduceOp::Var { .. } => 4.0,
+        _ => 2.0,
+    };
+    (tol, scale)
+}
+
+/// Checks one case on every device: the host op against the independent reference, each device
+/// against the host op. Returns the number of (device, case) checks.
+#[allow(clippy::too_many_arguments)]
+fn check_case(
+    devices: &[Device],
+    op: ReduceOp,
+    dtype: DType,
+    shape: &[usize],
+    axes: Option<&[usize]>,
+    keepdim: bool,
+    view_seed: Option<u64>,
+    seed: u64,
+) -> usize {
+    let host = values(dtype, shape, seed);
+    let view = |t: &Tensor| match view_seed {
+        Some(s) => random_view(t, &mut Cases(s)),
+        None => t.clone(),
+    };
+    let hv = view(&host);
+    let all: Vec<usize> = (0..hv.ndim()).collect();
+    let axes_v = axes.unwrap_or(&all);
+    let run = |t: &Tensor| match axes {
+        Some(a) => t.reduce(op, a, keepdim),
+        None => t.reduce_all(op),
+    };
+    let what = format!(
+        "{} {dtype} shape {:?} view {:?} axes {axes:?} keepdim {keepdim}",
+        op.name(),
+        hv.shape(),
+        hv.strides()
+    );
+    let nred: usize = axes_v.iter().map(|&d| hv.shape()[d]).product();
+    let empty_arg = nred == 0
+        && matches!(
+            op,
+            ReduceOp::Max | ReduceOp::Min | ReduceOp::ArgMax | ReduceOp::ArgMin
+        );
+    let want = match run(&hv) {
+        Ok(w) => w,
+        Err(e) => {
+            assert!(empty_arg, "{what}: unexpected error {e}");
+            let msg = e.to_string();
+            assert!(
+                msg.contains(op.name()) && msg.contains(&format!("{:?}", hv.shape())),
+                "{msg}"
+            );
+            for dev in devices {
+                assert!(
+                    run(&view(&host.to_device(dev).unwrap())).is_err(),
+                    "{what} on {dev}"
+                );
+            }
+            return devices.len();
+        }
+    };
+    assert!(!empty_arg, "{what}: expected an error");
+    let (tol, scale) = tol_and_scale(op, dtype, nred);
+    let w = want.to_vec_f64().unwrap();
+    let contiguous = hv.contiguous().unwrap();
+    let r = reference(op, &contiguous, axes_v);
+    if let Err(m) = check_close(&w, &r, tol, scale, &format!("host vs reference: {what}")) {
+        panic!("{m}");
+    }
+    for dev in devices {
+        let got = run(&view(&host.to_device(dev).unwrap())).unwrap();
+        assert_eq!(got.shape(), want.shape(), "{what} on {dev}");
+        assert_eq!(got.dtype(), want.dtype(), "{what} on {dev}");
+        assert_eq!(got.device(), dev);
+        let g = got.to_vec_f64().unwrap();
+        if let Err(m) = check_close(&g, &w, tol, scale, &format!("{what} on {dev}")) {
+            panic!("{m}");
+        }
+    }
+    devices.len()
+}
+
+#[test]
+fn random_reductions_match_the_host() {
+    let devices = test_devices().unwrap();
+    let mut c = Cases::new(0x5EED_0001);
+    let mut cases = 0;
+    for case in 0..700u64 {
+        let shape = c.shape(4, 9);
+        let dev_dtypes = dtypes_for(devices.last().unwrap());
+        let dtype = dev_dtypes[c.below(dev_dtypes.len())];
+        let op = OPS[c.below(OPS.len())];
+        if float_only(op) && !dtype.is_float() {
+            continue;
+        }
+        let nd = shape.len();
+        let axes: Vec<usize> = (0..nd).filter(|_| c.below(2) == 0).collect();
+        let keepdim = c.below(2) == 0;
+        let view_seed = (c.below(3) != 0).then(|| c.next_u64());
+        let all = c.below(8) == 0;
+        check_case(
+            &devices,
+            op,
+            dtype,
+            &shape,
+            if all { None } else { Some(&axes) },
+            keepdim,
+            view_seed,
+            case,
+        );
+        cases += 1;
+    }
+    assert!(cases >= 500, "{cases} cases");
+}
+
+#[test]
+fn awkward_extents_and_large_reductions() {
+    let devices = test_devices().unwrap();
+    let mut c = Cases::new(77);
+    let shapes: [(&[usize], &[usize]); 12] = [
+        (&[1], &[0]),
+        (&[255], &[0]),
+        (&[257], &[0]),
+        (&[4097], &[0]),
+        (&[3, 4097], &[1]),
+        (&[4097, 3], &[0]),
+        (&[5000, 2], &[0]),
+        (&[2, 300, 17], &[0, 2]),
+        (&[70001], &[0]),
+        (&[2, 33000], &[1]),
+        (&[0, 5], &[1]),
+        (&[5, 0], &[1]),
+    ];
+    for (i, (shape, axes)) in shapes.iter().enumerate() {
+        for op in OPS {
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                let view_seed = (i % 2 == 1).then(|| c.next_u64());
+                check_case(
+                    &devices,
+                    op,
+                    dtype,
+                    shape,
+                    Some(axes),
+                    i % 3 == 0,
+                    view_seed,
+                    i as u64,
+                );
+            }
+        }
+        for dtype in [DType::I32, DType::U32] {
+            check_case(
+                &devices,
+                ReduceOp::Sum,
+                dtype,
+                shape,
+                Some(axes),
+                false,
+                None,
+                5,
+            );
+            check_case(
+                &devices,
+                ReduceOp::Max,
+                dtype,
+                shape,
+                Some(axes),
+                false,
+                None,
+                6,
+            );
+        }
+    }
+    for dev in &devices {
+        if dev.info().fp64 {
+            check_case(
+                std::slice::from_ref(dev),
+                ReduceOp::Var { correction: 1.0 },
+                DType::F64,
+                &[3, 50000],
+                None,
+                false,
+                None,
+                9,
+            );
+            check_case(
+                std::slice::from_ref(dev),
+                ReduceOp::LogSumExp,
+                DType::F64,
+                &[50000, 2],
+                Some(&[0]),
+                false,
+                None,
+                9,
+            );
+        }
+    }
+}
+
+#[test]
+fn special_values_ties_and_empty() {
+    for dev in test_devices().unwrap() {
+        let t = |v: Vec<f32>, s: &[usize]| Tensor::from_vec(v, s, &dev).unwrap();
+        let x = t(vec![1.0, 3.0, 3.0, -1.0, 2.0, -1.0], &[2, 3]);
+        assert_eq!(
+            x.argmax(&[1], false).unwrap().to_vec::<i32>().unwrap(),
+            vec![1, 1]
+        );
+        assert_eq!(
+            x.argmin(&[1], false).unwrap().to_vec::<i32>().unwrap(),
+            vec![0, 0]
+        );
+        assert_eq!(x.argmax_all().unwrap().to_vec::<i32>().unwrap(), vec![1]);
+        assert_eq!(x.argmax(&[0], true).unwrap().shape(), &[1, 3]);
+        assert_eq!(x.sum_all().unwrap().shape(), &[] as &[usize]);
+        assert_eq!(
+            x.sum(&[], false).unwrap().to_vec::<f32>().unwrap(),
+            x.to_vec::<f32>().unwrap()
+        );
+        let n = t(vec![1.0, f32::NAN, 5.0, f32::NAN], &[4]);
+        assert!(n.max_all().unwrap().to_vec::<f32>().unwrap()[0].is_nan());
+        assert!(n.min_all().unwrap().to_vec::<f32>().unwrap()[0].is_nan());
+        assert_eq!(n.argmax_all().unwrap().to_vec::<i32>().unwrap(), vec![1]);
+        let inf = t(vec![f32::NEG_INFINITY; 3], &[3]);
+        assert_eq!(
+            inf.logsumexp_all().unwrap().to_vec::<f32>().unwrap(),
+            vec![f32::NEG_INFINITY]
+        );
+        let e = t(vec![], &[0, 4]);
+        assert_eq!(
+            e.sum(&[0], false).unwrap().to_vec::<f32>().unwrap(),
+            vec![0.0; 4]
+        );
+        assert!(e
+            .mean(&[0], false)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .all(|v| v.is_nan()));
+        assert_eq!(
+            e.logsumexp(&[0], false).unwrap().to_vec::<f32>().unwrap(),
+            vec![f32::NEG_INFINITY; 4]
+        );
+        assert_eq!(e.max(&[1], false).unwrap().shape(), &[0]);
+        let one = t(vec![4.0], &[1]);
+        assert!(one.var_all(1.0).unwrap().to_vec::<f32>().unwrap()[0].is_nan());
+        assert_eq!(
+            one.var_all(0.0).unwrap().to_vec::<f32>().unwrap(),
+            vec![0.0]
+        );
+    }
+}
+
+#[test]
+fn bad_arguments_are_errors_naming_the_op_and_shape() {
+    for dev in test_devices().unwrap() {
+        let x = Tensor::zeros(&[2, 3], DType::F32, &dev).unwrap();
+        for (r, words) in [
+            (x.sum(&[2], false), vec!["sum", "axis 2", "[2, 3]"]),
+            (x.max(&[1, 1], false), vec!["max", "repeated", "[2, 3]"]),
+            (x.var(&[0, 5], 1.0, true), vec!["var", "axis 5", "[2, 3]"]),
+        ] {
+            let e = r.unwrap_err().to_string();
+            assert!(words.iter().all(|w| e.contains(w)), "{e}");
+        }
+        let i = Tensor::zeros(&[2, 3], DType::I32, &dev).unwrap();
+        let e = i.mean_all().unwrap_err().to_string();
+        assert!(
+            e.contains("mean") && e.contains("[2, 3]") && e.contains("i32"),
+            "{e}"
+        );
+        let e = Tensor::zeros(&[3, 0], DType::F32, &dev)
+            .unwrap()
+            .argmax(&[1], false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("argmax") && e.contains("[3, 0]"), "{e}");
+    }
+}
+
+#[test]
+fn reductions_are_deterministic() {
+    for dev in test_devices().unwrap() {
+        let x = random_tensor(DType::F32, &[3, 40001], -1.0, 1.0, 11)
+            .to_device(&dev)
+            .unwrap();
+        let xt = x.transpose(0, 1).unwrap();
+        for op in [
+            ReduceOp::Sum,
+            ReduceOp::Var { correction: 1.0 },
+            ReduceOp::LogSumExp,
+            ReduceOp::ArgMax,
+        ] {
+            for run in [
+                |t: &Tensor, op| t.reduce_all(op),
+                |t: &Tensor, op| t.reduce(op, &[1], false),
+                |t: &Tensor, op| t.reduce(op, &[0], false),
+            ] {
+                for t in [&x, &xt] {
+                    let a = run(t, op).unwrap().to_host_data().unwrap();
+                    let b = run(t, op).unwrap().to_host_data().unwrap();
+                    assert_eq!(a.as_bytes(), b.as_bytes(), "{} on {dev}", op.name());
+                }
+            }
+        }
+    }
+}
+
+// ---- softmax, log_softmax, cross-entropy ----
+
+fn float_dtypes(dev: &Device) -> Vec<DType> {
+    dtypes_for(dev)
+        .into_iter()
+        .filter(|d| d.is_float())
+        .collect()
+}
+
+/// Independent f64 softmax (or log_softmax) along `dim` of a contiguous host tensor.
+fn softmax_reference(t: &Tensor, dim: usize, log: bool) -> Vec<f64> {
+    let x = t.to_vec_f64().unwrap();
+    let shape = t.shape();
+    let n = shape[dim];
+    let inner: usize = shape[dim + 1..].iter().product();
+    let outer: usize = shape[..dim].iter().product();
+    let mut out = vec![0.0; x.len()];
+    for a in 0..outer {
+        for b in 0..inner {
+            let at = |j: usize| a * n * inner + j * inner + b;
+            let m = (0..n).map(|j| x[at(j)]).fold(f64::NEG_INFINITY, f64::max);
+            let s: f64 = (0..n).map(|j| (x[at(j)] - m).exp()).sum();
+            for j in 0..n {
+                out[at(j)] = if log {
+                    x[at(j)] - m - s.ln()
+                } else {
+                    (x[at(j)] - m).exp() / s
+                };
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn random_softmax_matches_the_host() {
+    let devices = test_devices().unwrap();
+    let mut c = Cases::new(0x50F7);
+    let dtypes = float_dtypes(devices.last().unwrap());
+    let mut cases = 0;
+    for case in 0..600u64 {
+        let mut shape = c.shape(4, 9);
+        if case % 50 == 0 {
+            shape = vec![[255, 257, 4097][c.below(3)], 1 + c.below(3)];
+        }
+        let dtype = dtypes[c.below(dtypes.len())];
+        let dim = c.below(shape.len());
+        let log = c.below(2) == 0;
+        let seed = c.next_u64();
+        let host = random_tensor(dtype, &shape, -4.0, 4.0, case);
+        let hv = random_view(&host, &mut Cases(seed));
+        let dim = dim.min(hv.ndim() - 1);
+        let run = |t: &Tensor| {
+            if log {
+                t.log_softmax(dim)
+            } else {
+                t.softmax(dim)
+            }
+        };
+        let what = format!(
+            "softmax log={log} {dtype} {:?}/{:?} dim {dim}",
+            hv.shape(),
+            hv.strides()
+        );
+        let want = run(&hv).unwrap();
+        let w = want.to_vec_f64().unwrap();
+        let tol = tolerance(dtype);
+        let r = softmax_reference(&hv.contiguous().unwrap(), dim, log);
+        check_close(&w, &r, tol, 1.0, &format!("host vs reference: {what}")).unwrap();
+        for dev in &devices {
+            let got = run(&random_view(
+                &host.to_device(dev).unwrap(),
+                &mut Cases(seed),
+            ))
+            .unwrap();
+            assert!(got.is_contiguous() && got.shape() == want.shape() && got.dtype() == dtype);
+            check_close(
+                &got.to_vec_f64().unwrap(),
+                &w,
+                tol,
+                1.0,
+                &format!("{what} on {dev}"),
+            )
+            .unwrap();
+        }
+        cases += 1;
+    }
+    assert!(cases >= 500);
+}
+
+/// Logits [n, c] as (base, transposed): the base is [c, n] when transposed. Targets have some
+/// rows at the ignore index -100.
+fn ce_inputs(
+    c: &mut Cases,
+    dtype: DType,
+    n: usize,
+    classes: usize,
+    seed: u64,
+) -> (Tensor, bool, Tensor) {
+    let transposed = c.below(2) == 0;
+    let base = if transposed {
+        random_tensor(dtype, &[classes, n], -4.0, 4.0, seed)
+    } else {
+        random_tensor(dtype, &[n, classes], -4.0, 4.0, seed)
+    };
+    let t: Vec<i32> = (0..n)
+        .map(|_| {
+            if c.below(6) == 0 {
+                -100
+            } else {
+                c.below(classes) as i32
+            }
+        })
+        .collect();
+    let targets = Tensor::from_vec(t, &[n], &Device::host()).unwrap();
+    (base, transposed, targets)
+}
+
+fn ce_view(base: &Tensor, transposed: bool) -> Tensor {
+    if transposed {
+        base.transpose(0, 1).unwrap()
+    } else {
+        base.clone()
+    }
+}
+
+#[test]
+fn random_cross_entropy_matches_the_host() {
+    let devices = test_devices().unwrap();
+    let mut c = Cases::new(0xCE);
+    let dtypes = float_dtypes(devices.last().unwrap());
+    for case in 0..500u64 {
+        let n = c.below(20);
+        let classes = if case % 60 == 0 {
+            [257, 4097][c.below(2)]
+        } else {
+            1 + c.below(40)
+        };
+        let dtype = dtypes[c.below(dtypes.len())];
+        let ignore = if c.below(3) == 0 { None } else { Some(-100) };
+        let (base, transposed, mut targets) = ce_inputs(&mut c, dtype, n, classes, case);
+        let logits = ce_view(&base, transposed);
+        if ignore.is_none() {
+            targets = Tensor::from_vec(
+                targets
+                    .to_vec::<i32>()
+                    .unwrap()
+                    .iter()
+                    .map(|&t| t.max(0))
+                    .collect(),
+                &[n],
+                &Device::host(),
+            )
+            .unwrap();
+        }
+        let per_row = c.below(2) == 0;
+        let grad = if per_row {
+            random_tensor(acc_dtype(dtype), &[n], -1.0, 1.0, case + 1)
+        } else {
+            host_tensor(acc_dtype(dtype), &[1.5], &[])
+        };
+        let what = format!(
+            "cross_entropy {dtype} [{n}, {classes}] ignore {ignore:?} strides {:?}",
+            logits.strides()
+        );
+        let want = logits.cross_entropy(&targets, ignore).unwrap();
+        let count = (!per_row).then_some(&want.count);
+        let want_dx = logits
+            .cross_entropy_backward(&targets, &want.lse, &grad, count, ignore)
+            .unwrap();
+        // Independent f64 reference.
+        let x = logits.contiguous().unwrap().to_vec_f64().unwrap();
+        let t = targets.to_vec::<i32>().unwrap();
+        let g = grad.to_vec_f64().unwrap();
+        let mut losses = vec![0.0; n];
+        let mut lse = vec![0.0; n];
+        let mut dx = vec![0.0; n * classes];
+        let kept: Vec<usize> = (0..n).filter(|&i| Some(t[i]) != ignore).collect();
+        for i in 0..n {
+            let row = &x[i * classes..(i + 1) * classes];
+            let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            lse[i] = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+            if Some(t[i]) != ignore {
+                losses[i] = lse[i] - row[t[i] as usize];
+                let gi = if per_row {
+                    g[i]
+                } else {
+                    g[0] / kept.len() as f64
+                };
+                for j in 0..classes {
+                    let onehot = if j == t[i] as usize { 1.0 } else { 0.0 };
+                    dx[i * classes + j] = ((row[j] - lse[i]).exp() - onehot) * gi;
+                }
+            }
+        }
+        let mean = kept.iter().map(|&i| losses[i]).sum::<f64>() / kept.len() as f64;
+        let tol = tolerance(acc_dtype(dtype)) * 4.0;
+        let dtol = tolerance(dtype) * 2.0;
+        check_close(&want.losses.to_vec_f64().unwrap(), &losses, tol, 1.0, &what).unwrap();
+        check_close(&want.lse.to_vec_f64().unwrap(), &lse, tol, 1.0, &what).unwrap();
+        check_close(&want.loss.to_vec_f64().unwrap(), &[mean], tol, 1.0, &what).unwrap();
+        check_close(&want_dx.to_vec_f64().unwrap(), &dx, dtol, 1.0, &what).unwrap();
+        for dev in &devices {
+            let (l, tg, gr) = (
+                ce_view(&base.to_device(dev).unwrap(), transposed),
+                targets.to_device(dev).unwrap(),
+                grad.to_device(dev).unwrap(),
+            );
+            let got = l.cross_entropy(&tg, ignore).unwrap();
+            let what = format!("{what} on {dev}");
+            check_close(
+                &got.losses.to_vec_f64().unwrap(),
+                &want.losses.to_vec_f64().unwrap(),
+                tol,
+                1.0,
+                &what,
+            )
+            .unwrap();
+            check_close(
+                &got.lse.to_vec_f64().unwrap(),
+                &want.lse.to_vec_f64().unwrap(),
+                tol,
+                1.0,
+                &what,
+            )
+            .unwrap();
+            check_close(
+                &got.loss.to_vec_f64().unwrap(),
+                &want.loss.to_vec_f64().unwrap(),
+                tol,
+                1.0,
+                &what,
+            )
+            .unwrap();
+            assert_eq!(got.count.to_vec_f64().unwrap(), vec![kept.len() as f64]);
+            let count = (!per_row).then_some(&got.count);
+            let gdx = l
+                .cross_entropy_backward(&tg, &got.lse, &gr, count, ignore)
+                .unwrap();
+            assert_eq!(gdx.shape(), &[n, classes]);
+            check_close(
+                &gdx.to_vec_f64().unwrap(),
+                &want_dx.to_vec_f64().unwrap(),
+                dtol,
+                1.0,
+                &what,
+            )
+            .unwrap();
+        }
+    }
+}
+
+#[test]
+fn cross_entropy_gradient_matches_finite_differences() {
+    for dev in test_devices().unwrap() {
+        if !dev.info().fp64 {
+            continue;
+        }
+        let (n, classes) = (3, 5);
+        let x = random_tensor(DType::F64, &[n, classes], -2.0, 2.0, 3);
+        let t = Tensor::from_vec(vec![4i32, 0, 2], &[n], &Device::host()).unwrap();
+        let loss = |x: &[f64]| {
+            let xt = Tensor::from_vec(x.to_vec(), &[n, classes], &dev).unwrap();
+            xt.cross_entropy(&t.to_device(&dev).unwrap(), None)
+                .unwrap()
+                .loss
+                .to_vec_f64()
+                .unwrap()[0]
+        };
+        let xd = x.to_device(&dev).unwrap();
+        let td = t.to_device(&dev).unwrap();
+        let ce = xd.cross_entropy(&td, None).unwrap();
+        let one = Tensor::from_vec(vec![1.0f64], &[], &dev).unwrap();
+        let dx = xd
+            .cross_entropy_backward(&td, &ce.lse, &one, Some(&ce.count), None)
+            .unwrap()
+            .to_vec_f64()
+            .unwrap();
+        let x0 = x.to_vec_f64().unwrap();
+        for k in 0..n * classes {
+            let (mut p, mut m) = (x0.clone(), x0.clone());
+            p[k] += 1e-6;
+            m[k] -= 1e-6;
+            let fd = (loss(&p) - loss(&m)) / 2e-6;
+            assert!(
+                (fd - dx[k]).abs() < 1e-7,
+                "{dev} element {k}: fd {fd} vs {}",
+                dx[k]
+            );
+        }
+    }
+}
+
+#[test]
+fn softmax_and_cross_entropy_errors() {
+    for dev in test_devices().unwrap() {
+        let x = Tensor::zeros(&[4, 3], DType::F32, &dev).unwrap();
+        let e = x.softmax(2).unwrap_err().to_string();
+        assert!(e.contains("softmax") && e.contains("[4, 3]"), "{e}");
+        let i = Tensor::zeros(&[4, 3], DType::I32, &dev).unwrap();
+        assert!(i
+            .log_softmax(0)
+            .unwrap_err()
+            .to_string()
+            .contains("log_softmax"));
+        let t = Tensor::zeros(&[3], DType::I32, &dev).unwrap();
+        let e = x.cross_entropy(&t, None).unwrap_err().to_string();
+        assert!(
+            e.contains("cross_entropy") && e.contains("[4, 3]") && e.contains("[3]"),
+            "{e}"
+        );
+        let tf = Tensor::zeros(&[4], DType::F32, &dev).unwrap();
+        let e = x.cross_entropy(&tf, None).unwrap_err().to_string();
+        assert!(e.contains("cross_entropy") && e.contains("targets"), "{e}");
+        let t4 = Tensor::zeros(&[4], DType::I32, &dev).unwrap();
+        let other = if dev.is_host() {
+            test_devices().unwrap().pop().unwrap()
+        } else {
+            Device::host()
+        };
+        if other != dev {
+            let e = x
+                .cross_entropy(&t4.to_device(&other).unwrap(), None)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("cross_entropy") && e.contains("[4]"), "{e}");
+        }
+        let ce = x.cross_entropy(&t4, None).unwrap();
+        let g = Tensor::zeros(&[2], DType::F32, &dev).unwrap();
+        let e = x
+            .cross_entropy_backward(&t4, &ce.lse, &g, None, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cross_entropy_backward") && e.contains("[2]"),
+            "{e}"
+        );
+        let g64 = Tensor::zeros(&[], DType::I32, &dev).unwrap();
+        assert!(x
+            .cross_entropy_backward(&t4, &ce.lse, &g64, None, None)
+            .is_err());
+        // Out-of-range targets: an error on the host, NaN rows on devices.
+        let bad = Tensor::from_vec(vec![0i32, 7, 1, 2], &[4], &dev).unwrap();
+        match x.cross_entropy_rows(&bad, None) {
+            Err(e) => {
+                assert!(dev.is_host());
+                assert!(e.to_string().contains("target 7"), "{e}");
+            }
+            Ok((loss, _)) => {
+                let l = loss.to_vec_f64().unwrap();
+                assert!(l[1].is_nan() && !l[0].is_nan(), "{l:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn softmax_is_deterministic() {
+    for dev in test_devices().unwrap() {
+        let x = random_tensor(DType::F32, &[7, 4097], -3.0, 3.0, 5)
+            .to_device(&dev)
+            .unwrap();
+        for dim in [0, 1] {
+            let a = x.softmax(dim).unwrap().to_host_data().unwrap();
+            let b = x.softmax(dim).unwrap().to_host_data().unwrap();
+            assert_eq!(a.as_bytes(), b.as_bytes());
+        }
+        let t = Tensor::from_vec(vec![1i32, 5, 4000, 0, 9, 9, 9], &[7], &dev).unwrap();
+        let a = x
+            .cross_entropy(&t, None)
+            .unwrap()
+            .loss
+            .to_host_data()
+            .unwrap();
+        let b = x
+            .cross_entropy(&t, None)
+            .unwrap()
+            .loss
+            .to_host_data()
+            .unwrap();
+        assert_eq!(a.as_bytes(), b.as_bytes());
+    }
+}

@@ -1,0 +1,221 @@
+// norm.cl: layer_norm, rms_norm (forward, input and parameter gradients) and batch_norm (training, eval).
+//
+// Row statistics use Welford per work-item and Chan's merge in a fixed tree order: bit-reproducible.
+
+#define NORM_GROUP 256
+
+// Running count, mean and sum of squared deviations.
+typedef struct { ACC n; ACC mean; ACC m2; } wf_t;
+
+inline wf_t wf_add(wf_t s, ACC x) {
+    s.n += (ACC)1;
+    ACC d = x - s.mean;
+    s.mean += d / s.n;
+    s.m2 += d * (x - s.mean);
+    return s;
+}
+
+inline wf_t wf_join(wf_t a, wf_t b) {
+    if (b.n == (ACC)0) return a;
+    if (a.n == (ACC)0) return b;
+    wf_t s;
+    s.n = a.n + b.n;
+    ACC d = b.mean - a.mean;
+    s.mean = a.mean + d * (b.n / s.n);
+    s.m2 = a.m2 + b.m2 + d * d * (a.n * (b.n / s.n));
+    return s;
+}
+
+// Work-group merge of Welford states; every work-item gets the result.
+inline wf_t wf_group(wf_t s, __local wf_t* sh) {
+    uint lid = get_local_id(0);
+    sh[lid] = s;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint k = get_local_size(0) / 2; k > 0; k >>= 1) {
+        if (lid < k) sh[lid] = wf_join(sh[lid], sh[lid + k]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    wf_t r = sh[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+
+// Work-group sums of two values; every work-item gets the results.
+inline void sum2_group(ACC* a, ACC* b, __local ACC* sa, __local ACC* sb) {
+    uint lid = get_local_id(0);
+    sa[lid] = *a;
+    sb[lid] = *b;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint k = get_local_size(0) / 2; k > 0; k >>= 1) {
+        if (lid < k) { sa[lid] += sa[lid + k]; sb[lid] += sb[lid + k]; }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    *a = sa[0];
+    *b = sb[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+inline uint norm_offset(const Layout* lr, uint r) {
+    if (lr->ndim == 1) return r * lr->stride[0][0];
+    return layout_offsets(lr, r).x;
+}
+
+// layer_norm (rms == 0) or rms_norm (rms != 0) of row o, one work-group per row:
+// y = (x - mean) * rstd * w + b with rstd = 1 / sqrt(var + eps) (rms: mean 0, var = mean(x^2)).
+__kernel void norm_fwd(__global T* y,            /* (rows, n) contiguous */
+                       __global ACC* mean,       /* (rows), written when rms == 0 */
+                       __global ACC* rstd,       /* (rows) */
+                       __global const T* x,      /* strided: row o at layout_offsets(lk, o).x, element r at + norm_offset(lr, r) */
+                       __global const T* w,      /* (n) when has_w */
+                       __global const T* b,      /* (n) when has_b */
+                       Layout lk, Layout lr, uint n, ACC eps, int rms, int has_w, int has_b) {
+    __local wf_t sh[NORM_GROUP];
+    uint o = get_group_id(0), lid = get_local_id(0), L = get_local_size(0);
+    uint base = layout_offsets(&lk, o).x;
+    wf_t s;
+    s.n = 0; s.mean = 0; s.m2 = 0;
+    for (uint r = lid; r < n; r += L) {
+        ACC v = LOAD(x, base + norm_offset(&lr, r));
+        if (rms) { s.n += (ACC)1; s.m2 += v * v; }  // a plain sum of squares (merged as with mean 0)
+        else s = wf_add(s, v);
+    }
+    s = wf_group(s, sh);
+    ACC mu = rms ? (ACC)0 : s.mean;
+    ACC var = s.m2 / (ACC)n;
+    ACC rs = (ACC)1 / sqrt(var + eps);
+    for (uint r = lid; r < n; r += L) {
+        ACC v = (LOAD(x, base + norm_offset(&lr, r)) - mu) * rs;
+        if (has_w) v *= LOAD(w, r);
+        if (has_b) v += LOAD(b, r);
+        STORE(y, o * n + r, v);
+    }
+    if (lid == 0) {
+        if (!rms) mean[o] = mu;
+        rstd[o] = rs;
+    }
+}
+
+// Input gradient, one work-group per row: with xhat = (x - mean) * rstd and g = dy * w,
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); rms_norm drops the mean(g) term.
+__kernel void norm_bwd_x(__global T* dx,          /* (rows, n) */
+                         __global const T* dy,    /* (rows, n) */
+                         __global const T* x,     /* (rows, n) */
+                         __global const ACC* mean, /* (rows), read when rms == 0 */
+                         __global const ACC* rstd, /* (rows) */
+                         __global const T* w,     /* (n) when has_w */
+                         uint n, int rms, int has_w) {
+    __local ACC sa[NORM_GROUP], sb[NORM_GROUP];
+    uint o = get_group_id(0), lid = get_local_id(0), L = get_local_size(0);
+    uint row = o * n;
+    ACC mu = rms ? (ACC)0 : mean[o], rs = rstd[o];
+    ACC sg = 0, sgx = 0;
+    for (uint r = lid; r < n; r += L) {
+        ACC g = LOAD(dy, row + r);
+        if (has_w) g *= LOAD(w, r);
+        ACC xh = (LOAD(x, row + r) - mu) * rs;
+        sg += g;
+        sgx += g * xh;
+    }
+    sum2_group(&sg, &sgx, sa, sb);
+    ACC mg = rms ? (ACC)0 : sg / (ACC)n, mgx = sgx / (ACC)n;
+    for (uint r = lid; r < n; r += L) {
+        ACC g = LOAD(dy, row + r);
+        if (has_w) g *= LOAD(w, r);
+        ACC xh = (LOAD(x, row + r) - mu) * rs;
+        STORE(dx, row + r, rs * (g - mg - xh * mgx));
+    }
+}
+
+// Parameter gradients, pass 1: work-item (c, j) sums dy * xhat and dy over rows
+// [c * chunk, (c + 1) * chunk) of column j.
+__kernel void norm_bwd_params_part(__global ACC* pw,        /* (nchunks, n) */
+                                   __global ACC* pb,        /* (nchunks, n) */
+                                   __global const T* dy,    /* (rows, n) */
+                                   __global const T* x,     /* (rows, n) */
+                                   __global const ACC* mean, /* (rows), read when rms == 0 */
+                                   __global const ACC* rstd, /* (rows) */
+                                   uint rows, uint n, uint chunk, int rms, uint total) {
+    uint k = get_global_id(0);
+    if (k >= total) return;
+    uint c = k / n, j = k % n;
+    uint r1 = min(rows, (c + 1) * chunk);
+    ACC aw = 0, ab = 0;
+    for (uint i = c * chunk; i < r1; ++i) {
+        ACC g = LOAD(dy, i * n + j);
+        ACC mu = rms ? (ACC)0 : mean[i];
+        aw += g * (LOAD(x, i * n + j) - mu) * rstd[i];
+        ab += g;
+    }
+    pw[k] = aw;
+    pb[k] = ab;
+}
+
+// Parameter gradients, pass 2: column j sums its chunks in order.
+__kernel void norm_bwd_params_sum(__global T* dw,          /* (n) */
+                                  __global T* db,          /* (n), written when has_b */
+                                  __global const ACC* pw,  /* (nchunks, n) */
+                                  __global const ACC* pb,  /* (nchunks, n) */
+                                  uint nchunks, int has_b, uint n) {
+    uint j = get_global_id(0);
+    if (j >= n) return;
+    ACC aw = 0, ab = 0;
+    for (uint c = 0; c < nchunks; ++c) { aw += pw[c * n + j]; ab += pb[c * n + j]; }
+    STORE(dw, j, aw);
+    if (has_b) STORE(db, j, ab);
+}
+
+// batch_norm in training mode, one work-group per channel c: batch statistics over (N, spatial),
+// y = (x - mean) * invstd * w + b, saved mean/invstd, and running stats (unbiased var) updated
+// with momentum when has_running.
+__kernel void bn_train(__global T* y,             /* contiguous like x */
+                       __global ACC* save_mean,   /* (C) */
+                       __global ACC* save_invstd, /* (C) */
+                       __global ACC* run_mean,    /* (C) when has_running */
+                       __global ACC* run_var,     /* (C) when has_running */
+                       __global const T* x,       /* strided: channel c at layout_offsets(lk, c) (.x in x, .y in y) */
+                       __global const T* w,       /* (C) when has_w */
+                       __global const T* b,       /* (C) when has_b */
+                       Layout lk, Layout lr,      /* lr: (N, spatial) offsets, .x in x, .y in y */
+                       uint cnt, ACC eps, ACC momentum, int has_w, int has_b, int has_running) {
+    __local wf_t sh[NORM_GROUP];
+    uint c = get_group_id(0), lid = get_local_id(0), L = get_local_size(0);
+    uint3 base = layout_offsets(&lk, c);
+    wf_t s;
+    s.n = 0; s.mean = 0; s.m2 = 0;
+    for (uint r = lid; r < cnt; r += L) s = wf_add(s, LOAD(x, base.x + layout_offsets(&lr, r).x));
+    s = wf_group(s, sh);
+    ACC var = s.m2 / (ACC)cnt;
+    ACC is = (ACC)1 / sqrt(var + eps);
+    ACC scale = has_w ? LOAD(w, c) * is : is;
+    ACC shift = (has_b ? LOAD(b, c) : (ACC)0) - s.mean * scale;
+    for (uint r = lid; r < cnt; r += L) {
+        uint3 off = layout_offsets(&lr, r);
+        STORE(y, base.y + off.y, LOAD(x, base.x + off.x) * scale + shift);
+    }
+    if (lid == 0) {
+        save_mean[c] = s.mean;
+        save_invstd[c] = is;
+        if (has_running) {
+            run_mean[c] = ((ACC)1 - momentum) * run_mean[c] + momentum * s.mean;
+            run_var[c] = ((ACC)1 - momentum) * run_var[c] + momentum * (s.m2 / (ACC)(cnt - 1));
+        }
+    }
+}
+
+// batch_norm in eval mode, one work-item per element: y = (x - rm[c]) / sqrt(rv[c] + eps) * w + b.
+__kernel void bn_eval(__global T* y,              /* layout operand 0 (contiguous) */
+                      __global const T* x,        /* layout operand 1 */
+                      __global const ACC* rm,     /* (C) */
+                      __global const ACC* rv,     /* (C) */
+                      __global const T* w,        /* (C) when has_w */
+                      __global const T* b,        /* (C) when has_b */
+                      Layout l, uint C, uint inner, ACC eps, int has_w, int has_b, uint n) {
+    uint i = get_global_id(0);
+    if (i >= n) return;
+    uint c = (i / inner) % C;
+    uint3 o = layout_offsets(&l, i);
+    ACC is = (ACC)1 / sqrt(rv[c] + eps);
+    ACC scale = has_w ? LOAD(w, c) * is : is;
+    ACC shift = (has_b ? LOAD(b, c) : (ACC)0) - rm[c] * scale;
+    STORE(y, o.x, LOAD(x, o.y) * scale + shift);
+}
