@@ -1,6 +1,7 @@
 //! netcl-ops: the Tensor and its ops, each with an OpenCL kernel and a host (ndarray) reference.
 #[macro_use]
 mod element;
+mod attention;
 mod binary;
 mod create;
 mod dropout;
@@ -21,6 +22,7 @@ pub mod testing;
 mod unary;
 mod views;
 
+pub use attention::Attention;
 pub use element::{Element, HostData};
 pub use expr::{BinaryOp, Expr, UnaryOp};
 pub use fused::{fused, fused_into};

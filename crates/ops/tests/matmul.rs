@@ -261,3 +261,92 @@ fn bad_matmul_input_is_an_error_naming_the_shapes() {
         assert!(s.matmul(&ok).is_err());
     }
 }
+
+/// Reference attention in f64 from the definition.
+fn attention_ref(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    (b, tq, tk, d, dv): (usize, usize, usize, usize, usize),
+    causal: bool,
+) -> Vec<f64> {
+    let mut out = vec![0.0; b * tq * dv];
+    for z in 0..b {
+        for i in 0..tq {
+            let s: Vec<f64> = (0..tk)
+                .map(|j| {
+                    if causal && j > i + tk - tq {
+                        return f64::NEG_INFINITY;
+                    }
+                    (0..d)
+                        .map(|x| q[(z * tq + i) * d + x] * k[(z * tk + j) * d + x])
+                        .sum::<f64>()
+                        / (d as f64).sqrt()
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            for c in 0..dv {
+                out[(z * tq + i) * dv + c] =
+                    (0..tk).map(|j| e[j] / sum * v[(z * tk + j) * dv + c]).sum();
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn causal_attention_matches_the_definition() {
+    let devices = test_devices().unwrap();
+    let mut c = Cases::new(0xA77E);
+    for case in 0..40 {
+        let dtype = [DType::F32, DType::F64][case % 2];
+        let (b, tk, d, dv) = (
+            1 + c.below(3),
+            1 + c.below(20),
+            1 + c.below(16),
+            1 + c.below(9),
+        );
+        let tq = 1 + c.below(tk);
+        let causal = c.below(2) == 0;
+        let q = random_tensor(dtype, &[b, tq, d], -1.0, 1.0, case as u64);
+        let k = random_tensor(dtype, &[b, tk, d], -1.0, 1.0, case as u64 + 1);
+        let v = random_tensor(dtype, &[b, tk, dv], -1.0, 1.0, case as u64 + 2);
+        let want = attention_ref(
+            &q.to_vec_f64().unwrap(),
+            &k.to_vec_f64().unwrap(),
+            &v.to_vec_f64().unwrap(),
+            (b, tq, tk, d, dv),
+            causal,
+        );
+        for dev in devices
+            .iter()
+            .filter(|x| dtype != DType::F64 || x.info().fp64)
+        {
+            let (qd, kd, vd) = (
+                q.to_device(dev).unwrap(),
+                k.to_device(dev).unwrap(),
+                v.to_device(dev).unwrap(),
+            );
+            let att = Tensor::attention(&qd, &kd, &vd, None, causal, None).unwrap();
+            assert_eq!(att.out.shape(), &[b, tq, dv]);
+            let tol = if dtype == DType::F32 { 1e-5 } else { 1e-12 };
+            check_close(
+                &att.out.to_vec_f64().unwrap(),
+                &want,
+                tol,
+                1.0,
+                &format!("case {case} {dtype} causal {causal} on {dev}"),
+            )
+            .unwrap();
+        }
+    }
+    let dev = Device::host();
+    let q = Tensor::zeros(&[2, 3, 4], DType::F32, &dev).unwrap();
+    let k = Tensor::zeros(&[2, 5, 3], DType::F32, &dev).unwrap();
+    let e = Tensor::attention(&q, &k, &k, None, false, None)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("[2, 3, 4]"), "{e}");
+}

@@ -16,11 +16,11 @@ fn main() -> Result<()> {
     let b = Tensor::randn(&[n, n], DType::F32, &dev, &mut gen)?;
     let mut best: Option<(f64, GemmTile)> = None;
     println!("autotuning f32 GEMM {n}^3 on {dev}");
-    for bm in [32u32, 64, 128] {
-        for bn in [32u32, 64, 128] {
-            for bk in [8u32, 16, 32] {
-                for wm in [2u32, 4, 8] {
-                    for wn in [2u32, 4, 8] {
+    for bm in [64u32, 128] {
+        for bn in [64u32, 128] {
+            for bk in [8u32, 16] {
+                for wm in [4u32, 8] {
+                    for wn in [4u32, 8] {
                         let tile = GemmTile { bm, bn, bk, wm, wn };
                         let threads = (bm / wm) * (bn / wn);
                         if tile.check(&dev, 4).is_err() || !(64..=256).contains(&threads) {

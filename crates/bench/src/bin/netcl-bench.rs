@@ -81,6 +81,28 @@ impl Runner {
         )?;
         Ok(())
     }
+
+    /// Row-wise softmax and layer_norm over rows of 4096 (one read and one write of the tensor).
+    fn rows(&mut self, softmax: bool, norm: bool) -> Result<()> {
+        let (rows, cols) = (1usize << 14, 4096usize);
+        let x = self.randn(&[rows, cols])?;
+        let bytes = 8.0 * (rows * cols) as f64;
+        if softmax {
+            let name = format!("softmax_{rows}x{cols}");
+            self.measure("softmax", name, (bytes, 0.0, 1), || {
+                x.softmax(1).map(|_| ())
+            })?;
+        }
+        if norm {
+            let w = Tensor::ones(&[cols], DType::F32, &self.dev)?;
+            let b = Tensor::zeros(&[cols], DType::F32, &self.dev)?;
+            let name = format!("layer_norm_{rows}x{cols}");
+            self.measure("norm", name, (bytes, 0.0, 1), || {
+                x.layer_norm(&[cols], Some(&w), Some(&b), 1e-5).map(|_| ())
+            })?;
+        }
+        Ok(())
+    }
 }
 
 fn main() -> Result<()> {
@@ -103,6 +125,9 @@ fn main() -> Result<()> {
     }
     if want("elementwise") {
         r.elementwise()?;
+    }
+    if want("softmax") || want("norm") {
+        r.rows(want("softmax"), want("norm"))?;
     }
     if let Some(path) = flag_value(&args, "--json") {
         let json = serde_json::json!({
