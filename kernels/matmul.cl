@@ -30,6 +30,27 @@ inline ACC activate(ACC v) {
 #endif
 }
 
+// Work-items own register columns in groups of GW contiguous elements (vector-friendly local
+// reads, coalesced stores); groups are strided by the work-group width.
+#if WN % 4 == 0
+#define GWN 4
+#elif WN % 2 == 0
+#define GWN 2
+#else
+#define GWN 1
+#endif
+#if WM % 4 == 0
+#define GWM 4
+#elif WM % 2 == 0
+#define GWM 2
+#else
+#define GWM 1
+#endif
+#define ROW(i) (((i) / GWM) * (TY * GWM) + ty * GWM + (i) % GWM)  // row of register i in the tile
+#define COL(j) (((j) / GWN) * (TX * GWN) + tx * GWN + (j) % GWN)  // column of register j
+#define A_PER ((BM * BK + NT - 1) / NT)  // tile elements each work-item stages
+#define B_PER ((BN * BK + NT - 1) / NT)
+
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void matmul(__global T* c,           /* (batch, M, N) contiguous per batch: c[m * N + n] */
             __global const T* a,     /* (batch, M, K): a[m * sam + k * sak] */
@@ -37,8 +58,8 @@ void matmul(__global T* c,           /* (batch, M, N) contiguous per batch: c[m 
             __global const T* bias,  /* (N), read when has_bias */
             Layout batch,            /* batch dims: operand 0 = c, 1 = a, 2 = b */
             uint M, uint N, uint K, uint sam, uint sak, uint sbk, uint sbn, uint has_bias) {
-    __local ACC As[BK][BM + PAD];
-    __local ACC Bs[BK][BN + PAD];
+    __local ACC As[BK][BM + PAD] __attribute__((aligned(16)));
+    __local ACC Bs[BK][BN + PAD] __attribute__((aligned(16)));
     const uint tx = get_local_id(0), ty = get_local_id(1);
     const uint tid = ty * TX + tx;
     const uint n0 = get_group_id(0) * BN, m0 = get_group_id(1) * BM;
@@ -46,26 +67,44 @@ void matmul(__global T* c,           /* (batch, M, N) contiguous per batch: c[m 
     ACC acc[WM][WN];
     for (int i = 0; i < WM; ++i)
         for (int j = 0; j < WN; ++j) acc[i][j] = (ACC)0;
+    // The next tile is loaded into registers while the current one is multiplied.
+    ACC ra_next[A_PER], rb_next[B_PER];
 
+// Tile coordinates of staged element r: consecutive work-items walk the contiguous dim.
+#define A_MK(r, mm, kk) uint e_ = tid + (r) * NT; uint mm = sak == 1 ? e_ / BK : e_ % BM; uint kk = sak == 1 ? e_ % BK : e_ / BM;
+#define B_NK(r, nn, kk) uint e_ = tid + (r) * NT; uint nn = sbn == 1 ? e_ % BN : e_ / BK; uint kk = sbn == 1 ? e_ / BN : e_ % BK;
+#define FETCH(k0)                                                                              \
+    for (int r = 0; r < A_PER; ++r) {                                                          \
+        A_MK(r, mm, kk)                                                                        \
+        uint gm = m0 + mm, gk = (k0) + kk;                                                     \
+        ra_next[r] = (e_ < BM * BK && gm < M && gk < K) ? LOAD(a, o.y + gm * sam + gk * sak) : (ACC)0; \
+    }                                                                                          \
+    for (int r = 0; r < B_PER; ++r) {                                                          \
+        B_NK(r, nn, kk)                                                                        \
+        uint gn = n0 + nn, gk = (k0) + kk;                                                     \
+        rb_next[r] = (e_ < BN * BK && gn < N && gk < K) ? LOAD(b, o.z + gk * sbk + gn * sbn) : (ACC)0; \
+    }
+#define STAGE()                                                                                \
+    for (int r = 0; r < A_PER; ++r) {                                                          \
+        A_MK(r, mm, kk)                                                                        \
+        if (e_ < BM * BK) As[kk][mm] = ra_next[r];                                             \
+    }                                                                                          \
+    for (int r = 0; r < B_PER; ++r) {                                                          \
+        B_NK(r, nn, kk)                                                                        \
+        if (e_ < BN * BK) Bs[kk][nn] = rb_next[r];                                             \
+    }
+
+    FETCH(0)
     for (uint k0 = 0; k0 < K; k0 += BK) {
-        // Consecutive work-items walk whichever dim of A (and of B) is contiguous in memory.
-        for (uint e = tid; e < BM * BK; e += NT) {
-            uint mm = sak == 1 ? e / BK : e % BM;
-            uint kk = sak == 1 ? e % BK : e / BM;
-            uint gm = m0 + mm, gk = k0 + kk;
-            As[kk][mm] = (gm < M && gk < K) ? LOAD(a, o.y + gm * sam + gk * sak) : (ACC)0;
-        }
-        for (uint e = tid; e < BN * BK; e += NT) {
-            uint nn = sbn == 1 ? e % BN : e / BK;
-            uint kk = sbn == 1 ? e / BN : e % BK;
-            uint gn = n0 + nn, gk = k0 + kk;
-            Bs[kk][nn] = (gn < N && gk < K) ? LOAD(b, o.z + gk * sbk + gn * sbn) : (ACC)0;
-        }
+        STAGE()
         barrier(CLK_LOCAL_MEM_FENCE);
+        if (k0 + BK < K) {
+            FETCH(k0 + BK)
+        }
         for (int kk = 0; kk < BK; ++kk) {
             ACC ra[WM], rb[WN];
-            for (int i = 0; i < WM; ++i) ra[i] = As[kk][ty * WM + i];
-            for (int j = 0; j < WN; ++j) rb[j] = Bs[kk][tx * WN + j];
+            for (int i = 0; i < WM; ++i) ra[i] = As[kk][ROW(i)];
+            for (int j = 0; j < WN; ++j) rb[j] = Bs[kk][COL(j)];
             for (int i = 0; i < WM; ++i)
                 for (int j = 0; j < WN; ++j) acc[i][j] = mad(ra[i], rb[j], acc[i][j]);
         }
@@ -73,10 +112,10 @@ void matmul(__global T* c,           /* (batch, M, N) contiguous per batch: c[m 
     }
 
     for (int i = 0; i < WM; ++i) {
-        uint m = m0 + ty * WM + i;
-        if (m >= M) break;
+        uint m = m0 + ROW(i);
+        if (m >= M) continue;
         for (int j = 0; j < WN; ++j) {
-            uint n = n0 + tx * WN + j;
+            uint n = n0 + COL(j);
             if (n < N) {
                 ACC v = acc[i][j];
                 if (has_bias) v += LOAD(bias, n);
