@@ -27,3 +27,5 @@ source!(ROPE, "rope.cl");
 
 /// Every op-family source (not the common header).
 pub const ALL: [Source; 6] = [COPY, RANDOM, MATMUL, INDEX, SHAPE, ROPE];
+source!(CONV, "conv.cl");
+source!(POOL, "pool.cl");

@@ -27,3 +27,7 @@ pub use netcl_core_devices::{DType, Device, Error, Result};
 pub use netcl_kernels::GemmTile;
 pub use random::Generator;
 pub use tensor::{Storage, Tensor};
+mod conv;
+mod pool;
+pub use conv::Conv2dParams;
+pub use pool::Pool2dParams;
