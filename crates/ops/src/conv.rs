@@ -215,8 +215,24 @@ fn geometry(op: &str, x_shape: &[usize], w_shape: &[usize], p: Conv2dParams) -> 
         ));
     }
     let what = format!("input {x_shape:?}, weight {w_shape:?}");
-    let ho = window_out(op, &what, x_shape[2], kh, p.stride.0, p.padding.0, p.dilation.0)?;
-    let wo = window_out(op, &what, x_shape[3], kw, p.stride.1, p.padding.1, p.dilation.1)?;
+    let ho = window_out(
+        op,
+        &what,
+        x_shape[2],
+        kh,
+        p.stride.0,
+        p.padding.0,
+        p.dilation.0,
+    )?;
+    let wo = window_out(
+        op,
+        &what,
+        x_shape[3],
+        kw,
+        p.stride.1,
+        p.padding.1,
+        p.dilation.1,
+    )?;
     Ok(Geom {
         n: x_shape[0],
         c,
@@ -307,9 +323,10 @@ fn im2col(op: &str, x: &Tensor, g: &Geom, batch_inner: bool) -> Result<Tensor> {
                 *col = xv[((b * g.c + c) * g.h + hh as usize) * g.w + ww as usize];
             }
         }
-        let t = Tensor::from_host_data(HostData::from_fn(x.dtype, cols.len(), |i| cols[i]), &[
-            n, gr, k, l,
-        ]);
+        let t = Tensor::from_host_data(
+            HostData::from_fn(x.dtype, cols.len(), |i| cols[i]),
+            &[n, gr, k, l],
+        );
         return Ok(t);
     }
     let (out, strides) = if batch_inner {
@@ -349,13 +366,18 @@ fn col2im(op: &str, cols: &Tensor, g: &Geom) -> Result<Tensor> {
             let mut acc = 0.0;
             for ki in 0..g.kh {
                 let th = (h + p.padding.0) as isize - (ki * p.dilation.0) as isize;
-                if th < 0 || th as usize % p.stride.0 != 0 || th as usize / p.stride.0 >= g.ho {
+                if th < 0
+                    || !(th as usize).is_multiple_of(p.stride.0)
+                    || th as usize / p.stride.0 >= g.ho
+                {
                     continue;
                 }
                 let oh = th as usize / p.stride.0;
                 for kj in 0..g.kw {
                     let tw = (w + p.padding.1) as isize - (kj * p.dilation.1) as isize;
-                    if tw < 0 || tw as usize % p.stride.1 != 0 || tw as usize / p.stride.1 >= g.wo
+                    if tw < 0
+                        || !(tw as usize).is_multiple_of(p.stride.1)
+                        || tw as usize / p.stride.1 >= g.wo
                     {
                         continue;
                     }
@@ -426,9 +448,7 @@ impl Tensor {
         } else {
             im2col(op, self, &g, false)?
         };
-        let y = w3
-            .matmul(&cols)?
-            .reshape(&[g.n, g.cout, g.ho, g.wo])?;
+        let y = w3.matmul(&cols)?.reshape(&[g.n, g.cout, g.ho, g.wo])?;
         match bias {
             Some(b) => add_channel_bias(op, y, b),
             None => Ok(y),
@@ -471,9 +491,10 @@ impl Tensor {
         let gy = grad_y
             .permute(&[1, 0, 2, 3])?
             .reshape(&[g.groups(), g.coutg(), nl])?;
-        let cols = im2col(op, x, &g, true)?
-            .permute(&[1, 2, 0, 3])?
-            .reshape(&[g.groups(), g.k(), nl])?;
+        let cols =
+            im2col(op, x, &g, true)?
+                .permute(&[1, 2, 0, 3])?
+                .reshape(&[g.groups(), g.k(), nl])?;
         gy.matmul(&cols.transpose(1, 2)?)?.reshape(weight_shape)
     }
 

@@ -121,7 +121,8 @@ impl Geom {
         let mut v = Vec::new();
         let tap = |x: usize, pad: usize, k: usize, d: usize, s: usize, out: usize| {
             let t = (x + pad) as isize - (k * d) as isize;
-            (t >= 0 && t as usize % s == 0 && (t as usize) / s < out).then(|| t as usize / s)
+            (t >= 0 && (t as usize).is_multiple_of(s) && (t as usize) / s < out)
+                .then(|| t as usize / s)
         };
         for ki in 0..p.kernel.0 {
             let Some(oh) = tap(h, p.padding.0, ki, p.dilation.0, p.stride.0, self.ho) else {

@@ -46,7 +46,12 @@ fn out_len(size: usize, k: usize, s: usize, p: usize, d: usize) -> usize {
 
 /// For every (output, input, weight) element triple the forward multiplies: calls
 /// `f(y_index, x_index, w_index)` in nested-loop order.
-fn conv_taps(xs: [usize; 4], ws: [usize; 4], p: Conv2dParams, mut f: impl FnMut(usize, usize, usize)) {
+fn conv_taps(
+    xs: [usize; 4],
+    ws: [usize; 4],
+    p: Conv2dParams,
+    mut f: impl FnMut(usize, usize, usize),
+) {
     let [n, c, h, w] = xs;
     let [co, cg, kh, kw] = ws;
     let (ho, wo) = (
@@ -83,7 +88,6 @@ fn conv_taps(xs: [usize; 4], ws: [usize; 4], p: Conv2dParams, mut f: impl FnMut(
             }
         }
     }
-    let _ = (c, ho, wo);
 }
 
 struct ConvRef {
@@ -131,7 +135,7 @@ fn conv_case(c: &mut Cases, case: usize) -> ([usize; 4], [usize; 4], Conv2dParam
         1 => (2 + c.below(2), 1 + c.below(3), 1 + c.below(3)),
         _ => (1, 1 + c.below(4), 1 + c.below(5)),
     };
-    let pointwise = case % 5 == 0;
+    let pointwise = case.is_multiple_of(5);
     let (kh, kw) = if pointwise {
         (1, 1)
     } else {
@@ -175,7 +179,8 @@ fn conv2d_and_gradients_match_nested_loops_on_every_device() {
         let (xs, ws, p) = conv_case(&mut c, case);
         let x = input(dtype, xs, c.below(3), case as u64);
         let w = random_tensor(dtype, &ws, -1.0, 1.0, case as u64 + 1);
-        let bias = (c.below(2) == 0).then(|| random_tensor(dtype, &[ws[0]], -1.0, 1.0, case as u64 + 2));
+        let bias =
+            (c.below(2) == 0).then(|| random_tensor(dtype, &[ws[0]], -1.0, 1.0, case as u64 + 2));
         let ho = out_len(xs[2], ws[2], p.stride.0, p.padding.0, p.dilation.0);
         let wo = out_len(xs[3], ws[3], p.stride.1, p.padding.1, p.dilation.1);
         let gy = input(dtype, [xs[0], ws[0], ho, wo], c.below(3), case as u64 + 3);
@@ -183,7 +188,8 @@ fn conv2d_and_gradients_match_nested_loops_on_every_device() {
         let k = ws[1] * ws[2] * ws[3];
         let kb = xs[0] * ho * wo;
         for dev in devices.iter().filter(|d| supports(d, dtype)) {
-            let what = |op: &str| format!("case {case} {op} {dtype} x {xs:?} w {ws:?} {p:?} on {dev}");
+            let what =
+                |op: &str| format!("case {case} {op} {dtype} x {xs:?} w {ws:?} {p:?} on {dev}");
             let (xd, wd, gd) = (
                 x.to_device(dev).unwrap(),
                 w.to_device(dev).unwrap(),
@@ -201,7 +207,14 @@ fn conv2d_and_gradients_match_nested_loops_on_every_device() {
             let dw = Tensor::conv2d_backward_weight(&gd, &xd, &ws, p).unwrap();
             assert_eq!(dw.shape(), &ws);
             let got = dw.to_vec_f64().unwrap();
-            check_close(&got, &r.dw, tol_for(dtype, kb), 2.0, &what("backward_weight")).unwrap();
+            check_close(
+                &got,
+                &r.dw,
+                tol_for(dtype, kb),
+                2.0,
+                &what("backward_weight"),
+            )
+            .unwrap();
             let db = Tensor::conv2d_backward_bias(&gd).unwrap();
             let got = db.to_vec_f64().unwrap();
             check_close(&got, &r.db, tol_for(dtype, kb), 2.0, &what("backward_bias")).unwrap();
@@ -228,7 +241,13 @@ fn conv2d_backwards_are_adjoints_in_f64() {
         let w = random_tensor(DType::F64, &ws, -1.0, 1.0, case as u64 + 1);
         let ho = out_len(xs[2], ws[2], p.stride.0, p.padding.0, p.dilation.0);
         let wo = out_len(xs[3], ws[3], p.stride.1, p.padding.1, p.dilation.1);
-        let g = random_tensor(DType::F64, &[xs[0], ws[0], ho, wo], -1.0, 1.0, case as u64 + 2);
+        let g = random_tensor(
+            DType::F64,
+            &[xs[0], ws[0], ho, wo],
+            -1.0,
+            1.0,
+            case as u64 + 2,
+        );
         for dev in devices.iter().filter(|d| supports(d, DType::F64)) {
             let (xd, wd, gd) = (
                 x.to_device(dev).unwrap(),
@@ -265,8 +284,10 @@ fn max_pool_ref(x: &[f64], xs: [usize; 4], p: Pool2dParams, gy: &[f64]) -> PoolR
                 let mut best: Option<(f64, usize)> = None;
                 for ki in 0..p.kernel.0 {
                     for kj in 0..p.kernel.1 {
-                        let hh = (oh * p.stride.0 + ki * p.dilation.0) as isize - p.padding.0 as isize;
-                        let ww = (ow * p.stride.1 + kj * p.dilation.1) as isize - p.padding.1 as isize;
+                        let hh =
+                            (oh * p.stride.0 + ki * p.dilation.0) as isize - p.padding.0 as isize;
+                        let ww =
+                            (ow * p.stride.1 + kj * p.dilation.1) as isize - p.padding.1 as isize;
                         if hh < 0 || ww < 0 || hh as usize >= h || ww as usize >= w {
                             continue;
                         }
@@ -364,7 +385,10 @@ fn pooling_and_backwards_match_nested_loops_on_every_device() {
         } else {
             (1, 1)
         };
-        let eff = (dilation.0 * (kernel.0 - 1) + 1, dilation.1 * (kernel.1 - 1) + 1);
+        let eff = (
+            dilation.0 * (kernel.0 - 1) + 1,
+            dilation.1 * (kernel.1 - 1) + 1,
+        );
         let p = Pool2dParams {
             kernel,
             stride: (1 + c.below(3), 1 + c.below(3)),
@@ -452,7 +476,9 @@ fn reruns_are_bit_identical() {
         let w = random_tensor(DType::F32, &[6, 2, 3, 3], -1.0, 1.0, 2)
             .to_device(&dev)
             .unwrap();
-        let b = random_tensor(DType::F32, &[6], -1.0, 1.0, 3).to_device(&dev).unwrap();
+        let b = random_tensor(DType::F32, &[6], -1.0, 1.0, 3)
+            .to_device(&dev)
+            .unwrap();
         let run = || {
             let y = x.conv2d(&w, Some(&b), p).unwrap();
             let dx = Tensor::conv2d_backward_input(&y, &w, x.shape(), p).unwrap();
@@ -473,7 +499,9 @@ fn reruns_are_bit_identical() {
 fn pointwise_conv_matches_the_general_path() {
     // 1x1 at stride 1 without padding takes the no-im2col path; stride 2 takes im2col.
     for dev in test_devices().unwrap() {
-        let x = input(DType::F32, [2, 6, 5, 7], 2, 4).to_device(&dev).unwrap();
+        let x = input(DType::F32, [2, 6, 5, 7], 2, 4)
+            .to_device(&dev)
+            .unwrap();
         let w = random_tensor(DType::F32, &[4, 3, 1, 1], -1.0, 1.0, 5)
             .to_device(&dev)
             .unwrap();
@@ -507,23 +535,50 @@ fn bad_input_is_an_error_naming_the_op_and_shapes() {
     let d = Conv2dParams::default();
     let x = f(&[2, 4, 5, 5]);
     // channel mismatch
-    expect_err(x.conv2d(&f(&[3, 3, 3, 3]), None, d), "conv2d", "[3, 3, 3, 3]");
+    expect_err(
+        x.conv2d(&f(&[3, 3, 3, 3]), None, d),
+        "conv2d",
+        "[3, 3, 3, 3]",
+    );
     // groups not dividing channels
     let g3 = Conv2dParams { groups: 3, ..d };
-    expect_err(x.conv2d(&f(&[3, 1, 3, 3]), None, g3), "conv2d", "[2, 4, 5, 5]");
+    expect_err(
+        x.conv2d(&f(&[3, 1, 3, 3]), None, g3),
+        "conv2d",
+        "[2, 4, 5, 5]",
+    );
     // kernel larger than the padded input
-    expect_err(x.conv2d(&f(&[3, 4, 6, 6]), None, d), "conv2d", "[3, 4, 6, 6]");
+    expect_err(
+        x.conv2d(&f(&[3, 4, 6, 6]), None, d),
+        "conv2d",
+        "[3, 4, 6, 6]",
+    );
     let dil = Conv2dParams {
         dilation: (3, 3),
         ..d
     };
-    expect_err(x.conv2d(&f(&[3, 4, 3, 3]), None, dil), "conv2d", "[2, 4, 5, 5]");
+    expect_err(
+        x.conv2d(&f(&[3, 4, 3, 3]), None, dil),
+        "conv2d",
+        "[2, 4, 5, 5]",
+    );
     // wrong weight rank, wrong input rank
     expect_err(x.conv2d(&f(&[3, 4, 3]), None, d), "conv2d", "[3, 4, 3]");
-    expect_err(f(&[4, 5, 5]).conv2d(&f(&[3, 4, 3, 3]), None, d), "conv2d", "[4, 5, 5]");
+    expect_err(
+        f(&[4, 5, 5]).conv2d(&f(&[3, 4, 3, 3]), None, d),
+        "conv2d",
+        "[4, 5, 5]",
+    );
     // bias shape, zero stride
-    expect_err(x.conv2d(&f(&[3, 4, 3, 3]), Some(&f(&[4])), d), "conv2d", "[4]");
-    let s0 = Conv2dParams { stride: (0, 1), ..d };
+    expect_err(
+        x.conv2d(&f(&[3, 4, 3, 3]), Some(&f(&[4])), d),
+        "conv2d",
+        "[4]",
+    );
+    let s0 = Conv2dParams {
+        stride: (0, 1),
+        ..d
+    };
     expect_err(x.conv2d(&f(&[3, 4, 3, 3]), None, s0), "conv2d", "(0, 1)");
     // dtype mismatch and integer dtypes
     let w64 = Tensor::zeros(&[3, 4, 3, 3], DType::F64, &h).unwrap();
@@ -542,7 +597,11 @@ fn bad_input_is_an_error_naming_the_op_and_shapes() {
         "conv2d_backward_weight",
         "[3, 2, 3, 3]",
     );
-    expect_err(Tensor::conv2d_backward_bias(&f(&[2, 3])), "conv2d_backward_bias", "[2, 3]");
+    expect_err(
+        Tensor::conv2d_backward_bias(&f(&[2, 3])),
+        "conv2d_backward_bias",
+        "[2, 3]",
+    );
     // pooling
     let pp = Pool2dParams::new((6, 2));
     expect_err(x.max_pool2d(pp).map(|r| r.0), "max_pool2d", "[2, 4, 5, 5]");
@@ -550,14 +609,26 @@ fn bad_input_is_an_error_naming_the_op_and_shapes() {
         padding: (2, 0),
         ..Pool2dParams::new((3, 3))
     };
-    expect_err(x.max_pool2d(wide_pad).map(|r| r.0), "max_pool2d", "[2, 4, 5, 5]");
+    expect_err(
+        x.max_pool2d(wide_pad).map(|r| r.0),
+        "max_pool2d",
+        "[2, 4, 5, 5]",
+    );
     let dilated = Pool2dParams {
         dilation: (2, 2),
         ..Pool2dParams::new((2, 2))
     };
     expect_err(x.avg_pool2d(dilated, true), "avg_pool2d", "(2, 2)");
-    expect_err(f(&[4, 5, 5]).avg_pool2d(Pool2dParams::new((2, 2)), true), "avg_pool2d", "[4, 5, 5]");
-    expect_err(x.adaptive_avg_pool2d((0, 2)), "adaptive_avg_pool2d", "(0, 2)");
+    expect_err(
+        f(&[4, 5, 5]).avg_pool2d(Pool2dParams::new((2, 2)), true),
+        "avg_pool2d",
+        "[4, 5, 5]",
+    );
+    expect_err(
+        x.adaptive_avg_pool2d((0, 2)),
+        "adaptive_avg_pool2d",
+        "(0, 2)",
+    );
     let (y, idx) = x.max_pool2d(Pool2dParams::new((2, 2))).unwrap();
     let idx_f = f(idx.shape());
     expect_err(
@@ -580,7 +651,12 @@ fn bad_input_is_an_error_naming_the_op_and_shapes() {
         let xd = x.to_device(&dev).unwrap();
         expect_err(xd.conv2d(&w, None, d), "conv2d", "[3, 4, 3, 3]");
         expect_err(
-            Tensor::max_pool2d_backward(&y.to_device(&dev).unwrap(), &idx, &[2, 4, 5, 5], Pool2dParams::new((2, 2))),
+            Tensor::max_pool2d_backward(
+                &y.to_device(&dev).unwrap(),
+                &idx,
+                &[2, 4, 5, 5],
+                Pool2dParams::new((2, 2)),
+            ),
             "max_pool2d_backward",
             "[2, 4, 2, 2]",
         );
