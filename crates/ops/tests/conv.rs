@@ -176,7 +176,7 @@ fn conv2d_and_gradients_match_nested_loops_on_every_device() {
     let devices = test_devices().unwrap();
     let mut c = Cases::new(0xC0117);
     let mut checks = 0;
-    for case in 0..180 {
+    for case in 0..260 {
         let dtype = FLOATS[case % FLOATS.len()];
         let (xs, ws, p) = conv_case(&mut c, case);
         let x = input(dtype, xs, c.below(3), case as u64);
@@ -380,7 +380,7 @@ fn pooling_and_backwards_match_nested_loops_on_every_device() {
     let devices = test_devices().unwrap();
     let mut c = Cases::new(0x9001);
     let mut checks = 0;
-    for case in 0..150 {
+    for case in 0..200 {
         let dtype = FLOATS[case % FLOATS.len()];
         let kind = case % 3;
         let kernel = (1 + c.below(3), 1 + c.below(3));
