@@ -29,6 +29,17 @@ source!(SOFTMAX, "softmax.cl");
 source!(NORM, "norm.cl");
 
 /// Every op-family source (not the common header).
-pub const ALL: [Source; 9] = [
-    COPY, RANDOM, MATMUL, INDEX, SHAPE, ROPE, REDUCE, SOFTMAX, NORM,
+source!(MATMUL, "matmul.cl");
+source!(INDEX, "index.cl");
+source!(SHAPE, "shape.cl");
+source!(ROPE, "rope.cl");
+source!(REDUCE, "reduce.cl");
+source!(SOFTMAX, "softmax.cl");
+source!(NORM, "norm.cl");
+source!(CONV, "conv.cl");
+source!(POOL, "pool.cl");
+
+/// Every op-family source (not the common header).
+pub const ALL: [Source; 11] = [
+    COPY, RANDOM, MATMUL, INDEX, SHAPE, ROPE, REDUCE, SOFTMAX, NORM, CONV, POOL,
 ];

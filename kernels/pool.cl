@@ -1,0 +1,176 @@
+// pool.cl: 2-D max / average / adaptive-average pooling over NCHW and their deterministic (gathering) backwards.
+
+// A strided 4-D operand: (N, C, H, W) with element strides and offset.
+typedef struct {
+    uint shape[4];
+    uint stride[4];
+    uint offset;
+} View4;
+
+// Window geometry over an input plane (h, w) giving an output plane (ho, wo).
+typedef struct {
+    uint kh, kw;
+    uint sh, sw;
+    uint ph, pw;
+    uint dh, dw;
+    uint h, w;
+    uint ho, wo;
+    uint include_pad;  // avg pooling: divide by the padded window size
+} PoolGeom;
+
+inline uint at4(const View4* v, uint b, uint c, uint h, uint w) {
+    return v->offset + b * v->stride[0] + c * v->stride[1] + h * v->stride[2] + w * v->stride[3];
+}
+
+// y[b, c, oh, ow] = max over the window's in-range taps (first maximum; NaN wins and stays),
+// idx = its h * W + w in the input plane (-1 when no tap is in range).
+__kernel void max_pool2d(__global T* y,          /* y: (N, C, Ho, Wo), contiguous */
+                         __global int* idx,      /* idx: (N, C, Ho, Wo), contiguous */
+                         __global const T* x,    /* x: (N, C, H, W) through v */
+                         View4 v, PoolGeom g, uint n) {
+    uint i = get_global_id(0);
+    if (i >= n) return;
+    uint ow = i % g.wo, oh = (i / g.wo) % g.ho, c = (i / (g.wo * g.ho)) % v.shape[1];
+    uint b = i / (g.wo * g.ho * v.shape[1]);
+    ACC best = (ACC)0;
+    int bi = -1;
+    for (uint ki = 0; ki < g.kh; ++ki) {
+        int h = (int)(oh * g.sh + ki * g.dh) - (int)g.ph;
+        if (h < 0 || (uint)h >= g.h) continue;
+        for (uint kj = 0; kj < g.kw; ++kj) {
+            int w = (int)(ow * g.sw + kj * g.dw) - (int)g.pw;
+            if (w < 0 || (uint)w >= g.w) continue;
+            ACC val = LOAD(x, at4(&v, b, c, (uint)h, (uint)w));
+            if (bi < 0 || (!isnan(best) && (val > best || isnan(val)))) {
+                best = val;
+                bi = h * (int)g.w + w;
+            }
+        }
+    }
+    STORE(y, i, bi < 0 ? (ACC)(-INFINITY) : best);
+    idx[i] = bi;
+}
+
+// dx[b, c, h, w] = sum over the windows (ki, kj ascending) that contain (h, w) and whose index
+// names it, of gy. Gathers per input pixel: correct for overlapping windows, no atomics.
+__kernel void max_pool2d_backward(__global T* dx,          /* dx: (N, C, H, W), contiguous */
+                                  __global const T* gy,    /* gy: (N, C, Ho, Wo) through gv */
+                                  __global const int* idx, /* idx: (N, C, Ho, Wo) through iv */
+                                  View4 gv, View4 iv, PoolGeom g, uint n) {
+    uint i = get_global_id(0);
+    if (i >= n) return;
+    uint C = gv.shape[1];
+    uint w = i % g.w, h = (i / g.w) % g.h, c = (i / (g.w * g.h)) % C, b = i / (g.w * g.h * C);
+    int me = (int)(h * g.w + w);
+    ACC acc = (ACC)0;
+    for (uint ki = 0; ki < g.kh; ++ki) {
+        int th = (int)(h + g.ph) - (int)(ki * g.dh);
+        if (th < 0 || (uint)th % g.sh != 0 || (uint)th / g.sh >= g.ho) continue;
+        uint oh = (uint)th / g.sh;
+        for (uint kj = 0; kj < g.kw; ++kj) {
+            int tw = (int)(w + g.pw) - (int)(kj * g.dw);
+            if (tw < 0 || (uint)tw % g.sw != 0 || (uint)tw / g.sw >= g.wo) continue;
+            uint ow = (uint)tw / g.sw;
+            if (idx[at4(&iv, b, c, oh, ow)] == me) acc += LOAD(gy, at4(&gv, b, c, oh, ow));
+        }
+    }
+    STORE(dx, i, acc);
+}
+
+// Divisor of the average over output pixel (oh, ow), as PyTorch's avg_pool2d (no ceil mode).
+inline ACC avg_divisor(const PoolGeom* g, uint oh, uint ow, int* hs, int* he, int* ws, int* we) {
+    *hs = (int)(oh * g->sh) - (int)g->ph;
+    *ws = (int)(ow * g->sw) - (int)g->pw;
+    *he = min(*hs + (int)g->kh, (int)(g->h + g->ph));
+    *we = min(*ws + (int)g->kw, (int)(g->w + g->pw));
+    int pool = (*he - *hs) * (*we - *ws);
+    *hs = max(*hs, 0);
+    *ws = max(*ws, 0);
+    *he = min(*he, (int)g->h);
+    *we = min(*we, (int)g->w);
+    return (ACC)(g->include_pad ? pool : (*he - *hs) * (*we - *ws));
+}
+
+// y[b, c, oh, ow] = sum of the window's in-range taps (row-major) / divisor.
+__kernel void avg_pool2d(__global T* y,        /* y: (N, C, Ho, Wo), contiguous */
+                         __global const T* x,  /* x: (N, C, H, W) through v */
+                         View4 v, PoolGeom g, uint n) {
+    uint i = get_global_id(0);
+    if (i >= n) return;
+    uint ow = i % g.wo, oh = (i / g.wo) % g.ho, c = (i / (g.wo * g.ho)) % v.shape[1];
+    uint b = i / (g.wo * g.ho * v.shape[1]);
+    int hs, he, ws, we;
+    ACC div = avg_divisor(&g, oh, ow, &hs, &he, &ws, &we);
+    ACC acc = (ACC)0;
+    for (int h = hs; h < he; ++h)
+        for (int w = ws; w < we; ++w) acc += LOAD(x, at4(&v, b, c, (uint)h, (uint)w));
+    STORE(y, i, acc / div);
+}
+
+// dx[b, c, h, w] = sum over the windows (ki, kj ascending) containing (h, w) of gy / divisor.
+__kernel void avg_pool2d_backward(__global T* dx,        /* dx: (N, C, H, W), contiguous */
+                                  __global const T* gy,  /* gy: (N, C, Ho, Wo) through gv */
+                                  View4 gv, PoolGeom g, uint n) {
+    uint i = get_global_id(0);
+    if (i >= n) return;
+    uint C = gv.shape[1];
+    uint w = i % g.w, h = (i / g.w) % g.h, c = (i / (g.w * g.h)) % C, b = i / (g.w * g.h * C);
+    ACC acc = (ACC)0;
+    for (uint ki = 0; ki < g.kh; ++ki) {
+        int th = (int)(h + g.ph) - (int)ki;
+        if (th < 0 || (uint)th % g.sh != 0 || (uint)th / g.sh >= g.ho) continue;
+        uint oh = (uint)th / g.sh;
+        for (uint kj = 0; kj < g.kw; ++kj) {
+            int tw = (int)(w + g.pw) - (int)kj;
+            if (tw < 0 || (uint)tw % g.sw != 0 || (uint)tw / g.sw >= g.wo) continue;
+            uint ow = (uint)tw / g.sw;
+            int hs, he, ws, we;
+            ACC div = avg_divisor(&g, oh, ow, &hs, &he, &ws, &we);
+            acc += LOAD(gy, at4(&gv, b, c, oh, ow)) / div;
+        }
+    }
+    STORE(dx, i, acc);
+}
+
+// Adaptive windows: [floor(o * in / out), ceil((o + 1) * in / out)).
+inline uint ad_start(uint o, uint in, uint out) { return (o * in) / out; }
+inline uint ad_end(uint o, uint in, uint out) { return ((o + 1) * in + out - 1) / out; }
+
+// y[b, c, oh, ow] = mean of x over the adaptive window of (oh, ow).
+__kernel void adaptive_avg_pool2d(__global T* y,        /* y: (N, C, Ho, Wo), contiguous */
+                                  __global const T* x,  /* x: (N, C, H, W) through v */
+                                  View4 v, PoolGeom g, uint n) {
+    uint i = get_global_id(0);
+    if (i >= n) return;
+    uint ow = i % g.wo, oh = (i / g.wo) % g.ho, c = (i / (g.wo * g.ho)) % v.shape[1];
+    uint b = i / (g.wo * g.ho * v.shape[1]);
+    uint hs = ad_start(oh, g.h, g.ho), he = ad_end(oh, g.h, g.ho);
+    uint ws = ad_start(ow, g.w, g.wo), we = ad_end(ow, g.w, g.wo);
+    ACC acc = (ACC)0;
+    for (uint h = hs; h < he; ++h)
+        for (uint w = ws; w < we; ++w) acc += LOAD(x, at4(&v, b, c, h, w));
+    STORE(y, i, acc / (ACC)((he - hs) * (we - ws)));
+}
+
+// dx[b, c, h, w] = sum over the adaptive windows (oh, ow ascending) containing (h, w) of gy / size.
+__kernel void adaptive_avg_pool2d_backward(__global T* dx,        /* dx: (N, C, H, W), contiguous */
+                                           __global const T* gy,  /* gy: (N, C, Ho, Wo) through gv */
+                                           View4 gv, PoolGeom g, uint n) {
+    uint i = get_global_id(0);
+    if (i >= n) return;
+    uint C = gv.shape[1];
+    uint w = i % g.w, h = (i / g.w) % g.h, c = (i / (g.w * g.h)) % C, b = i / (g.w * g.h * C);
+    ACC acc = (ACC)0;
+    for (uint oh = 0; oh < g.ho; ++oh) {
+        uint hs = ad_start(oh, g.h, g.ho), he = ad_end(oh, g.h, g.ho);
+        if (hs > h) break;
+        if (h >= he) continue;
+        for (uint ow = 0; ow < g.wo; ++ow) {
+            uint ws = ad_start(ow, g.w, g.wo), we = ad_end(ow, g.w, g.wo);
+            if (ws > w) break;
+            if (w >= we) continue;
+            acc += LOAD(gy, at4(&gv, b, c, oh, ow)) / (ACC)((he - hs) * (we - ws));
+        }
+    }
+    STORE(dx, i, acc);
+}
