@@ -27,15 +27,6 @@ source!(ROPE, "rope.cl");
 source!(REDUCE, "reduce.cl");
 source!(SOFTMAX, "softmax.cl");
 source!(NORM, "norm.cl");
-
-/// Every op-family source (not the common header).
-source!(MATMUL, "matmul.cl");
-source!(INDEX, "index.cl");
-source!(SHAPE, "shape.cl");
-source!(ROPE, "rope.cl");
-source!(REDUCE, "reduce.cl");
-source!(SOFTMAX, "softmax.cl");
-source!(NORM, "norm.cl");
 source!(CONV, "conv.cl");
 source!(POOL, "pool.cl");
 
