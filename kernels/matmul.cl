@@ -1,5 +1,6 @@
 // matmul.cl: batched GEMM C = act(A·B + bias) with local-memory tiles, register blocking and an epilogue; tile sizes come from -D (tuning table).
 // -DBM, -DBN: output tile per work-group; -DBK: depth of one tile step; -DWM, -DWN: outputs per work-item;
+// -DALIGNED: M, N and K are multiples of the tile (no bounds checks);
 // -DACT: 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh), 4 silu.
 #ifndef BM
 #define BM 64
@@ -48,6 +49,13 @@ inline ACC activate(ACC v) {
 #endif
 #define ROW(i) (((i) / GWM) * (TY * GWM) + ty * GWM + (i) % GWM)  // row of register i in the tile
 #define COL(j) (((j) / GWN) * (TX * GWN) + tx * GWN + (j) % GWN)  // column of register j
+#ifdef ALIGNED
+#define IN_A(gm, gk) 1
+#define IN_B(gn, gk) 1
+#else
+#define IN_A(gm, gk) ((gm) < M && (gk) < K)
+#define IN_B(gn, gk) ((gn) < N && (gk) < K)
+#endif
 #define A_PER ((BM * BK + NT - 1) / NT)  // tile elements each work-item stages
 #define B_PER ((BN * BK + NT - 1) / NT)
 
@@ -77,12 +85,12 @@ void matmul(__global T* c,           /* (batch, M, N) contiguous per batch: c[m 
     for (int r = 0; r < A_PER; ++r) {                                                          \
         A_MK(r, mm, kk)                                                                        \
         uint gm = m0 + mm, gk = (k0) + kk;                                                     \
-        ra_next[r] = (e_ < BM * BK && gm < M && gk < K) ? LOAD(a, o.y + gm * sam + gk * sak) : (ACC)0; \
+        ra_next[r] = (e_ < BM * BK && IN_A(gm, gk)) ? LOAD(a, o.y + gm * sam + gk * sak) : (ACC)0; \
     }                                                                                          \
     for (int r = 0; r < B_PER; ++r) {                                                          \
         B_NK(r, nn, kk)                                                                        \
         uint gn = n0 + nn, gk = (k0) + kk;                                                     \
-        rb_next[r] = (e_ < BN * BK && gn < N && gk < K) ? LOAD(b, o.z + gk * sbk + gn * sbn) : (ACC)0; \
+        rb_next[r] = (e_ < BN * BK && IN_B(gn, gk)) ? LOAD(b, o.z + gk * sbk + gn * sbn) : (ACC)0; \
     }
 #define STAGE()                                                                                \
     for (int r = 0; r < A_PER; ++r) {                                                          \

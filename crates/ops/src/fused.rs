@@ -188,8 +188,9 @@ fn cast_cl(from: Class, to: DType, a: &str) -> String {
         DType::F16 => format!("round_f16((float){a})"),
         DType::BF16 => format!("round_bf16((float){a})"),
         DType::F64 => format!("((double){a})"),
-        DType::I32 if from.is_float() => format!("convert_int_sat_rtz({a})"),
-        DType::U32 if from.is_float() => format!("convert_uint_sat_rtz({a})"),
+        // NaN checked explicitly: NVIDIA's saturating conversion of a double NaN gives INT_MIN.
+        DType::I32 if from.is_float() => format!("(isnan({a}) ? 0 : convert_int_sat_rtz({a}))"),
+        DType::U32 if from.is_float() => format!("(isnan({a}) ? 0u : convert_uint_sat_rtz({a}))"),
         DType::I32 => format!("((int){a})"),
         DType::U32 => format!("((uint){a})"),
     }

@@ -191,11 +191,14 @@ impl Tensor {
         let tile = opts.tile.unwrap_or_else(|| gemm_tile(&self.device));
         let acc_bytes = if self.dtype == DType::F64 { 8 } else { 4 };
         tile.check(&self.device, acc_bytes)?;
+        let aligned =
+            m % tile.bm as usize == 0 && n % tile.bn as usize == 0 && k % tile.bk as usize == 0;
         let options = format!(
-            "{} {} -DACT={}",
+            "{} {} -DACT={}{}",
             self.dtype.build_option(),
             tile.options(),
-            opts.activation.code()
+            opts.activation.code(),
+            if aligned { " -DALIGNED" } else { "" }
         );
         let program = program(&self.device, &MATMUL, &options)?;
         let [tx, ty] = tile.local();

@@ -189,6 +189,34 @@ fn one_dim_operands_sliced_views_and_explicit_tiles() {
                     .unwrap();
                 check(&got, &want, DType::F32, 45, &format!("{tile:?} on {dev}"));
             }
+            // Sizes that are multiples of the tile take the kernel without bounds checks.
+            let (x, y) = (
+                random_tensor(DType::F32, &[64, 32], -1.0, 1.0, 10),
+                random_tensor(DType::F32, &[32, 48], -1.0, 1.0, 11),
+            );
+            let tile = GemmTile {
+                bm: 16,
+                bn: 16,
+                bk: 8,
+                wm: 4,
+                wn: 4,
+            };
+            let opts = MatmulOptions {
+                tile: Some(tile),
+                ..Default::default()
+            };
+            let got = x
+                .to_device(&dev)
+                .unwrap()
+                .matmul_with(&y.to_device(&dev).unwrap(), opts)
+                .unwrap();
+            check(
+                &got,
+                &x.matmul(&y).unwrap(),
+                DType::F32,
+                32,
+                &format!("aligned on {dev}"),
+            );
             let bad = GemmTile {
                 bm: 30,
                 bn: 32,

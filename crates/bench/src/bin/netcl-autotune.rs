@@ -18,7 +18,7 @@ fn main() -> Result<()> {
     println!("autotuning f32 GEMM {n}^3 on {dev}");
     for bm in [64u32, 128] {
         for bn in [64u32, 128] {
-            for bk in [8u32, 16] {
+            for bk in [8u32, 16, 32] {
                 for wm in [4u32, 8] {
                     for wn in [4u32, 8] {
                         let tile = GemmTile { bm, bn, bk, wm, wn };
