@@ -47,6 +47,38 @@ typedef uint ACC;
 #define STORE(p, i, v) ((p)[i] = (v))
 #endif
 
+// A strided 4-D operand: (N, C, H, W) with element strides and offset.
+typedef struct {
+    uint shape[4];
+    uint stride[4];
+    uint offset;
+} View4;
+
+#if defined(DT_F32) || defined(DT_F64) || defined(DT_F16) || defined(DT_BF16)
+// Welford statistics (layer/batch norm, var): per-item accumulation, Chan's merge in a fixed order.
+// Running count, mean and sum of squared deviations.
+typedef struct { ACC n; ACC mean; ACC m2; } wf_t;
+
+inline wf_t wf_add(wf_t s, ACC x) {
+    s.n += (ACC)1;
+    ACC d = x - s.mean;
+    s.mean += d / s.n;
+    s.m2 += d * (x - s.mean);
+    return s;
+}
+
+inline wf_t wf_join(wf_t a, wf_t b) {
+    if (b.n == (ACC)0) return a;
+    if (a.n == (ACC)0) return b;
+    wf_t s;
+    s.n = a.n + b.n;
+    ACC d = b.mean - a.mean;
+    s.mean = a.mean + d * (b.n / s.n);
+    s.m2 = a.m2 + b.m2 + d * d * (a.n * (b.n / s.n));
+    return s;
+}
+#endif
+
 // Typed loads and stores into each dtype's compute type (float for f32/f16/bf16), for kernels
 // that mix dtypes (generated fused kernels, casts, index tensors).
 inline float load_f32(__global const float* p, uint i) { return p[i]; }

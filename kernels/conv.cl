@@ -1,12 +1,5 @@
 // conv.cl: 2-D convolution helpers: im2col, gathering col2im (no atomics), per-channel bias add and bias gradient.
 
-// A strided 4-D operand: (N, C, H, W) with element strides and offset.
-typedef struct {
-    uint shape[4];
-    uint stride[4];
-    uint offset;
-} View4;
-
 // Convolution geometry; the channels of one group are cg, the columns of one image l = ho * wo.
 typedef struct {
     uint groups;

@@ -4,28 +4,6 @@
 
 #define NORM_GROUP 256
 
-// Running count, mean and sum of squared deviations.
-typedef struct { ACC n; ACC mean; ACC m2; } wf_t;
-
-inline wf_t wf_add(wf_t s, ACC x) {
-    s.n += (ACC)1;
-    ACC d = x - s.mean;
-    s.mean += d / s.n;
-    s.m2 += d * (x - s.mean);
-    return s;
-}
-
-inline wf_t wf_join(wf_t a, wf_t b) {
-    if (b.n == (ACC)0) return a;
-    if (a.n == (ACC)0) return b;
-    wf_t s;
-    s.n = a.n + b.n;
-    ACC d = b.mean - a.mean;
-    s.mean = a.mean + d * (b.n / s.n);
-    s.m2 = a.m2 + b.m2 + d * d * (a.n * (b.n / s.n));
-    return s;
-}
-
 // Work-group merge of Welford states; every work-item gets the result.
 inline wf_t wf_group(wf_t s, __local wf_t* sh) {
     uint lid = get_local_id(0);

@@ -1,12 +1,5 @@
 // pool.cl: 2-D max / average / adaptive-average pooling over NCHW and their deterministic (gathering) backwards.
 
-// A strided 4-D operand: (N, C, H, W) with element strides and offset.
-typedef struct {
-    uint shape[4];
-    uint stride[4];
-    uint offset;
-} View4;
-
 // Window geometry over an input plane (h, w) giving an output plane (ho, wo).
 typedef struct {
     uint kh, kw;

@@ -80,25 +80,10 @@ inline mean_st mean_join(mean_st a, mean_st b) { return a + b; }
 #define mean_final(out, o, s, n, p) STORE(out, o, (s) / (ACC)(n))
 
 // ---- var: Welford per work-item, Chan's merge across; p is the correction (1 = unbiased) ----
-typedef struct { ACC n; ACC mean; ACC m2; } var_st;
+typedef wf_t var_st;
 inline var_st var_init(void) { var_st s; s.n = 0; s.mean = 0; s.m2 = 0; return s; }
-inline var_st var_accum(var_st s, ACC x, uint r) {
-    s.n += (ACC)1;
-    ACC d = x - s.mean;
-    s.mean += d / s.n;
-    s.m2 += d * (x - s.mean);
-    return s;
-}
-inline var_st var_join(var_st a, var_st b) {
-    if (b.n == (ACC)0) return a;
-    if (a.n == (ACC)0) return b;
-    var_st s;
-    s.n = a.n + b.n;
-    ACC d = b.mean - a.mean;
-    s.mean = a.mean + d * (b.n / s.n);
-    s.m2 = a.m2 + b.m2 + d * d * (a.n * (b.n / s.n));
-    return s;
-}
+inline var_st var_accum(var_st s, ACC x, uint r) { return wf_add(s, x); }
+inline var_st var_join(var_st a, var_st b) { return wf_join(a, b); }
 #define var_final(out, o, st, cnt, p) STORE(out, o, (st).m2 / fmax((st).n - (p), (ACC)0))
 
 // ---- logsumexp: running max and sum of exp(x - max) ----

@@ -17,8 +17,9 @@
 //!
 //! The host runs the same algorithm (host im2col/col2im in f64, host matmul).
 use crate::element::HostData;
-use crate::index::{check_reach, same_device, small};
+use crate::index::{same_device, small};
 use crate::launch::{launch_1d, program_for};
+use crate::layout::check_reach;
 use crate::tensor::Tensor;
 use netcl_core_devices::{Error, Result};
 use netcl_kernels::sources::CONV;

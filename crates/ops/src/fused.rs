@@ -2,7 +2,7 @@
 use crate::element::Element;
 use crate::expr::{BinaryOp, Class, Expr, UnaryOp};
 use crate::launch::launch_1d;
-use crate::layout::{broadcast_shapes, broadcast_strides, merged_dims, numel};
+use crate::layout::{broadcast_shapes, broadcast_strides, merged_dims, numel, strided_positions};
 use crate::tensor::{Storage, Tensor};
 use half::{bf16, f16};
 use netcl_core_devices::{DType, Device, Error, Result};
@@ -354,19 +354,8 @@ fn eval_host(plan: &Plan, inputs: &[Vec<f64>], n: usize) -> Vec<Vec<f64>> {
 /// Write row-major `values` into the host tensor `t` through its strides.
 fn write_host(t: &Tensor, values: &[f64]) -> Result<()> {
     fn scatter<T: Element>(dst: &mut [T], t: &Tensor, values: &[f64]) {
-        let mut idx = vec![0usize; t.ndim()];
-        let mut pos = t.offset;
-        for &v in values {
+        for (pos, &v) in strided_positions(&t.shape, &t.strides, t.offset).zip(values) {
             dst[pos] = T::from_f64(v);
-            for d in (0..t.ndim()).rev() {
-                idx[d] += 1;
-                pos += t.strides[d];
-                if idx[d] < t.shape[d] {
-                    break;
-                }
-                pos -= t.strides[d] * t.shape[d];
-                idx[d] = 0;
-            }
         }
     }
     match &*t.storage {

@@ -14,7 +14,13 @@
 //! `[V, D]` from `N` ids costs `V * D * N` reads — fine for small models, quadratic for large ones.
 use crate::element::{Element, HostData};
 use crate::launch::{launch_1d, program_for};
+use crate::layout::check_reach;
 use crate::layout::{checked_numel, contiguous_strides, numel, KernelLayout, MAX_DIMS};
+
+/// Storage positions of a strided view in row-major order (host reference paths).
+fn positions(shape: &[usize], strides: &[usize], offset: usize) -> Vec<usize> {
+    crate::layout::strided_positions(shape, strides, offset).collect()
+}
 use crate::tensor::Tensor;
 use half::{bf16, f16};
 use netcl_core_devices::{DType, Error, Result};
@@ -23,30 +29,6 @@ use netcl_kernels::sources::INDEX;
 /// Device index tensors with at most this many elements are read back and range-checked before a
 /// launch; larger ones are trusted (see the module docs for what kernels do with bad indices).
 pub const INDEX_CHECK_LIMIT: usize = 1024;
-
-/// Storage positions of the elements of (`shape`, `strides`) from `offset`, in row-major order.
-pub(crate) fn positions(shape: &[usize], strides: &[usize], offset: usize) -> Vec<usize> {
-    let n = numel(shape);
-    let mut out = Vec::with_capacity(n);
-    if n == 0 {
-        return out;
-    }
-    let mut idx = vec![0usize; shape.len()];
-    let mut pos = offset;
-    for _ in 0..n {
-        out.push(pos);
-        for d in (0..shape.len()).rev() {
-            idx[d] += 1;
-            pos += strides[d];
-            if idx[d] < shape[d] {
-                break;
-            }
-            pos -= strides[d] * shape[d];
-            idx[d] = 0;
-        }
-    }
-    out
-}
 
 /// Error unless both tensors are on the same device.
 pub(crate) fn same_device(op: &str, a: &Tensor, b: &Tensor) -> Result<()> {
@@ -71,28 +53,6 @@ pub(crate) fn need_i32(op: &str, idx: &Tensor) -> Result<()> {
                 "indices must be i32, got {} of shape {:?}",
                 idx.dtype, idx.shape
             ),
-        ));
-    }
-    Ok(())
-}
-
-/// Error when an element of (`shape`, `strides`, `offset`) lies past the 32-bit kernel index.
-pub(crate) fn check_reach(
-    op: &str,
-    shape: &[usize],
-    strides: &[usize],
-    offset: usize,
-) -> Result<()> {
-    let reach = shape
-        .iter()
-        .zip(strides)
-        .try_fold(offset as u128, |acc, (&n, &s)| {
-            (n > 0).then(|| acc + (n as u128 - 1) * s as u128)
-        });
-    if reach.is_some_and(|r| r > u32::MAX as u128) || offset > u32::MAX as usize {
-        return Err(Error::shape(
-            op,
-            format!("{shape:?} reaches past the 32-bit kernel index"),
         ));
     }
     Ok(())
@@ -127,16 +87,6 @@ pub(crate) fn check_indices(op: &str, idx: &Tensor, bound: usize, what: &str) ->
                 ),
             ));
         }
-    }
-    Ok(())
-}
-
-fn check_dim(op: &str, t: &Tensor, dim: usize) -> Result<()> {
-    if dim >= t.ndim() {
-        return Err(Error::invalid(
-            op,
-            format!("dim {dim} out of range for shape {:?}", t.shape),
-        ));
     }
     Ok(())
 }
@@ -321,13 +271,12 @@ fn run_scatter(
         let HostData::I32(iv) = &*i else {
             return Err(Error::dtype(op, "index storage is not i32"));
         };
-        let xg = x.map(|t| t.host());
-        let data = match (&*s, xg.as_ref().map(|g| g.as_deref())) {
+        let xg = x.map(|t| (t, t.host()));
+        let data = match (&*s, xg.as_ref().map(|(t, g)| (t, g.as_deref()))) {
             (s, None) => {
                 with_host!(s, v => host_scatter(None, iv, v, &plan, idx.offset, src.offset))
             }
-            (s, Some(Some(xd))) => {
-                let xt = x.expect("x present");
+            (s, Some((xt, Some(xd)))) => {
                 macro_rules! arm {
                     ($($var:ident),*) => {
                         match (s, xd) {
@@ -340,7 +289,7 @@ fn run_scatter(
                 }
                 arm!(F32, F64, F16, BF16, I32, U32)
             }
-            (_, Some(None)) => return Err(Error::device(op, "x has no host storage")),
+            (_, Some((_, None))) => return Err(Error::device(op, "x has no host storage")),
         };
         return Ok(Tensor::from_host_data(data, &plan.shape));
     }
@@ -403,7 +352,7 @@ fn run_scatter(
 fn check_index_list(op: &str, t: &Tensor, dim: usize, idx: &Tensor) -> Result<()> {
     same_device(op, t, idx)?;
     need_i32(op, idx)?;
-    check_dim(op, t, dim)?;
+    t.check_dim(op, dim)?;
     if idx.ndim() != 1 {
         return Err(Error::shape(
             op,

@@ -49,6 +49,51 @@ pub fn is_contiguous(shape: &[usize], strides: &[usize]) -> bool {
     true
 }
 
+/// Storage positions of the elements of (`shape`, `strides`) from `offset`, in row-major order.
+pub(crate) fn strided_positions<'a>(
+    shape: &'a [usize],
+    strides: &'a [usize],
+    offset: usize,
+) -> impl Iterator<Item = usize> + 'a {
+    let mut idx = vec![0usize; shape.len()];
+    let mut pos = offset;
+    (0..numel(shape)).map(move |_| {
+        let here = pos;
+        for d in (0..shape.len()).rev() {
+            idx[d] += 1;
+            pos += strides[d];
+            if idx[d] < shape[d] {
+                break;
+            }
+            pos -= strides[d] * shape[d];
+            idx[d] = 0;
+        }
+        here
+    })
+}
+
+/// Error when an element of (`shape`, `strides`, `offset`) lies past the 32-bit kernel index.
+pub(crate) fn check_reach(
+    op: &str,
+    shape: &[usize],
+    strides: &[usize],
+    offset: usize,
+) -> Result<()> {
+    let reach = shape
+        .iter()
+        .zip(strides)
+        .try_fold(offset as u128, |acc, (&n, &s)| {
+            (n > 0).then(|| acc + (n as u128 - 1) * s as u128)
+        });
+    if reach.is_some_and(|r| r > u32::MAX as u128) || offset > u32::MAX as usize {
+        return Err(Error::shape(
+            op,
+            format!("{shape:?} reaches past the 32-bit kernel index"),
+        ));
+    }
+    Ok(())
+}
+
 /// NumPy broadcasting of two shapes.
 pub fn broadcast_shapes(op: &str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
     let n = a.len().max(b.len());
@@ -169,19 +214,7 @@ pub fn merged_dims(
         ));
     }
     for (strides, off) in operands {
-        // The furthest element any work-item reaches must fit the 32-bit index.
-        let reach = shape
-            .iter()
-            .zip(strides.iter())
-            .try_fold(*off as u128, |acc, (&n, &s)| {
-                (n > 0).then(|| acc + (n as u128 - 1) * s as u128)
-            });
-        if reach.is_some_and(|r| r > u32::MAX as u128) || *off > u32::MAX as usize {
-            return Err(Error::shape(
-                op,
-                format!("{shape:?} reaches past the 32-bit kernel index"),
-            ));
-        }
+        check_reach(op, shape, strides, *off)?;
     }
     // Every extent and stride is at most the reach checked above.
     Ok(dims

@@ -1,6 +1,8 @@
 //! Matrix products: 2-D and batched with broadcast batch dims, any operand strides (transposes cost no copy), bias + activation epilogue.
 use crate::element::HostData;
-use crate::layout::{broadcast_shapes, broadcast_strides, contiguous_strides, numel, KernelLayout};
+use crate::layout::{
+    broadcast_shapes, broadcast_strides, check_reach, contiguous_strides, numel, KernelLayout,
+};
 use crate::tensor::Tensor;
 use ndarray::{Array2, ArrayView2};
 use netcl_core_devices::{DType, Error, Result};
@@ -44,16 +46,6 @@ pub struct MatmulOptions<'a> {
     pub activation: Activation,
     /// Tile sizes to use instead of the device's tuning entry (for the autotuner).
     pub tile: Option<GemmTile>,
-}
-
-/// Furthest element index a strided view reaches.
-fn reach(shape: &[usize], strides: &[usize], offset: usize) -> u128 {
-    shape
-        .iter()
-        .zip(strides)
-        .fold(offset as u128, |acc, (&n, &s)| {
-            acc + (n.saturating_sub(1) as u128) * s as u128
-        })
 }
 
 impl Tensor {
@@ -171,17 +163,19 @@ impl Tensor {
         a_shape.extend([m, k]);
         let mut b_shape = batch.clone();
         b_shape.extend([k, n]);
-        if reach(&a_shape, &full_a, a.offset) > u32::MAX as u128
-            || reach(&b_shape, &full_b, b.offset) > u32::MAX as u128
-            || numel(&shape) > u32::MAX as usize
-        {
-            return Err(Error::shape(
+        let too_far = || {
+            Error::shape(
                 op,
                 format!(
                     "{:?} x {:?} reaches past the 32-bit kernel index",
                     self.shape, other.shape
                 ),
-            ));
+            )
+        };
+        check_reach(op, &a_shape, &full_a, a.offset).map_err(|_| too_far())?;
+        check_reach(op, &b_shape, &full_b, b.offset).map_err(|_| too_far())?;
+        if numel(&shape) > u32::MAX as usize {
+            return Err(too_far());
         }
         let so = contiguous_strides(&batch)
             .iter()
@@ -250,14 +244,16 @@ fn host_matmul(
             &bv[z * k * n..(z + 1) * k * n],
         );
         let prod: Vec<f64> = if a.dtype == DType::F64 {
-            let x = ArrayView2::from_shape((m, k), x).expect("sizes checked");
-            let y = ArrayView2::from_shape((k, n), y).expect("sizes checked");
+            let x = ArrayView2::from_shape((m, k), x)
+                .map_err(|e| Error::shape("matmul", format!("host operands: {e}")))?;
+            let y = ArrayView2::from_shape((k, n), y)
+                .map_err(|e| Error::shape("matmul", format!("host operands: {e}")))?;
             x.dot(&y).into_iter().collect()
         } else {
             let x = Array2::from_shape_vec((m, k), x.iter().map(|&v| v as f32).collect())
-                .expect("sizes checked");
+                .map_err(|e| Error::shape("matmul", format!("host operands: {e}")))?;
             let y = Array2::from_shape_vec((k, n), y.iter().map(|&v| v as f32).collect())
-                .expect("sizes checked");
+                .map_err(|e| Error::shape("matmul", format!("host operands: {e}")))?;
             x.dot(&y).into_iter().map(|v| v as f64).collect()
         };
         for (i, v) in prod.into_iter().enumerate() {

@@ -9,8 +9,9 @@
 //! The backward is the inverse rotation (the transpose): `rope_backward(g)` rotates by `-a`.
 use crate::create::arg_acc;
 use crate::element::HostData;
-use crate::index::{check_reach, small};
+use crate::index::small;
 use crate::launch::{launch_1d, program_for};
+use crate::layout::check_reach;
 use crate::layout::KernelLayout;
 use crate::tensor::Tensor;
 use netcl_core_devices::{DType, Error, Result};

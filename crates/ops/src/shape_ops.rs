@@ -1,8 +1,9 @@
 //! Shape ops: one_hot, concat, stack, split (views), constant pad, triu/tril and triangular (causal) masks.
 use crate::create::arg_acc;
 use crate::element::HostData;
-use crate::index::{check_indices, check_reach, need_i32, positions, same_device, small};
+use crate::index::{check_indices, need_i32, same_device, small};
 use crate::launch::{launch_1d, program_for};
+use crate::layout::{check_reach, strided_positions};
 use crate::layout::{checked_numel, contiguous_strides, numel, KernelLayout, MAX_DIMS};
 use crate::tensor::Tensor;
 use netcl_core_devices::{DType, Device, Error, Result};
@@ -259,10 +260,7 @@ impl Tensor {
             let out_strides = contiguous_strides(&shape);
             let start: usize = before.iter().zip(&out_strides).map(|(b, s)| b * s).sum();
             let src = host_bytes(self)?;
-            for (i, p) in positions(&self.shape, &out_strides, start)
-                .into_iter()
-                .enumerate()
-            {
+            for (i, p) in strided_positions(&self.shape, &out_strides, start).enumerate() {
                 bytes[p * size..(p + 1) * size].copy_from_slice(&src[i * size..(i + 1) * size]);
             }
             return Ok(Tensor::from_host_data(

@@ -1,7 +1,9 @@
 //! Tensor: Arc'd storage (pooled device block or host vector) with shape, strides, offset, dtype and device.
 use crate::element::{Element, HostData};
 use crate::launch::{launch_1d, program_for};
-use crate::layout::{checked_numel, contiguous_strides, is_contiguous, numel, KernelLayout};
+use crate::layout::{
+    checked_numel, contiguous_strides, is_contiguous, numel, strided_positions, KernelLayout,
+};
 use netcl_core_devices::{DType, Device, Error, Result};
 use netcl_core_memory::{Block, Pool};
 use netcl_kernels::sources::COPY;
@@ -222,24 +224,7 @@ pub(crate) fn gather<T: Copy>(
     strides: &[usize],
     offset: usize,
 ) -> Vec<T> {
-    let n = numel(shape);
-    let mut out = Vec::with_capacity(n);
-    if n == 0 {
-        return out;
-    }
-    let mut idx = vec![0usize; shape.len()];
-    let mut pos = offset;
-    for _ in 0..n {
-        out.push(data[pos]);
-        for d in (0..shape.len()).rev() {
-            idx[d] += 1;
-            pos += strides[d];
-            if idx[d] < shape[d] {
-                break;
-            }
-            pos -= strides[d] * shape[d];
-            idx[d] = 0;
-        }
-    }
-    out
+    strided_positions(shape, strides, offset)
+        .map(|p| data[p])
+        .collect()
 }

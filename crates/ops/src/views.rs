@@ -15,7 +15,7 @@ impl Tensor {
         }
     }
 
-    fn check_dim(&self, op: &str, dim: usize) -> Result<()> {
+    pub(crate) fn check_dim(&self, op: &str, dim: usize) -> Result<()> {
         if dim >= self.ndim() {
             return Err(Error::invalid(
                 op,
