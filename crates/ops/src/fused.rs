@@ -283,15 +283,21 @@ fn generate(key: &PlanKey, scalars: &[(f64, Class)]) -> String {
     )
 }
 
-type Cache = Mutex<HashMap<(usize, PlanKey), Arc<Program>>>;
+/// Programs per device ordinal, then per plan (looked up by reference: no key copy per launch).
+type Cache = Mutex<HashMap<usize, HashMap<PlanKey, Arc<Program>>>>;
 
 /// The program for `plan` on `device`, generated and built on first use.
 fn program(device: &Device, plan: &Plan) -> Result<Arc<Program>> {
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    let key = (device.ordinal(), plan.key.clone());
-    if let Some(p) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
-        return Ok(p.clone());
+    let found = cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&device.ordinal())
+        .and_then(|m| m.get(&plan.key))
+        .cloned();
+    if let Some(p) = found {
+        return Ok(p);
     }
     let text = generate(&plan.key, &plan.scalars);
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -312,7 +318,9 @@ fn program(device: &Device, plan: &Plan) -> Result<Arc<Program>> {
     cache
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .insert(key, p.clone());
+        .entry(device.ordinal())
+        .or_default()
+        .insert(plan.key.clone(), p.clone());
     Ok(p)
 }
 
