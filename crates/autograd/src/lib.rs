@@ -1,1 +1,22 @@
-//! netcl-autograd: Tape autograd: recorded ops, one backward rule per op, gradient checks (filled by the training issue).
+//! netcl-autograd: tape autograd (Var ops record backward rules, laid out file for file like netcl-ops), parameters, and gradcheck.
+mod attention;
+mod binary;
+mod conv;
+mod dropout;
+mod gradcheck;
+mod index;
+mod matmul;
+mod norm;
+mod param;
+mod pool;
+mod reduce;
+mod rope;
+mod shape_ops;
+mod softmax;
+mod tape;
+mod unary;
+mod views;
+
+pub use gradcheck::{gradcheck, GradcheckOptions, GradcheckReport};
+pub use param::Parameter;
+pub use tape::{Gradients, Tape, Var};

@@ -1,0 +1,151 @@
+//! Backward rules of the broadcasting binary ops, where/select and masked_fill: one fused kernel for both input gradients, then a sum over broadcast dims.
+use crate::tape::{record, Var};
+use netcl_ops::{fused, BinaryOp, Expr, Result, Tensor};
+
+/// `g` summed over the dims that broadcasting expanded, giving a tensor of `shape`.
+pub(crate) fn sum_to(g: &Tensor, shape: &[usize]) -> Result<Tensor> {
+    if g.shape() == shape {
+        return Ok(g.clone());
+    }
+    let lead = g.ndim() - shape.len();
+    let mut axes: Vec<usize> = (0..lead).collect();
+    for (i, &s) in shape.iter().enumerate() {
+        if s == 1 && g.shape()[lead + i] != 1 {
+            axes.push(lead + i);
+        }
+    }
+    let summed = if axes.is_empty() {
+        g.clone()
+    } else {
+        g.sum(&axes, true)?
+    };
+    summed.reshape(shape)
+}
+
+/// The gradients of `op` as expressions of a = input(0), b = input(1), y = input(2), g = input(3).
+fn binary_grads(op: BinaryOp) -> Option<(Expr, Expr)> {
+    let (a, b, y, g) = (
+        Expr::input(0),
+        Expr::input(1),
+        Expr::input(2),
+        Expr::input(3),
+    );
+    Some(match op {
+        BinaryOp::Add => (g.clone(), g),
+        BinaryOp::Sub => (g.clone(), -g),
+        BinaryOp::Mul => (g.clone() * b, g * a),
+        BinaryOp::Div => (g.clone() / b.clone(), -(g * y) / b),
+        BinaryOp::Maximum | BinaryOp::Minimum => {
+            let wins = if op == BinaryOp::Maximum {
+                a.clone().gt(b.clone())
+            } else {
+                a.clone().lt(b.clone())
+            };
+            let tie = a.eq(b);
+            let half = g.clone() * 0.5;
+            (
+                Expr::select(
+                    wins.clone(),
+                    g.clone(),
+                    Expr::select(tie.clone(), half.clone(), 0.0),
+                ),
+                Expr::select(wins, 0.0, Expr::select(tie, half, g)),
+            )
+        }
+        BinaryOp::Pow => (
+            g.clone() * b.clone() * a.clone().pow(b - 1.0),
+            Expr::select(a.clone().eq(0.0), 0.0, g * y * a.log()),
+        ),
+        _ => return None,
+    })
+}
+
+/// Record a binary op with gradients `(da, db)` over (a, b, y, g), reduced to each input's shape.
+fn record_binary(
+    op: &'static str,
+    a: &Var,
+    b: &Var,
+    y: Tensor,
+    grads: Option<(Expr, Expr)>,
+) -> Result<Var> {
+    let (av, bv, yv) = (a.value().clone(), b.value().clone(), y.clone());
+    record(op, &[a, b], y, move |g, need| {
+        let Some((da, db)) = grads else {
+            return Ok(vec![None, None]);
+        };
+        let mut exprs = Vec::new();
+        if need[0] {
+            exprs.push(da);
+        }
+        if need[1] {
+            exprs.push(db);
+        }
+        let mut outs = fused(&[&av, &bv, &yv, g], &exprs)?.into_iter();
+        let mut take = |needed: bool, shape: &[usize]| -> Result<Option<Tensor>> {
+            match (needed, outs.next()) {
+                (true, Some(t)) => Ok(Some(sum_to(&t, shape)?)),
+                _ => Ok(None),
+            }
+        };
+        let ga = take(need[0], av.shape())?;
+        let gb = take(need[1], bv.shape())?;
+        Ok(vec![ga, gb])
+    })
+}
+
+macro_rules! binary_vars {
+    ($($fn:ident => $op:ident),* $(,)?) => {
+        impl Var {
+            $(
+                #[doc = concat!("`", stringify!($fn), "` with NumPy broadcasting (recorded).")]
+                pub fn $fn(&self, other: &Var) -> Result<Var> {
+                    self.binary(other, BinaryOp::$op)
+                }
+            )*
+        }
+    };
+}
+
+binary_vars!(
+    add => Add, sub => Sub, mul => Mul, div => Div, maximum => Maximum, minimum => Minimum,
+    pow => Pow,
+);
+
+impl Var {
+    /// `op(self, other)` elementwise with broadcasting. Comparisons give constant masks.
+    pub fn binary(&self, other: &Var, op: BinaryOp) -> Result<Var> {
+        let y = self.value().binary(other.value(), op)?;
+        record_binary(op.name(), self, other, y, binary_grads(op))
+    }
+
+    /// `a` where `cond` is non-zero, else `b` (cond is a constant mask; broadcasting).
+    pub fn select(cond: &Tensor, a: &Var, b: &Var) -> Result<Var> {
+        let y = Tensor::select(cond, a.value(), b.value())?;
+        let c = cond.clone();
+        let (sa, sb) = (a.shape().to_vec(), b.shape().to_vec());
+        record("select", &[a, b], y, move |g, need| {
+            let (m, g_in) = (Expr::input(0).ne(0.0), Expr::input(1));
+            let mut out = vec![None, None];
+            if need[0] {
+                let t = fused(&[&c, g], &[Expr::select(m.clone(), g_in.clone(), 0.0)])?;
+                out[0] = Some(sum_to(&t[0], &sa)?);
+            }
+            if need[1] {
+                let t = fused(&[&c, g], &[Expr::select(m, 0.0, g_in)])?;
+                out[1] = Some(sum_to(&t[0], &sb)?);
+            }
+            Ok(out)
+        })
+    }
+
+    /// `value` where `mask` is non-zero, else the element (the gradient passes where it is zero).
+    pub fn masked_fill(&self, mask: &Tensor, value: f64) -> Result<Var> {
+        let y = self.value().masked_fill(mask, value)?;
+        let (m, shape) = (mask.clone(), self.shape().to_vec());
+        record("masked_fill", &[self], y, move |g, _| {
+            let keep = Expr::select(Expr::input(0).ne(0.0), 0.0, Expr::input(1));
+            let t = fused(&[&m, g], &[keep])?;
+            Ok(vec![Some(sum_to(&t[0], &shape)?)])
+        })
+    }
+}

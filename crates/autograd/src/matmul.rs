@@ -1,0 +1,143 @@
+//! Backward rules of matmul (batched, broadcast, 1-D operands) and the fused linear layer (x·Wᵀ + b, optional ReLU).
+use crate::binary::sum_to;
+use crate::tape::{record, Var};
+use netcl_ops::{Activation, Error, Expr, MatmulOptions, Result, Tensor};
+
+/// The last two dims swapped (a view; matmul reads it without a copy).
+fn t(x: &Tensor) -> Result<Tensor> {
+    let n = x.ndim();
+    x.transpose(n - 2, n - 1)
+}
+
+impl Var {
+    /// Matrix product with NumPy matmul semantics: batched over broadcast leading dims; a 1-D
+    /// operand is a row (left) or column (right) vector whose dim is dropped from the result.
+    pub fn matmul(&self, other: &Var) -> Result<Var> {
+        if self.ndim() == 0 || other.ndim() == 0 {
+            return Err(Error::shape(
+                "matmul",
+                format!(
+                    "operands {:?} and {:?}: matmul needs at least 1-D operands",
+                    self.shape(),
+                    other.shape()
+                ),
+            ));
+        }
+        let a = if self.ndim() == 1 {
+            self.unsqueeze(0)?
+        } else {
+            self.clone()
+        };
+        let b = if other.ndim() == 1 {
+            other.unsqueeze(1)?
+        } else {
+            other.clone()
+        };
+        let mut y = a.matmul_nd(&b)?;
+        if other.ndim() == 1 {
+            y = y.squeeze(y.ndim() - 1)?;
+        }
+        if self.ndim() == 1 {
+            let row = y.ndim() - if other.ndim() == 1 { 1 } else { 2 };
+            y = y.squeeze(row)?;
+        }
+        Ok(y)
+    }
+
+    fn matmul_nd(&self, other: &Var) -> Result<Var> {
+        let y = self.value().matmul(other.value())?;
+        let (a, b) = (self.value().clone(), other.value().clone());
+        record("matmul", &[self, other], y, move |g, need| {
+            let da = if need[0] {
+                Some(sum_to(&g.matmul(&t(&b)?)?, a.shape())?)
+            } else {
+                None
+            };
+            let db = if need[1] {
+                Some(sum_to(&t(&a)?.matmul(g)?, b.shape())?)
+            } else {
+                None
+            };
+            Ok(vec![da, db])
+        })
+    }
+
+    /// `act(x · weightᵀ + bias)` as one GEMM with the bias and activation in its epilogue.
+    /// x: (..., in), weight: (out, in), bias: (out). Supported activations here are None and Relu
+    /// (their gradients follow from the output); compose others after a plain linear.
+    pub fn linear(&self, weight: &Var, bias: Option<&Var>, activation: Activation) -> Result<Var> {
+        let op = "linear";
+        if !matches!(activation, Activation::None | Activation::Relu) {
+            return Err(Error::invalid(
+                op,
+                format!("activation {activation:?} cannot be fused into a recorded linear; apply it as its own op"),
+            ));
+        }
+        if weight.ndim() != 2
+            || self.ndim() == 0
+            || self.shape()[self.ndim() - 1] != weight.shape()[1]
+        {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "input {:?} and weight {:?}: need x (..., in) and weight (out, in)",
+                    self.shape(),
+                    weight.shape()
+                ),
+            ));
+        }
+        let x_shape = self.shape().to_vec();
+        let (inn, out) = (weight.shape()[1], weight.shape()[0]);
+        let rows = x_shape[..x_shape.len() - 1].iter().product::<usize>();
+        let x2 = if self.value().is_contiguous() {
+            self.value().clone()
+        } else {
+            self.value().contiguous()?
+        };
+        let x2 = x2.reshape(&[rows, inn])?;
+        let w = weight.value().clone();
+        let opts = MatmulOptions {
+            bias: bias.map(|b| b.value()),
+            activation,
+            ..Default::default()
+        };
+        let y2 = x2.matmul_with(&t(&w)?, opts)?;
+        let mut y_shape = x_shape.clone();
+        let last = y_shape.len() - 1;
+        y_shape[last] = out;
+        let y = y2.reshape(&y_shape)?;
+        let saved_y = y2.clone();
+        let mut inputs = vec![self, weight];
+        inputs.extend(bias);
+        record(op, &inputs, y, move |g, need| {
+            let g2 = g.reshape(&[rows, out])?;
+            let gz = match activation {
+                Activation::Relu => netcl_ops::fused(
+                    &[&saved_y, &g2],
+                    &[Expr::select(Expr::input(0).gt(0.0), Expr::input(1), 0.0)],
+                )?
+                .remove(0),
+                _ => g2,
+            };
+            let dx = if need[0] {
+                Some(gz.matmul(&w)?.reshape(&x_shape)?)
+            } else {
+                None
+            };
+            let dw = if need[1] {
+                Some(t(&gz)?.matmul(&x2)?)
+            } else {
+                None
+            };
+            let mut grads = vec![dx, dw];
+            if need.len() > 2 {
+                grads.push(if need[2] {
+                    Some(gz.sum(&[0], false)?)
+                } else {
+                    None
+                });
+            }
+            Ok(grads)
+        })
+    }
+}

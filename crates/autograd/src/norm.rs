@@ -1,0 +1,189 @@
+//! Backward rules of layer_norm, rms_norm and training-mode batch_norm (the ops' fused backward kernels).
+use crate::tape::{any_tracked, record, Var};
+use netcl_ops::{NormGrads, Result, Tensor};
+
+/// The gradients in the order of the recorded inputs (x, weight?, bias?).
+fn norm_grads(g: NormGrads, has_weight: bool, has_bias: bool) -> Vec<Option<Tensor>> {
+    let mut out = vec![Some(g.dx)];
+    if has_weight {
+        out.push(g.dweight);
+    }
+    if has_bias {
+        out.push(g.dbias);
+    }
+    out
+}
+
+fn inputs<'a>(x: &'a Var, weight: Option<&'a Var>, bias: Option<&'a Var>) -> Vec<&'a Var> {
+    let mut v = vec![x];
+    v.extend(weight);
+    v.extend(bias);
+    v
+}
+
+impl Var {
+    /// Layer normalisation over the trailing `normalized_shape` dims, with optional affine
+    /// weight and bias of that shape.
+    pub fn layer_norm(
+        &self,
+        normalized_shape: &[usize],
+        weight: Option<&Var>,
+        bias: Option<&Var>,
+        eps: f64,
+    ) -> Result<Var> {
+        let (y, mean, rstd) = self.value().layer_norm(
+            normalized_shape,
+            weight.map(|w| w.value()),
+            bias.map(|b| b.value()),
+            eps,
+        )?;
+        let x = self.value().clone();
+        let w = weight.map(|w| w.value().clone());
+        let ns = normalized_shape.to_vec();
+        let has_bias = bias.is_some();
+        record("layer_norm", &inputs(self, weight, bias), y, move |g, _| {
+            let grads = x.layer_norm_backward(g, &mean, &rstd, &ns, w.as_ref(), has_bias)?;
+            Ok(norm_grads(grads, w.is_some(), has_bias))
+        })
+    }
+
+    /// RMS normalisation over the trailing `normalized_shape` dims, with an optional weight.
+    pub fn rms_norm(
+        &self,
+        normalized_shape: &[usize],
+        weight: Option<&Var>,
+        eps: f64,
+    ) -> Result<Var> {
+        let (y, rstd) = self
+            .value()
+            .rms_norm(normalized_shape, weight.map(|w| w.value()), eps)?;
+        let x = self.value().clone();
+        let w = weight.map(|w| w.value().clone());
+        let ns = normalized_shape.to_vec();
+        record("rms_norm", &inputs(self, weight, None), y, move |g, _| {
+            let grads = x.rms_norm_backward(g, &rstd, &ns, w.as_ref())?;
+            Ok(norm_grads(grads, w.is_some(), false))
+        })
+    }
+
+    /// Training-mode batch normalisation of (N, C, ...) over every dim but 1, with optional
+    /// affine weight/bias (C) and running statistics updated in place with `momentum`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn batch_norm_train(
+        &self,
+        weight: Option<&Var>,
+        bias: Option<&Var>,
+        running_mean: Option<&Tensor>,
+        running_var: Option<&Tensor>,
+        momentum: f64,
+        eps: f64,
+    ) -> Result<Var> {
+        let bn = self.value().batch_norm_train(
+            weight.map(|w| w.value()),
+            bias.map(|b| b.value()),
+            running_mean,
+            running_var,
+            momentum,
+            eps,
+        )?;
+        let x = self.value().clone();
+        let w = weight.map(|w| w.value().clone());
+        let has_bias = bias.is_some();
+        let (mean, invstd) = (bn.save_mean, bn.save_invstd);
+        record(
+            "batch_norm",
+            &inputs(self, weight, bias),
+            bn.y,
+            move |g, _| {
+                let grads = bn_backward_tmp(&x, g, &mean, &invstd, w.as_ref())?; // TEMP until the op lands
+                Ok(norm_grads(grads, w.is_some(), has_bias))
+            },
+        )
+    }
+
+    /// Eval-mode batch normalisation with fixed running statistics (gradients flow to x and the
+    /// affine parameters through ordinary elementwise ops).
+    pub fn batch_norm_eval(
+        &self,
+        running_mean: &Tensor,
+        running_var: &Tensor,
+        weight: Option<&Var>,
+        bias: Option<&Var>,
+        eps: f64,
+    ) -> Result<Var> {
+        if !any_tracked(&inputs(self, weight, bias)) {
+            let y = self.value().batch_norm_eval(
+                running_mean,
+                running_var,
+                weight.map(|w| w.value()),
+                bias.map(|b| b.value()),
+                eps,
+            )?;
+            return Ok(Var::constant(y));
+        }
+        let c = running_mean.numel();
+        let mut bshape = vec![1; self.ndim()];
+        if self.ndim() > 1 {
+            bshape[1] = c;
+        }
+        let invstd = running_var.add_scalar(eps)?.rsqrt()?.reshape(&bshape)?;
+        let mean = running_mean.reshape(&bshape)?;
+        let mut y = self
+            .sub(&Var::constant(mean))?
+            .mul(&Var::constant(invstd))?;
+        if let Some(w) = weight {
+            y = y.mul(&w.reshape(&bshape)?)?;
+        }
+        if let Some(b) = bias {
+            y = y.add(&b.reshape(&bshape)?)?;
+        }
+        Ok(y)
+    }
+}
+
+// TEMP: composed batch-norm backward until netcl-ops has batch_norm_backward.
+fn bn_backward_tmp(
+    x: &Tensor,
+    g: &Tensor,
+    mean: &Tensor,
+    invstd: &Tensor,
+    w: Option<&Tensor>,
+) -> Result<NormGrads> {
+    use netcl_ops::{fused, Expr};
+    let c = x.shape()[1];
+    let mut bs = vec![1; x.ndim()];
+    bs[1] = c;
+    let axes: Vec<usize> = (0..x.ndim()).filter(|&a| a != 1).collect();
+    let m: usize = axes.iter().map(|&a| x.shape()[a]).product();
+    let (mean_b, inv_b) = (mean.reshape(&bs)?, invstd.reshape(&bs)?);
+    let xhat = fused(
+        &[x, &mean_b, &inv_b],
+        &[(Expr::input(0) - Expr::input(1)) * Expr::input(2)],
+    )?
+    .remove(0);
+    let dbias = g.sum(&axes, false)?;
+    let dweight = g.mul(&xhat)?.sum(&axes, false)?;
+    let wb = match w {
+        Some(w) => w.reshape(&bs)?,
+        None => Tensor::ones(&bs, x.dtype(), x.device())?,
+    };
+    let e = Expr::input(0) * Expr::input(1) / (m as f64)
+        * (Expr::input(2) * (m as f64) - Expr::input(3) - Expr::input(4) * Expr::input(5));
+    let dx = fused(
+        &[
+            &wb,
+            &inv_b,
+            g,
+            &dbias.reshape(&bs)?,
+            &xhat,
+            &dweight.reshape(&bs)?,
+        ],
+        &[e],
+    )?
+    .remove(0);
+    Ok(NormGrads {
+        dx,
+        dweight: w.map(|_| dweight),
+        dbias: Some(dbias),
+    })
+}

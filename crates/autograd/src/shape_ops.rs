@@ -1,0 +1,81 @@
+//! Backward rules of concat, stack, split and pad.
+use crate::tape::{record, Var};
+use netcl_ops::{Error, Result, Tensor};
+
+impl Var {
+    /// Concatenation along `dim`; each input's gradient is its slice of the output gradient.
+    pub fn concat(vars: &[&Var], dim: usize) -> Result<Var> {
+        let values: Vec<&Tensor> = vars.iter().map(|v| v.value()).collect();
+        let y = Tensor::concat(&values, dim)?;
+        let sizes: Vec<usize> = vars
+            .iter()
+            .map(|v| v.shape().get(dim).copied().unwrap_or(0))
+            .collect();
+        record("concat", vars, y, move |g, need| {
+            let parts = g.split_sizes(&sizes, dim)?;
+            Ok(parts
+                .into_iter()
+                .zip(need)
+                .map(|(p, &n)| n.then_some(p))
+                .collect())
+        })
+    }
+
+    /// Stacking along a new `dim`.
+    pub fn stack(vars: &[&Var], dim: usize) -> Result<Var> {
+        let expanded = vars
+            .iter()
+            .map(|v| v.unsqueeze(dim))
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&Var> = expanded.iter().collect();
+        Var::concat(&refs, dim)
+    }
+
+    /// Consecutive pieces of the given sizes along `dim` (views, each recorded).
+    pub fn split_sizes(&self, sizes: &[usize], dim: usize) -> Result<Vec<Var>> {
+        let total: usize = sizes.iter().sum();
+        if dim >= self.ndim() || total != self.shape()[dim] {
+            return Err(Error::shape(
+                "split",
+                format!("sizes {sizes:?} along dim {dim} of {:?}", self.shape()),
+            ));
+        }
+        let mut start = 0;
+        let mut out = Vec::with_capacity(sizes.len());
+        for &s in sizes {
+            out.push(self.narrow(dim, start, s)?);
+            start += s;
+        }
+        Ok(out)
+    }
+
+    /// Chunks of `size` along `dim` (the last may be shorter).
+    pub fn split(&self, size: usize, dim: usize) -> Result<Vec<Var>> {
+        if size == 0 || dim >= self.ndim() {
+            return Err(Error::invalid(
+                "split",
+                format!("chunk size {size} along dim {dim} of {:?}", self.shape()),
+            ));
+        }
+        let n = self.shape()[dim];
+        let sizes: Vec<usize> = (0..n.div_ceil(size).max(1))
+            .map(|i| size.min(n - (i * size).min(n)))
+            .collect();
+        self.split_sizes(&sizes, dim)
+    }
+
+    /// Padding with a constant (`pads[0]` is the last dim, as torch.nn.functional.pad).
+    pub fn pad(&self, pads: &[(usize, usize)], value: f64) -> Result<Var> {
+        let y = self.value().pad(pads, value)?;
+        let shape = self.shape().to_vec();
+        let pads = pads.to_vec();
+        record("pad", &[self], y, move |g, _| {
+            let mut gx = g.clone();
+            for (i, &(before, _)) in pads.iter().enumerate() {
+                let dim = shape.len() - 1 - i;
+                gx = gx.narrow(dim, before, shape[dim])?;
+            }
+            Ok(vec![Some(gx)])
+        })
+    }
+}

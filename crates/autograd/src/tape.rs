@@ -1,0 +1,418 @@
+//! Tape and Var: ops on Vars record a backward closure on the tape; `backward` runs them in reverse.
+use crate::param::Parameter;
+use netcl_ops::{DType, Device, Error, Result, Tensor};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+/// What a backward rule gets: the gradient of the op's output, and which inputs need a gradient.
+/// It returns one gradient per input (`None` where not needed or identically zero).
+pub(crate) type BackwardFn = Box<dyn FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>>>;
+
+struct Node {
+    op: &'static str,
+    inputs: Vec<usize>,
+    /// Which of the op's inputs have a node (the others are constants).
+    tracked: Vec<bool>,
+    backward: Option<BackwardFn>,
+    /// Leaves: the parameter the gradient accumulates into (None for `Tape::leaf` inputs).
+    param: Option<Parameter>,
+    shape: Vec<usize>,
+    dtype: DType,
+}
+
+struct Inner {
+    enabled: bool,
+    generation: Cell<u64>,
+    nodes: RefCell<Vec<Node>>,
+    params: RefCell<HashMap<usize, usize>>,
+}
+
+/// Records the ops applied to Vars so `backward` can compute gradients. Cheap to clone (a
+/// handle). Build one per forward pass; `backward` frees everything it recorded.
+#[derive(Clone)]
+pub struct Tape(Rc<Inner>);
+
+/// A tensor in a computation: its value, and (when recorded) its place on a tape.
+#[derive(Clone)]
+pub struct Var {
+    value: Tensor,
+    node: Option<NodeRef>,
+}
+
+#[derive(Clone)]
+struct NodeRef {
+    tape: Tape,
+    generation: u64,
+    id: usize,
+}
+
+impl std::fmt::Debug for Var {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.node {
+            Some(n) => write!(f, "Var#{}({:?})", n.id, self.value),
+            None => write!(f, "Var(const {:?})", self.value),
+        }
+    }
+}
+
+impl From<Tensor> for Var {
+    fn from(t: Tensor) -> Var {
+        Var::constant(t)
+    }
+}
+
+impl From<&Tensor> for Var {
+    fn from(t: &Tensor) -> Var {
+        Var::constant(t.clone())
+    }
+}
+
+impl Var {
+    /// A value no gradient flows into (inputs, targets, masks).
+    pub fn constant(value: Tensor) -> Var {
+        Var { value, node: None }
+    }
+    pub fn value(&self) -> &Tensor {
+        &self.value
+    }
+    pub fn into_value(self) -> Tensor {
+        self.value
+    }
+    pub fn shape(&self) -> &[usize] {
+        self.value.shape()
+    }
+    pub fn dtype(&self) -> DType {
+        self.value.dtype()
+    }
+    pub fn device(&self) -> &Device {
+        self.value.device()
+    }
+    pub fn ndim(&self) -> usize {
+        self.value.ndim()
+    }
+    pub fn numel(&self) -> usize {
+        self.value.numel()
+    }
+    /// Whether a gradient can flow back from this Var (it was recorded on a tape).
+    pub fn is_tracked(&self) -> bool {
+        self.node.is_some()
+    }
+    /// The same value, cut off from the tape.
+    pub fn detach(&self) -> Var {
+        Var::constant(self.value.clone())
+    }
+    /// The first element as f64 (one device read: avoid inside a step loop's hot path).
+    pub fn item(&self) -> Result<f64> {
+        let v = self.value.to_vec_f64()?;
+        v.first().copied().ok_or_else(|| {
+            Error::shape(
+                "Var::item",
+                format!("value {:?} is empty", self.value.shape()),
+            )
+        })
+    }
+}
+
+/// The gradients `backward` computed for the `Tape::leaf` Vars it reached.
+pub struct Gradients {
+    generation: u64,
+    tape: Tape,
+    grads: HashMap<usize, Tensor>,
+}
+
+impl std::fmt::Debug for Gradients {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Gradients({} leaves)", self.grads.len())
+    }
+}
+
+impl Gradients {
+    /// The gradient of the output with respect to `leaf` (None if it does not depend on it).
+    pub fn get(&self, leaf: &Var) -> Option<&Tensor> {
+        let n = leaf.node.as_ref()?;
+        if !Rc::ptr_eq(&n.tape.0, &self.tape.0) || n.generation != self.generation {
+            return None;
+        }
+        self.grads.get(&n.id)
+    }
+}
+
+impl Default for Tape {
+    fn default() -> Self {
+        Tape::new()
+    }
+}
+
+impl Tape {
+    /// A tape that records.
+    pub fn new() -> Tape {
+        Tape::make(true)
+    }
+    /// A tape that records nothing: parameters come out as constants and no op keeps saved
+    /// tensors (inference and evaluation).
+    pub fn no_grad() -> Tape {
+        Tape::make(false)
+    }
+    fn make(enabled: bool) -> Tape {
+        Tape(Rc::new(Inner {
+            enabled,
+            generation: Cell::new(0),
+            nodes: RefCell::new(Vec::new()),
+            params: RefCell::new(HashMap::new()),
+        }))
+    }
+    pub fn is_recording(&self) -> bool {
+        self.0.enabled
+    }
+    /// Number of ops and leaves recorded since the last backward.
+    pub fn len(&self) -> usize {
+        self.0.nodes.borrow().len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn push(&self, node: Node) -> NodeRef {
+        let mut nodes = self.0.nodes.borrow_mut();
+        nodes.push(node);
+        NodeRef {
+            tape: self.clone(),
+            generation: self.0.generation.get(),
+            id: nodes.len() - 1,
+        }
+    }
+
+    fn leaf_node(value: &Tensor, param: Option<Parameter>) -> Node {
+        Node {
+            op: "leaf",
+            inputs: Vec::new(),
+            tracked: Vec::new(),
+            backward: None,
+            param,
+            shape: value.shape().to_vec(),
+            dtype: value.dtype(),
+        }
+    }
+
+    /// The Var of a parameter on this tape (one leaf per parameter, however often it is used);
+    /// a constant when the tape does not record or the parameter is frozen.
+    pub fn param(&self, p: &Parameter) -> Var {
+        if !self.0.enabled || !p.requires_grad() {
+            return Var::constant(p.value().clone());
+        }
+        let existing = self.0.params.borrow().get(&p.id()).copied();
+        let id = match existing {
+            Some(id) => id,
+            None => {
+                let r = self.push(Tape::leaf_node(p.value(), Some(p.clone())));
+                self.0.params.borrow_mut().insert(p.id(), r.id);
+                r.id
+            }
+        };
+        Var {
+            value: p.value().clone(),
+            node: Some(NodeRef {
+                tape: self.clone(),
+                generation: self.0.generation.get(),
+                id,
+            }),
+        }
+    }
+
+    /// A leaf whose gradient `backward` returns in its `Gradients` (for gradient checks and
+    /// input gradients); a constant when the tape does not record.
+    pub fn leaf(&self, value: &Tensor) -> Var {
+        if !self.0.enabled {
+            return Var::constant(value.clone());
+        }
+        Var {
+            value: value.clone(),
+            node: Some(self.push(Tape::leaf_node(value, None))),
+        }
+    }
+
+    /// Gradients of a scalar `output` (one element) into every parameter and leaf it depends on.
+    /// Frees the recorded graph: Vars from this forward pass cannot be used in new ops afterwards.
+    pub fn backward(&self, output: &Var) -> Result<Gradients> {
+        if output.numel() != 1 {
+            return Err(Error::shape(
+                "Tape::backward",
+                format!(
+                    "output is {:?}; backward of a non-scalar needs a seed gradient (backward_with)",
+                    output.shape()
+                ),
+            ));
+        }
+        let seed = Tensor::ones(output.shape(), output.dtype(), output.device())?;
+        self.backward_with(output, &seed)
+    }
+
+    /// Gradients of `output` weighted by `seed` (same shape and dtype as the output).
+    pub fn backward_with(&self, output: &Var, seed: &Tensor) -> Result<Gradients> {
+        let op = "Tape::backward";
+        if seed.shape() != output.shape() || seed.dtype() != output.dtype() {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "seed is {} {:?}; the output is {} {:?}",
+                    seed.dtype(),
+                    seed.shape(),
+                    output.dtype(),
+                    output.shape()
+                ),
+            ));
+        }
+        let root = match &output.node {
+            None => {
+                return Err(Error::invalid(
+                    op,
+                    "the output was not recorded on a tape: no parameter or leaf reaches it (forward ran under Tape::no_grad, or every parameter is frozen)",
+                ))
+            }
+            Some(n) => n,
+        };
+        self.check_owner(op, root)?;
+        let seed = seed.to_device(output.device())?;
+        let generation = self.0.generation.get();
+        // Take the graph out: the tape is empty (and reusable) whatever happens below.
+        let mut nodes = std::mem::take(&mut *self.0.nodes.borrow_mut());
+        self.0.params.borrow_mut().clear();
+        self.0.generation.set(generation + 1);
+
+        let mut grads: Vec<Option<Tensor>> = (0..nodes.len()).map(|_| None).collect();
+        grads[root.id] = Some(seed);
+        let mut leaf_grads = HashMap::new();
+        for id in (0..=root.id).rev() {
+            let Some(g) = grads[id].take() else { continue };
+            let node = &mut nodes[id];
+            if let Some(p) = &node.param {
+                p.accumulate_grad(&g)?;
+                continue;
+            }
+            let Some(backward) = node.backward.take() else {
+                leaf_grads.insert(id, g);
+                continue;
+            };
+            let input_grads = backward(&g, &node.tracked)?;
+            drop(g);
+            if input_grads.len() != node.inputs.len() {
+                return Err(Error::invalid(
+                    op,
+                    format!(
+                        "backward of {} returned {} gradients for {} inputs",
+                        node.op,
+                        input_grads.len(),
+                        node.inputs.len()
+                    ),
+                ));
+            }
+            let (inputs, tracked, opname) = (node.inputs.clone(), node.tracked.clone(), node.op);
+            for ((input, grad), tracked) in inputs.into_iter().zip(input_grads).zip(tracked) {
+                let (Some(grad), true) = (grad, tracked) else {
+                    continue;
+                };
+                let target = &nodes[input];
+                if grad.shape() != target.shape.as_slice() || grad.dtype() != target.dtype {
+                    return Err(Error::shape(
+                        op,
+                        format!(
+                            "backward of {opname} gave a {} {:?} gradient for a {} {:?} input",
+                            grad.dtype(),
+                            grad.shape(),
+                            target.dtype,
+                            target.shape
+                        ),
+                    ));
+                }
+                grads[input] = Some(match grads[input].take() {
+                    None => grad,
+                    Some(acc) => acc.add(&grad)?,
+                });
+            }
+        }
+        Ok(Gradients {
+            generation,
+            tape: self.clone(),
+            grads: leaf_grads,
+        })
+    }
+
+    fn check_owner(&self, op: &str, n: &NodeRef) -> Result<()> {
+        if !Rc::ptr_eq(&n.tape.0, &self.0) {
+            return Err(Error::invalid(
+                op,
+                "the Var was recorded on a different tape",
+            ));
+        }
+        if n.generation != self.0.generation.get() {
+            return Err(Error::invalid(
+                op,
+                "the Var belongs to a graph that an earlier backward already consumed; run the forward pass again",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Record `value = op(inputs)` with its backward rule. When no input is tracked the result is a
+/// constant and the rule (with whatever it saved) is dropped at once.
+pub(crate) fn record(
+    op: &'static str,
+    inputs: &[&Var],
+    value: Tensor,
+    backward: impl FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + 'static,
+) -> Result<Var> {
+    let mut tape: Option<&Tape> = None;
+    for v in inputs {
+        if let Some(n) = &v.node {
+            match tape {
+                None => tape = Some(&n.tape),
+                Some(t) if !Rc::ptr_eq(&t.0, &n.tape.0) => {
+                    return Err(Error::invalid(
+                        op,
+                        "inputs were recorded on different tapes",
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    let Some(tape) = tape else {
+        return Ok(Var::constant(value));
+    };
+    let mut ids = Vec::with_capacity(inputs.len());
+    let mut tracked = Vec::with_capacity(inputs.len());
+    for v in inputs {
+        match &v.node {
+            Some(n) => {
+                tape.check_owner(op, n)?;
+                ids.push(n.id);
+                tracked.push(true);
+            }
+            None => {
+                ids.push(0);
+                tracked.push(false);
+            }
+        }
+    }
+    let node = Node {
+        op,
+        inputs: ids,
+        tracked,
+        backward: Some(Box::new(backward)),
+        param: None,
+        shape: value.shape().to_vec(),
+        dtype: value.dtype(),
+    };
+    let r = tape.clone().push(node);
+    Ok(Var {
+        value,
+        node: Some(r),
+    })
+}
+
+/// Whether any of `inputs` is tracked (so a rule needs to save anything at all).
+pub(crate) fn any_tracked(inputs: &[&Var]) -> bool {
+    inputs.iter().any(|v| v.is_tracked())
+}

@@ -1,0 +1,493 @@
+//! Every differentiable op's backward rule against finite differences (f64), on the host and every OpenCL device.
+use netcl_autograd::{gradcheck, GradcheckOptions, Var};
+use netcl_core_devices::test_devices;
+use netcl_ops::testing::random_tensor;
+use netcl_ops::{
+    Activation, Conv2dParams, DType, Device, Generator, Pool2dParams, Result, Tensor, UnaryOp,
+};
+
+fn opts() -> GradcheckOptions {
+    GradcheckOptions {
+        max_elements: 10,
+        ..Default::default()
+    }
+}
+
+/// A random f64 tensor on `dev` with values in [lo, hi].
+fn rnd(dev: &Device, shape: &[usize], lo: f64, hi: f64, seed: u64) -> Tensor {
+    random_tensor(DType::F64, shape, lo, hi, seed)
+        .to_device(dev)
+        .unwrap()
+}
+
+/// Values of magnitude in [0.2, 1.5] with random signs: clear of the kinks at 0.
+fn signed(dev: &Device, shape: &[usize], seed: u64) -> Tensor {
+    let mag = random_tensor(DType::F64, shape, 0.2, 1.5, seed)
+        .to_vec_f64()
+        .unwrap();
+    let sign = random_tensor(DType::F64, shape, -1.0, 1.0, seed ^ 0xabc)
+        .to_vec_f64()
+        .unwrap();
+    let v: Vec<f64> = mag
+        .iter()
+        .zip(&sign)
+        .map(|(m, s)| if *s < 0.0 { -m } else { *m })
+        .collect();
+    Tensor::from_vec(v, shape, dev).unwrap()
+}
+
+fn ids(dev: &Device, v: &[i32], shape: &[usize]) -> Tensor {
+    Tensor::from_vec(v.to_vec(), shape, dev).unwrap()
+}
+
+/// Run `f` through gradcheck on every device with inputs made by `make`.
+fn check(name: &str, make: impl Fn(&Device) -> Vec<Tensor>, f: impl Fn(&[Var]) -> Result<Var>) {
+    for dev in test_devices().unwrap() {
+        let inputs = make(&dev);
+        let r = gradcheck(&f, &inputs, opts()).unwrap_or_else(|e| panic!("{name} on {dev}: {e}"));
+        assert!(r.checked > 0, "{name} on {dev}: nothing checked");
+    }
+}
+
+#[test]
+fn unary_ops() {
+    use UnaryOp::*;
+    let positive = [Log, Sqrt, Rsqrt, Reciprocal];
+    for op in [
+        Neg, Abs, Exp, Log, Sqrt, Rsqrt, Sin, Cos, Tanh, Sigmoid, Relu, Gelu, GeluTanh, Silu,
+        Square, Reciprocal, Erf,
+    ] {
+        let pos = positive.contains(&op);
+        check(
+            op.name(),
+            |d| {
+                vec![if pos {
+                    rnd(d, &[3, 4], 0.3, 2.0, 1)
+                } else {
+                    signed(d, &[3, 4], 1)
+                }]
+            },
+            |v| v[0].unary(op),
+        );
+    }
+    check(
+        "leaky_relu",
+        |d| vec![signed(d, &[7], 2)],
+        |v| v[0].leaky_relu(0.1),
+    );
+    check(
+        "clamp",
+        |d| vec![signed(d, &[9], 3)],
+        |v| v[0].clamp(-0.8, 0.9),
+    );
+    check(
+        "powf",
+        |d| vec![rnd(d, &[5], 0.5, 2.0, 4)],
+        |v| v[0].powf(2.5),
+    );
+    check(
+        "scalars",
+        |d| vec![signed(d, &[2, 3], 5)],
+        |v| {
+            v[0].mul_scalar(3.0)?
+                .add_scalar(1.5)?
+                .div_scalar(-2.0)?
+                .sub_scalar(0.5)
+        },
+    );
+}
+
+#[test]
+fn binary_ops_with_broadcasting() {
+    type Op = fn(&Var, &Var) -> Result<Var>;
+    let ops: [(&str, Op, bool); 7] = [
+        ("add", Var::add, false),
+        ("sub", Var::sub, false),
+        ("mul", Var::mul, false),
+        ("div", Var::div, true),
+        ("maximum", Var::maximum, false),
+        ("minimum", Var::minimum, false),
+        ("pow", Var::pow, true),
+    ];
+    for (name, op, positive) in ops {
+        for (sa, sb) in [
+            (&[3, 4][..], &[3, 4][..]),
+            (&[2, 1, 4], &[3, 1]),
+            (&[4], &[2, 3, 4]),
+            (&[], &[2, 2]),
+        ] {
+            check(
+                name,
+                |d| {
+                    if positive {
+                        vec![rnd(d, sa, 0.5, 2.0, 6), rnd(d, sb, 0.5, 2.0, 7)]
+                    } else {
+                        vec![signed(d, sa, 6), signed(d, sb, 7)]
+                    }
+                },
+                |v| op(&v[0], &v[1]),
+            );
+        }
+    }
+    // The same Var on both sides and used twice: gradients must accumulate.
+    check(
+        "x*x+x",
+        |d| vec![signed(d, &[5], 8)],
+        |v| v[0].mul(&v[0])?.add(&v[0]),
+    );
+}
+
+#[test]
+fn select_and_masked_fill() {
+    check(
+        "select",
+        |d| vec![signed(d, &[3, 4], 9), signed(d, &[4], 10)],
+        |v| {
+            let cond = Tensor::from_vec(vec![1.0f64, 0.0, 0.0, 1.0], &[4], v[0].device())?
+                .broadcast_to(&[3, 4])?;
+            Var::select(&cond, &v[0], &v[1])
+        },
+    );
+    check(
+        "masked_fill",
+        |d| vec![signed(d, &[2, 3], 11)],
+        |v| {
+            let m = Tensor::from_vec(vec![0.0f64, 1.0, 0.0], &[3], v[0].device())?;
+            v[0].masked_fill(&m, 7.0)
+        },
+    );
+}
+
+#[test]
+fn matmul_and_linear() {
+    for (sa, sb) in [
+        (&[3, 4][..], &[4, 5][..]),
+        (&[2, 3, 4], &[4, 2]),
+        (&[2, 1, 3, 4], &[3, 4, 2]),
+        (&[4], &[4, 3]),
+        (&[2, 4], &[4]),
+        (&[4], &[4]),
+    ] {
+        check(
+            "matmul",
+            |d| vec![signed(d, sa, 12), signed(d, sb, 13)],
+            |v| v[0].matmul(&v[1]),
+        );
+    }
+    for act in [Activation::None, Activation::Relu] {
+        check(
+            "linear",
+            |d| {
+                vec![
+                    signed(d, &[2, 3, 4], 14),
+                    signed(d, &[5, 4], 15),
+                    signed(d, &[5], 16),
+                ]
+            },
+            |v| v[0].linear(&v[1], Some(&v[2]), act),
+        );
+        check(
+            "linear_nobias",
+            |d| vec![signed(d, &[3, 4], 17), signed(d, &[2, 4], 18)],
+            |v| v[0].linear(&v[1], None, act),
+        );
+    }
+}
+
+#[test]
+fn reductions() {
+    for (axes, keep) in [(&[1][..], false), (&[0, 2][..], true), (&[][..], false)] {
+        check(
+            "sum",
+            |d| vec![signed(d, &[2, 3, 4], 20)],
+            |v| v[0].sum(axes, keep),
+        );
+        check(
+            "mean",
+            |d| vec![signed(d, &[2, 3, 4], 21)],
+            |v| v[0].mean(axes, keep),
+        );
+        check(
+            "max",
+            |d| vec![signed(d, &[2, 3, 4], 22)],
+            |v| v[0].max(axes, keep),
+        );
+        check(
+            "min",
+            |d| vec![signed(d, &[2, 3, 4], 23)],
+            |v| v[0].min(axes, keep),
+        );
+        check(
+            "logsumexp",
+            |d| vec![signed(d, &[2, 3, 4], 24)],
+            |v| v[0].logsumexp(axes, keep),
+        );
+        let correction = if axes.is_empty() { 0.0 } else { 1.0 };
+        check(
+            "var",
+            |d| vec![signed(d, &[2, 3, 4], 25)],
+            |v| v[0].var(axes, correction, keep),
+        );
+    }
+    check(
+        "sum_all",
+        |d| vec![signed(d, &[3, 2], 26)],
+        |v| v[0].sum_all(),
+    );
+    check(
+        "mean_all",
+        |d| vec![signed(d, &[3, 2], 27)],
+        |v| v[0].mean_all(),
+    );
+    check(
+        "max_all",
+        |d| vec![signed(d, &[3, 2], 28)],
+        |v| v[0].max_all(),
+    );
+}
+
+#[test]
+fn softmax_and_cross_entropy() {
+    for dim in 0..2 {
+        check(
+            "softmax",
+            |d| vec![signed(d, &[3, 5], 30)],
+            |v| v[0].softmax(dim),
+        );
+        check(
+            "log_softmax",
+            |d| vec![signed(d, &[3, 5], 31)],
+            |v| v[0].log_softmax(dim),
+        );
+    }
+    for ignore in [None, Some(2)] {
+        check(
+            "cross_entropy",
+            |d| vec![signed(d, &[4, 5], 32), ids(d, &[1, 2, 4, 0], &[4])],
+            |v| v[0].cross_entropy(v[1].value(), ignore),
+        );
+    }
+}
+
+#[test]
+fn norms() {
+    check(
+        "layer_norm",
+        |d| {
+            vec![
+                signed(d, &[3, 2, 4], 40),
+                signed(d, &[2, 4], 41),
+                signed(d, &[2, 4], 42),
+            ]
+        },
+        |v| v[0].layer_norm(&[2, 4], Some(&v[1]), Some(&v[2]), 1e-5),
+    );
+    check(
+        "layer_norm_plain",
+        |d| vec![signed(d, &[3, 6], 43)],
+        |v| v[0].layer_norm(&[6], None, None, 1e-5),
+    );
+    check(
+        "rms_norm",
+        |d| vec![signed(d, &[4, 5], 44), signed(d, &[5], 45)],
+        |v| v[0].rms_norm(&[5], Some(&v[1]), 1e-6),
+    );
+    for shape in [&[6, 3][..], &[2, 3, 2, 2]] {
+        check(
+            "batch_norm_train",
+            |d| {
+                vec![
+                    signed(d, shape, 46),
+                    signed(d, &[3], 47),
+                    signed(d, &[3], 48),
+                ]
+            },
+            |v| v[0].batch_norm_train(Some(&v[1]), Some(&v[2]), None, None, 0.1, 1e-5),
+        );
+    }
+    check(
+        "batch_norm_eval",
+        |d| {
+            vec![
+                signed(d, &[2, 3, 2], 49),
+                signed(d, &[3], 50),
+                signed(d, &[3], 51),
+            ]
+        },
+        |v| {
+            let dev = v[0].device();
+            let rm = Tensor::from_vec(vec![0.1f64, -0.2, 0.3], &[3], dev)?;
+            let rv = Tensor::from_vec(vec![1.5f64, 0.5, 2.0], &[3], dev)?;
+            v[0].batch_norm_eval(&rm, &rv, Some(&v[1]), Some(&v[2]), 1e-5)
+        },
+    );
+}
+
+#[test]
+fn conv_and_pool() {
+    let p = Conv2dParams {
+        stride: (2, 1),
+        padding: (1, 1),
+        dilation: (1, 2),
+        groups: 1,
+    };
+    check(
+        "conv2d",
+        |d| {
+            vec![
+                signed(d, &[2, 2, 5, 6], 60),
+                signed(d, &[3, 2, 3, 2], 61),
+                signed(d, &[3], 62),
+            ]
+        },
+        |v| v[0].conv2d(&v[1], Some(&v[2]), p),
+    );
+    let g = Conv2dParams {
+        groups: 2,
+        ..Default::default()
+    };
+    check(
+        "conv2d_groups",
+        |d| vec![signed(d, &[1, 4, 4, 4], 63), signed(d, &[4, 2, 3, 3], 64)],
+        |v| v[0].conv2d(&v[1], None, g),
+    );
+    let mut pp = Pool2dParams::new((2, 2));
+    pp.padding = (1, 0);
+    check(
+        "max_pool2d",
+        |d| vec![rnd(d, &[1, 2, 5, 4], -1.0, 1.0, 65)],
+        |v| v[0].max_pool2d(pp),
+    );
+    check(
+        "avg_pool2d",
+        |d| vec![signed(d, &[2, 1, 5, 4], 66)],
+        |v| v[0].avg_pool2d(pp, false),
+    );
+    check(
+        "adaptive_avg_pool2d",
+        |d| vec![signed(d, &[1, 2, 5, 7], 67)],
+        |v| v[0].adaptive_avg_pool2d((2, 3)),
+    );
+}
+
+#[test]
+fn indexing() {
+    check(
+        "embedding",
+        |d| vec![signed(d, &[5, 3], 70), ids(d, &[4, 0, 4, 2], &[2, 2])],
+        |v| v[0].embedding(v[1].value()),
+    );
+    check(
+        "index_select",
+        |d| vec![signed(d, &[3, 4], 71), ids(d, &[3, 3, 0], &[3])],
+        |v| v[0].index_select(1, v[1].value()),
+    );
+    check(
+        "gather",
+        |d| vec![signed(d, &[3, 4], 72), ids(d, &[0, 3, 1, 1, 2, 2], &[3, 2])],
+        |v| v[0].gather(1, v[1].value()),
+    );
+}
+
+#[test]
+fn views_and_shapes() {
+    check(
+        "reshape",
+        |d| vec![signed(d, &[2, 6], 80)],
+        |v| {
+            v[0].transpose(0, 1)?
+                .reshape(&[3, 4])?
+                .mul(&v[0].reshape(&[3, 4])?)
+        },
+    );
+    check(
+        "permute",
+        |d| vec![signed(d, &[2, 3, 4], 81)],
+        |v| v[0].permute(&[2, 0, 1])?.contiguous(),
+    );
+    check(
+        "narrow",
+        |d| vec![signed(d, &[4, 5], 82)],
+        |v| v[0].narrow(1, 1, 3),
+    );
+    check(
+        "slice",
+        |d| vec![signed(d, &[7, 3], 83)],
+        |v| v[0].slice(0, 1, 7, 2),
+    );
+    check(
+        "broadcast_to",
+        |d| vec![signed(d, &[3, 1], 84)],
+        |v| v[0].broadcast_to(&[2, 3, 4]),
+    );
+    check(
+        "squeeze",
+        |d| vec![signed(d, &[3, 1, 2], 85)],
+        |v| v[0].squeeze(1)?.unsqueeze(0)?.flatten(1),
+    );
+    check(
+        "concat",
+        |d| vec![signed(d, &[2, 3], 86), signed(d, &[2, 1], 87)],
+        |v| Var::concat(&[&v[0], &v[1], &v[0]], 1),
+    );
+    check(
+        "stack",
+        |d| vec![signed(d, &[2, 3], 88), signed(d, &[2, 3], 89)],
+        |v| Var::stack(&[&v[0], &v[1]], 1),
+    );
+    check(
+        "split",
+        |d| vec![signed(d, &[5, 2], 90)],
+        |v| {
+            let parts = v[0].split(2, 0)?;
+            parts[0]
+                .mul(&parts[1])?
+                .sum_all()?
+                .add(&parts[2].sum_all()?)
+        },
+    );
+    check(
+        "pad",
+        |d| vec![signed(d, &[2, 3], 91)],
+        |v| v[0].pad(&[(1, 2), (0, 1)], 0.5),
+    );
+}
+
+#[test]
+fn rope_attention_dropout() {
+    check(
+        "rope",
+        |d| vec![signed(d, &[1, 3, 2, 4], 100)],
+        |v| v[0].rope(2, 10000.0),
+    );
+    for causal in [false, true] {
+        check(
+            "attention",
+            |d| {
+                vec![
+                    signed(d, &[2, 3, 4], 101),
+                    signed(d, &[2, 3, 4], 102),
+                    signed(d, &[2, 3, 4], 103),
+                ]
+            },
+            |v| Var::attention(&v[0], &v[1], &v[2], None, causal, None),
+        );
+    }
+    check(
+        "dropout",
+        |d| vec![signed(d, &[4, 5], 104)],
+        |v| v[0].dropout(0.3, &mut Generator::new(5)),
+    );
+}
+
+#[test]
+fn gradcheck_catches_a_wrong_gradient() {
+    // x * detach(x): the recorded gradient is x, the true one 2x.
+    for dev in test_devices().unwrap() {
+        let x = signed(&dev, &[4], 110);
+        let err = gradcheck(|v| v[0].mul(&v[0].detach()), &[x], opts())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("differ from finite differences"), "{err}");
+    }
+}

@@ -1,0 +1,87 @@
+//! Tape semantics: parameter gradients accumulate, no_grad records nothing, consumed graphs and misuse give errors.
+use netcl_autograd::{Parameter, Tape, Var};
+use netcl_core_devices::test_devices;
+use netcl_ops::{DType, Device, Tensor};
+
+fn t(dev: &Device, v: &[f64], shape: &[usize]) -> Tensor {
+    Tensor::from_vec(v.iter().map(|&x| x as f32).collect(), shape, dev).unwrap()
+}
+
+#[test]
+fn parameter_gradients_accumulate_until_zero_grad() {
+    for dev in test_devices().unwrap() {
+        let w = Parameter::new(t(&dev, &[1.0, -2.0, 3.0], &[3])).unwrap();
+        let x = t(&dev, &[0.5, 4.0, -1.0], &[3]);
+        for round in 1..=2 {
+            let tape = Tape::new();
+            // loss = sum(w * x) + sum(w * w): d/dw = x + 2w
+            let wv = tape.param(&w);
+            let loss = wv.mul(&Var::from(&x)).unwrap().sum_all().unwrap();
+            let loss = loss.add(&wv.mul(&wv).unwrap().sum_all().unwrap()).unwrap();
+            tape.backward(&loss).unwrap();
+            assert!(tape.is_empty(), "backward frees the graph");
+            let g = w.grad().unwrap().to_vec_f64().unwrap();
+            let want: Vec<f64> = [(0.5, 1.0), (4.0, -2.0), (-1.0, 3.0)]
+                .iter()
+                .map(|(x, w)| round as f64 * (x + 2.0 * w))
+                .collect();
+            assert_eq!(g, want, "{dev} round {round}");
+        }
+        w.zero_grad();
+        assert!(w.grad().is_none());
+    }
+}
+
+#[test]
+fn no_grad_records_nothing() {
+    let dev = Device::host();
+    let w = Parameter::new(t(&dev, &[1.0, 2.0], &[2])).unwrap();
+    let tape = Tape::no_grad();
+    let y = tape.param(&w).exp().unwrap().sum_all().unwrap();
+    assert!(!y.is_tracked());
+    assert!(tape.is_empty());
+    let err = tape.backward(&y).unwrap_err().to_string();
+    assert!(err.contains("not recorded"), "{err}");
+    // A frozen parameter is a constant on a recording tape too.
+    w.set_requires_grad(false);
+    let tape = Tape::new();
+    assert!(!tape.param(&w).is_tracked());
+}
+
+#[test]
+fn misuse_is_an_error() {
+    let dev = Device::host();
+    let w = Parameter::new(t(&dev, &[1.0, 2.0], &[2])).unwrap();
+    let tape = Tape::new();
+    let y = tape.param(&w).square().unwrap();
+    let err = tape.backward(&y).unwrap_err().to_string();
+    assert!(err.contains("seed"), "non-scalar without a seed: {err}");
+    let s = y.sum_all().unwrap();
+    tape.backward(&s).unwrap();
+    let err = y.mul_scalar(2.0).unwrap_err().to_string();
+    assert!(err.contains("already consumed"), "stale graph: {err}");
+    let other = Tape::new();
+    let a = other.param(&w);
+    let b = Tape::new().param(&w);
+    let err = a.add(&b).unwrap_err().to_string();
+    assert!(err.contains("different tapes"), "{err}");
+    let err = Parameter::new(Tensor::zeros(&[2], DType::I32, &dev).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("floating point"), "{err}");
+}
+
+#[test]
+fn seeded_backward_of_a_non_scalar() {
+    for dev in test_devices().unwrap() {
+        let tape = Tape::new();
+        let x = tape.leaf(&t(&dev, &[1.0, 2.0, 3.0], &[3]));
+        let y = x.square().unwrap();
+        let seed = t(&dev, &[1.0, 0.5, -1.0], &[3]);
+        let grads = tape.backward_with(&y, &seed).unwrap();
+        assert_eq!(
+            grads.get(&x).unwrap().to_vec_f64().unwrap(),
+            vec![2.0, 2.0, -6.0]
+        );
+    }
+}
