@@ -1,1 +1,22 @@
-//! netcl-nn: Modules, layers, losses and checkpoints (filled by the training issue).
+//! netcl-nn: the Module trait, layers, seeded initialisation, losses and checkpoints.
+mod activation;
+mod conv;
+mod dropout;
+mod embedding;
+pub mod init;
+mod linear;
+pub mod loss;
+mod module;
+mod norm;
+mod pool;
+
+pub use activation::{LeakyReLU, ReLU, SiLU, Sigmoid, Tanh, GELU};
+pub use conv::Conv2d;
+pub use dropout::Dropout;
+pub use embedding::Embedding;
+pub use init::Init;
+pub use linear::Linear;
+pub use loss::{cross_entropy, cross_entropy_with, mse_loss, nll_loss, CrossEntropyOptions};
+pub use module::{in_layer, type_name, Module, Sequential};
+pub use norm::{BatchNorm2d, LayerNorm, RmsNorm};
+pub use pool::{AvgPool2d, Flatten, MaxPool2d};

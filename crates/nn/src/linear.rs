@@ -1,0 +1,94 @@
+//! Linear layer: y = x·Wᵀ + b as one GEMM with the bias (and a following ReLU) in its epilogue.
+use crate::init::Init;
+use crate::module::Module;
+use netcl_autograd::{Parameter, Tape, Var};
+use netcl_ops::{Activation, DType, Device, Generator, Result};
+use serde_json::{json, Value};
+
+pub struct Linear {
+    pub weight: Parameter,
+    pub bias: Option<Parameter>,
+    in_features: usize,
+    out_features: usize,
+}
+
+impl Linear {
+    /// f32 layer with PyTorch's default initialisation and a bias.
+    pub fn new(
+        in_features: usize,
+        out_features: usize,
+        device: &Device,
+        gen: &mut Generator,
+    ) -> Result<Linear> {
+        Linear::with_init(
+            in_features,
+            out_features,
+            true,
+            Init::Default,
+            DType::F32,
+            device,
+            gen,
+        )
+    }
+
+    /// A layer with the weight drawn by `init` (the bias, when present, by PyTorch's default).
+    pub fn with_init(
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+        init: Init,
+        dtype: DType,
+        device: &Device,
+        gen: &mut Generator,
+    ) -> Result<Linear> {
+        let w = init.tensor(
+            &[out_features, in_features],
+            in_features,
+            out_features,
+            dtype,
+            device,
+            gen,
+        )?;
+        let b = if bias {
+            let t = Init::Default.tensor(
+                &[out_features],
+                in_features,
+                out_features,
+                dtype,
+                device,
+                gen,
+            )?;
+            Some(Parameter::new(t)?)
+        } else {
+            None
+        };
+        Ok(Linear {
+            weight: Parameter::new(w)?,
+            bias: b,
+            in_features,
+            out_features,
+        })
+    }
+
+    fn run(&self, tape: &Tape, x: &Var, act: Activation) -> Result<Var> {
+        let b = self.bias.as_ref().map(|b| tape.param(b));
+        x.linear(&tape.param(&self.weight), b.as_ref(), act)
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, tape: &Tape, x: &Var) -> Result<Var> {
+        self.run(tape, x, Activation::None)
+    }
+    fn forward_fused(&self, tape: &Tape, x: &Var, act: Activation) -> Option<Result<Var>> {
+        matches!(act, Activation::Relu).then(|| self.run(tape, x, act))
+    }
+    fn named_parameters(&self) -> Vec<(String, Parameter)> {
+        let mut v = vec![("weight".to_string(), self.weight.clone())];
+        v.extend(self.bias.iter().map(|b| ("bias".to_string(), b.clone())));
+        v
+    }
+    fn describe(&self) -> Value {
+        json!({"type": "Linear", "in": self.in_features, "out": self.out_features, "bias": self.bias.is_some()})
+    }
+}

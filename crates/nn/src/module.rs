@@ -1,0 +1,162 @@
+//! The Module trait, Sequential, and the error context that names the layer an error came from.
+use netcl_autograd::{Parameter, Tape, Var};
+use netcl_ops::{Activation, Error, Result, Tensor};
+use serde_json::{json, Value};
+
+/// A layer or model: a forward pass over Vars, its parameters, buffers and train/eval mode.
+pub trait Module {
+    /// The output for input `x`, recorded on `tape` (use `Tape::no_grad()` for inference).
+    fn forward(&self, tape: &Tape, x: &Var) -> Result<Var>;
+    /// Parameters with dotted names relative to this module (`"weight"`, `"0.bias"`, ...).
+    fn named_parameters(&self) -> Vec<(String, Parameter)>;
+    /// Non-trainable state saved with the parameters (BatchNorm's running statistics).
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+    fn parameters(&self) -> Vec<Parameter> {
+        self.named_parameters()
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect()
+    }
+    /// Total number of trainable elements.
+    fn num_parameters(&self) -> usize {
+        self.parameters().iter().map(|p| p.numel()).sum()
+    }
+    /// Training mode (dropout active, batch statistics) or evaluation mode.
+    fn set_training(&mut self, _on: bool) {}
+    fn train(&mut self) {
+        self.set_training(true)
+    }
+    fn eval(&mut self) {
+        self.set_training(false)
+    }
+    /// The module tree with its hyper-parameters, e.g. `{"type": "Linear", "in": 784, ...}`
+    /// (checkpoints store it).
+    fn describe(&self) -> Value;
+    /// The activation this module applies, when it is a plain activation a preceding layer can
+    /// fuse into its own kernel.
+    fn as_activation(&self) -> Option<Activation> {
+        None
+    }
+    /// `forward` followed by `act` in one kernel, where the module supports that.
+    fn forward_fused(&self, _tape: &Tape, _x: &Var, _act: Activation) -> Option<Result<Var>> {
+        None
+    }
+}
+
+/// The module's type name from its description.
+pub fn type_name(m: &dyn Module) -> String {
+    m.describe()["type"]
+        .as_str()
+        .unwrap_or("Module")
+        .to_string()
+}
+
+/// `e` with `ctx` (which layer) prefixed to the operation it names.
+pub fn in_layer(e: Error, ctx: &str) -> Error {
+    match e {
+        Error::Shape { op, msg } => Error::Shape {
+            op: format!("{ctx}: {op}"),
+            msg,
+        },
+        Error::DType { op, msg } => Error::DType {
+            op: format!("{ctx}: {op}"),
+            msg,
+        },
+        Error::Device { op, msg } => Error::Device {
+            op: format!("{ctx}: {op}"),
+            msg,
+        },
+        Error::Invalid { op, msg } => Error::Invalid {
+            op: format!("{ctx}: {op}"),
+            msg,
+        },
+        other => other,
+    }
+}
+
+/// Layers applied in order. A Linear followed by ReLU runs as one kernel with the
+/// activation in its epilogue.
+#[derive(Default)]
+pub struct Sequential {
+    layers: Vec<Box<dyn Module>>,
+}
+
+impl Sequential {
+    pub fn new() -> Sequential {
+        Sequential::default()
+    }
+    /// Append a layer (builder style).
+    pub fn with(mut self, layer: impl Module + 'static) -> Sequential {
+        self.layers.push(Box::new(layer));
+        self
+    }
+    pub fn push(&mut self, layer: Box<dyn Module>) {
+        self.layers.push(layer);
+    }
+    pub fn len(&self) -> usize {
+        self.layers.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+    pub fn layer(&self, i: usize) -> Option<&dyn Module> {
+        self.layers.get(i).map(|l| l.as_ref())
+    }
+}
+
+impl Module for Sequential {
+    fn forward(&self, tape: &Tape, x: &Var) -> Result<Var> {
+        let mut h = x.clone();
+        let mut i = 0;
+        while i < self.layers.len() {
+            let layer = &self.layers[i];
+            let next_act = self.layers.get(i + 1).and_then(|l| l.as_activation());
+            let at = i;
+            let ctx = || format!("layer {at} ({}) of Sequential", type_name(layer.as_ref()));
+            let fused = next_act.and_then(|act| layer.forward_fused(tape, &h, act));
+            h = match fused {
+                Some(r) => {
+                    i += 1;
+                    r
+                }
+                None => layer.forward(tape, &h),
+            }
+            .map_err(|e| in_layer(e, &ctx()))?;
+            i += 1;
+        }
+        Ok(h)
+    }
+    fn named_parameters(&self) -> Vec<(String, Parameter)> {
+        prefixed(&self.layers, |l| l.named_parameters())
+    }
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        prefixed(&self.layers, |l| l.named_buffers())
+    }
+    fn set_training(&mut self, on: bool) {
+        for l in &mut self.layers {
+            l.set_training(on);
+        }
+    }
+    fn describe(&self) -> Value {
+        let layers: Vec<Value> = self.layers.iter().map(|l| l.describe()).collect();
+        json!({"type": "Sequential", "layers": layers})
+    }
+}
+
+/// Each layer's named items with its index prefixed (`"2.weight"`).
+fn prefixed<T>(
+    layers: &[Box<dyn Module>],
+    f: impl Fn(&dyn Module) -> Vec<(String, T)>,
+) -> Vec<(String, T)> {
+    layers
+        .iter()
+        .enumerate()
+        .flat_map(|(i, l)| {
+            f(l.as_ref())
+                .into_iter()
+                .map(move |(n, t)| (format!("{i}.{n}"), t))
+        })
+        .collect()
+}
