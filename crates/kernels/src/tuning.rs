@@ -30,6 +30,18 @@ impl GemmTile {
         )
     }
 
+    /// This tile, shrunk (tile and per-item block halved together, so the work-group keeps its
+    /// size) while an `m` x `n` x `batch` GEMM would leave compute units idle: small GEMMs (a
+    /// 256-row batch through a 1024-wide layer) get enough work-groups to fill the device.
+    pub fn fit(self, m: usize, n: usize, batch: usize, compute_units: usize) -> GemmTile {
+        let mut t = self;
+        let groups = |t: &GemmTile| m.div_ceil(t.bm as usize) * n.div_ceil(t.bn as usize) * batch;
+        while groups(&t) < compute_units && t.bm >= 64 && t.bn >= 64 && t.wm >= 2 && t.wn >= 2 {
+            t = GemmTile { bm: t.bm / 2, bn: t.bn / 2, wm: t.wm / 2, wn: t.wn / 2, ..t };
+        }
+        t
+    }
+
     /// Checks the tile divides evenly and fits `device` (work-group size and local memory for
     /// elements of `acc_bytes`).
     pub fn check(&self, device: &Device, acc_bytes: usize) -> Result<()> {

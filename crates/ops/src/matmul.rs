@@ -182,7 +182,10 @@ impl Tensor {
             .map(|s| s * m * n)
             .collect::<Vec<_>>();
         let layout = KernelLayout::new(op, &batch, &[(&so, 0), (&sa, a.offset), (&sb, b.offset)])?;
-        let tile = opts.tile.unwrap_or_else(|| gemm_tile(&self.device));
+        let cus = self.device.info().compute_units as usize;
+        let tile = opts
+            .tile
+            .unwrap_or_else(|| gemm_tile(&self.device).fit(m, n, numel(&batch), cus));
         let acc_bytes = if self.dtype == DType::F64 { 8 } else { 4 };
         tile.check(&self.device, acc_bytes)?;
         let aligned =
