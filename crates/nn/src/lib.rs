@@ -1,5 +1,7 @@
 //! netcl-nn: the Module trait, layers, seeded initialisation, losses and checkpoints.
 mod activation;
+mod atomic_file;
+pub mod checkpoint;
 mod conv;
 mod dropout;
 mod embedding;
@@ -8,6 +10,7 @@ mod linear;
 pub mod loss;
 mod module;
 mod norm;
+mod npz;
 mod pool;
 
 pub use activation::{LeakyReLU, ReLU, SiLU, Sigmoid, Tanh, GELU};
