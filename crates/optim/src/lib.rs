@@ -1,1 +1,13 @@
-//! netcl-optim: Optimizers and learning-rate schedules with fused updates (filled by the training issue).
+//! netcl-optim: SGD, Adam and AdamW (one fused update kernel per parameter, state save/load), gradient-norm clipping and learning-rate schedules.
+mod adam;
+mod clip;
+mod optimizer;
+mod schedule;
+mod sgd;
+mod state;
+
+pub use adam::{Adam, AdamW};
+pub use clip::{clip_grad_norm, clip_grad_norm_on_device, grad_norm};
+pub use optimizer::Optimizer;
+pub use schedule::{ConstantLr, CosineWithWarmup, LrSchedule, StepLr};
+pub use sgd::Sgd;

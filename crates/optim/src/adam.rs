@@ -1,0 +1,301 @@
+//! Adam (L2 weight decay added to the gradient) and AdamW (decoupled weight decay) with PyTorch's update and bias correction, one fused kernel per parameter.
+use crate::optimizer::{check_distinct, check_non_negative, require, Optimizer};
+use crate::state::{adopt, fail_on, match_tensors, state_name, Hyper};
+use netcl_autograd::Parameter;
+use netcl_ops::{fused_into, Expr, Result, Tensor};
+use serde_json::{json, Value};
+
+const KINDS: [&str; 2] = ["m", "v"];
+
+/// Where the weight decay goes.
+#[derive(Clone, Copy, PartialEq)]
+enum Decay {
+    /// Adam: `grad += weight_decay * p`.
+    L2,
+    /// AdamW: `p *= 1 - lr * weight_decay` before the Adam update.
+    Decoupled,
+}
+
+/// First and second moments of one parameter and the number of updates it has had.
+#[derive(Clone)]
+struct Moments {
+    m: Tensor,
+    v: Tensor,
+    step: usize,
+}
+
+/// The optimizer behind `Adam` and `AdamW`.
+#[derive(Clone)]
+struct AdamCore {
+    name: &'static str,
+    decay: Decay,
+    params: Vec<Parameter>,
+    lr: f64,
+    betas: (f64, f64),
+    eps: f64,
+    weight_decay: f64,
+    state: Vec<Option<Moments>>,
+    steps: usize,
+}
+
+/// `start + weight * (end - start)` as PyTorch's `lerp` computes it (the other form for weights
+/// of 0.5 and more, which keeps `weight = 1` exact).
+fn lerp(start: Expr, end: Expr, weight: f64) -> Expr {
+    if weight.abs() < 0.5 {
+        start.clone() + (end - start) * weight
+    } else {
+        end.clone() - (end - start) * (1.0 - weight)
+    }
+}
+
+impl AdamCore {
+    fn new(name: &'static str, decay: Decay, params: Vec<Parameter>, lr: f64, wd: f64) -> Self {
+        let state = vec![None; params.len()];
+        AdamCore {
+            name,
+            decay,
+            params,
+            lr,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: wd,
+            state,
+            steps: 0,
+        }
+    }
+
+    /// Settings PyTorch accepts; checked before every step and when loading (`op`).
+    fn check(&self, op: &str) -> Result<()> {
+        check_non_negative(op, "lr", self.lr)?;
+        check_non_negative(op, "eps", self.eps)?;
+        check_non_negative(op, "weight_decay", self.weight_decay)?;
+        let (b1, b2) = self.betas;
+        require(
+            op,
+            (0.0..1.0).contains(&b1) && (0.0..1.0).contains(&b2),
+            || format!("betas must lie in [0, 1), got ({b1}, {b2})"),
+        )?;
+        check_distinct(op, &self.params)
+    }
+
+    /// The update of input 0 (p) with input 1 (grad), input 2 (m) and input 3 (v) at the
+    /// parameter's update number `t` (from 1): outputs the new m, v and p.
+    fn update(&self, t: usize) -> [Expr; 3] {
+        let (b1, b2) = self.betas;
+        let (p, g, m, v) = (
+            Expr::input(0),
+            Expr::input(1),
+            Expr::input(2),
+            Expr::input(3),
+        );
+        let wd = self.weight_decay;
+        let g = if self.decay == Decay::L2 && wd != 0.0 {
+            g + p.clone() * wd
+        } else {
+            g
+        };
+        let p = if self.decay == Decay::Decoupled && wd != 0.0 {
+            p * (1.0 - self.lr * wd)
+        } else {
+            p
+        };
+        let new_m = lerp(m, g.clone(), 1.0 - b1);
+        let new_v = v * b2 + (1.0 - b2) * g.clone() * g;
+        let t = t as f64;
+        let step_size = self.lr / (1.0 - b1.powf(t));
+        let bc2_sqrt = (1.0 - b2.powf(t)).sqrt();
+        let denom = new_v.clone().sqrt() / bc2_sqrt + self.eps;
+        let new_p = p + (-step_size) * new_m.clone() / denom;
+        [new_m, new_v, new_p]
+    }
+
+    fn step(&mut self) -> Result<()> {
+        self.check(&format!("{}.step", self.name))?;
+        for i in 0..self.params.len() {
+            let p = &self.params[i];
+            let Some(g) = p.grad() else { continue };
+            let s = match &self.state[i] {
+                Some(s) => s.clone(),
+                None => Moments {
+                    m: Tensor::zeros(p.shape(), p.dtype(), p.device())?,
+                    v: Tensor::zeros(p.shape(), p.dtype(), p.device())?,
+                    step: 0,
+                },
+            };
+            let [new_m, new_v, new_p] = self.update(s.step + 1);
+            // p, grad, m, v: (n...); p, m and v are updated in place.
+            fused_into(
+                &[p.value(), &g, &s.m, &s.v],
+                &[(new_m, &s.m), (new_v, &s.v), (new_p, p.value())],
+            )?;
+            self.state[i] = Some(Moments {
+                step: s.step + 1,
+                ..s
+            });
+        }
+        self.steps += 1;
+        Ok(())
+    }
+
+    fn state_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        for (i, s) in self.state.iter().enumerate() {
+            if let Some(s) = s {
+                out.push((state_name(self.name, "m", i), s.m.clone()));
+                out.push((state_name(self.name, "v", i), s.v.clone()));
+            }
+        }
+        out
+    }
+
+    fn hyper_params(&self) -> Value {
+        let param_steps: Vec<usize> = self
+            .state
+            .iter()
+            .map(|s| s.as_ref().map_or(0, |s| s.step))
+            .collect();
+        json!({
+            "name": self.name,
+            "num_params": self.params.len(),
+            "lr": self.lr,
+            "betas": [self.betas.0, self.betas.1],
+            "eps": self.eps,
+            "weight_decay": self.weight_decay,
+            "step": self.steps,
+            "param_steps": param_steps,
+        })
+    }
+
+    fn load_state(&mut self, hyper: &Value, tensors: &[(String, Tensor)]) -> Result<()> {
+        let n = self.params.len();
+        let h = Hyper::new(self.name, hyper, n)?;
+        let mut next = AdamCore::new(
+            self.name,
+            self.decay,
+            self.params.clone(),
+            h.f64("lr")?,
+            h.f64("weight_decay")?,
+        );
+        next.betas = h.f64_pair("betas")?;
+        next.eps = h.f64("eps")?;
+        next.steps = h.usize("step")?;
+        let param_steps = h.usize_list("param_steps", n)?;
+        next.check(h.op())?;
+        let mut matched = match_tensors(self.name, &KINDS, &self.params, tensors);
+        // A parameter has moments exactly when it has been updated.
+        for (i, &t) in param_steps.iter().enumerate() {
+            for (k, kind) in KINDS.iter().enumerate() {
+                let name = state_name(self.name, kind, i);
+                match (t > 0, matched.slots[k][i].is_some()) {
+                    (true, false) => matched.problems.push(format!(
+                        "tensor {name:?} is missing (param_steps[{i}] = {t})"
+                    )),
+                    (false, true) => matched.problems.push(format!(
+                        "tensor {name:?} is given but param_steps[{i}] = 0 (no update yet)"
+                    )),
+                    _ => {}
+                }
+            }
+        }
+        fail_on(h.op(), &matched.problems)?;
+        for (i, &t) in param_steps.iter().enumerate() {
+            if let (Some(m), Some(v)) = (matched.slots[0][i], matched.slots[1][i]) {
+                let p = &self.params[i];
+                next.state[i] = Some(Moments {
+                    m: adopt(m, p)?,
+                    v: adopt(v, p)?,
+                    step: t,
+                });
+            }
+        }
+        *self = next;
+        Ok(())
+    }
+}
+
+/// Defines a public optimizer type over `AdamCore` with its builder and `Optimizer` impl.
+macro_rules! adam_type {
+    ($(#[$doc:meta])* $ty:ident, $name:literal, $decay:expr, $wd:expr) => {
+        $(#[$doc])*
+        pub struct $ty(AdamCore);
+
+        impl $ty {
+            #[doc = concat!("`", stringify!($ty), "` over `params` with learning rate `lr`, betas (0.9, 0.999), eps 1e-8 and weight decay ", stringify!($wd), ".")]
+            pub fn new(params: Vec<Parameter>, lr: f64) -> $ty {
+                $ty(AdamCore::new($name, $decay, params, lr, $wd))
+            }
+            pub fn betas(mut self, beta1: f64, beta2: f64) -> $ty {
+                self.0.betas = (beta1, beta2);
+                self
+            }
+            pub fn eps(mut self, eps: f64) -> $ty {
+                self.0.eps = eps;
+                self
+            }
+            pub fn weight_decay(mut self, weight_decay: f64) -> $ty {
+                self.0.weight_decay = weight_decay;
+                self
+            }
+            /// How many `step` calls have completed.
+            pub fn steps(&self) -> usize {
+                self.0.steps
+            }
+            /// How many updates parameter `index` has had (0 before its first gradient).
+            pub fn param_steps(&self, index: usize) -> usize {
+                self.0.state.get(index).and_then(|s| s.as_ref()).map_or(0, |s| s.step)
+            }
+        }
+
+        impl Optimizer for $ty {
+            fn step(&mut self) -> Result<()> {
+                self.0.step()
+            }
+            fn lr(&self) -> f64 {
+                self.0.lr
+            }
+            fn set_lr(&mut self, lr: f64) {
+                self.0.lr = lr;
+            }
+            fn params(&self) -> &[Parameter] {
+                &self.0.params
+            }
+            fn state_tensors(&self) -> Vec<(String, Tensor)> {
+                self.0.state_tensors()
+            }
+            #[doc = concat!("Keys: name (\"", $name, "\"), num_params, lr, betas ([beta1, beta2]), eps, weight_decay, step (completed `step` calls), param_steps (updates per parameter; 0 = no state).")]
+            fn hyper_params(&self) -> Value {
+                self.0.hyper_params()
+            }
+            fn load_state(&mut self, hyper: &Value, tensors: &[(String, Tensor)]) -> Result<()> {
+                self.0.load_state(hyper, tensors)
+            }
+        }
+    };
+}
+
+adam_type!(
+    /// Adam as PyTorch's `torch.optim.Adam` (amsgrad off), per parameter at its update number `t`:
+    ///
+    /// ```text
+    /// g = grad + weight_decay * p                      (L2, when weight_decay != 0)
+    /// m = lerp(m, g, 1 - beta1);   v = beta2 * v + (1 - beta2) * g * g
+    /// p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+    /// ```
+    ///
+    /// State: `"adam.m.<index>"` and `"adam.v.<index>"`, zeros before the parameter's first update,
+    /// on its device in its dtype; update counts per parameter in `hyper_params`.
+    Adam,
+    "adam",
+    Decay::L2,
+    0.0
+);
+
+adam_type!(
+    /// AdamW as PyTorch's `torch.optim.AdamW`: `p = p * (1 - lr * weight_decay)`, then the Adam
+    /// update with the raw gradient. Default weight decay 0.01. State: `"adamw.m.<index>"` and
+    /// `"adamw.v.<index>"`.
+    AdamW,
+    "adamw",
+    Decay::Decoupled,
+    0.01
+);

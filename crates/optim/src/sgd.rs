@@ -1,0 +1,196 @@
+//! SGD with momentum, dampening, Nesterov and L2 weight decay (PyTorch's `torch.optim.SGD` update), one fused kernel per parameter.
+use crate::optimizer::{check_distinct, check_non_negative, require, Optimizer};
+use crate::state::{adopt, fail_on, match_tensors, state_name, Hyper};
+use netcl_autograd::Parameter;
+use netcl_ops::{fused_into, Expr, Result, Tensor};
+use serde_json::{json, Value};
+
+const NAME: &str = "sgd";
+const KINDS: [&str; 1] = ["momentum"];
+
+/// Stochastic gradient descent, step for step as PyTorch's:
+///
+/// ```text
+/// d = grad + weight_decay * p                      (when weight_decay != 0)
+/// buf = d  on the parameter's first step with momentum, else  momentum * buf + (1 - dampening) * d
+/// d = nesterov ? d + momentum * buf : buf          (when momentum != 0)
+/// p = p - lr * d
+/// ```
+///
+/// Build with `Sgd::new(params, lr)` and the chained setters. State: one momentum buffer per
+/// parameter (`"sgd.momentum.<index>"`), on the parameter's device in its dtype, created at the
+/// parameter's first step with a gradient while momentum is non-zero.
+pub struct Sgd {
+    params: Vec<Parameter>,
+    lr: f64,
+    momentum: f64,
+    dampening: f64,
+    nesterov: bool,
+    weight_decay: f64,
+    buffers: Vec<Option<Tensor>>,
+    steps: usize,
+}
+
+impl Sgd {
+    /// Plain SGD (no momentum, no weight decay) over `params` with learning rate `lr`.
+    pub fn new(params: Vec<Parameter>, lr: f64) -> Sgd {
+        let buffers = vec![None; params.len()];
+        Sgd {
+            params,
+            lr,
+            momentum: 0.0,
+            dampening: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+            buffers,
+            steps: 0,
+        }
+    }
+    pub fn momentum(mut self, momentum: f64) -> Sgd {
+        self.momentum = momentum;
+        self
+    }
+    pub fn dampening(mut self, dampening: f64) -> Sgd {
+        self.dampening = dampening;
+        self
+    }
+    /// Nesterov momentum (needs momentum > 0 and dampening 0).
+    pub fn nesterov(mut self, on: bool) -> Sgd {
+        self.nesterov = on;
+        self
+    }
+    /// L2 penalty: `weight_decay * p` is added to the gradient.
+    pub fn weight_decay(mut self, weight_decay: f64) -> Sgd {
+        self.weight_decay = weight_decay;
+        self
+    }
+
+    /// How many `step` calls have completed.
+    pub fn steps(&self) -> usize {
+        self.steps
+    }
+
+    /// Settings PyTorch accepts; checked before every step and when loading (`op`).
+    fn check(&self, op: &str) -> Result<()> {
+        check_non_negative(op, "lr", self.lr)?;
+        check_non_negative(op, "momentum", self.momentum)?;
+        check_non_negative(op, "weight_decay", self.weight_decay)?;
+        require(op, self.dampening.is_finite(), || {
+            format!("dampening must be finite, got {}", self.dampening)
+        })?;
+        require(
+            op,
+            !self.nesterov || (self.momentum > 0.0 && self.dampening == 0.0),
+            || {
+                format!(
+                    "nesterov needs momentum > 0 and dampening 0, got momentum {} and dampening {}",
+                    self.momentum, self.dampening
+                )
+            },
+        )?;
+        check_distinct(op, &self.params)
+    }
+
+    /// The update of input 0 (p) with input 1 (grad) and, with momentum, input 2 (buf): the new
+    /// buf (with momentum) and the new p. `first` selects the buffer's initialisation.
+    fn update(&self, first: bool) -> (Option<Expr>, Expr) {
+        let (p, g) = (Expr::input(0), Expr::input(1));
+        let d = if self.weight_decay != 0.0 {
+            g + p.clone() * self.weight_decay
+        } else {
+            g
+        };
+        if self.momentum == 0.0 {
+            return (None, p - d * self.lr);
+        }
+        let buf = Expr::input(2);
+        let decayed = buf * self.momentum + d.clone() * (1.0 - self.dampening);
+        let first = Expr::scalar(if first { 1.0 } else { 0.0 });
+        let new_buf = Expr::select(first, d.clone(), decayed);
+        let dir = if self.nesterov {
+            d + new_buf.clone() * self.momentum
+        } else {
+            new_buf.clone()
+        };
+        (Some(new_buf), p - dir * self.lr)
+    }
+}
+
+impl Optimizer for Sgd {
+    fn step(&mut self) -> Result<()> {
+        self.check("sgd.step")?;
+        for (i, p) in self.params.iter().enumerate() {
+            let Some(g) = p.grad() else { continue };
+            // p: (n...) updated in place; grad: (n...); buf: (n...) updated in place.
+            let first = self.buffers[i].is_none();
+            match self.update(first) {
+                (None, new_p) => fused_into(&[p.value(), &g], &[(new_p, p.value())])?,
+                (Some(new_buf), new_p) => {
+                    let buf = match &self.buffers[i] {
+                        Some(b) => b.clone(),
+                        None => Tensor::zeros(p.shape(), p.dtype(), p.device())?,
+                    };
+                    fused_into(
+                        &[p.value(), &g, &buf],
+                        &[(new_buf, &buf), (new_p, p.value())],
+                    )?;
+                    self.buffers[i] = Some(buf);
+                }
+            }
+        }
+        self.steps += 1;
+        Ok(())
+    }
+
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+    fn params(&self) -> &[Parameter] {
+        &self.params
+    }
+
+    fn state_tensors(&self) -> Vec<(String, Tensor)> {
+        self.buffers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| Some((state_name(NAME, KINDS[0], i), b.clone()?)))
+            .collect()
+    }
+
+    /// Keys: name ("sgd"), num_params, lr, momentum, dampening, nesterov, weight_decay, step.
+    fn hyper_params(&self) -> Value {
+        json!({
+            "name": NAME,
+            "num_params": self.params.len(),
+            "lr": self.lr,
+            "momentum": self.momentum,
+            "dampening": self.dampening,
+            "nesterov": self.nesterov,
+            "weight_decay": self.weight_decay,
+            "step": self.steps,
+        })
+    }
+
+    fn load_state(&mut self, hyper: &Value, tensors: &[(String, Tensor)]) -> Result<()> {
+        let h = Hyper::new(NAME, hyper, self.params.len())?;
+        let mut next = Sgd::new(self.params.clone(), h.f64("lr")?)
+            .momentum(h.f64("momentum")?)
+            .dampening(h.f64("dampening")?)
+            .nesterov(h.bool("nesterov")?)
+            .weight_decay(h.f64("weight_decay")?);
+        next.steps = h.usize("step")?;
+        next.check(h.op())?;
+        let matched = match_tensors(NAME, &KINDS, &self.params, tensors);
+        fail_on(h.op(), &matched.problems)?;
+        for (i, t) in matched.slots[0].iter().enumerate() {
+            if let Some(t) = t {
+                next.buffers[i] = Some(adopt(t, &self.params[i])?);
+            }
+        }
+        *self = next;
+        Ok(())
+    }
+}
