@@ -37,7 +37,13 @@ impl GemmTile {
         let mut t = self;
         let groups = |t: &GemmTile| m.div_ceil(t.bm as usize) * n.div_ceil(t.bn as usize) * batch;
         while groups(&t) < compute_units && t.bm >= 64 && t.bn >= 64 && t.wm >= 2 && t.wn >= 2 {
-            t = GemmTile { bm: t.bm / 2, bn: t.bn / 2, wm: t.wm / 2, wn: t.wn / 2, ..t };
+            t = GemmTile {
+                bm: t.bm / 2,
+                bn: t.bn / 2,
+                wm: t.wm / 2,
+                wn: t.wn / 2,
+                ..t
+            };
         }
         t
     }

@@ -12,6 +12,7 @@ mod module;
 mod norm;
 mod npz;
 mod pool;
+mod state;
 
 pub use activation::{LeakyReLU, ReLU, SiLU, Sigmoid, Tanh, GELU};
 pub use conv::Conv2d;
@@ -23,3 +24,4 @@ pub use loss::{cross_entropy, cross_entropy_with, mse_loss, nll_loss, CrossEntro
 pub use module::{in_layer, type_name, Module, Sequential};
 pub use norm::{BatchNorm2d, LayerNorm, RmsNorm};
 pub use pool::{AvgPool2d, Flatten, MaxPool2d};
+pub use state::{load_checkpoint, save_checkpoint};
