@@ -19,7 +19,7 @@ fn model(dev: &Device, seed: u64) -> Sequential {
 fn batch(dev: &Device, i: u64) -> (Tensor, Tensor) {
     let mut g = Generator::new(100 + i);
     let x = Tensor::randn(&[5, 6], DType::F32, dev, &mut g).unwrap();
-    let y: Vec<i32> = (0..5).map(|k| ((i as i32 + k) % 3)).collect();
+    let y: Vec<i32> = (0..5).map(|k| (i as i32 + k) % 3).collect();
     (x, Tensor::from_vec(y, &[5], dev).unwrap())
 }
 
