@@ -50,6 +50,24 @@ def main():
         w, b = torch.ones(cols, device=dev), torch.zeros(cols, device=dev)
         rec("norm", "layer_norm_16384x4096",
             timed(lambda: torch.nn.functional.layer_norm(x, (cols,), w, b, 1e-5)), bytes_=8 * rows * cols)
+    if want("train"):
+        nn = torch.nn
+        torch.manual_seed(0)
+        mlp = nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+        cnn = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                            nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+        for name, model, shape in (("mlp_step", mlp, (256, 784)), ("cnn_step", cnn, (128, 1, 28, 28))):
+            model = model.to(dev)
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3)  # eager (foreach) update, PyTorch's default
+            x = torch.randn(*shape, device=dev)
+            y = (torch.arange(shape[0], device=dev) * 7) % 10
+            def step():
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            rec("train", name, timed(step))
     out = dict(framework="pytorch " + torch.__version__, device=torch.cuda.get_device_name(), records=records)
     if a.json:
         json.dump(out, open(a.json, "w"), indent=2)
@@ -60,7 +78,7 @@ def main():
             o = ours.get(r["name"])
             if not o:
                 continue
-            rate = lambda x: (f"{x['tflops']:.1f} TF/s" if x.get("tflops") else f"{x['gbps']:.0f} GB/s")
+            rate = lambda x: (f"{x['tflops']:.1f} TF/s" if x.get("tflops") else f"{x['gbps']:.0f} GB/s" if x.get("gbps") else "-")
             print(f"{r['name']:<26}{o['ms']:>11.4f}{r['ms']:>11.4f}{r['ms'] / o['ms']:>8.2f}  {rate(o)} / {rate(r)}")
     else:
         for r in records:

@@ -1,5 +1,7 @@
 //! Shared pieces of the bench runner and the autotuner: device choice from the command line and wall-clock timing of enqueued work.
 use netcl_core_devices::{Device, Result};
+
+pub mod train;
 use std::time::Instant;
 
 /// The device named by `--device SPEC` in `args`, else `NETCL_DEVICE`/the best one.

@@ -1,4 +1,5 @@
 //! netcl-bench: runs the benchmark workloads on one device and prints/writes their times (benches/reference/torch_bench.py runs the same with PyTorch).
+use netcl_bench::train::TrainStep;
 use netcl_bench::{device_from_args, flag_value, time_per_call};
 use netcl_core_devices::{DType, Device, Result};
 use netcl_ops::{fused, Expr, Generator, Tensor};
@@ -13,6 +14,9 @@ struct Record {
     gbps: Option<f64>,
     tflops: Option<f64>,
     kernels: usize,
+    /// Driver buffer allocations per steady-state step (training steps).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    driver_allocs_per_step: Option<f64>,
 }
 
 struct Runner {
@@ -41,6 +45,7 @@ impl Runner {
             gbps: (bytes > 0.0).then(|| bytes / secs / 1e9),
             tflops: (flops > 0.0).then(|| flops / secs / 1e12),
             kernels,
+            driver_allocs_per_step: None,
         };
         println!(
             "{:<12} {:<28} {:>10.4} ms {:>10} {:>10}",
@@ -105,6 +110,24 @@ impl Runner {
     }
 }
 
+impl Runner {
+    /// One Adam training step of the MLP and of the CNN (see `netcl_bench::train`).
+    fn train(&mut self) -> Result<()> {
+        type Build = fn(&Device, &mut Generator) -> Result<TrainStep>;
+        let models: [(&str, Build); 2] = [("mlp_step", TrainStep::mlp), ("cnn_step", TrainStep::cnn)];
+        for (name, build) in models {
+            let mut t = build(&self.dev, &mut self.gen)?;
+            self.measure("train", name.into(), (0.0, 0.0, 0), || t.step())?;
+            let allocs = t.driver_allocations_per_step(&self.dev, 20)?;
+            if let Some(r) = self.records.last_mut() {
+                r.driver_allocs_per_step = Some(allocs);
+            }
+            println!("{:<12} {name:<28} {allocs} driver allocations per steady-state step", "");
+        }
+        Ok(())
+    }
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let dev = device_from_args(&args)?;
@@ -128,6 +151,9 @@ fn main() -> Result<()> {
     }
     if want("softmax") || want("norm") {
         r.rows(want("softmax"), want("norm"))?;
+    }
+    if want("train") {
+        r.train()?;
     }
     if let Some(path) = flag_value(&args, "--json") {
         let json = serde_json::json!({
