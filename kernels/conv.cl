@@ -78,18 +78,3 @@ __kernel void add_channel_bias(__global T* y,           /* y: (N, C, P), contigu
     uint ch = (i / p) % c;
     STORE(y, i, LOAD(y, i) + LOAD(bias, boff + ch * bstride));
 }
-
-// db[c] = sum over b, h, w (row-major order) of gy[b, c, h, w]. One work-item per channel.
-__kernel void channel_sum(__global T* db,          /* db: (C) */
-                          __global const T* gy,    /* gy: (N, C, H, W) through v */
-                          View4 v, uint n) {
-    uint c = get_global_id(0);
-    if (c >= n) return;
-    ACC acc = (ACC)0;
-    for (uint b = 0; b < v.shape[0]; ++b)
-        for (uint h = 0; h < v.shape[2]; ++h)
-            for (uint w = 0; w < v.shape[3]; ++w)
-                acc += LOAD(gy, v.offset + b * v.stride[0] + c * v.stride[1] + h * v.stride[2] +
-                                    w * v.stride[3]);
-    STORE(db, c, acc);
-}

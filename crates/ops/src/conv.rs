@@ -13,7 +13,7 @@
 //! - `conv2d_backward_weight`: `strided_copy` of grad_y to `(Cout, N, Ho, Wo)` (skipped when that
 //!   is already contiguous) + `im2col` writing `(G, K, N, L)` + one `matmul` whose inner dim
 //!   `N * L` sums over the batch: deterministic.
-//! - `conv2d_backward_bias`: `channel_sum`, one work-item per channel summing in a fixed order.
+//! - `conv2d_backward_bias`: the sum over N, Ho, Wo (the reduction ops).
 //!
 //! The host runs the same algorithm (host im2col/col2im in f64, host matmul).
 use crate::element::HostData;
@@ -509,28 +509,8 @@ impl Tensor {
                 format!("grad_y {:?} must be (N, Cout, Ho, Wo)", grad_y.shape),
             ));
         }
-        let c = grad_y.shape[1];
-        if grad_y.device.is_host() {
-            let v = host_f64(op, grad_y)?;
-            let per = grad_y.shape[2] * grad_y.shape[3];
-            let mut sums = vec![0.0; c];
-            for (i, x) in v.iter().enumerate() {
-                sums[(i / per) % c] += x;
-            }
-            let data = HostData::from_fn(grad_y.dtype, c, |i| sums[i]);
-            return Ok(Tensor::from_host_data(data, &[c]));
-        }
-        let out = Tensor::alloc(&[c], grad_y.dtype, &grad_y.device)?;
-        if c == 0 {
-            return Ok(out);
-        }
-        let v = View4::of(op, grad_y)?;
-        let program = program_for(&grad_y.device, &CONV, grad_y.dtype)?;
-        launch_1d(&program, "channel_sum", c, |k| {
-            k.arg_mem(out.mem()?)?.arg_mem(grad_y.mem()?)?.arg(&v)?;
-            Ok(())
-        })?;
-        Ok(out)
+        // The reduction kernels split each channel's sum over many work-groups.
+        grad_y.sum(&[0, 2, 3], false)
     }
 }
 

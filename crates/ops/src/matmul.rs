@@ -186,6 +186,16 @@ impl Tensor {
         let tile = opts
             .tile
             .unwrap_or_else(|| gemm_tile(&self.device).fit(m, n, numel(&batch), cus));
+        let groups = m.div_ceil(tile.bm as usize) * n.div_ceil(tile.bn as usize) * numel(&batch);
+        let plain = opts.bias.is_none() && opts.activation == Activation::None;
+        if let (true, Some(s)) = (plain && numel(&batch) == 1, split_k(groups, cus, k)) {
+            // Too few output tiles for the device and a long K (weight gradients): S partial
+            // products over K chunks as one batched GEMM over strided views, then their sum.
+            let kc = k / s;
+            let av = a.view_of(vec![s, m, kc], vec![kc * sak, sam, sak], a.offset);
+            let bv = b.view_of(vec![s, kc, n], vec![kc * sbk, sbk, sbn], b.offset);
+            return av.matmul(&bv)?.sum(&[0], false)?.reshape(&result_shape);
+        }
         let acc_bytes = if self.dtype == DType::F64 { 8 } else { 4 };
         tile.check(&self.device, acc_bytes)?;
         let aligned =
@@ -215,6 +225,16 @@ impl Tensor {
         kern.launch(&[groups_n * tx, groups_m * ty, numel(&batch)], &[tx, ty, 1])?;
         out.reshape(&result_shape)
     }
+}
+
+/// The number of K chunks for a GEMM of `groups` work-groups on `cus` compute units: a divisor
+/// of `k` giving about two work-groups per compute unit with chunks of at least 128, or None.
+fn split_k(groups: usize, cus: usize, k: usize) -> Option<usize> {
+    if groups >= cus || k < 1024 {
+        return None;
+    }
+    let want = (2 * cus).div_ceil(groups).min(k / 128);
+    (2..=want).rev().find(|s| k.is_multiple_of(*s))
 }
 
 /// Host reference: per batch, ndarray's GEMM in f32 (f16/bf16/f32) or f64, then the epilogue.
