@@ -1,4 +1,6 @@
 //! Fashion-MNIST loading: the embedded subset, the search order, the full set when installed, and the checks on corrupt sets.
+mod common;
+use common::TempDir;
 use netcl_data::fashion_mnist::{
     ENV_VAR, IMAGE_PIXELS, NUM_CLASSES, SUBSET_TEST, SUBSET_TRAIN, SYSTEM_DIR, TEST_IMAGES,
     TEST_LABELS, TRAIN_IMAGES, TRAIN_LABELS,
@@ -6,13 +8,6 @@ use netcl_data::fashion_mnist::{
 use netcl_data::idx::write_idx_u8;
 use netcl_data::{DataSource, FashionMnist, CLASS_NAMES};
 use std::path::{Path, PathBuf};
-
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("netcl-data-fm-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 fn class_counts(labels: &[u8]) -> [usize; NUM_CLASSES] {
     let mut c = [0; NUM_CLASSES];
@@ -100,10 +95,10 @@ fn subset_matches_full_dataset() {
     assert!(sub.test_images == full.test_images[..500 * 784]);
     assert!(sub.test_labels == full.test_labels[..500]);
     // The generator reproduces the same contents.
-    let dir = temp_dir("regen");
+    let dir = TempDir::new("regen");
     full.write_subset(SUBSET_TRAIN, SUBSET_TEST, &dir).unwrap();
     let again = FashionMnist::load_from(&dir).unwrap();
-    assert_eq!(again.source, DataSource::Dir(dir.clone()));
+    assert_eq!(again.source, DataSource::Dir(dir.to_path_buf()));
     assert!(again.train_images == sub.train_images && again.train_labels == sub.train_labels);
     assert!(again.test_images == sub.test_images && again.test_labels == sub.test_labels);
 }
@@ -111,7 +106,7 @@ fn subset_matches_full_dataset() {
 #[test]
 fn load_from_accepts_plain_and_gzip() {
     for plain in [false, true] {
-        let dir = temp_dir(if plain { "plain" } else { "gz" });
+        let dir = TempDir::new(if plain { "plain" } else { "gz" });
         write_set(&dir, 30, 12, plain);
         let d = FashionMnist::load_from(&dir).unwrap();
         assert_eq!((d.n_train(), d.n_test()), (30, 12));
@@ -123,7 +118,7 @@ fn load_from_accepts_plain_and_gzip() {
 #[test]
 fn bad_sets_are_errors_naming_the_file() {
     let check = |tag: &str, damage: &dyn Fn(&Path), file: &str, words: &[&str]| {
-        let dir = temp_dir(tag);
+        let dir = TempDir::new(tag);
         write_set(&dir, 20, 10, false);
         damage(&dir);
         let msg = FashionMnist::load_from(&dir).unwrap_err().to_string();
@@ -193,16 +188,16 @@ fn gz(b: &[u8]) -> Vec<u8> {
 /// The search order of `load()`. One test, as it sets the process-wide environment variable.
 #[test]
 fn load_search_order() {
-    let dir = temp_dir("env");
+    let dir = TempDir::new("env");
     write_set(&dir, 40, 20, false);
     std::env::set_var(ENV_VAR, &dir);
     let d = FashionMnist::load().unwrap();
-    assert_eq!(d.source, DataSource::Env(dir.clone()));
+    assert_eq!(d.source, DataSource::Env(dir.to_path_buf()));
     assert_eq!(d.n_train(), 40);
     assert!(d.source.to_string().contains(ENV_VAR));
 
     // Also a fashion-mnist/ subdirectory of $NETCL_DATA.
-    let parent = temp_dir("env-parent");
+    let parent = TempDir::new("env-parent");
     std::fs::create_dir_all(parent.join("fashion-mnist")).unwrap();
     write_set(&parent.join("fashion-mnist"), 11, 5, true);
     std::env::set_var(ENV_VAR, &parent);
@@ -211,7 +206,7 @@ fn load_search_order() {
     assert_eq!(d.n_test(), 5);
 
     // Set but without the files: an error, not a silent fallback.
-    let empty = temp_dir("env-empty");
+    let empty = TempDir::new("env-empty");
     std::env::set_var(ENV_VAR, &empty);
     let msg = FashionMnist::load().unwrap_err().to_string();
     assert!(

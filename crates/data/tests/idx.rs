@@ -1,16 +1,10 @@
 //! IDX reader: round trips (plain and gzip), every element type, and each kind of corrupt file giving an error that names the file.
+mod common;
+use common::TempDir;
 use flate2::write::GzEncoder;
 use flate2::Compression;
 use netcl_data::idx::{encode_idx_u8, parse_idx, read_idx, write_idx_u8, IdxData, IdxType};
 use std::io::Write;
-use std::path::PathBuf;
-
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("netcl-data-idx-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 fn gzip(bytes: &[u8]) -> Vec<u8> {
     let mut enc = GzEncoder::new(Vec::new(), Compression::fast());
@@ -41,7 +35,7 @@ fn sample() -> (Vec<usize>, Vec<u8>) {
 
 #[test]
 fn u8_round_trip_plain_and_gzip() {
-    let dir = temp_dir("round");
+    let dir = TempDir::new("round");
     let (dims, data) = sample();
     for name in ["a-idx3-ubyte", "a-idx3-ubyte.gz"] {
         let path = dir.join(name);
@@ -117,7 +111,7 @@ fn every_element_type_big_endian() {
 
 #[test]
 fn corrupt_files_are_errors_naming_the_file() {
-    let dir = temp_dir("corrupt");
+    let dir = TempDir::new("corrupt");
     let (dims, data) = sample();
     let good = encode_idx_u8(&dims, &data).unwrap();
 

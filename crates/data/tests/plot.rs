@@ -1,15 +1,9 @@
 //! Training plots: a PNG of the requested size whose curves land where the data says, text drawn, and errors for bad input.
+mod common;
+use common::TempDir;
 use netcl_data::plot::{
     plot_history, plot_history_sized, History, PLOT_SIZE, TEST_COLOR, TRAIN_COLOR,
 };
-use std::path::PathBuf;
-
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("netcl-data-plot-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 struct Image {
     w: usize,
@@ -68,7 +62,7 @@ fn ends(pts: &[(usize, usize)]) -> (f64, f64) {
 
 #[test]
 fn plot_curves_where_the_data_says() {
-    let dir = temp_dir("curves");
+    let dir = TempDir::new("curves");
     let mut h = History::new();
     for e in 0..12 {
         let t = e as f32 / 11.0;
@@ -127,7 +121,7 @@ fn plot_curves_where_the_data_says() {
 
 #[test]
 fn short_and_partial_histories() {
-    let dir = temp_dir("partial");
+    let dir = TempDir::new("partial");
     // One epoch, a NaN loss, a custom size.
     let h = History {
         train_loss: vec![f32::NAN, 1.0],
@@ -157,7 +151,7 @@ fn short_and_partial_histories() {
 
 #[test]
 fn plot_errors() {
-    let dir = temp_dir("errors");
+    let dir = TempDir::new("errors");
     let msg = plot_history(dir.join("e.png"), "t", &History::new())
         .unwrap_err()
         .to_string();
