@@ -2,6 +2,7 @@
 #![doc = include_str!("../../../README.md")]
 pub use netcl_core_devices as devices;
 pub use netcl_core_memory as memory;
+pub use netcl_data as data;
 pub use netcl_kernels as kernels;
 pub use netcl_ops as ops;
 
