@@ -29,7 +29,10 @@ impl TrainStep {
     /// conv 1→32 (3x3, pad 1) + ReLU + maxpool 2, conv 32→64 + ReLU + maxpool 2, linear
     /// 3136→128 + ReLU, linear 128→10; batch 128 of 28x28, Adam lr 1e-3.
     pub fn cnn(dev: &Device, gen: &mut Generator) -> Result<TrainStep> {
-        let p = Conv2dParams { padding: (1, 1), ..Default::default() };
+        let p = Conv2dParams {
+            padding: (1, 1),
+            ..Default::default()
+        };
         let model = Sequential::new()
             .with(Conv2d::new(1, 32, 3, p, dev, gen)?)
             .with(ReLU)
@@ -44,7 +47,12 @@ impl TrainStep {
         TrainStep::new(model, &[128, 1, 28, 28], dev, gen)
     }
 
-    fn new(model: Sequential, x_shape: &[usize], dev: &Device, gen: &mut Generator) -> Result<TrainStep> {
+    fn new(
+        model: Sequential,
+        x_shape: &[usize],
+        dev: &Device,
+        gen: &mut Generator,
+    ) -> Result<TrainStep> {
         let x = Tensor::randn(x_shape, DType::F32, dev, gen)?;
         let labels: Vec<i32> = (0..x_shape[0] as i32).map(|i| (i * 7) % 10).collect();
         let y = Tensor::from_vec(labels, &[x_shape[0]], dev)?;

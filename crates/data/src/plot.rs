@@ -79,6 +79,9 @@ pub fn plot_history_sized(
             format!("{name}: image size {w}x{h} outside 400x250 ..= 8192x8192"),
         ));
     }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display().to_string(), e))?;
+    }
     let epochs = history.epochs();
     if epochs == 0 {
         return Err(Error::invalid(

@@ -384,7 +384,12 @@ fn long_k_with_few_output_tiles_splits_k() {
     // A handful of output tiles and K >= 1024: the device path sums partial products over K
     // chunks (weight gradients of convolutions have this shape).
     for dev in test_devices().unwrap() {
-        for (m, k, n, ta, tb) in [(5, 4096, 3, false, false), (33, 2304, 9, true, false), (7, 3000, 40, false, true), (2, 1031, 2, true, true)] {
+        for (m, k, n, ta, tb) in [
+            (5, 4096, 3, false, false),
+            (33, 2304, 9, true, false),
+            (7, 3000, 40, false, true),
+            (2, 1031, 2, true, true),
+        ] {
             for dtype in [DType::F32, DType::F64] {
                 if dtype == DType::F64 && !dev.info().fp64 {
                     continue;
@@ -392,8 +397,18 @@ fn long_k_with_few_output_tiles_splits_k() {
                 let a = operand(dtype, &[], m, k, ta, 7);
                 let b = operand(dtype, &[], k, n, tb, 8);
                 let want = a.matmul(&b).unwrap();
-                let got = a.to_device(&dev).unwrap().matmul(&b.to_device(&dev).unwrap()).unwrap();
-                check(&got, &want, dtype, k, &format!("split-K {m}x{k}x{n} {dtype} on {dev}"));
+                let got = a
+                    .to_device(&dev)
+                    .unwrap()
+                    .matmul(&b.to_device(&dev).unwrap())
+                    .unwrap();
+                check(
+                    &got,
+                    &want,
+                    dtype,
+                    k,
+                    &format!("split-K {m}x{k}x{n} {dtype} on {dev}"),
+                );
             }
         }
     }

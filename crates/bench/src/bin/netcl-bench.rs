@@ -114,7 +114,8 @@ impl Runner {
     /// One Adam training step of the MLP and of the CNN (see `netcl_bench::train`).
     fn train(&mut self) -> Result<()> {
         type Build = fn(&Device, &mut Generator) -> Result<TrainStep>;
-        let models: [(&str, Build); 2] = [("mlp_step", TrainStep::mlp), ("cnn_step", TrainStep::cnn)];
+        let models: [(&str, Build); 2] =
+            [("mlp_step", TrainStep::mlp), ("cnn_step", TrainStep::cnn)];
         for (name, build) in models {
             let mut t = build(&self.dev, &mut self.gen)?;
             self.measure("train", name.into(), (0.0, 0.0, 0), || t.step())?;
@@ -122,7 +123,10 @@ impl Runner {
             if let Some(r) = self.records.last_mut() {
                 r.driver_allocs_per_step = Some(allocs);
             }
-            println!("{:<12} {name:<28} {allocs} driver allocations per steady-state step", "");
+            println!(
+                "{:<12} {name:<28} {allocs} driver allocations per steady-state step",
+                ""
+            );
         }
         Ok(())
     }
