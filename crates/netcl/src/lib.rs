@@ -5,6 +5,7 @@ pub use netcl_core_memory as memory;
 pub use netcl_data as data;
 pub use netcl_kernels as kernels;
 pub use netcl_ops as ops;
+pub use netcl_profiling as profiling;
 
 pub use netcl_core_devices::{DType, Device, DeviceInfo, DeviceKind, Error, Result};
 pub use netcl_core_memory::{Pool, PoolStats};
