@@ -174,14 +174,14 @@ impl Kernel {
     /// rounded up to a multiple of its local size, so kernels bounds-check their index. Everything
     /// is checked before the enqueue; nothing is enqueued on error, and the arguments are reset.
     pub fn launch(&mut self, global: &[usize], local: &[usize]) -> Result<()> {
-        let result = self.try_launch(global, local);
+        let work = self.work.take();
+        let result = self.try_launch(global, local, work);
         self.next_arg = 0;
         self.dynamic_local = 0;
-        self.work = None;
         result
     }
 
-    fn try_launch(&self, global: &[usize], local: &[usize]) -> Result<()> {
+    fn try_launch(&self, global: &[usize], local: &[usize], work: Option<Work>) -> Result<()> {
         let probe = Probe::begin();
         let fail = |msg: String| {
             Err(Error::Launch {
@@ -264,7 +264,7 @@ impl Kernel {
                 device,
                 global: &rounded[..dims],
                 local,
-                work: self.work,
+                work,
             };
             // SAFETY: `event` is the enqueue's new event (or null); its reference passes over.
             unsafe { probe.finish(launch, event) };
