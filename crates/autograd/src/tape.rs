@@ -273,6 +273,7 @@ impl Tape {
             Some(n) => n,
         };
         self.check_owner(op, root)?;
+        let _span = netcl_profiling::span_in("backward", "backward");
         let seed = seed.to_device(output.device())?;
         let generation = self.0.generation.get();
         // Take the graph out: the tape is empty (and reusable) whatever happens below.
@@ -294,7 +295,9 @@ impl Tape {
                 leaf_grads.insert(id, g);
                 continue;
             };
+            let rule = netcl_profiling::span_in("backward", node.op);
             let input_grads = backward(&g, &node.tracked)?;
+            drop(rule);
             drop(g);
             if input_grads.len() != node.inputs.len() {
                 return Err(Error::invalid(

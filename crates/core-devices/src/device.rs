@@ -15,6 +15,8 @@ pub struct ClDevice {
     /// Platform index and device index within the platform (`opencl:P:D`).
     pub platform_index: usize,
     pub device_index: usize,
+    /// Whether the queue has CL_QUEUE_PROFILING_ENABLE (event timestamps for netcl-profiling).
+    pub profiling: bool,
 }
 
 enum Backend {
@@ -70,9 +72,6 @@ fn discover() -> Registry {
         info: DeviceInfo::host(),
         backend: Backend::Host,
     }))];
-    let profiling = std::env::var("NETCL_PROFILE")
-        .map(|v| v == "1")
-        .unwrap_or(false);
     let opencl_status = match opencl3::platform::get_platforms() {
         Err(e) => format!("OpenCL unavailable: {}", crate::cl_code_name(e.0)),
         Ok(platforms) if platforms.is_empty() => {
@@ -90,7 +89,7 @@ fn discover() -> Registry {
                 };
                 for (di, raw) in ids.into_iter().enumerate() {
                     let ordinal = devices.len();
-                    match open_device(platform, raw, pi, di, profiling) {
+                    match open_device(platform, raw, pi, di) {
                         Ok((info, cl)) => devices.push(Device(Arc::new(Inner {
                             ordinal,
                             info,
@@ -124,18 +123,30 @@ fn open_device(
     raw: opencl3::types::cl_device_id,
     platform_index: usize,
     device_index: usize,
-    profiling: bool,
 ) -> Result<(DeviceInfo, ClDevice)> {
     let id = ClDeviceId::new(raw);
     let info = DeviceInfo::query(platform, &id)?;
     let context = Context::from_device(&id).cl("clCreateContext")?;
-    let props = if profiling {
-        CL_QUEUE_PROFILING_ENABLE
-    } else {
-        0
+    // Queues always profile, so a profiler session (netcl-profiling) can start at any time;
+    // launches ask for no event while the profiler is off. benches/ops.rs `queue_profiling`
+    // measures the property's enqueue cost. A driver that refuses it gets a plain queue.
+    let (queue, profiling) = match CommandQueue::create_default_with_properties(
+        &context,
+        CL_QUEUE_PROFILING_ENABLE,
+        0,
+    ) {
+        Ok(q) => (q, true),
+        Err(e) => {
+            log::warn!(
+                "{}: no profiling queue ({}); kernel device times unavailable",
+                info.name,
+                crate::cl_code_name(e.0)
+            );
+            let q = CommandQueue::create_default_with_properties(&context, 0, 0)
+                .cl("clCreateCommandQueue")?;
+            (q, false)
+        }
     };
-    let queue = CommandQueue::create_default_with_properties(&context, props, 0)
-        .cl("clCreateCommandQueue")?;
     Ok((
         info,
         ClDevice {
@@ -144,6 +155,7 @@ fn open_device(
             queue,
             platform_index,
             device_index,
+            profiling,
         },
     ))
 }

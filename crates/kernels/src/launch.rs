@@ -1,8 +1,9 @@
 //! Checked kernel launches: per-thread kernel objects, arguments, work-group and local-memory checks.
 use crate::program::Program;
 use netcl_core_devices::opencl3::kernel::Kernel as ClKernel;
-use netcl_core_devices::opencl3::types::cl_mem;
+use netcl_core_devices::opencl3::types::{cl_command_queue, cl_event, cl_kernel, cl_mem};
 use netcl_core_devices::{cl3, ClResultExt, Device, Error, Result};
+use netcl_profiling::{Launch, Probe, Work};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ptr;
@@ -29,6 +30,8 @@ pub struct Kernel {
     program: Arc<Program>,
     next_arg: u32,
     dynamic_local: u64,
+    /// What the next launch declares to the profiler.
+    work: Option<Work>,
 }
 
 impl Kernel {
@@ -73,6 +76,7 @@ impl Kernel {
             program: program.clone(),
             next_arg: 0,
             dynamic_local: 0,
+            work: None,
         })
     }
 
@@ -154,17 +158,31 @@ impl Kernel {
         }
     }
 
+    /// Declare the work of the next launch for the profiler: bytes read and written in global
+    /// memory, floating-point operations (free when the profiler is off).
+    pub fn declare(&mut self, bytes: u64, flops: u64) -> &mut Self {
+        self.work = Some(Work { bytes, flops });
+        self
+    }
+
+    /// The OpenCL kernel object (arguments as set so far), for code that enqueues it itself.
+    pub fn cl_kernel(&self) -> cl_kernel {
+        self.entry().kernel.get()
+    }
+
     /// Enqueue over `global` work-items (1 to 3 dims) in work-groups of `local`. Each global size is
     /// rounded up to a multiple of its local size, so kernels bounds-check their index. Everything
     /// is checked before the enqueue; nothing is enqueued on error, and the arguments are reset.
     pub fn launch(&mut self, global: &[usize], local: &[usize]) -> Result<()> {
-        let result = self.try_launch(global, local);
+        let work = self.work.take();
+        let result = self.try_launch(global, local, work);
         self.next_arg = 0;
         self.dynamic_local = 0;
         result
     }
 
-    fn try_launch(&self, global: &[usize], local: &[usize]) -> Result<()> {
+    fn try_launch(&self, global: &[usize], local: &[usize], work: Option<Work>) -> Result<()> {
+        let probe = Probe::begin();
         let fail = |msg: String| {
             Err(Error::Launch {
                 kernel: self.entry().name.clone(),
@@ -215,19 +233,23 @@ impl Kernel {
             rounded[d] = global[d].div_ceil(local[d]) * local[d];
         }
         let cl = device.cl(&self.entry().name)?;
+        // An event only when the profiler is on: it keeps it and reads its device times.
+        let mut event: cl_event = ptr::null_mut();
+        let event_out = if probe.is_some() {
+            &mut event as *mut cl_event
+        } else {
+            ptr::null_mut()
+        };
+        let dims = global.len();
         // SAFETY: all arguments are set, sizes are checked, and the arrays outlive the call.
         unsafe {
-            cl3::command_queue::enqueue_nd_range_kernel(
+            enqueue(
                 cl.queue.get(),
                 self.entry().kernel.get(),
-                global.len() as u32,
-                ptr::null(),
-                rounded.as_ptr(),
-                local.as_ptr(),
-                0,
-                ptr::null(),
+                &rounded[..dims],
+                local,
+                event_out,
             )
-            .and_then(|ev| cl3::event::release_event(ev))
         }
         .map_err(|code| Error::Launch {
             kernel: self.entry().name.clone(),
@@ -235,7 +257,56 @@ impl Kernel {
                 "clEnqueueNDRangeKernel: {} ({code})",
                 netcl_core_devices::cl_code_name(code)
             ),
-        })
+        })?;
+        if let Some(probe) = probe {
+            let launch = Launch {
+                kernel: &self.entry().name,
+                device,
+                global: &rounded[..dims],
+                local,
+                work,
+            };
+            // SAFETY: `event` is the enqueue's new event (or null); its reference passes over.
+            unsafe { probe.finish(launch, event) };
+        }
+        Ok(())
+    }
+}
+
+/// `clEnqueueNDRangeKernel` with no wait list, writing the command's event to `event` unless it
+/// is null (cl3's wrapper always asks for one).
+///
+/// # Safety
+/// `queue` and `kernel` are valid, the kernel's arguments are set, `global` and `local` have
+/// the same 1 to 3 dims, `event` is null or writable.
+unsafe fn enqueue(
+    queue: cl_command_queue,
+    kernel: cl_kernel,
+    global: &[usize],
+    local: &[usize],
+    event: *mut cl_event,
+) -> std::result::Result<(), i32> {
+    use cl3::error_codes::{DLOPEN_FUNCTION_NOT_AVAILABLE, DLOPEN_RUNTIME_LOAD_FAILED};
+    let lib = cl3::load_library()
+        .as_ref()
+        .map_err(|_| DLOPEN_RUNTIME_LOAD_FAILED)?;
+    let status = lib
+        .clEnqueueNDRangeKernel(
+            queue,
+            kernel,
+            global.len() as u32,
+            ptr::null(),
+            global.as_ptr(),
+            local.as_ptr(),
+            0,
+            ptr::null(),
+            event,
+        )
+        .ok_or(DLOPEN_FUNCTION_NOT_AVAILABLE)?;
+    if status == 0 {
+        Ok(())
+    } else {
+        Err(status)
     }
 }
 

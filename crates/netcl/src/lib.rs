@@ -8,6 +8,7 @@ pub use netcl_kernels as kernels;
 pub use netcl_nn as nn;
 pub use netcl_ops as ops;
 pub use netcl_optim as optim;
+pub use netcl_profiling as profiling;
 
 pub mod train;
 

@@ -344,6 +344,7 @@ fn im2col(op: &str, x: &Tensor, g: &Geom, batch_inner: bool) -> Result<Tensor> {
     let (v, cg) = (View4::of(op, x)?, g.cl(op, strides)?);
     let program = program_for(&x.device, &CONV, x.dtype)?;
     launch_1d(&program, "im2col", out.numel(), |kern| {
+        kern.declare(((x.numel() + out.numel()) * x.dtype.size()) as u64, 0);
         kern.arg_mem(out.mem()?)?
             .arg_mem(x.mem()?)?
             .arg(&v)?
@@ -408,6 +409,8 @@ fn col2im(op: &str, cols: &Tensor, g: &Geom) -> Result<Tensor> {
     let (v, cg) = (View4::of(op, &out)?, g.cl(op, s)?);
     let program = program_for(&cols.device, &CONV, cols.dtype)?;
     launch_1d(&program, "col2im", out.numel(), |kern| {
+        let bytes = (cols.numel() + out.numel()) * cols.dtype.size();
+        kern.declare(bytes as u64, cols.numel() as u64);
         kern.arg_mem(out.mem()?)?
             .arg_mem(cols.mem()?)?
             .arg(&v)?
@@ -428,6 +431,7 @@ impl Tensor {
         params: Conv2dParams,
     ) -> Result<Tensor> {
         let op = "conv2d";
+        let _span = netcl_profiling::span(op);
         let mut operands = vec![self, weight];
         operands.extend(bias);
         same_float(op, &operands)?;
@@ -464,6 +468,7 @@ impl Tensor {
         params: Conv2dParams,
     ) -> Result<Tensor> {
         let op = "conv2d_backward_input";
+        let _span = netcl_profiling::span(op);
         same_float(op, &[grad_y, weight])?;
         let g = geometry(op, input_shape, &weight.shape, params)?;
         check_grad_y(op, grad_y, &g)?;
@@ -485,6 +490,7 @@ impl Tensor {
         params: Conv2dParams,
     ) -> Result<Tensor> {
         let op = "conv2d_backward_weight";
+        let _span = netcl_profiling::span(op);
         same_float(op, &[grad_y, x])?;
         let g = geometry(op, &x.shape, weight_shape, params)?;
         check_grad_y(op, grad_y, &g)?;
@@ -502,6 +508,7 @@ impl Tensor {
     /// The gradient of `conv2d`'s bias: `grad_y` (N, Cout, Ho, Wo) summed over N, Ho, Wo.
     pub fn conv2d_backward_bias(grad_y: &Tensor) -> Result<Tensor> {
         let op = "conv2d_backward_bias";
+        let _span = netcl_profiling::span(op);
         same_float(op, &[grad_y])?;
         if grad_y.ndim() != 4 {
             return Err(Error::shape(
@@ -552,6 +559,7 @@ fn add_channel_bias(op: &str, y: Tensor, bias: &Tensor) -> Result<Tensor> {
     let program = program_for(&y.device, &CONV, y.dtype)?;
     let (cu, pu) = (small(op, c)?, small(op, p)?);
     launch_1d(&program, "add_channel_bias", y.numel(), |k| {
+        k.declare((2 * y.numel() * y.dtype.size()) as u64, y.numel() as u64);
         k.arg_mem(y.mem()?)?
             .arg_mem(bias.mem()?)?
             .arg(&bs)?

@@ -383,10 +383,11 @@ fn write_host(t: &Tensor, values: &[f64]) -> Result<()> {
 /// is written to its destination when one is given, else to a new contiguous tensor. `op` names
 /// the operation in errors.
 pub(crate) fn run(
-    op: &str,
+    op: &'static str,
     inputs: &[&Tensor],
     outputs: &[(&Expr, Option<&Tensor>)],
 ) -> Result<Vec<Tensor>> {
+    let _span = netcl_profiling::span(op);
     let device = inputs
         .first()
         .map(|t| t.device.clone())
@@ -487,6 +488,18 @@ pub(crate) fn run(
         return Ok(out_tensors);
     }
     let program = program(&device, &plan)?;
+    // Each input read once and each output written once; a flop per arithmetic node per element.
+    let bytes: usize = inputs
+        .iter()
+        .map(|t| t.numel() * t.dtype.size())
+        .sum::<usize>()
+        + out_tensors
+            .iter()
+            .map(|t| n * t.dtype.size())
+            .sum::<usize>();
+    let arithmetic = plan.key.nodes.iter();
+    let arithmetic = arithmetic.filter(|(k, _)| !matches!(k, Kind::Input(_) | Kind::Scalar(_)));
+    let work = (bytes as u64, (n * arithmetic.count()) as u64);
     let dense = out_tensors.iter().all(|t| t.is_contiguous())
         && inputs.iter().all(|t| t.shape == shape && t.is_contiguous());
     let mut operands: Vec<(&[usize], usize)> = out_tensors
@@ -514,6 +527,7 @@ pub(crate) fn run(
     };
     if dense {
         launch_1d(&program, "fused_contig", n, |k| {
+            k.declare(work.0, work.1);
             set_buffers(k)?;
             for (_, off) in &operands {
                 k.arg(&(*off as u32))?;
@@ -534,6 +548,7 @@ pub(crate) fn run(
             words[1 + crate::layout::MAX_DIMS * (1 + k) + j] = *off as u32;
         }
         launch_1d(&program, "fused_strided", n, |k| {
+            k.declare(work.0, work.1);
             set_buffers(k)?;
             k.arg_bytes(bytemuck::cast_slice(&words))?;
             set_scalars(k)
@@ -559,7 +574,7 @@ pub fn fused_into(inputs: &[&Tensor], outputs: &[(Expr, &Tensor)]) -> Result<()>
 }
 
 /// One expression over `inputs` into a new tensor; the building block of the named elementwise ops.
-pub(crate) fn map(op: &str, inputs: &[&Tensor], expr: Expr) -> Result<Tensor> {
+pub(crate) fn map(op: &'static str, inputs: &[&Tensor], expr: Expr) -> Result<Tensor> {
     let mut v = run(op, inputs, &[(&expr, None)])?;
     Ok(v.remove(0))
 }

@@ -58,6 +58,7 @@ impl Tensor {
     /// `act(self x other + bias)` in one kernel.
     pub fn matmul_with(&self, other: &Tensor, opts: MatmulOptions<'_>) -> Result<Tensor> {
         let op = "matmul";
+        let _span = netcl_profiling::span(op);
         if self.device != other.device {
             return Err(Error::device(
                 op,
@@ -222,6 +223,12 @@ impl Tensor {
             kern.arg(&u(v))?;
         }
         kern.arg(&u(opts.bias.is_some() as usize))?;
+        // A, B and C once each (and the bias); a multiply and an add per (batch, m, n, k).
+        let elems = a.numel() + b.numel() + numel(&shape) + opts.bias.map_or(0, |_| n);
+        kern.declare(
+            (elems * self.dtype.size()) as u64,
+            2 * (numel(&batch) * m * n * k) as u64,
+        );
         kern.launch(&[groups_n * tx, groups_m * ty, numel(&batch)], &[tx, ty, 1])?;
         out.reshape(&result_shape)
     }

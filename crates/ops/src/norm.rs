@@ -42,6 +42,7 @@ fn dense(t: &Tensor) -> Result<Tensor> {
     )?;
     let program = program_for(&t.device, &COPY, t.dtype)?;
     launch_1d(&program, "strided_copy", t.numel(), |k| {
+        k.declare((2 * t.numel() * t.dtype.size()) as u64, 0);
         k.arg_mem(out.mem()?)?.arg_mem(t.mem()?)?.arg(&layout)?;
         Ok(())
     })?;
@@ -227,6 +228,11 @@ impl Tensor {
         k.arg(&(rms as i32))?
             .arg(&(w.is_some() as i32))?
             .arg(&(b.is_some() as i32))?;
+        // x read, y written, weight and bias read, the statistics written; about eight flops
+        // per element (mean, centre, square, sum, scale, weight, bias).
+        let es = self.dtype.size();
+        let bytes = 2 * rows * n * es + 2 * n * es + 2 * rows * acc.size();
+        k.declare(bytes as u64, (8 * rows * n) as u64);
         k.launch(&[global], &[group])?;
         Ok((y, mean, rstd))
     }
@@ -242,6 +248,7 @@ impl Tensor {
         bias: Option<&Tensor>,
         eps: f64,
     ) -> Result<(Tensor, Tensor, Tensor)> {
+        let _span = netcl_profiling::span("layer_norm");
         self.norm_forward("layer_norm", false, normalized_shape, weight, bias, eps)
     }
 
@@ -253,6 +260,7 @@ impl Tensor {
         weight: Option<&Tensor>,
         eps: f64,
     ) -> Result<(Tensor, Tensor)> {
+        let _span = netcl_profiling::span("rms_norm");
         let (y, _, rstd) =
             self.norm_forward("rms_norm", true, normalized_shape, weight, None, eps)?;
         Ok((y, rstd))
@@ -344,6 +352,10 @@ impl Tensor {
                 .arg(&n32)?
                 .arg(&(rms as i32))?
                 .arg(&(w.is_some() as i32))?;
+            // x and dy read, dx written, weight and statistics read; about ten flops per element.
+            let es = self.dtype.size();
+            let bytes = 3 * rows * n * es + n * es + 2 * rows * acc_dtype(self.dtype).size();
+            kx.declare(bytes as u64, (10 * rows * n) as u64);
             kx.launch(&[global], &[group])?;
         }
         let (mut dweight, mut dbias) = (None, None);

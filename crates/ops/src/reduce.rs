@@ -264,6 +264,7 @@ impl Tensor {
     /// Device kernels: one (two when a few outputs each reduce many elements).
     pub fn reduce(&self, op: ReduceOp, axes: &[usize], keepdim: bool) -> Result<Tensor> {
         let name = op.name();
+        let _span = netcl_profiling::span(name);
         let mask = axis_mask(name, &self.shape, axes)?;
         if op.float_only() && !self.dtype.is_float() {
             return Err(Error::dtype(
@@ -317,6 +318,9 @@ impl Tensor {
         }
         let program = program_for(&self.device, &REDUCE, self.dtype)?;
         let red_contiguous = lr.ndim == 0 || lr.stride[0][lr.ndim as usize - 1] == 1;
+        // Every input element read and combined once, every output written once.
+        let bytes = nout * nred * self.dtype.size() + nout * out_dtype.size();
+        let work = (bytes as u64, (nout * nred) as u64);
         match plan(&self.device, nout, nred, red_contiguous) {
             Plan::Col => {
                 let mut k = Kernel::new(&program, &format!("{name}_col"))?;
@@ -326,7 +330,7 @@ impl Tensor {
                     .arg(&lr)?
                     .arg(&nred32)?;
                 arg_acc(&mut k, self.dtype, op.param())?;
-                k.arg(&nout32)?;
+                k.arg(&nout32)?.declare(work.0, work.1);
                 let group = 256.min(pow2_floor(k.max_work_group_size()));
                 k.launch(&[nout], &[group])
             }
@@ -372,7 +376,8 @@ impl Tensor {
                         .arg(&nred32)?;
                     arg_acc(m, self.dtype, op.param())?;
                 }
-                k.launch(&[groups * group], &[group])?;
+                k.declare(work.0, work.1)
+                    .launch(&[groups * group], &[group])?;
                 match merge.as_mut() {
                     Some(m) => m.launch(&[nout * mgroup], &[mgroup]),
                     None => Ok(()),

@@ -33,6 +33,7 @@ fn copy_into(op: &str, dst: &Tensor, src: &Tensor) -> Result<()> {
     )?;
     let program = program_for(&src.device, &COPY, src.dtype)?;
     launch_1d(&program, "strided_copy", src.numel(), |k| {
+        k.declare((2 * src.numel() * src.dtype.size()) as u64, 0);
         k.arg_mem(dst.mem()?)?.arg_mem(src.mem()?)?.arg(&layout)?;
         Ok(())
     })

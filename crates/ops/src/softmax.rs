@@ -146,6 +146,7 @@ fn check_host_targets(op: &str, targets: &[f64], c: usize, ignore: Option<i32>) 
 impl Tensor {
     fn softmax_impl(&self, dim: usize, log_out: bool) -> Result<Tensor> {
         let op = if log_out { "log_softmax" } else { "softmax" };
+        let _span = netcl_profiling::span(op);
         check_float(op, self, "input")?;
         if dim >= self.ndim() {
             return Err(Error::invalid(
@@ -213,6 +214,11 @@ impl Tensor {
             .arg(&xs)?
             .arg(&os32)?
             .arg(&(log_out as i32))?;
+        // Read and write every element; max, subtract, exp, sum and scale per element.
+        k.declare(
+            (2 * rows * n * self.dtype.size()) as u64,
+            (5 * rows * n) as u64,
+        );
         if col {
             k.arg(&rows32)?;
             let group = 256.min(pow2_floor(k.max_work_group_size()));
@@ -248,6 +254,7 @@ impl Tensor {
         ignore_index: Option<i32>,
     ) -> Result<(Tensor, Tensor)> {
         let op = "cross_entropy";
+        let _span = netcl_profiling::span(op);
         let a = ce_args(op, self, targets)?;
         let acc = acc_dtype(self.dtype);
         if let (Some(x), Some(t)) = (
@@ -291,6 +298,9 @@ impl Tensor {
             .arg(&a.ts)?
             .arg(&(ignore_index.is_some() as i32))?
             .arg(&ignore_index.unwrap_or(0))?;
+        // Logits and targets read, losses and lse written; max, subtract, exp and sum per logit.
+        let bytes = a.n * a.c * self.dtype.size() + a.n * (4 + 2 * acc.size());
+        k.declare(bytes as u64, (4 * a.n * a.c) as u64);
         let group = row_group(&k, a.c);
         let global =
             a.n.checked_mul(group)
@@ -368,6 +378,7 @@ impl Tensor {
         ignore_index: Option<i32>,
     ) -> Result<Tensor> {
         let op = "cross_entropy_backward";
+        let _span = netcl_profiling::span(op);
         let a = ce_args(op, self, targets)?;
         let acc = acc_dtype(self.dtype);
         let scalar = |t: &Tensor| t.numel() == 1 && t.ndim() <= 1;
@@ -430,6 +441,9 @@ impl Tensor {
         }
         let program = program_for(&self.device, &SOFTMAX, self.dtype)?;
         launch_1d(&program, "cross_entropy_bwd", numel, |k| {
+            // Logits read and gradient written; exp, subtract, scale and divide per logit.
+            let bytes = 2 * numel * self.dtype.size() + a.n * (4 + acc.size());
+            k.declare(bytes as u64, 4 * numel as u64);
             k.arg_mem(dx.mem()?)?
                 .arg_mem(self.mem()?)?
                 .arg_mem(targets.mem()?)?

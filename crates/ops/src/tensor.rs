@@ -162,6 +162,7 @@ impl Tensor {
         if &self.device == device {
             return Ok(self.clone());
         }
+        let _span = netcl_profiling::span("to_device");
         let data = self.to_host_data()?;
         Tensor::from_host_data_on(data, &self.shape, device)
     }
@@ -186,6 +187,7 @@ impl Tensor {
         if self.is_contiguous() {
             return Ok(self.clone());
         }
+        let _span = netcl_profiling::span("contiguous");
         if let Some(data) = self.host_view(&self.shape, &self.strides) {
             return Ok(Tensor::from_host_data(data, &self.shape));
         }
@@ -197,6 +199,7 @@ impl Tensor {
         )?;
         let program = program_for(&self.device, &COPY, self.dtype)?;
         launch_1d(&program, "strided_copy", self.numel(), |k| {
+            k.declare((2 * self.numel() * self.dtype.size()) as u64, 0);
             k.arg_mem(out.mem()?)?.arg_mem(self.mem()?)?.arg(&layout)?;
             Ok(())
         })?;
