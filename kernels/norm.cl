@@ -1,37 +1,20 @@
 // norm.cl: layer_norm, rms_norm (forward, input and parameter gradients) and batch_norm (training, eval).
 //
 // Row statistics use Welford per work-item and Chan's merge in a fixed tree order: bit-reproducible.
+// Contiguous rows of up to 8192 elements take norm_rows (-DROW_V/-DROW_NV, see common.cl): the row
+// stays in registers, one read and one write per element.
 
 #define NORM_GROUP 256
 
-// Work-group merge of Welford states; every work-item gets the result.
-inline wf_t wf_group(wf_t s, __local wf_t* sh) {
-    uint lid = get_local_id(0);
-    sh[lid] = s;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (uint k = get_local_size(0) / 2; k > 0; k >>= 1) {
-        if (lid < k) sh[lid] = wf_join(sh[lid], sh[lid + k]);
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    wf_t r = sh[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
-}
+#if defined(DT_F64)
+typedef double2 ACC2;
+#else
+typedef float2 ACC2;
+#endif
 
-// Work-group sums of two values; every work-item gets the results.
-inline void sum2_group(ACC* a, ACC* b, __local ACC* sa, __local ACC* sb) {
-    uint lid = get_local_id(0);
-    sa[lid] = *a;
-    sb[lid] = *b;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (uint k = get_local_size(0) / 2; k > 0; k >>= 1) {
-        if (lid < k) { sa[lid] += sa[lid + k]; sb[lid] += sb[lid + k]; }
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    *a = sa[0];
-    *b = sb[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-}
+// Merges of Welford states and of pairs of sums over a team of work-items (common.cl).
+TEAM_REDUCE_FN(wf_team, wf_t, wf_join)
+TEAM_REDUCE_FN(sum2_team, ACC2, NETCL_ADD)
 
 inline uint norm_offset(const Layout* lr, uint r) {
     if (lr->ndim == 1) return r * lr->stride[0][0];
@@ -57,7 +40,7 @@ __kernel void norm_fwd(__global T* y,            /* (rows, n) contiguous */
         if (rms) { s.n += (ACC)1; s.m2 += v * v; }  // a plain sum of squares (merged as with mean 0)
         else s = wf_add(s, v);
     }
-    s = wf_group(s, sh);
+    s = wf_team(s, sh, L);
     ACC mu = rms ? (ACC)0 : s.mean;
     ACC var = s.m2 / (ACC)n;
     ACC rs = (ACC)1 / sqrt(var + eps);
@@ -73,6 +56,55 @@ __kernel void norm_fwd(__global T* y,            /* (rows, n) contiguous */
     }
 }
 
+#ifdef ROW_NV
+// norm_fwd for contiguous rows held in registers (common.cl): one read and one write per element.
+__kernel void norm_rows(__global T* y,            /* (rows, n) contiguous */
+                        __global ACC* mean,       /* (rows), written when rms == 0 */
+                        __global ACC* rstd,       /* (rows) */
+                        __global const T* x,      /* row o at layout_offsets(lk, o).x, contiguous */
+                        __global const T* w,      /* (n) when has_w */
+                        __global const T* b,      /* (n) when has_b */
+                        Layout lk, uint n, uint rows, uint team, ACC eps, int rms, int has_w, int has_b) {
+    __local wf_t sh[NORM_GROUP];
+    rowpos_t r = row_pos(n, rows, team);
+    uint base = layout_offsets(&lk, min(r.row, rows - 1)).x;
+    row_t v[ROW_NV];
+    row_load(v, x, base, r);
+    // This work-item's count, mean and squared deviations (two passes over registers; rms: mean
+    // 0 and the sum of squares), then Chan's merge over the team.
+    wf_t s;
+    s.n = 0; s.mean = 0; s.m2 = 0;
+    ACC sum = 0;
+#pragma unroll
+    for (uint j = 0; j < ROW_NV; ++j) {
+        if (ROW_HAS(r, j)) { s.n += (ACC)ROW_V; sum += row_hsum(v[j]); }
+    }
+    if (!rms && s.n > (ACC)0) s.mean = sum / s.n;
+#pragma unroll
+    for (uint j = 0; j < ROW_NV; ++j) {
+        if (ROW_HAS(r, j)) { row_t d = v[j] - s.mean; s.m2 += row_hsum(d * d); }
+    }
+    s = wf_team(s, sh, team);
+    ACC mu = rms ? (ACC)0 : s.mean;
+    ACC rs = (ACC)1 / sqrt(s.m2 / (ACC)n + eps);
+#pragma unroll
+    for (uint j = 0; j < ROW_NV; ++j) {
+        if (ROW_HAS(r, j)) {
+            uint u = ROW_UNIT(r, j);
+            row_t h = (v[j] - mu) * rs;
+            if (has_w) h *= ROW_LOAD(w, 0, u);
+            if (has_b) h += ROW_LOAD(b, 0, u);
+            v[j] = h;
+        }
+    }
+    row_store(y, r.row * n, v, r);
+    if (r.lane == 0 && r.row < rows) {
+        if (!rms) mean[r.row] = mu;
+        rstd[r.row] = rs;
+    }
+}
+#endif
+
 // Input gradient, one work-group per row: with xhat = (x - mean) * rstd and g = dy * w,
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); rms_norm drops the mean(g) term.
 __kernel void norm_bwd_x(__global T* dx,          /* (rows, n) */
@@ -82,7 +114,7 @@ __kernel void norm_bwd_x(__global T* dx,          /* (rows, n) */
                          __global const ACC* rstd, /* (rows) */
                          __global const T* w,     /* (n) when has_w */
                          uint n, int rms, int has_w) {
-    __local ACC sa[NORM_GROUP], sb[NORM_GROUP];
+    __local ACC2 sh[NORM_GROUP];
     uint o = get_group_id(0), lid = get_local_id(0), L = get_local_size(0);
     uint row = o * n;
     ACC mu = rms ? (ACC)0 : mean[o], rs = rstd[o];
@@ -94,8 +126,8 @@ __kernel void norm_bwd_x(__global T* dx,          /* (rows, n) */
         sg += g;
         sgx += g * xh;
     }
-    sum2_group(&sg, &sgx, sa, sb);
-    ACC mg = rms ? (ACC)0 : sg / (ACC)n, mgx = sgx / (ACC)n;
+    ACC2 t = sum2_team((ACC2)(sg, sgx), sh, L);
+    ACC mg = rms ? (ACC)0 : t.x / (ACC)n, mgx = t.y / (ACC)n;
     for (uint r = lid; r < n; r += L) {
         ACC g = LOAD(dy, row + r);
         if (has_w) g *= LOAD(w, r);
@@ -161,7 +193,7 @@ __kernel void bn_train(__global T* y,             /* contiguous like x */
     wf_t s;
     s.n = 0; s.mean = 0; s.m2 = 0;
     for (uint r = lid; r < cnt; r += L) s = wf_add(s, LOAD(x, base.x + layout_offsets(&lr, r).x));
-    s = wf_group(s, sh);
+    s = wf_team(s, sh, L);
     ACC var = s.m2 / (ACC)cnt;
     ACC is = (ACC)1 / sqrt(var + eps);
     ACC scale = has_w ? LOAD(w, c) * is : is;

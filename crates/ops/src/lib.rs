@@ -17,6 +17,7 @@ mod pool;
 mod random;
 mod reduce;
 mod rope;
+mod rows;
 mod shape_ops;
 mod softmax;
 mod tensor;

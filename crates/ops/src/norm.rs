@@ -1,8 +1,9 @@
 //! Normalisation: layer_norm and rms_norm (forward and backward) and batch_norm (training and eval).
 use crate::element::{Element, HostData};
 use crate::launch::{launch_1d, program_for};
-use crate::layout::{contiguous_strides, numel, KernelLayout};
+use crate::layout::{contiguous_strides, is_contiguous, numel, KernelLayout};
 use crate::reduce::{pow2_floor, u32_arg, AxisSplit};
+use crate::rows::{starts_aligned, RowPlan};
 use crate::softmax::{acc_dtype, check_device, check_dtype, check_float, row_group};
 use crate::tensor::{Storage, Tensor};
 use netcl_core_devices::{Error, Result};
@@ -209,11 +210,33 @@ impl Tensor {
         if rows == 0 {
             return Ok((y, mean, rstd));
         }
+        let (w, b) = (weight.map(dense).transpose()?, bias.map(dense).transpose()?);
+        // Contiguous rows: held in registers, one read and one write per element.
+        if is_contiguous(&split.red_shape, &split.red_strides) {
+            let aligned = starts_aligned(self.offset, &split.kept_shape, &split.kept_strides);
+            if let Some((plan, mut k)) =
+                RowPlan::kernel(&self.device, n, aligned, &NORM, self.dtype, "norm_rows")?
+            {
+                k.arg_mem(y.mem()?)?
+                    .arg_mem(mean.mem()?)?
+                    .arg_mem(rstd.mem()?)?
+                    .arg_mem(self.mem()?)?
+                    .arg_mem(w.as_ref().unwrap_or(self).mem()?)?
+                    .arg_mem(b.as_ref().unwrap_or(self).mem()?)?
+                    .arg(&lk)?;
+                plan.args(&mut k, n32, u32_arg(op, "rows", rows)?)?;
+                crate::create::arg_acc(&mut k, self.dtype, eps)?;
+                k.arg(&(rms as i32))?
+                    .arg(&(w.is_some() as i32))?
+                    .arg(&(b.is_some() as i32))?;
+                plan.launch(op, &mut k, rows)?;
+                return Ok((y, mean, rstd));
+            }
+        }
         let program = program_for(&self.device, &NORM, self.dtype)?;
         let mut k = Kernel::new(&program, "norm_fwd")?;
         let group = row_group(&k, n);
         let global = grid(op, rows, group)?;
-        let (w, b) = (weight.map(dense).transpose()?, bias.map(dense).transpose()?);
         k.arg_mem(y.mem()?)?
             .arg_mem(mean.mem()?)?
             .arg_mem(rstd.mem()?)?

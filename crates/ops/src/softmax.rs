@@ -3,6 +3,7 @@ use crate::element::HostData;
 use crate::launch::{launch_1d, program_for};
 use crate::layout::{contiguous_strides, KernelLayout};
 use crate::reduce::{pow2_floor, u32_arg, AxisSplit};
+use crate::rows::{starts_aligned, RowPlan};
 use crate::tensor::Tensor;
 use netcl_core_devices::{DType, Error, Result};
 use netcl_kernels::sources::SOFTMAX;
@@ -203,6 +204,20 @@ impl Tensor {
         if rows == 0 || n == 0 {
             return Ok(out);
         }
+        // Contiguous rows: held in registers, one read and one write per element.
+        if n == 1 || (xs == 1 && os == 1) {
+            let aligned = starts_aligned(self.offset, &split.kept_shape, &split.kept_strides);
+            let name = "softmax_rows";
+            if let Some((plan, mut k)) =
+                RowPlan::kernel(&self.device, n, aligned, &SOFTMAX, self.dtype, name)?
+            {
+                k.arg_mem(out.mem()?)?.arg_mem(self.mem()?)?.arg(&lk)?;
+                plan.args(&mut k, n32, rows32)?;
+                k.arg(&(log_out as i32))?;
+                plan.launch(op, &mut k, rows)?;
+                return Ok(out);
+            }
+        }
         let program = program_for(&self.device, &SOFTMAX, self.dtype)?;
         let col = n <= 32 || (xs != 1 && rows >= 1024);
         let mut k = Kernel::new(&program, if col { "softmax_col" } else { "softmax_wg" })?;
@@ -277,6 +292,27 @@ impl Tensor {
             return Ok((losses, lse));
         }
         let c32 = u32_arg(op, "classes", a.c)?;
+        let (ign, ignore) = (ignore_index.is_some() as i32, ignore_index.unwrap_or(0));
+        // Contiguous rows: held in registers, with 4-wide loads where aligned.
+        if a.xc == 1 || a.c == 1 {
+            let aligned = starts_aligned(a.xoff as usize, &[a.n], &[a.xr as usize]);
+            let name = "cross_entropy_rows";
+            if let Some((plan, mut k)) =
+                RowPlan::kernel(&self.device, a.c, aligned, &SOFTMAX, self.dtype, name)?
+            {
+                k.arg_mem(losses.mem()?)?
+                    .arg_mem(lse.mem()?)?
+                    .arg_mem(self.mem()?)?
+                    .arg_mem(targets.mem()?)?;
+                plan.args(&mut k, c32, u32_arg(op, "rows", a.n)?)?;
+                for v in [a.xoff, a.xr, a.toff, a.ts] {
+                    k.arg(&v)?;
+                }
+                k.arg(&ign)?.arg(&ignore)?;
+                plan.launch(op, &mut k, a.n)?;
+                return Ok((losses, lse));
+            }
+        }
         let program = program_for(&self.device, &SOFTMAX, self.dtype)?;
         let mut k = Kernel::new(&program, "cross_entropy_fwd")?;
         k.arg_mem(losses.mem()?)?
@@ -289,8 +325,8 @@ impl Tensor {
             .arg(&a.xc)?
             .arg(&a.toff)?
             .arg(&a.ts)?
-            .arg(&(ignore_index.is_some() as i32))?
-            .arg(&ignore_index.unwrap_or(0))?;
+            .arg(&ign)?
+            .arg(&ignore)?;
         let group = row_group(&k, a.c);
         let global =
             a.n.checked_mul(group)

@@ -1,7 +1,9 @@
 //! layer_norm, rms_norm (forward, backward, finite differences) and batch_norm on every device against the host.
 use netcl_core_devices::test_devices;
+use netcl_kernels::thread_launches;
 use netcl_ops::testing::{
     check_close, dtypes_for, host_tensor, random_tensor, random_view, tolerance, Cases,
+    MAX_REGISTER_ROW, ROW_LENGTHS,
 };
 use netcl_ops::{acc_dtype, DType, Device, Tensor};
 
@@ -145,6 +147,75 @@ fn random_layer_and_rms_norms_match_the_host() {
             }
         }
     }
+}
+
+#[test]
+fn norm_rows_at_register_boundaries() {
+    let devices = test_devices().unwrap();
+    let mut checks = 0;
+    for &n in &ROW_LENGTHS {
+        for dtype in float_dtypes(devices.last().unwrap()) {
+            // Base [5, n + 1]; row 2 is shifted by +20 (mean far from 0).
+            let mut c = Cases::new(n as u64 + 7);
+            let v: Vec<f64> = (0..5 * (n + 1))
+                .map(|i| c.uniform(-3.0, 3.0) + if i / (n + 1) == 2 { 20.0 } else { 0.0 })
+                .collect();
+            let base = host_tensor(dtype, &v, &[5, n + 1]);
+            // View 0: a contiguous copy (row starts multiples of n); view 1: columns 1..=n in place.
+            let view = |b: &Tensor, k: usize| match k {
+                0 => b.narrow(1, 0, n).unwrap().contiguous().unwrap(),
+                _ => b.narrow(1, 1, n).unwrap(),
+            };
+            let w = random_tensor(dtype, &[n], 0.5, 1.5, n as u64 + 1);
+            let b = random_tensor(dtype, &[n], -1.0, 1.0, n as u64 + 2);
+            let (wv, bv) = (w.to_vec_f64().unwrap(), b.to_vec_f64().unwrap());
+            for k in 0..2 {
+                let xs = view(&base, k).to_vec_f64().unwrap();
+                for rms in [false, true] {
+                    let bias = (!rms).then_some(&bv[..]);
+                    let r = norm_reference(&xs, n, rms, Some(&wv), bias, 1e-5);
+                    let what = format!("rms={rms} {dtype} [5, {n}] view {k}");
+                    let tol = tolerance(dtype) * 4.0;
+                    for dev in &devices {
+                        let x = view(&base.to_device(dev).unwrap(), k);
+                        let (wd, bd) = (w.to_device(dev).unwrap(), b.to_device(dev).unwrap());
+                        let before = thread_launches("norm_rows");
+                        let (y, rstd) = if rms {
+                            x.rms_norm(&[n], Some(&wd), 1e-5).unwrap()
+                        } else {
+                            let (y, _, rstd) =
+                                x.layer_norm(&[n], Some(&wd), Some(&bd), 1e-5).unwrap();
+                            (y, rstd)
+                        };
+                        let rows_kernel = thread_launches("norm_rows") - before;
+                        let expect = u64::from(!dev.is_host() && n <= MAX_REGISTER_ROW);
+                        let what = format!("{what} on {dev}");
+                        assert_eq!(rows_kernel, expect, "{what}: row kernel launches");
+                        check_close(&y.to_vec_f64().unwrap(), &r, tol, 4.0, &what).unwrap();
+                        // rstd from the f64 reference's variance.
+                        let want_rstd: Vec<f64> = xs
+                            .chunks(n)
+                            .map(|row| {
+                                let mu = if rms {
+                                    0.0
+                                } else {
+                                    row.iter().sum::<f64>() / n as f64
+                                };
+                                let var =
+                                    row.iter().map(|v| (v - mu).powi(2)).sum::<f64>() / n as f64;
+                                1.0 / (var + 1e-5).sqrt()
+                            })
+                            .collect();
+                        let atol = tolerance(acc_dtype(dtype)) * 8.0;
+                        check_close(&rstd.to_vec_f64().unwrap(), &want_rstd, atol, 0.0, &what)
+                            .unwrap();
+                        checks += 1;
+                    }
+                }
+            }
+        }
+    }
+    println!("{checks} norm checks");
 }
 
 /// Central finite differences of `f` at `x`.
