@@ -229,3 +229,64 @@ __kernel void bn_eval(__global T* y,              /* layout operand 0 (contiguou
     ACC shift = (has_b ? LOAD(b, c) : (ACC)0) - rm[c] * scale;
     STORE(y, o.x, LOAD(x, o.y) * scale + shift);
 }
+
+// batch_norm backward (training statistics), in two kernels over work-groups (c, p) of C x P:
+// slice p covers elements [p * chunk, (p + 1) * chunk) of channel c's cnt (N, spatial) elements.
+// Element r of channel c lies at layout_offsets(lk, c) + layout_offsets(lr, r): .x in dx, .y in
+// x, .z in dy.
+
+// Pass 1: partial sums of dy and dy * xhat (xhat = (x - mean) * invstd) over one slice.
+__kernel void bn_bwd_part(__global ACC* part,          /* (C, P, 2): sum dy, sum dy * xhat */
+                          __global const T* x,         /* strided, .y of the layouts */
+                          __global const T* dy,        /* strided, .z of the layouts */
+                          __global const ACC* mean,    /* (C) */
+                          __global const ACC* invstd,  /* (C) */
+                          Layout lk, Layout lr, uint cnt, uint chunk, uint P) {
+    __local ACC2 sh[NORM_GROUP];
+    uint g = get_group_id(0), c = g / P, p = g % P, lid = get_local_id(0), L = get_local_size(0);
+    uint3 base = layout_offsets(&lk, c);
+    ACC mu = mean[c], is = invstd[c];
+    ACC2 s = (ACC2)(0, 0);
+    uint r1 = min(cnt, (p + 1) * chunk);
+    for (uint r = p * chunk + lid; r < r1; r += L) {
+        uint3 o = layout_offsets(&lr, r);
+        ACC d = LOAD(dy, base.z + o.z);
+        s += (ACC2)(d, d * (LOAD(x, base.y + o.y) - mu) * is);
+    }
+    s = sum2_team(s, sh, L);
+    if (lid == 0) vstore2(s, g, part);
+}
+
+// Pass 2: channel totals from the P partials (merged in the same fixed order by every work-group
+// of the channel), then dx = w * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)) over the
+// slice; work-group (c, 0) also writes dweight[c] = sum dy * xhat and dbias[c] = sum dy.
+__kernel void bn_bwd_dx(__global T* dx,               /* contiguous like x, .x of the layouts */
+                        __global T* dw,               /* (C) when has_w */
+                        __global T* db,               /* (C) */
+                        __global const ACC* part,     /* (C, P, 2) from bn_bwd_part */
+                        __global const T* x,          /* strided, .y of the layouts */
+                        __global const T* dy,         /* strided, .z of the layouts */
+                        __global const ACC* mean,     /* (C) */
+                        __global const ACC* invstd,   /* (C) */
+                        __global const T* w,          /* (C) when has_w */
+                        Layout lk, Layout lr, uint cnt, uint chunk, uint P, int has_w) {
+    __local ACC2 sh[NORM_GROUP];
+    uint g = get_group_id(0), c = g / P, p = g % P, lid = get_local_id(0), L = get_local_size(0);
+    ACC2 t = (ACC2)(0, 0);
+    for (uint q = lid; q < P; q += L) t += vload2(c * P + q, part);
+    t = sum2_team(t, sh, L);
+    if (p == 0 && lid == 0) {
+        if (has_w) STORE(dw, c, t.y);
+        STORE(db, c, t.x);
+    }
+    uint3 base = layout_offsets(&lk, c);
+    ACC mu = mean[c], is = invstd[c];
+    ACC k = has_w ? LOAD(w, c) * is : is;
+    ACC mdy = t.x / (ACC)cnt, mdyx = t.y / (ACC)cnt;
+    uint r1 = min(cnt, (p + 1) * chunk);
+    for (uint r = p * chunk + lid; r < r1; r += L) {
+        uint3 o = layout_offsets(&lr, r);
+        ACC xh = (LOAD(x, base.y + o.y) - mu) * is;
+        STORE(dx, base.x + o.x, k * (LOAD(dy, base.z + o.z) - mdy - xh * mdyx));
+    }
+}

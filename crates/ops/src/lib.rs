@@ -2,6 +2,7 @@
 #[macro_use]
 mod element;
 mod attention;
+mod batch_norm;
 mod binary;
 mod conv;
 mod create;
@@ -26,6 +27,7 @@ mod unary;
 mod views;
 
 pub use attention::Attention;
+pub use batch_norm::BatchNorm;
 pub use conv::Conv2dParams;
 pub use element::{Element, HostData};
 pub use expr::{BinaryOp, Expr, UnaryOp};
@@ -34,7 +36,7 @@ pub use index::INDEX_CHECK_LIMIT;
 pub use matmul::{Activation, MatmulOptions};
 pub use netcl_core_devices::{DType, Device, Error, Result};
 pub use netcl_kernels::GemmTile;
-pub use norm::{BatchNorm, NormGrads};
+pub use norm::NormGrads;
 pub use pool::Pool2dParams;
 pub use random::Generator;
 pub use reduce::ReduceOp;
