@@ -79,7 +79,61 @@ typedef struct {
     uint offset;
 } View4;
 
+// Coordinates (b, c, h, w) of the row-major index i of an (N, C, H, W) tensor.
+inline uint4 nchw_index(uint i, uint C, uint H, uint W) {
+    return (uint4)(i / (W * H * C), (i / (W * H)) % C, (i / W) % H, i % W);
+}
+
+// A 2-D sliding window (conv, pooling), per axis a (0: height, 1: width): kernel extent k, stride s,
+// padding p, dilation d and output extent out. Mirrors ops::window::Window2.
+typedef struct {
+    uint k[2];
+    uint s[2];
+    uint p[2];
+    uint d[2];
+    uint out[2];
+} Window2;
+
+// Input index along axis a of tap k of output o (negative, or past the input, in the padding).
+inline int win_in(const Window2* g, int a, uint o, uint k) {
+    return (int)(o * g->s[a] + k * g->d[a]) - (int)g->p[a];
+}
+
+// Output index along axis a whose window puts tap k on input x, or -1 when none does.
+inline int win_out(const Window2* g, int a, uint x, uint k) {
+    int t = (int)(x + g->p[a]) - (int)(k * g->d[a]);
+    if (t < 0 || (uint)t % g->s[a] != 0 || (uint)t / g->s[a] >= g->out[a]) return -1;
+    return (int)((uint)t / g->s[a]);
+}
+
+// Defines `type name(type x, __local type* sh, uint team)`: the merge of x over each team of `team`
+// consecutive work-items (a power of two dividing the work-group) by a tree of JOIN(a, b) in a
+// fixed order; every work-item gets its team's result. sh holds a slot per work-item. Every
+// work-item of the group must call it (it has barriers).
+#define TEAM_REDUCE_FN(name, type, JOIN)                                    \
+    inline type name(type x, __local type* sh, uint team) {                 \
+        uint lid = get_local_id(0);                                         \
+        sh[lid] = x;                                                        \
+        barrier(CLK_LOCAL_MEM_FENCE);                                       \
+        for (uint k = team / 2; k > 0; k >>= 1) {                           \
+            if (lid % team < k) sh[lid] = JOIN(sh[lid], sh[lid + k]);       \
+            barrier(CLK_LOCAL_MEM_FENCE);                                   \
+        }                                                                   \
+        type r = sh[lid - lid % team];                                      \
+        barrier(CLK_LOCAL_MEM_FENCE);                                       \
+        return r;                                                           \
+    }
+#define NETCL_ADD(a, b) ((a) + (b))
+
 #if defined(DT_F32) || defined(DT_F64) || defined(DT_F16) || defined(DT_BF16)
+#if defined(DT_F64)
+typedef double2 ACC2;
+#else
+typedef float2 ACC2;
+#endif
+// Two sums at once (e.g. of dy and dy * xhat) over a team of work-items.
+TEAM_REDUCE_FN(sum2_team, ACC2, NETCL_ADD)
+
 // Welford statistics (layer/batch norm, var): per-item accumulation, Chan's merge in a fixed order.
 // Running count, mean and sum of squared deviations.
 typedef struct { ACC n; ACC mean; ACC m2; } wf_t;
@@ -104,24 +158,6 @@ inline wf_t wf_join(wf_t a, wf_t b) {
 }
 #endif
 
-// Defines `type name(type x, __local type* sh, uint team)`: the merge of x over each team of `team`
-// consecutive work-items (a power of two dividing the work-group) by a tree of JOIN(a, b) in a
-// fixed order; every work-item gets its team's result. sh holds a slot per work-item. Every
-// work-item of the group must call it (it has barriers).
-#define TEAM_REDUCE_FN(name, type, JOIN)                                    \
-    inline type name(type x, __local type* sh, uint team) {                 \
-        uint lid = get_local_id(0);                                         \
-        sh[lid] = x;                                                        \
-        barrier(CLK_LOCAL_MEM_FENCE);                                       \
-        for (uint k = team / 2; k > 0; k >>= 1) {                           \
-            if (lid % team < k) sh[lid] = JOIN(sh[lid], sh[lid + k]);       \
-            barrier(CLK_LOCAL_MEM_FENCE);                                   \
-        }                                                                   \
-        type r = sh[lid - lid % team];                                      \
-        barrier(CLK_LOCAL_MEM_FENCE);                                       \
-        return r;                                                           \
-    }
-#define NETCL_ADD(a, b) ((a) + (b))
 
 #ifdef ROW_NV
 // Register-resident rows (the *_rows kernels): a team of `team` consecutive work-items (a power of

@@ -6,15 +6,8 @@
 
 #define NORM_GROUP 256
 
-#if defined(DT_F64)
-typedef double2 ACC2;
-#else
-typedef float2 ACC2;
-#endif
-
-// Merges of Welford states and of pairs of sums over a team of work-items (common.cl).
+// Merges of Welford states over a team of work-items (common.cl).
 TEAM_REDUCE_FN(wf_team, wf_t, wf_join)
-TEAM_REDUCE_FN(sum2_team, ACC2, NETCL_ADD)
 
 inline uint norm_offset(const Layout* lr, uint r) {
     if (lr->ndim == 1) return r * lr->stride[0][0];
@@ -182,17 +175,17 @@ __kernel void bn_train(__global T* y,             /* contiguous like x */
                        __global ACC* save_invstd, /* (C) */
                        __global ACC* run_mean,    /* (C) when has_running */
                        __global ACC* run_var,     /* (C) when has_running */
-                       __global const T* x,       /* strided: channel c at layout_offsets(lk, c) (.x in x, .y in y) */
+                       __global const T* x,       /* strided: channel c at layout_offsets(lk, c) (.x in y, .y in x) */
                        __global const T* w,       /* (C) when has_w */
                        __global const T* b,       /* (C) when has_b */
-                       Layout lk, Layout lr,      /* lr: (N, spatial) offsets, .x in x, .y in y */
+                       Layout lk, Layout lr,      /* lr: (N, spatial) offsets, .x in y, .y in x */
                        uint cnt, ACC eps, ACC momentum, int has_w, int has_b, int has_running) {
     __local wf_t sh[NORM_GROUP];
     uint c = get_group_id(0), lid = get_local_id(0), L = get_local_size(0);
     uint3 base = layout_offsets(&lk, c);
     wf_t s;
     s.n = 0; s.mean = 0; s.m2 = 0;
-    for (uint r = lid; r < cnt; r += L) s = wf_add(s, LOAD(x, base.x + layout_offsets(&lr, r).x));
+    for (uint r = lid; r < cnt; r += L) s = wf_add(s, LOAD(x, base.y + layout_offsets(&lr, r).y));
     s = wf_team(s, sh, L);
     ACC var = s.m2 / (ACC)cnt;
     ACC is = (ACC)1 / sqrt(var + eps);
@@ -200,7 +193,7 @@ __kernel void bn_train(__global T* y,             /* contiguous like x */
     ACC shift = (has_b ? LOAD(b, c) : (ACC)0) - s.mean * scale;
     for (uint r = lid; r < cnt; r += L) {
         uint3 off = layout_offsets(&lr, r);
-        STORE(y, base.y + off.y, LOAD(x, base.x + off.x) * scale + shift);
+        STORE(y, base.x + off.x, LOAD(x, base.y + off.y) * scale + shift);
     }
     if (lid == 0) {
         save_mean[c] = s.mean;

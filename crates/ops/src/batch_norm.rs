@@ -1,10 +1,11 @@
 //! Batch normalisation: training (batch statistics, running stats) and eval forwards, and the training backward.
+use crate::checks::{check_device, check_dtype, check_float, u32_arg};
 use crate::element::{Element, HostData};
-use crate::launch::{launch_1d, program_for};
-use crate::layout::{contiguous_strides, KernelLayout};
-use crate::norm::{check_eps, check_param, check_stat, dense, grid, host_vals, NormGrads};
-use crate::reduce::{pow2_floor, u32_arg, AxisSplit};
-use crate::softmax::{acc_dtype, check_device, check_dtype, check_float};
+use crate::launch::{launch_1d, launch_groups, program_for};
+use crate::layout::{contiguous_strides, strided_positions, KernelLayout};
+use crate::norm::{check_eps, check_param, check_stat, dense, host_vals, NormGrads};
+use crate::reduce::{pow2_floor, AxisSplit};
+use crate::softmax::acc_dtype;
 use crate::tensor::{Storage, Tensor};
 use netcl_core_devices::{Error, Result};
 use netcl_kernels::sources::NORM;
@@ -22,13 +23,7 @@ pub struct BatchNorm {
 /// Write `vals` into the elements of host tensor `t` (its view, in row-major order).
 fn host_store(t: &Tensor, vals: &[f64]) {
     fn put<T: Element>(v: &mut [T], t: &Tensor, vals: &[f64]) {
-        for (i, &x) in vals.iter().enumerate() {
-            let mut pos = t.offset;
-            let mut rem = i;
-            for d in (0..t.shape.len()).rev() {
-                pos += (rem % t.shape[d]) * t.strides[d];
-                rem /= t.shape[d];
-            }
+        for (pos, &x) in strided_positions(&t.shape, &t.strides, t.offset).zip(vals) {
             v[pos] = T::from_f64(x);
         }
     }
@@ -36,6 +31,30 @@ fn host_store(t: &Tensor, vals: &[f64]) {
         let mut g = lock.write().unwrap_or_else(|p| p.into_inner());
         with_host!(&mut *g, v => put(v, t, vals));
     }
+}
+
+/// `(strides, offset)` pairs as [`KernelLayout::new`] takes them.
+fn operands(v: &[(Vec<usize>, usize)]) -> Vec<(&[usize], usize)> {
+    v.iter().map(|(s, o)| (s.as_slice(), *o)).collect()
+}
+
+/// Kernel layouts of a batch norm over `x` (N, C, ...): channel c at `lk` offsets and its
+/// (N, spatial) element r at `lr` offsets, for operand 0 the contiguous output (shaped like x)
+/// and then each of `inputs` (x's shape, any strides).
+fn bn_layouts(op: &str, x: &Tensor, inputs: &[&Tensor]) -> Result<(KernelLayout, KernelLayout)> {
+    let not_c =
+        |s: &[usize]| -> Vec<usize> { (0..s.len()).filter(|&d| d != 1).map(|d| s[d]).collect() };
+    let ys = contiguous_strides(&x.shape);
+    let mut channel = vec![(vec![ys[1]], 0)];
+    let mut rest = vec![(not_c(&ys), 0)];
+    for t in inputs {
+        channel.push((vec![t.strides[1]], t.offset));
+        rest.push((not_c(&t.strides), 0));
+    }
+    Ok((
+        KernelLayout::new(op, &[x.shape[1]], &operands(&channel))?,
+        KernelLayout::new(op, &not_c(&x.shape), &operands(&rest))?,
+    ))
 }
 
 impl Tensor {
@@ -155,21 +174,7 @@ impl Tensor {
                 ));
             }
         }
-        let ys = contiguous_strides(&self.shape);
-        let red_y: Vec<usize> = (0..self.ndim())
-            .filter(|&d| d != 1)
-            .map(|d| ys[d])
-            .collect();
-        let lk = KernelLayout::new(
-            op,
-            &[c],
-            &[(&[self.strides[1]], self.offset), (&[ys[1]], 0)],
-        )?;
-        let lr = KernelLayout::new(
-            op,
-            &split.red_shape,
-            &[(&split.red_strides, 0), (&red_y, 0)],
-        )?;
+        let (lk, lr) = bn_layouts(op, self, &[self])?;
         let cnt32 = u32_arg(op, "values per channel", cnt)?;
         let y = Tensor::alloc(&self.shape, self.dtype, &self.device)?;
         let save_mean = Tensor::alloc(&[c], acc, &self.device)?;
@@ -184,7 +189,6 @@ impl Tensor {
         let program = program_for(&self.device, &NORM, self.dtype)?;
         let mut k = Kernel::new(&program, "bn_train")?;
         let group = 256.min(pow2_floor(k.max_work_group_size()));
-        let global = grid(op, c, group)?;
         let (w, b) = (weight.map(dense).transpose()?, bias.map(dense).transpose()?);
         k.arg_mem(y.mem()?)?
             .arg_mem(save_mean.mem()?)?
@@ -202,7 +206,7 @@ impl Tensor {
         k.arg(&(w.is_some() as i32))?
             .arg(&(b.is_some() as i32))?
             .arg(&(running_mean.is_some() as i32))?;
-        k.launch(&[global], &[group])?;
+        launch_groups(op, &mut k, c, group)?;
         Ok(BatchNorm {
             y,
             save_mean,
@@ -327,34 +331,7 @@ impl Tensor {
         // Slices of at least 4096 values, at most 256 per channel (one work-group merges them).
         let p = cnt.div_ceil(4096).clamp(1, 256);
         let chunk = cnt.div_ceil(p).max(1);
-        let split = {
-            let mut mask = vec![true; self.ndim()];
-            mask[1] = false;
-            AxisSplit::new(self, &mask)
-        };
-        let dy_red: Vec<usize> = (0..self.ndim())
-            .filter(|&d| d != 1)
-            .map(|d| dy.strides[d])
-            .collect();
-        let ys = contiguous_strides(&self.shape);
-        let red_y: Vec<usize> = (0..self.ndim())
-            .filter(|&d| d != 1)
-            .map(|d| ys[d])
-            .collect();
-        let lk = KernelLayout::new(
-            op,
-            &[c],
-            &[
-                (&[ys[1]], 0),
-                (&[self.strides[1]], self.offset),
-                (&[dy.strides[1]], dy.offset),
-            ],
-        )?;
-        let lr = KernelLayout::new(
-            op,
-            &split.red_shape,
-            &[(&red_y, 0), (&split.red_strides, 0), (&dy_red, 0)],
-        )?;
+        let (lk, lr) = bn_layouts(op, self, &[self, dy])?;
         let cnt32 = u32_arg(op, "values per channel", cnt)?;
         // Kernels compute slice ends up to P * chunk in 32 bits.
         u32_arg(op, "values per channel (rounded to slices)", chunk * p)?;
@@ -373,7 +350,6 @@ impl Tensor {
             let group = 256
                 .min(pow2_floor(k1.max_work_group_size()))
                 .min(pow2_floor(k2.max_work_group_size()));
-            let global = grid(op, c * p, group)?;
             k1.arg_mem(part.mem()?)?
                 .arg_mem(self.mem()?)?
                 .arg_mem(dy.mem()?)?
@@ -384,7 +360,7 @@ impl Tensor {
                 .arg(&cnt32)?
                 .arg(&chunk32)?
                 .arg(&p32)?;
-            k1.launch(&[global], &[group])?;
+            launch_groups(op, &mut k1, c * p, group)?;
             k2.arg_mem(dx.mem()?)?
                 .arg_mem(dw.mem()?)?
                 .arg_mem(db.mem()?)?
@@ -400,7 +376,7 @@ impl Tensor {
                 .arg(&chunk32)?
                 .arg(&p32)?
                 .arg(&(w.is_some() as i32))?;
-            k2.launch(&[global], &[group])?;
+            launch_groups(op, &mut k2, c * p, group)?;
         }
         Ok(NormGrads {
             dx,

@@ -4,6 +4,7 @@ mod element;
 mod attention;
 mod batch_norm;
 mod binary;
+mod checks;
 mod conv;
 mod create;
 mod dropout;
@@ -25,6 +26,7 @@ mod tensor;
 pub mod testing;
 mod unary;
 mod views;
+mod window;
 
 pub use attention::Attention;
 pub use batch_norm::BatchNorm;

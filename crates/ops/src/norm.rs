@@ -1,12 +1,13 @@
 //! Layer and RMS normalisation (forward and backward), and the helpers batch_norm.rs shares.
+use crate::checks::{check_device, check_dtype, check_float, u32_arg};
 use crate::element::HostData;
-use crate::launch::{launch_1d, program_for};
+use crate::launch::{launch_1d, launch_groups, program_for};
 use crate::layout::{is_contiguous, numel, KernelLayout};
-use crate::reduce::{u32_arg, AxisSplit};
+use crate::reduce::AxisSplit;
 use crate::rows::{starts_aligned, RowPlan};
-use crate::softmax::{acc_dtype, check_device, check_dtype, check_float, row_group};
+use crate::softmax::{acc_dtype, row_group};
 use crate::tensor::Tensor;
-use netcl_core_devices::{Error, Result};
+use netcl_core_devices::{DType, Error, Result};
 use netcl_kernels::sources::{COPY, NORM};
 use netcl_kernels::Kernel;
 
@@ -44,7 +45,30 @@ pub(crate) fn host_vals(t: Option<&Tensor>) -> Result<Option<Vec<f64>>> {
     t.map(|t| t.to_vec_f64()).transpose()
 }
 
-/// Checks an optional affine parameter: same device and dtype as `x`, shape `shape`.
+/// Checks an operand of a normalisation of `x`: on x's device, of dtype `dtype`, shaped `shape`.
+fn check_operand(
+    op: &str,
+    x: &Tensor,
+    t: &Tensor,
+    what: &str,
+    dtype: DType,
+    shape: &[usize],
+) -> Result<()> {
+    check_device(op, x, t, what)?;
+    check_dtype(op, t, what, dtype)?;
+    if t.shape != shape {
+        return Err(Error::shape(
+            op,
+            format!(
+                "{what} {:?} does not match {shape:?} for input {:?}",
+                t.shape, x.shape
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks an optional affine parameter: x's device and dtype, shape `shape`.
 pub(crate) fn check_param(
     op: &str,
     x: &Tensor,
@@ -52,23 +76,10 @@ pub(crate) fn check_param(
     what: &str,
     shape: &[usize],
 ) -> Result<()> {
-    if let Some(p) = p {
-        check_device(op, x, p, what)?;
-        check_dtype(op, p, what, x.dtype)?;
-        if p.shape != shape {
-            return Err(Error::shape(
-                op,
-                format!(
-                    "{what} {:?} does not match {shape:?} for input {:?}",
-                    p.shape, x.shape
-                ),
-            ));
-        }
-    }
-    Ok(())
+    p.map_or(Ok(()), |p| check_operand(op, x, p, what, x.dtype, shape))
 }
 
-/// Checks a statistics tensor: same device as `x`, dtype `acc`, shape `shape`.
+/// Checks a statistics tensor: x's device, dtype [`acc_dtype`], shape `shape`.
 pub(crate) fn check_stat(
     op: &str,
     x: &Tensor,
@@ -76,18 +87,7 @@ pub(crate) fn check_stat(
     what: &str,
     shape: &[usize],
 ) -> Result<()> {
-    check_device(op, x, s, what)?;
-    check_dtype(op, s, what, acc_dtype(x.dtype))?;
-    if s.shape != shape {
-        return Err(Error::shape(
-            op,
-            format!(
-                "{what} {:?} should be {shape:?} for input {:?}",
-                s.shape, x.shape
-            ),
-        ));
-    }
-    Ok(())
+    check_operand(op, x, s, what, acc_dtype(x.dtype), shape)
 }
 
 /// Rows and row length of `x` normalised over its trailing `normalized_shape`.
@@ -114,13 +114,6 @@ pub(crate) fn check_eps(op: &str, eps: f64) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-pub(crate) fn grid(op: &str, groups: usize, group: usize) -> Result<usize> {
-    groups
-        .checked_mul(group)
-        .filter(|&g| g <= u32::MAX as usize)
-        .ok_or_else(|| Error::shape(op, format!("{groups} work-groups exceed the kernel grid")))
 }
 
 impl Tensor {
@@ -189,46 +182,44 @@ impl Tensor {
             return Ok((y, mean, rstd));
         }
         let (w, b) = (weight.map(dense).transpose()?, bias.map(dense).transpose()?);
+        // Arguments before and after the kernels' own (rows: n, rows, team; general: lr, n).
+        let head = |k: &mut Kernel| -> Result<()> {
+            k.arg_mem(y.mem()?)?
+                .arg_mem(mean.mem()?)?
+                .arg_mem(rstd.mem()?)?
+                .arg_mem(self.mem()?)?
+                .arg_mem(w.as_ref().unwrap_or(self).mem()?)?
+                .arg_mem(b.as_ref().unwrap_or(self).mem()?)?
+                .arg(&lk)?;
+            Ok(())
+        };
+        let tail = |k: &mut Kernel| -> Result<()> {
+            crate::create::arg_acc(k, self.dtype, eps)?;
+            k.arg(&(rms as i32))?
+                .arg(&(w.is_some() as i32))?
+                .arg(&(b.is_some() as i32))?;
+            Ok(())
+        };
         // Contiguous rows: held in registers, one read and one write per element.
         if is_contiguous(&split.red_shape, &split.red_strides) {
             let aligned = starts_aligned(self.offset, &split.kept_shape, &split.kept_strides);
             if let Some((plan, mut k)) =
                 RowPlan::kernel(&self.device, n, aligned, &NORM, self.dtype, "norm_rows")?
             {
-                k.arg_mem(y.mem()?)?
-                    .arg_mem(mean.mem()?)?
-                    .arg_mem(rstd.mem()?)?
-                    .arg_mem(self.mem()?)?
-                    .arg_mem(w.as_ref().unwrap_or(self).mem()?)?
-                    .arg_mem(b.as_ref().unwrap_or(self).mem()?)?
-                    .arg(&lk)?;
+                head(&mut k)?;
                 plan.args(&mut k, n32, u32_arg(op, "rows", rows)?)?;
-                crate::create::arg_acc(&mut k, self.dtype, eps)?;
-                k.arg(&(rms as i32))?
-                    .arg(&(w.is_some() as i32))?
-                    .arg(&(b.is_some() as i32))?;
+                tail(&mut k)?;
                 plan.launch(op, &mut k, rows)?;
                 return Ok((y, mean, rstd));
             }
         }
         let program = program_for(&self.device, &NORM, self.dtype)?;
         let mut k = Kernel::new(&program, "norm_fwd")?;
+        head(&mut k)?;
+        k.arg(&lr)?.arg(&n32)?;
+        tail(&mut k)?;
         let group = row_group(&k, n);
-        let global = grid(op, rows, group)?;
-        k.arg_mem(y.mem()?)?
-            .arg_mem(mean.mem()?)?
-            .arg_mem(rstd.mem()?)?
-            .arg_mem(self.mem()?)?
-            .arg_mem(w.as_ref().unwrap_or(self).mem()?)?
-            .arg_mem(b.as_ref().unwrap_or(self).mem()?)?
-            .arg(&lk)?
-            .arg(&lr)?
-            .arg(&n32)?;
-        crate::create::arg_acc(&mut k, self.dtype, eps)?;
-        k.arg(&(rms as i32))?
-            .arg(&(w.is_some() as i32))?
-            .arg(&(b.is_some() as i32))?;
-        k.launch(&[global], &[group])?;
+        launch_groups(op, &mut k, rows, group)?;
         Ok((y, mean, rstd))
     }
 
@@ -327,7 +318,6 @@ impl Tensor {
         let program = program_for(&self.device, &NORM, self.dtype)?;
         let mut kx = Kernel::new(&program, "norm_bwd_x")?;
         let group = row_group(&kx, n);
-        let global = grid(op, rows, group)?;
         let nchunks = (16384 / n.max(1)).clamp(1, rows.div_ceil(8).max(1));
         let chunk = rows.div_ceil(nchunks).max(1);
         let nchunks = rows.div_ceil(chunk).max(1);
@@ -345,7 +335,7 @@ impl Tensor {
                 .arg(&n32)?
                 .arg(&(rms as i32))?
                 .arg(&(w.is_some() as i32))?;
-            kx.launch(&[global], &[group])?;
+            launch_groups(op, &mut kx, rows, group)?;
         }
         let (mut dweight, mut dbias) = (None, None);
         if want_params {

@@ -1,6 +1,7 @@
 //! Register-resident row kernels (kernels/common.cl `ROW_*`): the plan shared by softmax, layer/rms norm and cross-entropy.
+use crate::launch::launch_groups;
 use crate::reduce::pow2_floor;
-use netcl_core_devices::{DType, Device, Error, Result};
+use netcl_core_devices::{DType, Device, Result};
 use netcl_kernels::{program, Kernel, Source};
 
 /// Work-items per work-group of the row kernels.
@@ -91,12 +92,7 @@ impl RowPlan {
 
     /// Launches `k` (arguments set) over `rows` rows.
     pub(crate) fn launch(&self, op: &str, k: &mut Kernel, rows: usize) -> Result<()> {
-        let global = rows
-            .div_ceil(self.group / self.team)
-            .checked_mul(self.group)
-            .filter(|&g| g <= u32::MAX as usize)
-            .ok_or_else(|| Error::shape(op, format!("{rows} rows exceed the kernel grid")))?;
-        k.launch(&[global], &[self.group])
+        launch_groups(op, k, rows.div_ceil(self.group / self.team), self.group)
     }
 }
 

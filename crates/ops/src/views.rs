@@ -4,7 +4,7 @@ use crate::tensor::Tensor;
 use netcl_core_devices::{Error, Result};
 
 impl Tensor {
-    fn view_of(&self, shape: Vec<usize>, strides: Vec<usize>, offset: usize) -> Tensor {
+    pub(crate) fn view_of(&self, shape: Vec<usize>, strides: Vec<usize>, offset: usize) -> Tensor {
         Tensor {
             storage: self.storage.clone(),
             shape,
