@@ -35,7 +35,32 @@ typedef ushort T;
 typedef float ACC;
 #define LOAD(p, i) as_float(((uint)(p)[i]) << 16)
 #define STORE(p, i, v) ((p)[i] = bf16_from_float(v))
-#elif defined(DT_I32)
+#endif
+
+// Four consecutive elements at once: LOAD4(p, i) reads elements 4i..4i+3 into an ACC4 (p + 4i
+// must be aligned to 4 elements; buffers are, so a multiple of 4 as element offset suffices).
+#if defined(DT_F32)
+typedef float4 ACC4;
+#define LOAD4(p, i) (((__global const float4*)(p))[i])
+#define STORE4(p, i, v) (((__global float4*)(p))[i] = (v))
+#elif defined(DT_F64)
+typedef double4 ACC4;
+#define LOAD4(p, i) (((__global const double4*)(p))[i])
+#define STORE4(p, i, v) (((__global double4*)(p))[i] = (v))
+#elif defined(DT_F16)
+typedef float4 ACC4;
+#define LOAD4(p, i) vload_half4((i), (p))
+#define STORE4(p, i, v) vstore_half4_rte((v), (i), (p))
+#elif defined(DT_BF16)
+typedef float4 ACC4;
+#define LOAD4(p, i) as_float4(convert_uint4(((__global const ushort4*)(p))[i]) << 16)
+#define STORE4(p, i, v) (((__global ushort4*)(p))[i] = bf16_from_float4(v))
+inline ushort4 bf16_from_float4(float4 v) {
+    return (ushort4)(bf16_from_float(v.x), bf16_from_float(v.y), bf16_from_float(v.z), bf16_from_float(v.w));
+}
+#endif
+
+#if defined(DT_I32)
 typedef int T;
 typedef int ACC;
 #define LOAD(p, i) ((p)[i])
@@ -54,7 +79,61 @@ typedef struct {
     uint offset;
 } View4;
 
+// Coordinates (b, c, h, w) of the row-major index i of an (N, C, H, W) tensor.
+inline uint4 nchw_index(uint i, uint C, uint H, uint W) {
+    return (uint4)(i / (W * H * C), (i / (W * H)) % C, (i / W) % H, i % W);
+}
+
+// A 2-D sliding window (conv, pooling), per axis a (0: height, 1: width): kernel extent k, stride s,
+// padding p, dilation d and output extent out. Mirrors ops::window::Window2.
+typedef struct {
+    uint k[2];
+    uint s[2];
+    uint p[2];
+    uint d[2];
+    uint out[2];
+} Window2;
+
+// Input index along axis a of tap k of output o (negative, or past the input, in the padding).
+inline int win_in(const Window2* g, int a, uint o, uint k) {
+    return (int)(o * g->s[a] + k * g->d[a]) - (int)g->p[a];
+}
+
+// Output index along axis a whose window puts tap k on input x, or -1 when none does.
+inline int win_out(const Window2* g, int a, uint x, uint k) {
+    int t = (int)(x + g->p[a]) - (int)(k * g->d[a]);
+    if (t < 0 || (uint)t % g->s[a] != 0 || (uint)t / g->s[a] >= g->out[a]) return -1;
+    return (int)((uint)t / g->s[a]);
+}
+
+// Defines `type name(type x, __local type* sh, uint team)`: the merge of x over each team of `team`
+// consecutive work-items (a power of two dividing the work-group) by a tree of JOIN(a, b) in a
+// fixed order; every work-item gets its team's result. sh holds a slot per work-item. Every
+// work-item of the group must call it (it has barriers).
+#define TEAM_REDUCE_FN(name, type, JOIN)                                    \
+    inline type name(type x, __local type* sh, uint team) {                 \
+        uint lid = get_local_id(0);                                         \
+        sh[lid] = x;                                                        \
+        barrier(CLK_LOCAL_MEM_FENCE);                                       \
+        for (uint k = team / 2; k > 0; k >>= 1) {                           \
+            if (lid % team < k) sh[lid] = JOIN(sh[lid], sh[lid + k]);       \
+            barrier(CLK_LOCAL_MEM_FENCE);                                   \
+        }                                                                   \
+        type r = sh[lid - lid % team];                                      \
+        barrier(CLK_LOCAL_MEM_FENCE);                                       \
+        return r;                                                           \
+    }
+#define NETCL_ADD(a, b) ((a) + (b))
+
 #if defined(DT_F32) || defined(DT_F64) || defined(DT_F16) || defined(DT_BF16)
+#if defined(DT_F64)
+typedef double2 ACC2;
+#else
+typedef float2 ACC2;
+#endif
+// Two sums at once (e.g. of dy and dy * xhat) over a team of work-items.
+TEAM_REDUCE_FN(sum2_team, ACC2, NETCL_ADD)
+
 // Welford statistics (layer/batch norm, var): per-item accumulation, Chan's merge in a fixed order.
 // Running count, mean and sum of squared deviations.
 typedef struct { ACC n; ACC mean; ACC m2; } wf_t;
@@ -76,6 +155,63 @@ inline wf_t wf_join(wf_t a, wf_t b) {
     s.mean = a.mean + d * (b.n / s.n);
     s.m2 = a.m2 + b.m2 + d * d * (a.n * (b.n / s.n));
     return s;
+}
+#endif
+
+
+#ifdef ROW_NV
+// Register-resident rows (the *_rows kernels): a team of `team` consecutive work-items (a power of
+// two dividing the work-group) holds one contiguous row of n elements in registers, ROW_NV units
+// per work-item, a unit being ROW_V consecutive elements (4 when n and the row's start are
+// multiples of 4, else 1). Unit j of lane l is unit l + j * team of the row, so for each j a
+// team reads consecutive memory. Each element is read once and written once. Work-items past
+// the last row hold no units but take part in every barrier.
+#if ROW_V == 4
+typedef ACC4 row_t;
+#define ROW_LOAD(p, base, u) LOAD4(p, (base) / 4 + (u))
+#define ROW_STORE(p, base, u, v) STORE4(p, (base) / 4 + (u), v)
+inline ACC row_hsum(row_t v) { return (v.x + v.y) + (v.z + v.w); }
+inline ACC row_hmax(row_t v) { return fmax(fmax(v.x, v.y), fmax(v.z, v.w)); }
+#else
+typedef ACC row_t;
+#define ROW_LOAD(p, base, u) LOAD(p, (base) + (u))
+#define ROW_STORE(p, base, u, v) STORE(p, (base) + (u), v)
+inline ACC row_hsum(row_t v) { return v; }
+inline ACC row_hmax(row_t v) { return v; }
+#endif
+
+// This work-item's row and place in its team.
+typedef struct {
+    uint row;    // the row its team holds
+    uint lane;   // its index in the team
+    uint team;   // work-items per row
+    uint units;  // units in the row (n / ROW_V); 0 past the last row
+} rowpos_t;
+
+inline rowpos_t row_pos(uint n, uint rows, uint team) {
+    rowpos_t r;
+    uint lid = get_local_id(0);
+    r.row = get_group_id(0) * (get_local_size(0) / team) + lid / team;
+    r.lane = lid % team;
+    r.team = team;
+    r.units = r.row < rows ? n / ROW_V : 0;
+    return r;
+}
+
+// Unit j (< ROW_NV) of this work-item: its index in the row, and whether the row has it.
+#define ROW_UNIT(r, j) ((r).lane + (j) * (r).team)
+#define ROW_HAS(r, j) (ROW_UNIT(r, j) < (r).units)
+
+// v[j] = unit j of the row starting at element `base` of p (0 where the row has none).
+inline void row_load(row_t* v, __global const T* p, uint base, rowpos_t r) {
+#pragma unroll
+    for (uint j = 0; j < ROW_NV; ++j) v[j] = ROW_HAS(r, j) ? ROW_LOAD(p, base, ROW_UNIT(r, j)) : (row_t)0;
+}
+
+inline void row_store(__global T* p, uint base, const row_t* v, rowpos_t r) {
+#pragma unroll
+    for (uint j = 0; j < ROW_NV; ++j)
+        if (ROW_HAS(r, j)) ROW_STORE(p, base, ROW_UNIT(r, j), v[j]);
 }
 #endif
 

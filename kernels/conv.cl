@@ -1,14 +1,10 @@
 // conv.cl: 2-D convolution helpers: im2col, gathering col2im (no atomics), per-channel bias add and bias gradient.
 
-// Convolution geometry; the channels of one group are cg, the columns of one image l = ho * wo.
+// Convolution geometry: the window, groups of cg input channels each, and the columns' strides.
 typedef struct {
+    Window2 win;
     uint groups;
     uint cg;              // input channels per group
-    uint kh, kw;
-    uint sh, sw;
-    uint ph, pw;
-    uint dh, dw;
-    uint ho, wo;
     uint col_stride[4];   // columns (N, G, K, L), K = cg * kh * kw, L = ho * wo: element strides
 } ConvGeom;
 
@@ -19,16 +15,15 @@ __kernel void im2col(__global T* cols,        /* (N, G, K, L) through g.col_stri
                      View4 v, ConvGeom g, uint n) {
     uint i = get_global_id(0);
     if (i >= n) return;
-    uint l = g.ho * g.wo, kk = g.kh * g.kw;
+    uint kh = g.win.k[0], kw = g.win.k[1], wo = g.win.out[1];
+    uint l = g.win.out[0] * wo, kk = kh * kw;
     uint K = g.cg * kk;
     uint li = i % l, rest = i / l;
     uint k = rest % K;
     rest /= K;
     uint gi = rest % g.groups, b = rest / g.groups;
-    uint ci = k / kk, kr = k % kk, ki = kr / g.kw, kj = kr % g.kw;
-    uint oh = li / g.wo, ow = li % g.wo;
-    int h = (int)(oh * g.sh + ki * g.dh) - (int)g.ph;
-    int w = (int)(ow * g.sw + kj * g.dw) - (int)g.pw;
+    uint ci = k / kk, kr = k % kk, ki = kr / kw, kj = kr % kw;
+    int h = win_in(&g.win, 0, li / wo, ki), w = win_in(&g.win, 1, li % wo, kj);
     uint o = b * g.col_stride[0] + gi * g.col_stride[1] + k * g.col_stride[2] + li * g.col_stride[3];
     ACC val = (ACC)0;
     if (h >= 0 && w >= 0 && (uint)h < v.shape[2] && (uint)w < v.shape[3]) {
@@ -47,23 +42,19 @@ __kernel void col2im(__global T* dx,          /* dx: (N, C, H, W), contiguous, s
                      View4 v, ConvGeom g, uint n) {
     uint i = get_global_id(0);
     if (i >= n) return;
-    uint W = v.shape[3], H = v.shape[2], C = v.shape[1];
-    uint w = i % W, h = (i / W) % H, c = (i / (W * H)) % C, b = i / (W * H * C);
+    uint4 at = nchw_index(i, v.shape[1], v.shape[2], v.shape[3]);
+    uint b = at.x, c = at.y, h = at.z, w = at.w;
     uint gi = c / g.cg, ci = c % g.cg;
     uint base = b * g.col_stride[0] + gi * g.col_stride[1];
     ACC acc = (ACC)0;
-    for (uint ki = 0; ki < g.kh; ++ki) {
-        int th = (int)(h + g.ph) - (int)(ki * g.dh);
-        if (th < 0 || (uint)th % g.sh != 0) continue;
-        uint oh = (uint)th / g.sh;
-        if (oh >= g.ho) continue;
-        for (uint kj = 0; kj < g.kw; ++kj) {
-            int tw = (int)(w + g.pw) - (int)(kj * g.dw);
-            if (tw < 0 || (uint)tw % g.sw != 0) continue;
-            uint ow = (uint)tw / g.sw;
-            if (ow >= g.wo) continue;
-            uint k = (ci * g.kh + ki) * g.kw + kj;
-            acc += LOAD(cols, base + k * g.col_stride[2] + (oh * g.wo + ow) * g.col_stride[3]);
+    for (uint ki = 0; ki < g.win.k[0]; ++ki) {
+        int oh = win_out(&g.win, 0, h, ki);
+        if (oh < 0) continue;
+        for (uint kj = 0; kj < g.win.k[1]; ++kj) {
+            int ow = win_out(&g.win, 1, w, kj);
+            if (ow < 0) continue;
+            uint k = (ci * g.win.k[0] + ki) * g.win.k[1] + kj;
+            acc += LOAD(cols, base + k * g.col_stride[2] + ((uint)oh * g.win.out[1] + (uint)ow) * g.col_stride[3]);
         }
     }
     STORE(dx, i, acc);

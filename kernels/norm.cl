@@ -1,37 +1,13 @@
 // norm.cl: layer_norm, rms_norm (forward, input and parameter gradients) and batch_norm (training, eval).
 //
 // Row statistics use Welford per work-item and Chan's merge in a fixed tree order: bit-reproducible.
+// Contiguous rows of up to 8192 elements take norm_rows (-DROW_V/-DROW_NV, see common.cl): the row
+// stays in registers, one read and one write per element.
 
 #define NORM_GROUP 256
 
-// Work-group merge of Welford states; every work-item gets the result.
-inline wf_t wf_group(wf_t s, __local wf_t* sh) {
-    uint lid = get_local_id(0);
-    sh[lid] = s;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (uint k = get_local_size(0) / 2; k > 0; k >>= 1) {
-        if (lid < k) sh[lid] = wf_join(sh[lid], sh[lid + k]);
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    wf_t r = sh[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
-}
-
-// Work-group sums of two values; every work-item gets the results.
-inline void sum2_group(ACC* a, ACC* b, __local ACC* sa, __local ACC* sb) {
-    uint lid = get_local_id(0);
-    sa[lid] = *a;
-    sb[lid] = *b;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (uint k = get_local_size(0) / 2; k > 0; k >>= 1) {
-        if (lid < k) { sa[lid] += sa[lid + k]; sb[lid] += sb[lid + k]; }
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    *a = sa[0];
-    *b = sb[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-}
+// Merges of Welford states over a team of work-items (common.cl).
+TEAM_REDUCE_FN(wf_team, wf_t, wf_join)
 
 inline uint norm_offset(const Layout* lr, uint r) {
     if (lr->ndim == 1) return r * lr->stride[0][0];
@@ -57,7 +33,7 @@ __kernel void norm_fwd(__global T* y,            /* (rows, n) contiguous */
         if (rms) { s.n += (ACC)1; s.m2 += v * v; }  // a plain sum of squares (merged as with mean 0)
         else s = wf_add(s, v);
     }
-    s = wf_group(s, sh);
+    s = wf_team(s, sh, L);
     ACC mu = rms ? (ACC)0 : s.mean;
     ACC var = s.m2 / (ACC)n;
     ACC rs = (ACC)1 / sqrt(var + eps);
@@ -73,6 +49,55 @@ __kernel void norm_fwd(__global T* y,            /* (rows, n) contiguous */
     }
 }
 
+#ifdef ROW_NV
+// norm_fwd for contiguous rows held in registers (common.cl): one read and one write per element.
+__kernel void norm_rows(__global T* y,            /* (rows, n) contiguous */
+                        __global ACC* mean,       /* (rows), written when rms == 0 */
+                        __global ACC* rstd,       /* (rows) */
+                        __global const T* x,      /* row o at layout_offsets(lk, o).x, contiguous */
+                        __global const T* w,      /* (n) when has_w */
+                        __global const T* b,      /* (n) when has_b */
+                        Layout lk, uint n, uint rows, uint team, ACC eps, int rms, int has_w, int has_b) {
+    __local wf_t sh[NORM_GROUP];
+    rowpos_t r = row_pos(n, rows, team);
+    uint base = layout_offsets(&lk, min(r.row, rows - 1)).x;
+    row_t v[ROW_NV];
+    row_load(v, x, base, r);
+    // This work-item's count, mean and squared deviations (two passes over registers; rms: mean
+    // 0 and the sum of squares), then Chan's merge over the team.
+    wf_t s;
+    s.n = 0; s.mean = 0; s.m2 = 0;
+    ACC sum = 0;
+#pragma unroll
+    for (uint j = 0; j < ROW_NV; ++j) {
+        if (ROW_HAS(r, j)) { s.n += (ACC)ROW_V; sum += row_hsum(v[j]); }
+    }
+    if (!rms && s.n > (ACC)0) s.mean = sum / s.n;
+#pragma unroll
+    for (uint j = 0; j < ROW_NV; ++j) {
+        if (ROW_HAS(r, j)) { row_t d = v[j] - s.mean; s.m2 += row_hsum(d * d); }
+    }
+    s = wf_team(s, sh, team);
+    ACC mu = rms ? (ACC)0 : s.mean;
+    ACC rs = (ACC)1 / sqrt(s.m2 / (ACC)n + eps);
+#pragma unroll
+    for (uint j = 0; j < ROW_NV; ++j) {
+        if (ROW_HAS(r, j)) {
+            uint u = ROW_UNIT(r, j);
+            row_t h = (v[j] - mu) * rs;
+            if (has_w) h *= ROW_LOAD(w, 0, u);
+            if (has_b) h += ROW_LOAD(b, 0, u);
+            v[j] = h;
+        }
+    }
+    row_store(y, r.row * n, v, r);
+    if (r.lane == 0 && r.row < rows) {
+        if (!rms) mean[r.row] = mu;
+        rstd[r.row] = rs;
+    }
+}
+#endif
+
 // Input gradient, one work-group per row: with xhat = (x - mean) * rstd and g = dy * w,
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); rms_norm drops the mean(g) term.
 __kernel void norm_bwd_x(__global T* dx,          /* (rows, n) */
@@ -82,7 +107,7 @@ __kernel void norm_bwd_x(__global T* dx,          /* (rows, n) */
                          __global const ACC* rstd, /* (rows) */
                          __global const T* w,     /* (n) when has_w */
                          uint n, int rms, int has_w) {
-    __local ACC sa[NORM_GROUP], sb[NORM_GROUP];
+    __local ACC2 sh[NORM_GROUP];
     uint o = get_group_id(0), lid = get_local_id(0), L = get_local_size(0);
     uint row = o * n;
     ACC mu = rms ? (ACC)0 : mean[o], rs = rstd[o];
@@ -94,8 +119,8 @@ __kernel void norm_bwd_x(__global T* dx,          /* (rows, n) */
         sg += g;
         sgx += g * xh;
     }
-    sum2_group(&sg, &sgx, sa, sb);
-    ACC mg = rms ? (ACC)0 : sg / (ACC)n, mgx = sgx / (ACC)n;
+    ACC2 t = sum2_team((ACC2)(sg, sgx), sh, L);
+    ACC mg = rms ? (ACC)0 : t.x / (ACC)n, mgx = t.y / (ACC)n;
     for (uint r = lid; r < n; r += L) {
         ACC g = LOAD(dy, row + r);
         if (has_w) g *= LOAD(w, r);
@@ -150,25 +175,25 @@ __kernel void bn_train(__global T* y,             /* contiguous like x */
                        __global ACC* save_invstd, /* (C) */
                        __global ACC* run_mean,    /* (C) when has_running */
                        __global ACC* run_var,     /* (C) when has_running */
-                       __global const T* x,       /* strided: channel c at layout_offsets(lk, c) (.x in x, .y in y) */
+                       __global const T* x,       /* strided: channel c at layout_offsets(lk, c) (.x in y, .y in x) */
                        __global const T* w,       /* (C) when has_w */
                        __global const T* b,       /* (C) when has_b */
-                       Layout lk, Layout lr,      /* lr: (N, spatial) offsets, .x in x, .y in y */
+                       Layout lk, Layout lr,      /* lr: (N, spatial) offsets, .x in y, .y in x */
                        uint cnt, ACC eps, ACC momentum, int has_w, int has_b, int has_running) {
     __local wf_t sh[NORM_GROUP];
     uint c = get_group_id(0), lid = get_local_id(0), L = get_local_size(0);
     uint3 base = layout_offsets(&lk, c);
     wf_t s;
     s.n = 0; s.mean = 0; s.m2 = 0;
-    for (uint r = lid; r < cnt; r += L) s = wf_add(s, LOAD(x, base.x + layout_offsets(&lr, r).x));
-    s = wf_group(s, sh);
+    for (uint r = lid; r < cnt; r += L) s = wf_add(s, LOAD(x, base.y + layout_offsets(&lr, r).y));
+    s = wf_team(s, sh, L);
     ACC var = s.m2 / (ACC)cnt;
     ACC is = (ACC)1 / sqrt(var + eps);
     ACC scale = has_w ? LOAD(w, c) * is : is;
     ACC shift = (has_b ? LOAD(b, c) : (ACC)0) - s.mean * scale;
     for (uint r = lid; r < cnt; r += L) {
         uint3 off = layout_offsets(&lr, r);
-        STORE(y, base.y + off.y, LOAD(x, base.x + off.x) * scale + shift);
+        STORE(y, base.x + off.x, LOAD(x, base.y + off.y) * scale + shift);
     }
     if (lid == 0) {
         save_mean[c] = s.mean;
@@ -196,4 +221,65 @@ __kernel void bn_eval(__global T* y,              /* layout operand 0 (contiguou
     ACC scale = has_w ? LOAD(w, c) * is : is;
     ACC shift = (has_b ? LOAD(b, c) : (ACC)0) - rm[c] * scale;
     STORE(y, o.x, LOAD(x, o.y) * scale + shift);
+}
+
+// batch_norm backward (training statistics), in two kernels over work-groups (c, p) of C x P:
+// slice p covers elements [p * chunk, (p + 1) * chunk) of channel c's cnt (N, spatial) elements.
+// Element r of channel c lies at layout_offsets(lk, c) + layout_offsets(lr, r): .x in dx, .y in
+// x, .z in dy.
+
+// Pass 1: partial sums of dy and dy * xhat (xhat = (x - mean) * invstd) over one slice.
+__kernel void bn_bwd_part(__global ACC* part,          /* (C, P, 2): sum dy, sum dy * xhat */
+                          __global const T* x,         /* strided, .y of the layouts */
+                          __global const T* dy,        /* strided, .z of the layouts */
+                          __global const ACC* mean,    /* (C) */
+                          __global const ACC* invstd,  /* (C) */
+                          Layout lk, Layout lr, uint cnt, uint chunk, uint P) {
+    __local ACC2 sh[NORM_GROUP];
+    uint g = get_group_id(0), c = g / P, p = g % P, lid = get_local_id(0), L = get_local_size(0);
+    uint3 base = layout_offsets(&lk, c);
+    ACC mu = mean[c], is = invstd[c];
+    ACC2 s = (ACC2)(0, 0);
+    uint r1 = min(cnt, (p + 1) * chunk);
+    for (uint r = p * chunk + lid; r < r1; r += L) {
+        uint3 o = layout_offsets(&lr, r);
+        ACC d = LOAD(dy, base.z + o.z);
+        s += (ACC2)(d, d * (LOAD(x, base.y + o.y) - mu) * is);
+    }
+    s = sum2_team(s, sh, L);
+    if (lid == 0) vstore2(s, g, part);
+}
+
+// Pass 2: channel totals from the P partials (merged in the same fixed order by every work-group
+// of the channel), then dx = w * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)) over the
+// slice; work-group (c, 0) also writes dweight[c] = sum dy * xhat and dbias[c] = sum dy.
+__kernel void bn_bwd_dx(__global T* dx,               /* contiguous like x, .x of the layouts */
+                        __global T* dw,               /* (C) when has_w */
+                        __global T* db,               /* (C) */
+                        __global const ACC* part,     /* (C, P, 2) from bn_bwd_part */
+                        __global const T* x,          /* strided, .y of the layouts */
+                        __global const T* dy,         /* strided, .z of the layouts */
+                        __global const ACC* mean,     /* (C) */
+                        __global const ACC* invstd,   /* (C) */
+                        __global const T* w,          /* (C) when has_w */
+                        Layout lk, Layout lr, uint cnt, uint chunk, uint P, int has_w) {
+    __local ACC2 sh[NORM_GROUP];
+    uint g = get_group_id(0), c = g / P, p = g % P, lid = get_local_id(0), L = get_local_size(0);
+    ACC2 t = (ACC2)(0, 0);
+    for (uint q = lid; q < P; q += L) t += vload2(c * P + q, part);
+    t = sum2_team(t, sh, L);
+    if (p == 0 && lid == 0) {
+        if (has_w) STORE(dw, c, t.y);
+        STORE(db, c, t.x);
+    }
+    uint3 base = layout_offsets(&lk, c);
+    ACC mu = mean[c], is = invstd[c];
+    ACC k = has_w ? LOAD(w, c) * is : is;
+    ACC mdy = t.x / (ACC)cnt, mdyx = t.y / (ACC)cnt;
+    uint r1 = min(cnt, (p + 1) * chunk);
+    for (uint r = p * chunk + lid; r < r1; r += L) {
+        uint3 o = layout_offsets(&lr, r);
+        ACC xh = (LOAD(x, base.y + o.y) - mu) * is;
+        STORE(dx, base.x + o.x, k * (LOAD(dy, base.z + o.z) - mdy - xh * mdyx));
+    }
 }

@@ -1,13 +1,9 @@
 // pool.cl: 2-D max / average / adaptive-average pooling over NCHW and their deterministic (gathering) backwards.
 
-// Window geometry over an input plane (h, w) giving an output plane (ho, wo).
+// Pooling geometry: the window over an input plane (h, w) giving an output plane (out[0], out[1]).
 typedef struct {
-    uint kh, kw;
-    uint sh, sw;
-    uint ph, pw;
-    uint dh, dw;
+    Window2 win;
     uint h, w;
-    uint ho, wo;
     uint include_pad;  // avg pooling: divide by the padded window size
 } PoolGeom;
 
@@ -23,15 +19,16 @@ __kernel void max_pool2d(__global T* y,          /* y: (N, C, Ho, Wo), contiguou
                          View4 v, PoolGeom g, uint n) {
     uint i = get_global_id(0);
     if (i >= n) return;
-    uint ow = i % g.wo, oh = (i / g.wo) % g.ho, c = (i / (g.wo * g.ho)) % v.shape[1];
-    uint b = i / (g.wo * g.ho * v.shape[1]);
+    uint ho = g.win.out[0], wo = g.win.out[1];
+    uint4 at = nchw_index(i, v.shape[1], ho, wo);
+    uint b = at.x, c = at.y, oh = at.z, ow = at.w;
     ACC best = (ACC)0;
     int bi = -1;
-    for (uint ki = 0; ki < g.kh; ++ki) {
-        int h = (int)(oh * g.sh + ki * g.dh) - (int)g.ph;
+    for (uint ki = 0; ki < g.win.k[0]; ++ki) {
+        int h = win_in(&g.win, 0, oh, ki);
         if (h < 0 || (uint)h >= g.h) continue;
-        for (uint kj = 0; kj < g.kw; ++kj) {
-            int w = (int)(ow * g.sw + kj * g.dw) - (int)g.pw;
+        for (uint kj = 0; kj < g.win.k[1]; ++kj) {
+            int w = win_in(&g.win, 1, ow, kj);
             if (w < 0 || (uint)w >= g.w) continue;
             ACC val = LOAD(x, at4(&v, b, c, (uint)h, (uint)w));
             if (bi < 0 || (!isnan(best) && (val > best || isnan(val)))) {
@@ -52,18 +49,16 @@ __kernel void max_pool2d_backward(__global T* dx,          /* dx: (N, C, H, W), 
                                   View4 gv, View4 iv, PoolGeom g, uint n) {
     uint i = get_global_id(0);
     if (i >= n) return;
-    uint C = gv.shape[1];
-    uint w = i % g.w, h = (i / g.w) % g.h, c = (i / (g.w * g.h)) % C, b = i / (g.w * g.h * C);
+    uint4 at = nchw_index(i, gv.shape[1], g.h, g.w);
+    uint b = at.x, c = at.y, h = at.z, w = at.w;
     int me = (int)(h * g.w + w);
     ACC acc = (ACC)0;
-    for (uint ki = 0; ki < g.kh; ++ki) {
-        int th = (int)(h + g.ph) - (int)(ki * g.dh);
-        if (th < 0 || (uint)th % g.sh != 0 || (uint)th / g.sh >= g.ho) continue;
-        uint oh = (uint)th / g.sh;
-        for (uint kj = 0; kj < g.kw; ++kj) {
-            int tw = (int)(w + g.pw) - (int)(kj * g.dw);
-            if (tw < 0 || (uint)tw % g.sw != 0 || (uint)tw / g.sw >= g.wo) continue;
-            uint ow = (uint)tw / g.sw;
+    for (uint ki = 0; ki < g.win.k[0]; ++ki) {
+        int oh = win_out(&g.win, 0, h, ki);
+        if (oh < 0) continue;
+        for (uint kj = 0; kj < g.win.k[1]; ++kj) {
+            int ow = win_out(&g.win, 1, w, kj);
+            if (ow < 0) continue;
             if (idx[at4(&iv, b, c, oh, ow)] == me) acc += LOAD(gy, at4(&gv, b, c, oh, ow));
         }
     }
@@ -72,10 +67,10 @@ __kernel void max_pool2d_backward(__global T* dx,          /* dx: (N, C, H, W), 
 
 // Divisor of the average over output pixel (oh, ow), as PyTorch's avg_pool2d (no ceil mode).
 inline ACC avg_divisor(const PoolGeom* g, uint oh, uint ow, int* hs, int* he, int* ws, int* we) {
-    *hs = (int)(oh * g->sh) - (int)g->ph;
-    *ws = (int)(ow * g->sw) - (int)g->pw;
-    *he = min(*hs + (int)g->kh, (int)(g->h + g->ph));
-    *we = min(*ws + (int)g->kw, (int)(g->w + g->pw));
+    *hs = win_in(&g->win, 0, oh, 0);
+    *ws = win_in(&g->win, 1, ow, 0);
+    *he = min(*hs + (int)g->win.k[0], (int)(g->h + g->win.p[0]));
+    *we = min(*ws + (int)g->win.k[1], (int)(g->w + g->win.p[1]));
     int pool = (*he - *hs) * (*we - *ws);
     *hs = max(*hs, 0);
     *ws = max(*ws, 0);
@@ -90,8 +85,9 @@ __kernel void avg_pool2d(__global T* y,        /* y: (N, C, Ho, Wo), contiguous 
                          View4 v, PoolGeom g, uint n) {
     uint i = get_global_id(0);
     if (i >= n) return;
-    uint ow = i % g.wo, oh = (i / g.wo) % g.ho, c = (i / (g.wo * g.ho)) % v.shape[1];
-    uint b = i / (g.wo * g.ho * v.shape[1]);
+    uint ho = g.win.out[0], wo = g.win.out[1];
+    uint4 at = nchw_index(i, v.shape[1], ho, wo);
+    uint b = at.x, c = at.y, oh = at.z, ow = at.w;
     int hs, he, ws, we;
     ACC div = avg_divisor(&g, oh, ow, &hs, &he, &ws, &we);
     ACC acc = (ACC)0;
@@ -106,17 +102,15 @@ __kernel void avg_pool2d_backward(__global T* dx,        /* dx: (N, C, H, W), co
                                   View4 gv, PoolGeom g, uint n) {
     uint i = get_global_id(0);
     if (i >= n) return;
-    uint C = gv.shape[1];
-    uint w = i % g.w, h = (i / g.w) % g.h, c = (i / (g.w * g.h)) % C, b = i / (g.w * g.h * C);
+    uint4 at = nchw_index(i, gv.shape[1], g.h, g.w);
+    uint b = at.x, c = at.y, h = at.z, w = at.w;
     ACC acc = (ACC)0;
-    for (uint ki = 0; ki < g.kh; ++ki) {
-        int th = (int)(h + g.ph) - (int)ki;
-        if (th < 0 || (uint)th % g.sh != 0 || (uint)th / g.sh >= g.ho) continue;
-        uint oh = (uint)th / g.sh;
-        for (uint kj = 0; kj < g.kw; ++kj) {
-            int tw = (int)(w + g.pw) - (int)kj;
-            if (tw < 0 || (uint)tw % g.sw != 0 || (uint)tw / g.sw >= g.wo) continue;
-            uint ow = (uint)tw / g.sw;
+    for (uint ki = 0; ki < g.win.k[0]; ++ki) {
+        int oh = win_out(&g.win, 0, h, ki);
+        if (oh < 0) continue;
+        for (uint kj = 0; kj < g.win.k[1]; ++kj) {
+            int ow = win_out(&g.win, 1, w, kj);
+            if (ow < 0) continue;
             int hs, he, ws, we;
             ACC div = avg_divisor(&g, oh, ow, &hs, &he, &ws, &we);
             acc += LOAD(gy, at4(&gv, b, c, oh, ow)) / div;
@@ -135,10 +129,11 @@ __kernel void adaptive_avg_pool2d(__global T* y,        /* y: (N, C, Ho, Wo), co
                                   View4 v, PoolGeom g, uint n) {
     uint i = get_global_id(0);
     if (i >= n) return;
-    uint ow = i % g.wo, oh = (i / g.wo) % g.ho, c = (i / (g.wo * g.ho)) % v.shape[1];
-    uint b = i / (g.wo * g.ho * v.shape[1]);
-    uint hs = ad_start(oh, g.h, g.ho), he = ad_end(oh, g.h, g.ho);
-    uint ws = ad_start(ow, g.w, g.wo), we = ad_end(ow, g.w, g.wo);
+    uint ho = g.win.out[0], wo = g.win.out[1];
+    uint4 at = nchw_index(i, v.shape[1], ho, wo);
+    uint b = at.x, c = at.y, oh = at.z, ow = at.w;
+    uint hs = ad_start(oh, g.h, ho), he = ad_end(oh, g.h, ho);
+    uint ws = ad_start(ow, g.w, wo), we = ad_end(ow, g.w, wo);
     ACC acc = (ACC)0;
     for (uint h = hs; h < he; ++h)
         for (uint w = ws; w < we; ++w) acc += LOAD(x, at4(&v, b, c, h, w));
@@ -151,15 +146,16 @@ __kernel void adaptive_avg_pool2d_backward(__global T* dx,        /* dx: (N, C, 
                                            View4 gv, PoolGeom g, uint n) {
     uint i = get_global_id(0);
     if (i >= n) return;
-    uint C = gv.shape[1];
-    uint w = i % g.w, h = (i / g.w) % g.h, c = (i / (g.w * g.h)) % C, b = i / (g.w * g.h * C);
+    uint4 at = nchw_index(i, gv.shape[1], g.h, g.w);
+    uint b = at.x, c = at.y, h = at.z, w = at.w;
+    uint ho = g.win.out[0], wo = g.win.out[1];
     ACC acc = (ACC)0;
-    for (uint oh = 0; oh < g.ho; ++oh) {
-        uint hs = ad_start(oh, g.h, g.ho), he = ad_end(oh, g.h, g.ho);
+    for (uint oh = 0; oh < ho; ++oh) {
+        uint hs = ad_start(oh, g.h, ho), he = ad_end(oh, g.h, ho);
         if (hs > h) break;
         if (h >= he) continue;
-        for (uint ow = 0; ow < g.wo; ++ow) {
-            uint ws = ad_start(ow, g.w, g.wo), we = ad_end(ow, g.w, g.wo);
+        for (uint ow = 0; ow < wo; ++ow) {
+            uint ws = ad_start(ow, g.w, wo), we = ad_end(ow, g.w, wo);
             if (ws > w) break;
             if (w >= we) continue;
             acc += LOAD(gy, at4(&gv, b, c, oh, ow)) / (ACC)((he - hs) * (we - ws));

@@ -37,6 +37,14 @@ __kernel void normal(__global T* out,  /* (n) */
     for (uint k = 0; k < 4 && 4 * j + k < n; ++k) STORE(out, 4 * j + k, mean + std * z[k]);
 }
 
+// mask[k] = 1 when word k of block j of the stream is below `threshold`, else 0.
+inline void bernoulli_block(uint* mask, uint key0, uint key1, ulong base_lo, ulong base_hi,
+                            ulong threshold, uint j) {
+    uint4 w = block_words((uint2)(key0, key1), base_lo, base_hi, j);
+    uint words[4] = {w.x, w.y, w.z, w.w};
+    for (uint k = 0; k < 4; ++k) mask[k] = (ulong)words[k] < threshold ? 1u : 0u;
+}
+
 // Bernoulli draws (dropout.rs): element i is 1 when word i of the stream is below `threshold`
 // (= round(p * 2^32), a 64-bit value so that p = 1 keeps everything); integer compares are exact everywhere.
 __kernel void bernoulli(__global T* out,  /* (n) */
@@ -44,10 +52,9 @@ __kernel void bernoulli(__global T* out,  /* (n) */
                         ulong threshold, uint n) {
     uint j = get_global_id(0);
     if (4 * j >= n) return;
-    uint4 w = block_words((uint2)(key0, key1), base_lo, base_hi, j);
-    uint words[4] = {w.x, w.y, w.z, w.w};
-    for (uint k = 0; k < 4 && 4 * j + k < n; ++k)
-        STORE(out, 4 * j + k, ((ulong)words[k] < threshold) ? (ACC)1 : (ACC)0);
+    uint mask[4];
+    bernoulli_block(mask, key0, key1, base_lo, base_hi, threshold, j);
+    for (uint k = 0; k < 4 && 4 * j + k < n; ++k) STORE(out, 4 * j + k, (ACC)mask[k]);
 }
 
 // The same mask as 32-bit integers 1/0 (i32 and u32 masks; built in a float program since
@@ -57,9 +64,9 @@ __kernel void bernoulli_int(__global uint* out,  /* (n) */
                             ulong threshold, uint n) {
     uint j = get_global_id(0);
     if (4 * j >= n) return;
-    uint4 w = block_words((uint2)(key0, key1), base_lo, base_hi, j);
-    uint words[4] = {w.x, w.y, w.z, w.w};
-    for (uint k = 0; k < 4 && 4 * j + k < n; ++k) out[4 * j + k] = ((ulong)words[k] < threshold) ? 1u : 0u;
+    uint mask[4];
+    bernoulli_block(mask, key0, key1, base_lo, base_hi, threshold, j);
+    for (uint k = 0; k < 4 && 4 * j + k < n; ++k) out[4 * j + k] = mask[k];
 }
 
 // Dropout of a strided x: mask as bernoulli(1 - p) over x's row-major order, y = mask ? x * scale : 0.
@@ -70,13 +77,12 @@ __kernel void dropout(__global T* y,        /* layout operand 0: (n), contiguous
                       ulong threshold, ACC scale, Layout l, uint n) {
     uint j = get_global_id(0);
     if (4 * j >= n) return;
-    uint4 w = block_words((uint2)(key0, key1), base_lo, base_hi, j);
-    uint words[4] = {w.x, w.y, w.z, w.w};
+    uint keep[4];
+    bernoulli_block(keep, key0, key1, base_lo, base_hi, threshold, j);
     for (uint k = 0; k < 4 && 4 * j + k < n; ++k) {
         uint i = 4 * j + k;
         uint3 o = layout_offsets(&l, i);
-        int keep = (ulong)words[k] < threshold;
-        STORE(mask, i, keep ? (ACC)1 : (ACC)0);
-        STORE(y, o.x, keep ? (ACC)(LOAD(x, o.y) * scale) : (ACC)0);
+        STORE(mask, i, (ACC)keep[k]);
+        STORE(y, o.x, keep[k] ? (ACC)(LOAD(x, o.y) * scale) : (ACC)0);
     }
 }

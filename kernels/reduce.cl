@@ -105,6 +105,7 @@ inline lse_st logsumexp_accum(lse_st s, ACC x, uint r) { lse_st b; b.m = x; b.s 
 #endif
 
 #define REDUCE_KERNELS(NAME, OUT_T)                                                              \
+TEAM_REDUCE_FN(NAME##_team, NAME##_st, NAME##_join)                                              \
 __kernel void NAME##_wg(__global OUT_T* out,            /* (nout) when nsplit == 1 */           \
                         __global NAME##_st* part,       /* (nout, nsplit) when nsplit > 1 */    \
                         __global const T* x,            /* strided: lk over kept, lr over reduced dims */ \
@@ -122,15 +123,10 @@ __kernel void NAME##_wg(__global OUT_T* out,            /* (nout) when nsplit ==
         for (uint r = r0 + lid; r < r1; r += L)                                                  \
             s = NAME##_accum(s, LOAD(x, base + layout_offsets(&lr, r).x), r);                    \
     }                                                                                            \
-    sh[lid] = s;                                                                                 \
-    barrier(CLK_LOCAL_MEM_FENCE);                                                                \
-    for (uint k = L / 2; k > 0; k >>= 1) {                                                       \
-        if (lid < k) sh[lid] = NAME##_join(sh[lid], sh[lid + k]);                               \
-        barrier(CLK_LOCAL_MEM_FENCE);                                                            \
-    }                                                                                            \
+    s = NAME##_team(s, sh, L);                                                                   \
     if (lid == 0) {                                                                              \
-        if (nsplit == 1) { NAME##_st f = sh[0]; NAME##_final(out, o, f, nred, p); }              \
-        else part[g] = sh[0];                                                                    \
+        if (nsplit == 1) NAME##_final(out, o, s, nred, p);                                       \
+        else part[g] = s;                                                                        \
     }                                                                                            \
 }                                                                                                \
 __kernel void NAME##_merge(__global OUT_T* out,          /* (nout) */                            \
@@ -140,13 +136,8 @@ __kernel void NAME##_merge(__global OUT_T* out,          /* (nout) */           
     uint o = get_group_id(0), lid = get_local_id(0), L = get_local_size(0);                      \
     NAME##_st s = NAME##_init();                                                                 \
     for (uint k = lid; k < nsplit; k += L) s = NAME##_join(s, part[o * nsplit + k]);            \
-    sh[lid] = s;                                                                                 \
-    barrier(CLK_LOCAL_MEM_FENCE);                                                                \
-    for (uint k = L / 2; k > 0; k >>= 1) {                                                       \
-        if (lid < k) sh[lid] = NAME##_join(sh[lid], sh[lid + k]);                               \
-        barrier(CLK_LOCAL_MEM_FENCE);                                                            \
-    }                                                                                            \
-    if (lid == 0) { NAME##_st f = sh[0]; NAME##_final(out, o, f, nred, p); }                     \
+    s = NAME##_team(s, sh, L);                                                                   \
+    if (lid == 0) NAME##_final(out, o, s, nred, p);                                              \
 }                                                                                                \
 __kernel void NAME##_col(__global OUT_T* out,            /* (nout) */                            \
                          __global const T* x,            /* strided: lk over kept, lr over reduced dims */ \

@@ -1,7 +1,10 @@
 // softmax.cl: softmax, log_softmax and fused cross-entropy (forward, mean, backward) over rows of strided views.
 //
-// Rows are reduced with an online (max, sum of exp(x - max)) state: one read pass for the statistics,
-// one read-and-write pass for the output. Fixed reduction order: results are bit-reproducible.
+// Contiguous rows of up to 8192 elements stay in registers (*_rows kernels, -DROW_V/-DROW_NV, see
+// common.cl): max, then sum of exp(x - max), each merged over the row's team; one read and one write
+// per element. Other rows are reduced with an online (max, sum of exp(x - max)) state: one read pass
+// for the statistics, one read-and-write pass for the output. Fixed reduction order: results are
+// bit-reproducible.
 
 #define SM_GROUP 256
 
@@ -26,27 +29,8 @@ inline ms_t ms_join(ms_t a, ms_t b) {
     return r;
 }
 
-// Tree merge of every work-item's state in local memory (power-of-two work-groups).
-inline ms_t ms_group(ms_t s, __local ACC* shm, __local ACC* shs) {
-    uint lid = get_local_id(0);
-    shm[lid] = s.m;
-    shs[lid] = s.s;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (uint k = get_local_size(0) / 2; k > 0; k >>= 1) {
-        if (lid < k) {
-            ms_t a, b;
-            a.m = shm[lid]; a.s = shs[lid];
-            b.m = shm[lid + k]; b.s = shs[lid + k];
-            a = ms_join(a, b);
-            shm[lid] = a.m; shs[lid] = a.s;
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    ms_t r;
-    r.m = shm[0]; r.s = shs[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
-}
+// Merge of the states of a team of work-items (the whole work-group: get_local_size(0)).
+TEAM_REDUCE_FN(ms_team, ms_t, ms_join)
 
 inline ACC sm_value(ACC x, ms_t st, int log_out) {
     return log_out ? (x - st.m) - log(st.s) : exp(x - st.m) / st.s;
@@ -56,12 +40,12 @@ inline ACC sm_value(ACC x, ms_t st, int log_out) {
 __kernel void softmax_wg(__global T* out,        /* contiguous, row elements os apart */
                          __global const T* x,    /* strided, row elements xs apart */
                          Layout lk, uint n, uint xs, uint os, int log_out) {
-    __local ACC shm[SM_GROUP], shs[SM_GROUP];
+    __local ms_t sh[SM_GROUP];
     uint o = get_group_id(0), lid = get_local_id(0), L = get_local_size(0);
     uint3 base = layout_offsets(&lk, o);
     ms_t s = ms_empty();
     for (uint j = lid; j < n; j += L) s = ms_add(s, LOAD(x, base.x + j * xs));
-    s = ms_group(s, shm, shs);
+    s = ms_team(s, sh, L);
     for (uint j = lid; j < n; j += L)
         STORE(out, base.y + j * os, sm_value(LOAD(x, base.x + j * xs), s, log_out));
 }
@@ -80,75 +64,148 @@ __kernel void softmax_col(__global T* out,        /* contiguous, row elements os
         STORE(out, base.y + j * os, sm_value(LOAD(x, base.x + j * xs), s, log_out));
 }
 
+// Cross-entropy operands: logits (n, c) with element (i, j) at xoff + i*xr + j*xc, targets (n) with
+// element i at toff + i*ts; rows whose target equals `ignore` are ignored when use_ignore.
+// Mirrors ops::softmax::CeLayout.
+typedef struct {
+    uint n, c;
+    uint xoff, xr, xc;
+    uint toff, ts;
+    int use_ignore, ignore;
+} CeLayout;
+
+// Target of row i, and whether the row is ignored or its target lies outside [0, c).
+inline int ce_target(const CeLayout* a, __global const int* tgt, uint i, int* ignored, int* bad) {
+    int t = tgt[a->toff + i * a->ts];
+    *ignored = a->use_ignore && t == a->ignore;
+    *bad = t < 0 || (uint)t >= a->c;
+    return t;
+}
+
+// Loss of row i with logsumexp l: l - x[target]; 0 for ignored rows, NaN for a bad target.
+inline void ce_write(__global ACC* loss, __global ACC* lse, __global const T* x,
+                     __global const int* tgt, const CeLayout* a, uint i, ACC l) {
+    int ignored, bad;
+    int t = ce_target(a, tgt, i, &ignored, &bad);
+    loss[i] = ignored ? (ACC)0 : bad ? (ACC)NAN : l - LOAD(x, a->xoff + i * a->xr + (uint)t * a->xc);
+    lse[i] = l;
+}
+
 // Per-row cross-entropy from logits and integer targets, one work-group per row:
 // lse = logsumexp(row), loss = lse - x[target]; 0 for ignored rows, NaN for a target outside [0, C).
 __kernel void cross_entropy_fwd(__global ACC* loss,        /* (N) */
                                 __global ACC* lse,         /* (N) */
-                                __global const T* x,       /* (N, C): element (i, j) at xoff + i*xr + j*xc */
-                                __global const int* tgt,   /* (N): element i at toff + i*ts */
-                                uint C, uint xoff, uint xr, uint xc, uint toff, uint ts,
-                                int use_ignore, int ignore) {
-    __local ACC shm[SM_GROUP], shs[SM_GROUP];
+                                __global const T* x,       /* (N, C) through a */
+                                __global const int* tgt,   /* (N) through a */
+                                CeLayout a) {
+    __local ms_t sh[SM_GROUP];
     uint i = get_group_id(0), lid = get_local_id(0), L = get_local_size(0);
-    uint row = xoff + i * xr;
+    uint row = a.xoff + i * a.xr;
     ms_t s = ms_empty();
-    for (uint j = lid; j < C; j += L) s = ms_add(s, LOAD(x, row + j * xc));
-    s = ms_group(s, shm, shs);
-    if (lid == 0) {
-        ACC l = s.m + log(s.s);
-        int t = tgt[toff + i * ts];
-        ACC v;
-        if (use_ignore && t == ignore) v = 0;
-        else if (t < 0 || (uint)t >= C) v = (ACC)NAN;
-        else v = l - LOAD(x, row + (uint)t * xc);
-        loss[i] = v;
-        lse[i] = l;
-    }
+    for (uint j = lid; j < a.c; j += L) s = ms_add(s, LOAD(x, row + j * a.xc));
+    s = ms_team(s, sh, L);
+    if (lid == 0) ce_write(loss, lse, x, tgt, &a, i, s.m + log(s.s));
 }
+
+#ifdef ROW_NV
+TEAM_REDUCE_FN(team_max, ACC, fmax)
+TEAM_REDUCE_FN(team_sum, ACC, NETCL_ADD)
+
+// Statistics of a register-resident row (common.cl): its max m (NaN is passed over here and
+// poisons s instead) and s = sum exp(x - m); with keep_exp, v is replaced by exp(v - m).
+// A row of only -inf, or with NaN or +inf, gets s = NaN.
+inline ms_t row_ms(row_t* v, int keep_exp, rowpos_t r, __local ACC* sh) {
+    ACC m = -(ACC)INFINITY;
+#pragma unroll
+    for (uint j = 0; j < ROW_NV; ++j)
+        if (ROW_HAS(r, j)) m = fmax(m, row_hmax(v[j]));
+    ms_t st;
+    st.m = team_max(m, sh, r.team);
+    ACC s = 0;
+#pragma unroll
+    for (uint j = 0; j < ROW_NV; ++j) {
+        if (ROW_HAS(r, j)) {
+            row_t q = exp(v[j] - st.m);
+            s += row_hsum(q);
+            if (keep_exp) v[j] = q;
+        }
+    }
+    st.s = team_sum(s, sh, r.team);
+    return st;
+}
+
+// softmax / log_softmax of contiguous rows held in registers (common.cl): row o starts at
+// layout_offsets(lk, o) (.x in x, .y in out); one element read and one written.
+__kernel void softmax_rows(__global T* out,       /* row o at layout_offsets(lk, o).y, contiguous */
+                           __global const T* x,   /* row o at layout_offsets(lk, o).x, contiguous */
+                           Layout lk, uint n, uint rows, uint team, int log_out) {
+    __local ACC sh[SM_GROUP];
+    rowpos_t r = row_pos(n, rows, team);
+    uint3 base = layout_offsets(&lk, min(r.row, rows - 1));
+    row_t v[ROW_NV];
+    row_load(v, x, base.x, r);
+    ms_t st = row_ms(v, !log_out, r, sh);
+    ACC shift = st.m + log(st.s), scale = (ACC)1 / st.s;
+#pragma unroll
+    for (uint j = 0; j < ROW_NV; ++j) v[j] = log_out ? v[j] - shift : v[j] * scale;
+    row_store(out, base.y, v, r);
+}
+
+// cross_entropy_fwd for rows of contiguous logits (a.xc == 1) held in registers.
+__kernel void cross_entropy_rows(__global ACC* loss,       /* (N) */
+                                 __global ACC* lse,        /* (N) */
+                                 __global const T* x,      /* (N, C) through a, xc == 1 */
+                                 __global const int* tgt,  /* (N) through a */
+                                 CeLayout a, uint team) {
+    __local ACC sh[SM_GROUP];
+    rowpos_t r = row_pos(a.c, a.n, team);
+    row_t v[ROW_NV];
+    row_load(v, x, a.xoff + min(r.row, a.n - 1) * a.xr, r);
+    ms_t st = row_ms(v, 0, r, sh);
+    if (r.lane == 0 && r.row < a.n) ce_write(loss, lse, x, tgt, &a, r.row, st.m + log(st.s));
+}
+#endif
 
 // Mean of the per-row losses over rows that are not ignored, and that count; one work-group.
 __kernel void cross_entropy_mean(__global ACC* mean,       /* (1) */
                                  __global ACC* count,      /* (1) */
                                  __global const ACC* loss, /* (N) */
-                                 __global const int* tgt,  /* (N): element i at toff + i*ts */
-                                 uint N, uint toff, uint ts, int use_ignore, int ignore) {
-    __local ACC shm[SM_GROUP], shs[SM_GROUP];
+                                 __global const int* tgt,  /* (N) through a */
+                                 CeLayout a) {
+    __local ACC2 sh[SM_GROUP];
     uint lid = get_local_id(0), L = get_local_size(0);
-    ACC sum = 0, cnt = 0;
-    for (uint i = lid; i < N; i += L) {
-        if (!(use_ignore && tgt[toff + i * ts] == ignore)) { sum += loss[i]; cnt += (ACC)1; }
+    ACC2 s = (ACC2)(0, 0);
+    for (uint i = lid; i < a.n; i += L) {
+        int ignored, bad;
+        ce_target(&a, tgt, i, &ignored, &bad);
+        if (!ignored) s += (ACC2)(loss[i], (ACC)1);
     }
-    shm[lid] = sum;
-    shs[lid] = cnt;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (uint k = L / 2; k > 0; k >>= 1) {
-        if (lid < k) { shm[lid] += shm[lid + k]; shs[lid] += shs[lid + k]; }
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    if (lid == 0) { mean[0] = shm[0] / shs[0]; count[0] = shs[0]; }
+    s = sum2_team(s, sh, L);
+    if (lid == 0) { mean[0] = s.x / s.y; count[0] = s.y; }
 }
 
 // dlogits = (softmax(x) - onehot(target)) * grad[i] / count, one work-item per element; 0 for
 // ignored rows, NaN for rows whose target is outside [0, C).
 __kernel void cross_entropy_bwd(__global T* dx,            /* (N, C) contiguous */
-                                __global const T* x,       /* (N, C): element (i, j) at xoff + i*xr + j*xc */
-                                __global const int* tgt,   /* (N): element i at toff + i*ts */
+                                __global const T* x,       /* (N, C) through a */
+                                __global const int* tgt,   /* (N) through a */
                                 __global const ACC* lse,   /* (N): element i at loff + i*ls */
                                 __global const ACC* grad,  /* element i at goff + i*gs (gs 0 broadcasts) */
                                 __global const ACC* count, /* (1) at coff, when use_count */
-                                uint C, uint xoff, uint xr, uint xc, uint toff, uint ts, uint loff, uint ls,
-                                uint goff, uint gs, uint coff, int use_count, int use_ignore, int ignore, uint n) {
+                                CeLayout a, uint loff, uint ls, uint goff, uint gs, uint coff,
+                                int use_count, uint n) {
     uint k = get_global_id(0);
     if (k >= n) return;
-    uint i = k / C, j = k % C;
-    int t = tgt[toff + i * ts];
+    uint i = k / a.c, j = k % a.c;
+    int ignored, bad;
+    int t = ce_target(&a, tgt, i, &ignored, &bad);
     ACC d;
-    if (use_ignore && t == ignore) d = 0;
-    else if (t < 0 || (uint)t >= C) d = (ACC)NAN;
+    if (ignored) d = 0;
+    else if (bad) d = (ACC)NAN;
     else {
         ACC g = grad[goff + i * gs];
         if (use_count) g = g / count[coff];
-        ACC p = exp(LOAD(x, xoff + i * xr + j * xc) - lse[loff + i * ls]);
+        ACC p = exp(LOAD(x, a.xoff + i * a.xr + j * a.xc) - lse[loff + i * ls]);
         d = (p - (j == (uint)t ? (ACC)1 : (ACC)0)) * g;
     }
     STORE(dx, k, d);

@@ -44,12 +44,16 @@ def main():
         rows, cols = 1 << 14, 4096
         x = torch.randn(rows, cols, device=dev)
         rec("softmax", "softmax_16384x4096", timed(lambda: torch.softmax(x, -1)), bytes_=8 * rows * cols)
+        short = x.reshape(rows * 4, cols // 4)
+        rec("softmax", "softmax_65536x1024", timed(lambda: torch.softmax(short, -1)), bytes_=8 * rows * cols)
     if want("norm"):
         rows, cols = 1 << 14, 4096
         x = torch.randn(rows, cols, device=dev)
         w, b = torch.ones(cols, device=dev), torch.zeros(cols, device=dev)
         rec("norm", "layer_norm_16384x4096",
             timed(lambda: torch.nn.functional.layer_norm(x, (cols,), w, b, 1e-5)), bytes_=8 * rows * cols)
+        rec("norm", "rms_norm_16384x4096",
+            timed(lambda: torch.nn.functional.rms_norm(x, (cols,), w, 1e-5)), bytes_=8 * rows * cols)
     if want("train"):
         nn = torch.nn
         torch.manual_seed(0)

@@ -95,7 +95,7 @@ impl Var {
             &inputs(self, weight, bias),
             bn.y,
             move |g, _| {
-                let grads = bn_backward_tmp(&x, g, &mean, &invstd, w.as_ref())?; // TEMP until the op lands
+                let grads = x.batch_norm_backward(g, &mean, &invstd, w.as_ref())?;
                 Ok(norm_grads(grads, w.is_some(), has_bias))
             },
         )
@@ -139,51 +139,4 @@ impl Var {
         }
         Ok(y)
     }
-}
-
-// TEMP: composed batch-norm backward until netcl-ops has batch_norm_backward.
-fn bn_backward_tmp(
-    x: &Tensor,
-    g: &Tensor,
-    mean: &Tensor,
-    invstd: &Tensor,
-    w: Option<&Tensor>,
-) -> Result<NormGrads> {
-    use netcl_ops::{fused, Expr};
-    let c = x.shape()[1];
-    let mut bs = vec![1; x.ndim()];
-    bs[1] = c;
-    let axes: Vec<usize> = (0..x.ndim()).filter(|&a| a != 1).collect();
-    let m: usize = axes.iter().map(|&a| x.shape()[a]).product();
-    let (mean_b, inv_b) = (mean.reshape(&bs)?, invstd.reshape(&bs)?);
-    let xhat = fused(
-        &[x, &mean_b, &inv_b],
-        &[(Expr::input(0) - Expr::input(1)) * Expr::input(2)],
-    )?
-    .remove(0);
-    let dbias = g.sum(&axes, false)?;
-    let dweight = g.mul(&xhat)?.sum(&axes, false)?;
-    let wb = match w {
-        Some(w) => w.reshape(&bs)?,
-        None => Tensor::ones(&bs, x.dtype(), x.device())?,
-    };
-    let e = Expr::input(0) * Expr::input(1) / (m as f64)
-        * (Expr::input(2) * (m as f64) - Expr::input(3) - Expr::input(4) * Expr::input(5));
-    let dx = fused(
-        &[
-            &wb,
-            &inv_b,
-            g,
-            &dbias.reshape(&bs)?,
-            &xhat,
-            &dweight.reshape(&bs)?,
-        ],
-        &[e],
-    )?
-    .remove(0);
-    Ok(NormGrads {
-        dx,
-        dweight: w.map(|_| dweight),
-        dbias: Some(dbias),
-    })
 }

@@ -15,6 +15,7 @@ struct Entry {
     num_args: u32,
     work_group_size: usize,
     local_mem: u64,
+    launches: u64,
 }
 
 thread_local! {
@@ -22,6 +23,18 @@ thread_local! {
     // A live `Kernel` takes its entry out of this map and puts it back on drop, so two handles
     // never share (and overwrite) one kernel's arguments.
     static KERNELS: RefCell<HashMap<(u64, String), Entry>> = RefCell::new(HashMap::new());
+}
+
+/// How many times this thread has launched kernels named `name` (of any program) through
+/// [`Kernel::launch`], counting launches over empty grids; lets tests check which kernel an op chose.
+pub fn thread_launches(name: &str) -> u64 {
+    KERNELS.with(|k| {
+        k.borrow()
+            .values()
+            .filter(|e| e.name == name)
+            .map(|e| e.launches)
+            .sum()
+    })
 }
 
 /// One launch of a kernel: set its arguments in order, then `launch`.
@@ -68,6 +81,7 @@ impl Kernel {
                         .cl("CL_KERNEL_LOCAL_MEM_SIZE")?,
                     kernel,
                     name: name.to_string(),
+                    launches: 0,
                 }
             }
         };
@@ -178,6 +192,9 @@ impl Kernel {
         let result = self.try_launch(global, local, work);
         self.next_arg = 0;
         self.dynamic_local = 0;
+        if let (Ok(()), Some(e)) = (&result, self.entry.as_mut()) {
+            e.launches += 1;
+        }
         result
     }
 

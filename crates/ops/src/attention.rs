@@ -1,4 +1,5 @@
 //! Scaled dot-product attention composed from matmul, one fused scale/mask kernel and softmax (a fused attention kernel comes later).
+use crate::checks::check_float;
 use crate::expr::Expr;
 use crate::fused::map;
 use crate::tensor::Tensor;
@@ -42,12 +43,7 @@ impl Tensor {
         if d != dk || v.shape[v.ndim() - 2] != tk {
             return Err(Error::shape(op, format!("q {:?}, k {:?}, v {:?} do not fit (q and k share the last dim, k and v the key count)", q.shape, k.shape, v.shape)));
         }
-        if !q.dtype.is_float() {
-            return Err(Error::dtype(
-                op,
-                format!("q is {}; attention needs floats", q.dtype),
-            ));
-        }
+        check_float(op, q, "q")?;
         let scale = scale.unwrap_or(1.0 / (d.max(1) as f64).sqrt());
         let scores = q.matmul(&k.transpose(k.ndim() - 2, k.ndim() - 1)?)?;
         let mut inputs = vec![&scores];

@@ -16,11 +16,12 @@
 //! - `conv2d_backward_bias`: the sum over N, Ho, Wo (the reduction ops).
 //!
 //! The host runs the same algorithm (host im2col/col2im in f64, host matmul).
+use crate::checks::{same_float, u32_arg};
 use crate::element::HostData;
-use crate::index::{same_device, small};
 use crate::launch::{launch_1d, program_for};
 use crate::layout::check_reach;
 use crate::tensor::Tensor;
+use crate::window::{View4, Window, Window2};
 use netcl_core_devices::{Error, Result};
 use netcl_kernels::sources::CONV;
 
@@ -45,133 +46,70 @@ impl Default for Conv2dParams {
     }
 }
 
-/// `View4` of kernels/conv.cl and kernels/pool.cl.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct View4 {
-    shape: [u32; 4],
-    stride: [u32; 4],
-    offset: u32,
-}
-
-impl View4 {
-    /// The view of a 4-D tensor, checked to fit the kernels' 32-bit indices.
-    pub(crate) fn of(op: &str, t: &Tensor) -> Result<View4> {
-        check_reach(op, &t.shape, &t.strides, t.offset)?;
-        let mut v = View4 {
-            shape: [0; 4],
-            stride: [0; 4],
-            offset: small(op, t.offset)?,
-        };
-        for d in 0..4 {
-            v.shape[d] = small(op, t.shape[d])?;
-            v.stride[d] = small(op, t.strides[d])?;
-        }
-        Ok(v)
-    }
-}
-
 /// `ConvGeom` of kernels/conv.cl.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 struct ConvGeom {
+    win: Window2,
     groups: u32,
     cg: u32,
-    kh: u32,
-    kw: u32,
-    sh: u32,
-    sw: u32,
-    ph: u32,
-    pw: u32,
-    dh: u32,
-    dw: u32,
-    ho: u32,
-    wo: u32,
     col_stride: [u32; 4],
 }
 
-/// A validated convolution: input (N, C, H, W), weight (Cout, C/G, kh, kw), output (Ho, Wo).
+/// A validated convolution: the window of a weight (Cout, C/G, kh, kw) over the input
+/// (N, C, H, W).
 #[derive(Clone, Copy, Debug)]
 struct Geom {
-    n: usize,
-    c: usize,
-    h: usize,
-    w: usize,
+    win: Window,
     cout: usize,
-    kh: usize,
-    kw: usize,
-    ho: usize,
-    wo: usize,
-    p: Conv2dParams,
+    groups: usize,
 }
 
 impl Geom {
-    fn groups(&self) -> usize {
-        self.p.groups
-    }
     fn cg(&self) -> usize {
-        self.c / self.p.groups
+        self.win.c / self.groups
     }
     fn coutg(&self) -> usize {
-        self.cout / self.p.groups
+        self.cout / self.groups
     }
     /// Rows of one group's columns.
     fn k(&self) -> usize {
-        self.cg() * self.kh * self.kw
+        self.cg() * self.win.kernel.0 * self.win.kernel.1
     }
     fn l(&self) -> usize {
-        self.ho * self.wo
+        self.win.ho * self.win.wo
     }
     /// A 1x1 kernel at stride 1 without padding: the columns are the input itself.
     fn pointwise(&self) -> bool {
-        self.kh == 1 && self.kw == 1 && self.p.stride == (1, 1) && self.p.padding == (0, 0)
+        let w = &self.win;
+        w.kernel == (1, 1) && w.stride == (1, 1) && w.padding == (0, 0)
     }
     fn cl(&self, op: &str, col_stride: [usize; 4]) -> Result<ConvGeom> {
-        let s = |x: usize| small(op, x);
-        let p = &self.p;
+        let s = |what: &str, x: usize| u32_arg(op, what, x);
         Ok(ConvGeom {
-            groups: s(p.groups)?,
-            cg: s(self.cg())?,
-            kh: s(self.kh)?,
-            kw: s(self.kw)?,
-            sh: s(p.stride.0)?,
-            sw: s(p.stride.1)?,
-            ph: s(p.padding.0)?,
-            pw: s(p.padding.1)?,
-            dh: s(p.dilation.0)?,
-            dw: s(p.dilation.1)?,
-            ho: s(self.ho)?,
-            wo: s(self.wo)?,
+            win: self.win.cl(op)?,
+            groups: s("groups", self.groups)?,
+            cg: s("channels per group", self.cg())?,
             col_stride: [
-                s(col_stride[0])?,
-                s(col_stride[1])?,
-                s(col_stride[2])?,
-                s(col_stride[3])?,
+                s("stride", col_stride[0])?,
+                s("stride", col_stride[1])?,
+                s("stride", col_stride[2])?,
+                s("stride", col_stride[3])?,
             ],
         })
     }
-}
-
-/// Output extent of a sliding window: error when the dilated kernel exceeds the padded input.
-pub(crate) fn window_out(
-    op: &str,
-    what: &str,
-    size: usize,
-    k: usize,
-    stride: usize,
-    pad: usize,
-    dil: usize,
-) -> Result<usize> {
-    let eff = dil * (k - 1) + 1;
-    if size + 2 * pad < eff {
-        return Err(Error::shape(
-            op,
-            format!(
-                "{what}: kernel {k} (dilation {dil}, extent {eff}) is larger than the padded input {size} + 2 * {pad}"
-            ),
-        ));
+    /// The forward's operands, for errors.
+    fn operands(&self) -> String {
+        let w = &self.win;
+        format!(
+            "input {:?} and weight [{}, {}, {}, {}]",
+            w.in_shape(),
+            self.cout,
+            self.cg(),
+            w.kernel.0,
+            w.kernel.1
+        )
     }
-    Ok((size + 2 * pad - eff) / stride + 1)
 }
 
 /// Checks the operands and parameters; `x_shape` is the input shape, `w_shape` the weight's.
@@ -183,10 +121,6 @@ fn geometry(op: &str, x_shape: &[usize], w_shape: &[usize], p: Conv2dParams) -> 
                 "input {x_shape:?} must be (N, C, H, W) and weight {w_shape:?} (Cout, Cin/groups, kh, kw)"
             ),
         ));
-    }
-    let pairs = [("stride", p.stride), ("dilation", p.dilation)];
-    if let Some((name, v)) = pairs.iter().find(|(_, v)| v.0 == 0 || v.1 == 0) {
-        return Err(Error::invalid(op, format!("{name} {v:?} must be positive")));
     }
     let (c, cout) = (x_shape[1], w_shape[0]);
     let g = p.groups;
@@ -208,65 +142,14 @@ fn geometry(op: &str, x_shape: &[usize], w_shape: &[usize], p: Conv2dParams) -> 
             ),
         ));
     }
-    let (kh, kw) = (w_shape[2], w_shape[3]);
-    if kh == 0 || kw == 0 {
-        return Err(Error::shape(
-            op,
-            format!("weight {w_shape:?} has an empty kernel"),
-        ));
-    }
     let what = format!("input {x_shape:?}, weight {w_shape:?}");
-    let ho = window_out(
-        op,
-        &what,
-        x_shape[2],
-        kh,
-        p.stride.0,
-        p.padding.0,
-        p.dilation.0,
-    )?;
-    let wo = window_out(
-        op,
-        &what,
-        x_shape[3],
-        kw,
-        p.stride.1,
-        p.padding.1,
-        p.dilation.1,
-    )?;
+    let kernel = (w_shape[2], w_shape[3]);
+    let win = Window::new(op, &what, x_shape, kernel, p.stride, p.padding, p.dilation)?;
     Ok(Geom {
-        n: x_shape[0],
-        c,
-        h: x_shape[2],
-        w: x_shape[3],
+        win,
         cout,
-        kh,
-        kw,
-        ho,
-        wo,
-        p,
+        groups: g,
     })
-}
-
-/// Error unless every tensor is a float tensor of the first one's dtype on its device.
-pub(crate) fn same_float(op: &str, ts: &[&Tensor]) -> Result<()> {
-    let first = ts[0];
-    for t in ts {
-        same_device(op, first, t)?;
-        if t.dtype != first.dtype || !t.dtype.is_float() {
-            return Err(Error::dtype(
-                op,
-                format!(
-                    "operands {}",
-                    ts.iter()
-                        .map(|t| format!("{} {:?}", t.dtype, t.shape))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// The elements of a host tensor as f64 in row-major order.
@@ -305,23 +188,22 @@ fn group_view(t: &Tensor, groups: usize) -> Result<Tensor> {
 /// Columns of `x` as an (N, G, K, L) tensor; stored (G, K, N, L) when `batch_inner`, else
 /// (N, G, K, L).
 fn im2col(op: &str, x: &Tensor, g: &Geom, batch_inner: bool) -> Result<Tensor> {
-    let (gr, k, l, n) = (g.groups(), g.k(), g.l(), g.n);
+    let (gr, k, l, n) = (g.groups, g.k(), g.l(), g.win.n);
+    let w = &g.win;
     if x.device.is_host() {
         let xv = host_f64(op, x)?;
         let mut cols = vec![0.0; n * gr * k * l];
-        let p = &g.p;
+        let taps = w.kernel.0 * w.kernel.1;
         for (i, col) in cols.iter_mut().enumerate() {
             let (li, rest) = (i % l, i / l);
             let (kk, rest) = (rest % k, rest / k);
             let (gi, b) = (rest % gr, rest / gr);
-            let (ci, kr) = (kk / (g.kh * g.kw), kk % (g.kh * g.kw));
-            let (ki, kj) = (kr / g.kw, kr % g.kw);
-            let (oh, ow) = (li / g.wo, li % g.wo);
-            let hh = (oh * p.stride.0 + ki * p.dilation.0) as isize - p.padding.0 as isize;
-            let ww = (ow * p.stride.1 + kj * p.dilation.1) as isize - p.padding.1 as isize;
-            if hh >= 0 && ww >= 0 && (hh as usize) < g.h && (ww as usize) < g.w {
+            let (ci, kr) = (kk / taps, kk % taps);
+            let (ki, kj) = (kr / w.kernel.1, kr % w.kernel.1);
+            let (oh, ow) = (li / w.wo, li % w.wo);
+            if let (Some(hh), Some(ww)) = (w.tap_in(0, oh, ki), w.tap_in(1, ow, kj)) {
                 let c = gi * g.cg() + ci;
-                *col = xv[((b * g.c + c) * g.h + hh as usize) * g.w + ww as usize];
+                *col = xv[((b * w.c + c) * w.h + hh) * w.w + ww];
             }
         }
         let t = Tensor::from_host_data(
@@ -356,40 +238,22 @@ fn im2col(op: &str, x: &Tensor, g: &Geom, batch_inner: bool) -> Result<Tensor> {
 
 /// The input gradient (N, C, H, W) from column gradients `cols` (N, G, K, L), any strides.
 fn col2im(op: &str, cols: &Tensor, g: &Geom) -> Result<Tensor> {
-    let shape = [g.n, g.c, g.h, g.w];
+    let w = &g.win;
+    let shape = w.in_shape();
     if cols.device.is_host() {
         let cv = host_f64(op, cols)?;
-        let (gr, k, l) = (g.groups(), g.k(), g.l());
-        let p = &g.p;
-        let dx = HostData::from_fn(cols.dtype, g.n * g.c * g.h * g.w, |i| {
-            let (w, h) = (i % g.w, (i / g.w) % g.h);
-            let (c, b) = ((i / (g.w * g.h)) % g.c, i / (g.w * g.h * g.c));
+        let (gr, k, l) = (g.groups, g.k(), g.l());
+        let dx = w.per_input(|plane, h, x| {
+            let (b, c) = (plane / w.c, plane % w.c);
             let (gi, ci) = (c / g.cg(), c % g.cg());
-            let mut acc = 0.0;
-            for ki in 0..g.kh {
-                let th = (h + p.padding.0) as isize - (ki * p.dilation.0) as isize;
-                if th < 0
-                    || !(th as usize).is_multiple_of(p.stride.0)
-                    || th as usize / p.stride.0 >= g.ho
-                {
-                    continue;
-                }
-                let oh = th as usize / p.stride.0;
-                for kj in 0..g.kw {
-                    let tw = (w + p.padding.1) as isize - (kj * p.dilation.1) as isize;
-                    if tw < 0
-                        || !(tw as usize).is_multiple_of(p.stride.1)
-                        || tw as usize / p.stride.1 >= g.wo
-                    {
-                        continue;
-                    }
-                    let ow = tw as usize / p.stride.1;
-                    let kk = (ci * g.kh + ki) * g.kw + kj;
-                    acc += cv[((b * gr + gi) * k + kk) * l + oh * g.wo + ow];
-                }
-            }
-            acc
+            let taps = w.covering(h, x).into_iter();
+            taps.map(|(ki, kj, oh, ow)| {
+                let kk = (ci * w.kernel.0 + ki) * w.kernel.1 + kj;
+                cv[((b * gr + gi) * k + kk) * l + oh * w.wo + ow]
+            })
+            .sum()
         });
+        let dx = HostData::from_fn(cols.dtype, dx.len(), |i| dx[i]);
         return Ok(Tensor::from_host_data(dx, &shape));
     }
     let out = Tensor::alloc(&shape, cols.dtype, &cols.device)?;
@@ -447,13 +311,13 @@ impl Tensor {
                 ));
             }
         }
-        let w3 = weight.reshape(&[g.groups(), g.coutg(), g.k()])?;
+        let w3 = weight.reshape(&[g.groups, g.coutg(), g.k()])?;
         let cols = if g.pointwise() {
-            group_view(self, g.groups())?
+            group_view(self, g.groups)?
         } else {
             im2col(op, self, &g, false)?
         };
-        let y = w3.matmul(&cols)?.reshape(&[g.n, g.cout, g.ho, g.wo])?;
+        let y = w3.matmul(&cols)?.reshape(&g.win.out_shape(g.cout))?;
         match bias {
             Some(b) => add_channel_bias(op, y, b),
             None => Ok(y),
@@ -471,12 +335,12 @@ impl Tensor {
         let _span = netcl_profiling::span(op);
         same_float(op, &[grad_y, weight])?;
         let g = geometry(op, input_shape, &weight.shape, params)?;
-        check_grad_y(op, grad_y, &g)?;
-        let w3 = weight.reshape(&[g.groups(), g.coutg(), g.k()])?;
-        let gy = group_view(grad_y, g.groups())?;
+        g.win.check_grad_y(op, grad_y, g.cout, &g.operands())?;
+        let w3 = weight.reshape(&[g.groups, g.coutg(), g.k()])?;
+        let gy = group_view(grad_y, g.groups)?;
         let cols = w3.transpose(1, 2)?.matmul(&gy)?;
         if g.pointwise() {
-            return cols.reshape(&[g.n, g.c, g.h, g.w]);
+            return cols.reshape(&g.win.in_shape());
         }
         col2im(op, &cols, &g)
     }
@@ -493,15 +357,15 @@ impl Tensor {
         let _span = netcl_profiling::span(op);
         same_float(op, &[grad_y, x])?;
         let g = geometry(op, &x.shape, weight_shape, params)?;
-        check_grad_y(op, grad_y, &g)?;
-        let nl = g.n * g.l();
+        g.win.check_grad_y(op, grad_y, g.cout, &g.operands())?;
+        let nl = g.win.n * g.l();
         let gy = grad_y
             .permute(&[1, 0, 2, 3])?
-            .reshape(&[g.groups(), g.coutg(), nl])?;
+            .reshape(&[g.groups, g.coutg(), nl])?;
         let cols =
             im2col(op, x, &g, true)?
                 .permute(&[1, 2, 0, 3])?
-                .reshape(&[g.groups(), g.k(), nl])?;
+                .reshape(&[g.groups, g.k(), nl])?;
         gy.matmul(&cols.transpose(1, 2)?)?.reshape(weight_shape)
     }
 
@@ -521,28 +385,6 @@ impl Tensor {
     }
 }
 
-fn check_grad_y(op: &str, grad_y: &Tensor, g: &Geom) -> Result<()> {
-    let want = [g.n, g.cout, g.ho, g.wo];
-    if grad_y.shape != want {
-        return Err(Error::shape(
-            op,
-            format!(
-                "grad_y {:?} must be {want:?} for input ({}, {}, {}, {}) and weight ({}, {}, {}, {})",
-                grad_y.shape,
-                g.n,
-                g.c,
-                g.h,
-                g.w,
-                g.cout,
-                g.cg(),
-                g.kh,
-                g.kw
-            ),
-        ));
-    }
-    Ok(())
-}
-
 /// `y` (fresh, contiguous (N, C, Ho, Wo)) plus `bias[c]` on every channel, in place on devices.
 fn add_channel_bias(op: &str, y: Tensor, bias: &Tensor) -> Result<Tensor> {
     let (c, p) = (y.shape[1], y.shape[2] * y.shape[3]);
@@ -555,9 +397,12 @@ fn add_channel_bias(op: &str, y: Tensor, bias: &Tensor) -> Result<Tensor> {
         return Ok(y);
     }
     check_reach(op, &bias.shape, &bias.strides, bias.offset)?;
-    let (bs, bo) = (small(op, bias.strides[0])?, small(op, bias.offset)?);
+    let (bs, bo) = (
+        u32_arg(op, "stride", bias.strides[0])?,
+        u32_arg(op, "offset", bias.offset)?,
+    );
     let program = program_for(&y.device, &CONV, y.dtype)?;
-    let (cu, pu) = (small(op, c)?, small(op, p)?);
+    let (cu, pu) = (u32_arg(op, "size", c)?, u32_arg(op, "size", p)?);
     launch_1d(&program, "add_channel_bias", y.numel(), |k| {
         k.declare((2 * y.numel() * y.dtype.size()) as u64, y.numel() as u64);
         k.arg_mem(y.mem()?)?

@@ -3,6 +3,7 @@
 //! Element `i` (row-major) takes word `i` of the draw, exactly as `Tensor::rand` does (the draw
 //! advances the generator by `ceil(n / 4)` counter blocks), and is 1 when the word is below
 //! `round(prob * 2^32)`: an integer compare, so the mask is the same everywhere.
+use crate::checks::{check_float, u32_arg};
 use crate::create::arg_acc;
 use crate::element::{Element, HostData};
 use crate::launch::program_for;
@@ -26,11 +27,6 @@ fn check_p(op: &str, p: f64, shape: &[usize]) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-fn n32(op: &str, n: usize) -> Result<u32> {
-    u32::try_from(n)
-        .map_err(|_| Error::shape(op, format!("{n} elements exceed the 32-bit kernel index")))
 }
 
 /// Sets the stream arguments shared by the kernels: key, base counter, threshold.
@@ -69,7 +65,7 @@ impl Tensor {
         let op = "bernoulli";
         check_p(op, p, shape)?;
         let n = checked_numel(op, shape, dtype.size())?;
-        let count = n32(op, n)?;
+        let count = u32_arg(op, "elements", n)?;
         let thr = threshold(p);
         let (key, base) = (gen.key_words(), gen.take_blocks(n));
         if device.is_host() {
@@ -100,17 +96,9 @@ impl Tensor {
     pub fn dropout(&self, p: f64, gen: &mut Generator) -> Result<(Tensor, Tensor)> {
         let op = "dropout";
         check_p(op, p, &self.shape)?;
-        if !self.dtype.is_float() {
-            return Err(Error::dtype(
-                op,
-                format!(
-                    "needs a float dtype, not {} (shape {:?})",
-                    self.dtype, self.shape
-                ),
-            ));
-        }
+        check_float(op, self, "input")?;
         let n = self.numel();
-        let count = n32(op, n)?;
+        let count = u32_arg(op, "elements", n)?;
         let thr = threshold(1.0 - p);
         let scale = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
         let (key, base) = (gen.key_words(), gen.take_blocks(n));

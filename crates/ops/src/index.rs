@@ -12,55 +12,24 @@
 //! the accumulator type (f32 for f16/bf16). Results are bit-identical run to run and equal to the
 //! host reference. Cost: `numel(out) * idx.shape[dim]` index reads, e.g. an embedding gradient of
 //! `[V, D]` from `N` ids costs `V * D * N` reads — fine for small models, quadratic for large ones.
+use crate::checks::{need_i32, same_device, same_dtype, u32_arg};
 use crate::element::{Element, HostData};
 use crate::launch::{launch_1d, program_for};
 use crate::layout::check_reach;
 use crate::layout::{checked_numel, contiguous_strides, numel, KernelLayout, MAX_DIMS};
 
-/// Storage positions of a strided view in row-major order (host reference paths).
-fn positions(shape: &[usize], strides: &[usize], offset: usize) -> Vec<usize> {
-    crate::layout::strided_positions(shape, strides, offset).collect()
-}
 use crate::tensor::Tensor;
 use half::{bf16, f16};
-use netcl_core_devices::{DType, Error, Result};
+use netcl_core_devices::{Error, Result};
 use netcl_kernels::sources::INDEX;
 
 /// Device index tensors with at most this many elements are read back and range-checked before a
 /// launch; larger ones are trusted (see the module docs for what kernels do with bad indices).
 pub const INDEX_CHECK_LIMIT: usize = 1024;
 
-/// Error unless both tensors are on the same device.
-pub(crate) fn same_device(op: &str, a: &Tensor, b: &Tensor) -> Result<()> {
-    if a.device != b.device {
-        return Err(Error::device(
-            op,
-            format!(
-                "operands {:?} on {} and {:?} on {}",
-                a.shape, a.device, b.shape, b.device
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Error unless `idx` holds I32 indices.
-pub(crate) fn need_i32(op: &str, idx: &Tensor) -> Result<()> {
-    if idx.dtype != DType::I32 {
-        return Err(Error::dtype(
-            op,
-            format!(
-                "indices must be i32, got {} of shape {:?}",
-                idx.dtype, idx.shape
-            ),
-        ));
-    }
-    Ok(())
-}
-
-pub(crate) fn small(op: &str, x: usize) -> Result<u32> {
-    u32::try_from(x)
-        .map_err(|_| Error::shape(op, format!("{x} does not fit the 32-bit kernel index")))
+/// Storage positions of a strided view in row-major order (host reference paths).
+fn positions(shape: &[usize], strides: &[usize], offset: usize) -> Vec<usize> {
+    crate::layout::strided_positions(shape, strides, offset).collect()
 }
 
 /// The indices of `idx` in row-major order when they are on the host or few enough to read back.
@@ -89,6 +58,21 @@ pub(crate) fn check_indices(op: &str, idx: &Tensor, bound: usize, what: &str) ->
         }
     }
     Ok(())
+}
+
+/// Error unless `idx` holds I32 indices on the device of `t`.
+fn index_operands(op: &str, t: &Tensor, idx: &Tensor) -> Result<()> {
+    same_device(op, t, idx)?;
+    need_i32(op, idx)
+}
+
+/// The 1-D index list `idx` seen over `shape` with `dim` of its length: entry j of `dim`, for
+/// every position of the other dims, is `idx[j]` (stride 0 elsewhere). Turns index_select into a
+/// gather and index_add into a scatter_add.
+fn idx_along(idx: &Tensor, dim: usize, shape: &[usize]) -> Tensor {
+    let mut strides = vec![0; shape.len()];
+    strides[dim] = idx.strides[0];
+    idx.view_of(with_dim(shape, dim, idx.shape[0]), strides, idx.offset)
 }
 
 /// Element types with the kernels' accumulator arithmetic (f16/bf16 in f32, integers wrapping).
@@ -137,6 +121,20 @@ struct GatherPlan<'a> {
     bound: usize,
 }
 
+impl GatherPlan<'_> {
+    /// out = src gathered along `dim` by `idx` (any strides): out has the shape of idx.
+    fn along<'a>(op: &'a str, src: &Tensor, dim: usize, idx: &Tensor) -> GatherPlan<'a> {
+        GatherPlan {
+            op,
+            shape: idx.shape.clone(),
+            src_strides: with_dim(&src.strides, dim, 0),
+            idx_strides: idx.strides.clone(),
+            stride: src.strides[dim],
+            bound: src.shape[dim],
+        }
+    }
+}
+
 fn host_gather<T: Element>(
     src: &[T],
     idx: &[i32],
@@ -177,7 +175,10 @@ fn run_gather(src: &Tensor, idx: &Tensor, plan: GatherPlan) -> Result<Tensor> {
             (&plan.idx_strides, idx.offset),
         ],
     )?;
-    let (stride, bound) = (small(op, plan.stride)?, small(op, plan.bound)?);
+    let (stride, bound) = (
+        u32_arg(op, "stride", plan.stride)?,
+        u32_arg(op, "size", plan.bound)?,
+    );
     let program = program_for(&src.device, &INDEX, src.dtype)?;
     launch_1d(&program, "gather_rows", out.numel(), |k| {
         k.arg_mem(out.mem()?)?
@@ -316,21 +317,21 @@ fn run_scatter(
         idx_stride: [0; MAX_DIMS],
         src_stride: [0; MAX_DIMS],
         x_offset: 0,
-        idx_offset: small(op, idx.offset)?,
-        src_offset: small(op, src.offset)?,
+        idx_offset: u32_arg(op, "offset", idx.offset)?,
+        src_offset: u32_arg(op, "offset", src.offset)?,
     };
     if let Some(x) = x {
         check_reach(op, &x.shape, &x.strides, x.offset)?;
-        l.x_offset = small(op, x.offset)?;
+        l.x_offset = u32_arg(op, "offset", x.offset)?;
         for d in 0..nd {
-            l.x_stride[d] = small(op, x.strides[d])?;
+            l.x_stride[d] = u32_arg(op, "stride", x.strides[d])?;
         }
     }
     for d in 0..nd {
-        l.shape[d] = small(op, plan.shape[d])?;
-        l.idx_shape[d] = small(op, plan.idx_shape[d])?;
-        l.idx_stride[d] = small(op, plan.idx_strides[d])?;
-        l.src_stride[d] = small(op, plan.src_strides[d])?;
+        l.shape[d] = u32_arg(op, "size", plan.shape[d])?;
+        l.idx_shape[d] = u32_arg(op, "size", plan.idx_shape[d])?;
+        l.idx_stride[d] = u32_arg(op, "stride", plan.idx_strides[d])?;
+        l.src_stride[d] = u32_arg(op, "stride", plan.src_strides[d])?;
     }
     let program = program_for(&device, &INDEX, dtype)?;
     let x_mem = match x {
@@ -350,8 +351,7 @@ fn run_scatter(
 
 /// Checks shared by index_select and index_add: `idx` 1-D i32 on the tensor's device, `dim` in range.
 fn check_index_list(op: &str, t: &Tensor, dim: usize, idx: &Tensor) -> Result<()> {
-    same_device(op, t, idx)?;
-    need_i32(op, idx)?;
+    index_operands(op, t, idx)?;
     t.check_dim(op, dim)?;
     if idx.ndim() != 1 {
         return Err(Error::shape(
@@ -417,19 +417,6 @@ fn check_gather_index(
     check_indices(op, idx, shape[dim], &format!("dim {dim} of {shape:?}"))
 }
 
-fn check_same_dtype(op: &str, a: &Tensor, b: &Tensor) -> Result<()> {
-    if a.dtype != b.dtype {
-        return Err(Error::dtype(
-            op,
-            format!(
-                "operands are {} {:?} and {} {:?}",
-                a.dtype, a.shape, b.dtype, b.shape
-            ),
-        ));
-    }
-    Ok(())
-}
-
 fn with_dim(v: &[usize], dim: usize, value: usize) -> Vec<usize> {
     let mut v = v.to_vec();
     v[dim] = value;
@@ -441,8 +428,7 @@ impl Tensor {
     /// One kernel.
     pub fn embedding(&self, ids: &Tensor) -> Result<Tensor> {
         let op = "embedding";
-        same_device(op, self, ids)?;
-        need_i32(op, ids)?;
+        index_operands(op, self, ids)?;
         if self.ndim() != 2 {
             return Err(Error::shape(
                 op,
@@ -483,8 +469,7 @@ impl Tensor {
         num_embeddings: usize,
     ) -> Result<Tensor> {
         let op = "embedding_backward";
-        same_device(op, grad, ids)?;
-        need_i32(op, ids)?;
+        index_operands(op, grad, ids)?;
         if grad.ndim() != ids.ndim() + 1 || grad.shape[..ids.ndim()] != ids.shape[..] {
             return Err(Error::shape(
                 op,
@@ -524,20 +509,8 @@ impl Tensor {
     pub fn index_select(&self, dim: usize, idx: &Tensor) -> Result<Tensor> {
         let op = "index_select";
         check_index_list(op, self, dim, idx)?;
-        let mut idx_strides = vec![0; self.ndim()];
-        idx_strides[dim] = idx.strides[0];
-        run_gather(
-            self,
-            idx,
-            GatherPlan {
-                op,
-                shape: with_dim(&self.shape, dim, idx.shape[0]),
-                src_strides: with_dim(&self.strides, dim, 0),
-                idx_strides,
-                stride: self.strides[dim],
-                bound: self.shape[dim],
-            },
-        )
+        let idx = idx_along(idx, dim, &self.shape);
+        run_gather(self, &idx, GatherPlan::along(op, self, dim, &idx))
     }
 
     /// The gradient of [`Tensor::index_select`] for an input of `shape`: zeros with `grad`
@@ -549,8 +522,7 @@ impl Tensor {
         shape: &[usize],
     ) -> Result<Tensor> {
         let op = "index_select_backward";
-        same_device(op, grad, idx)?;
-        need_i32(op, idx)?;
+        index_operands(op, grad, idx)?;
         if dim >= shape.len() || idx.ndim() != 1 || grad.shape != with_dim(shape, dim, idx.shape[0])
         {
             return Err(Error::shape(
@@ -562,28 +534,23 @@ impl Tensor {
             ));
         }
         check_indices(op, idx, shape[dim], &format!("dim {dim} of {shape:?}"))?;
-        index_add_plan(op, None, shape, dim, idx, grad)
+        scatter_plan(
+            op,
+            None,
+            shape,
+            dim,
+            &idx_along(idx, dim, grad.shape()),
+            grad,
+        )
     }
 
     /// `out[i][j][k] = self[i][idx[i][j][k]][k]` for dim 1 (and likewise for any dim), as in
     /// `torch.gather`: the result has the shape of `idx`. One kernel.
     pub fn gather(&self, dim: usize, idx: &Tensor) -> Result<Tensor> {
         let op = "gather";
-        same_device(op, self, idx)?;
-        need_i32(op, idx)?;
+        index_operands(op, self, idx)?;
         check_gather_index(op, &self.shape, dim, idx, None)?;
-        run_gather(
-            self,
-            idx,
-            GatherPlan {
-                op,
-                shape: idx.shape.clone(),
-                src_strides: with_dim(&self.strides, dim, 0),
-                idx_strides: idx.strides.clone(),
-                stride: self.strides[dim],
-                bound: self.shape[dim],
-            },
-        )
+        run_gather(self, idx, GatherPlan::along(op, self, dim, idx))
     }
 
     /// The gradient of [`Tensor::gather`] for an input of `shape`: zeros scatter-added with `grad`
@@ -595,8 +562,7 @@ impl Tensor {
         shape: &[usize],
     ) -> Result<Tensor> {
         let op = "gather_backward";
-        same_device(op, grad, idx)?;
-        need_i32(op, idx)?;
+        index_operands(op, grad, idx)?;
         if grad.shape != idx.shape {
             return Err(Error::shape(
                 op,
@@ -616,10 +582,9 @@ impl Tensor {
     /// deterministic (see the module docs).
     pub fn scatter_add(&self, dim: usize, idx: &Tensor, src: &Tensor) -> Result<Tensor> {
         let op = "scatter_add";
-        same_device(op, self, idx)?;
+        index_operands(op, self, idx)?;
         same_device(op, self, src)?;
-        need_i32(op, idx)?;
-        check_same_dtype(op, self, src)?;
+        same_dtype(op, self, src)?;
         check_gather_index(op, &self.shape, dim, idx, Some(src))?;
         scatter_plan(op, Some(self), &self.shape, dim, idx, src)
     }
@@ -630,7 +595,7 @@ impl Tensor {
     pub fn index_add(&self, dim: usize, idx: &Tensor, src: &Tensor) -> Result<Tensor> {
         let op = "index_add";
         same_device(op, self, src)?;
-        check_same_dtype(op, self, src)?;
+        same_dtype(op, self, src)?;
         check_index_list(op, self, dim, idx)?;
         if src.shape != with_dim(&self.shape, dim, idx.shape[0]) {
             return Err(Error::shape(
@@ -641,7 +606,14 @@ impl Tensor {
                 ),
             ));
         }
-        index_add_plan(op, Some(self), &self.shape, dim, idx, src)
+        scatter_plan(
+            op,
+            Some(self),
+            &self.shape,
+            dim,
+            &idx_along(idx, dim, &src.shape),
+            src,
+        )
     }
 }
 
@@ -663,32 +635,6 @@ fn scatter_plan(
             dim,
             idx_shape: idx.shape.clone(),
             idx_strides: idx.strides.clone(),
-            src_strides: src.strides.clone(),
-        },
-    )
-}
-
-/// index_add as a scatter-add whose index is the 1-D list broadcast over src's shape.
-fn index_add_plan(
-    op: &str,
-    x: Option<&Tensor>,
-    shape: &[usize],
-    dim: usize,
-    idx: &Tensor,
-    src: &Tensor,
-) -> Result<Tensor> {
-    let mut idx_strides = vec![0; shape.len()];
-    idx_strides[dim] = idx.strides[0];
-    run_scatter(
-        x,
-        idx,
-        src,
-        ScatterPlan {
-            op,
-            shape: shape.to_vec(),
-            dim,
-            idx_shape: src.shape.clone(),
-            idx_strides,
             src_strides: src.strides.clone(),
         },
     )

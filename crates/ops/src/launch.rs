@@ -1,5 +1,5 @@
 //! How ops reach kernels: one program per (device, source, dtype), one-dimensional launches.
-use netcl_core_devices::{DType, Device, Result};
+use netcl_core_devices::{DType, Device, Error, Result};
 use netcl_kernels::{program, Kernel, Program, Source, GROUP_1D};
 use std::sync::Arc;
 
@@ -16,15 +16,25 @@ pub(crate) fn launch_1d(
     n: usize,
     args: impl FnOnce(&mut Kernel) -> Result<()>,
 ) -> Result<()> {
-    let n32 = u32::try_from(n).map_err(|_| {
-        netcl_core_devices::Error::shape(
-            name,
-            format!("{n} work-items exceed the 32-bit index of kernel {name}"),
-        )
-    })?;
+    let n32 = crate::checks::u32_arg(name, "work-items", n)?;
     let mut k = Kernel::new(program, name)?;
     args(&mut k)?;
     k.arg(&n32)?;
     let group = GROUP_1D.min(k.max_work_group_size());
     k.launch(&[n], &[group])
+}
+
+/// Launches `k` (arguments set) over `groups` work-groups of `group` work-items; an error naming
+/// `op` when the grid does not fit the 32-bit index.
+pub(crate) fn launch_groups(op: &str, k: &mut Kernel, groups: usize, group: usize) -> Result<()> {
+    let global = groups
+        .checked_mul(group)
+        .filter(|&g| g <= u32::MAX as usize)
+        .ok_or_else(|| {
+            Error::shape(
+                op,
+                format!("{groups} work-groups of {group} exceed the kernel grid"),
+            )
+        })?;
+    k.launch(&[global], &[group])
 }

@@ -2,7 +2,9 @@
 #[macro_use]
 mod element;
 mod attention;
+mod batch_norm;
 mod binary;
+mod checks;
 mod conv;
 mod create;
 mod dropout;
@@ -17,14 +19,17 @@ mod pool;
 mod random;
 mod reduce;
 mod rope;
+mod rows;
 mod shape_ops;
 mod softmax;
 mod tensor;
 pub mod testing;
 mod unary;
 mod views;
+mod window;
 
 pub use attention::Attention;
+pub use batch_norm::BatchNorm;
 pub use conv::Conv2dParams;
 pub use element::{Element, HostData};
 pub use expr::{BinaryOp, Expr, UnaryOp};
@@ -33,7 +38,7 @@ pub use index::INDEX_CHECK_LIMIT;
 pub use matmul::{Activation, MatmulOptions};
 pub use netcl_core_devices::{DType, Device, Error, Result};
 pub use netcl_kernels::GemmTile;
-pub use norm::{BatchNorm, NormGrads};
+pub use norm::NormGrads;
 pub use pool::Pool2dParams;
 pub use random::Generator;
 pub use reduce::ReduceOp;

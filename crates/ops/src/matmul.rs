@@ -1,4 +1,5 @@
 //! Matrix products: 2-D and batched with broadcast batch dims, any operand strides (transposes cost no copy), bias + activation epilogue.
+use crate::checks::same_float;
 use crate::element::HostData;
 use crate::layout::{
     broadcast_shapes, broadcast_strides, check_reach, contiguous_strides, numel, KernelLayout,
@@ -59,21 +60,7 @@ impl Tensor {
     pub fn matmul_with(&self, other: &Tensor, opts: MatmulOptions<'_>) -> Result<Tensor> {
         let op = "matmul";
         let _span = netcl_profiling::span(op);
-        if self.device != other.device {
-            return Err(Error::device(
-                op,
-                format!("operands on {} and {}", self.device, other.device),
-            ));
-        }
-        if self.dtype != other.dtype || !self.dtype.is_float() {
-            return Err(Error::dtype(
-                op,
-                format!(
-                    "operands are {} {:?} and {} {:?}; both must be the same float dtype",
-                    self.dtype, self.shape, other.dtype, other.shape
-                ),
-            ));
-        }
+        same_float(op, &[self, other])?;
         if self.ndim() == 0 || other.ndim() == 0 {
             return Err(Error::shape(
                 op,

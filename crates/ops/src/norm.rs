@@ -1,11 +1,13 @@
-//! Normalisation: layer_norm and rms_norm (forward and backward) and batch_norm (training and eval).
-use crate::element::{Element, HostData};
-use crate::launch::{launch_1d, program_for};
-use crate::layout::{contiguous_strides, numel, KernelLayout};
-use crate::reduce::{pow2_floor, u32_arg, AxisSplit};
-use crate::softmax::{acc_dtype, check_device, check_dtype, check_float, row_group};
-use crate::tensor::{Storage, Tensor};
-use netcl_core_devices::{Error, Result};
+//! Layer and RMS normalisation (forward and backward), and the helpers batch_norm.rs shares.
+use crate::checks::{check_device, check_dtype, check_float, u32_arg};
+use crate::element::HostData;
+use crate::launch::{launch_1d, launch_groups, program_for};
+use crate::layout::{is_contiguous, numel, KernelLayout};
+use crate::reduce::AxisSplit;
+use crate::rows::{starts_aligned, RowPlan};
+use crate::softmax::{acc_dtype, row_group};
+use crate::tensor::Tensor;
+use netcl_core_devices::{DType, Error, Result};
 use netcl_kernels::sources::{COPY, NORM};
 use netcl_kernels::Kernel;
 
@@ -19,18 +21,9 @@ pub struct NormGrads {
     pub dbias: Option<Tensor>,
 }
 
-/// Outputs of [`Tensor::batch_norm_train`]: the result and the saved batch statistics ([C], in
-/// [`acc_dtype`]) that the backward needs.
-#[derive(Clone, Debug)]
-pub struct BatchNorm {
-    pub y: Tensor,
-    pub save_mean: Tensor,
-    pub save_invstd: Tensor,
-}
-
 /// `t` as a contiguous tensor starting at element 0 of its storage (kernels index from 0): `t`
 /// itself when it already is, else a copy.
-fn dense(t: &Tensor) -> Result<Tensor> {
+pub(crate) fn dense(t: &Tensor) -> Result<Tensor> {
     if t.is_contiguous() && t.offset == 0 || t.device.is_host() {
         return Ok(t.clone());
     }
@@ -49,67 +42,53 @@ fn dense(t: &Tensor) -> Result<Tensor> {
     Ok(out)
 }
 
-/// Write `vals` into the elements of host tensor `t` (its view, in row-major order).
-fn host_store(t: &Tensor, vals: &[f64]) {
-    fn put<T: Element>(v: &mut [T], t: &Tensor, vals: &[f64]) {
-        for (i, &x) in vals.iter().enumerate() {
-            let mut pos = t.offset;
-            let mut rem = i;
-            for d in (0..t.shape.len()).rev() {
-                pos += (rem % t.shape[d]) * t.strides[d];
-                rem /= t.shape[d];
-            }
-            v[pos] = T::from_f64(x);
-        }
-    }
-    if let Storage::Host(lock) = &*t.storage {
-        let mut g = lock.write().unwrap_or_else(|p| p.into_inner());
-        with_host!(&mut *g, v => put(v, t, vals));
-    }
-}
-
-fn host_vals(t: Option<&Tensor>) -> Result<Option<Vec<f64>>> {
+pub(crate) fn host_vals(t: Option<&Tensor>) -> Result<Option<Vec<f64>>> {
     t.map(|t| t.to_vec_f64()).transpose()
 }
 
-/// Checks an optional affine parameter: same device and dtype as `x`, shape `shape`.
-fn check_param(
+/// Checks an operand of a normalisation of `x`: on x's device, of dtype `dtype`, shaped `shape`.
+fn check_operand(
+    op: &str,
+    x: &Tensor,
+    t: &Tensor,
+    what: &str,
+    dtype: DType,
+    shape: &[usize],
+) -> Result<()> {
+    check_device(op, x, t, what)?;
+    check_dtype(op, t, what, dtype)?;
+    if t.shape != shape {
+        return Err(Error::shape(
+            op,
+            format!(
+                "{what} {:?} does not match {shape:?} for input {:?}",
+                t.shape, x.shape
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks an optional affine parameter: x's device and dtype, shape `shape`.
+pub(crate) fn check_param(
     op: &str,
     x: &Tensor,
     p: Option<&Tensor>,
     what: &str,
     shape: &[usize],
 ) -> Result<()> {
-    if let Some(p) = p {
-        check_device(op, x, p, what)?;
-        check_dtype(op, p, what, x.dtype)?;
-        if p.shape != shape {
-            return Err(Error::shape(
-                op,
-                format!(
-                    "{what} {:?} does not match {shape:?} for input {:?}",
-                    p.shape, x.shape
-                ),
-            ));
-        }
-    }
-    Ok(())
+    p.map_or(Ok(()), |p| check_operand(op, x, p, what, x.dtype, shape))
 }
 
-/// Checks a statistics tensor: same device as `x`, dtype `acc`, shape `shape`.
-fn check_stat(op: &str, x: &Tensor, s: &Tensor, what: &str, shape: &[usize]) -> Result<()> {
-    check_device(op, x, s, what)?;
-    check_dtype(op, s, what, acc_dtype(x.dtype))?;
-    if s.shape != shape {
-        return Err(Error::shape(
-            op,
-            format!(
-                "{what} {:?} should be {shape:?} for input {:?}",
-                s.shape, x.shape
-            ),
-        ));
-    }
-    Ok(())
+/// Checks a statistics tensor: x's device, dtype [`acc_dtype`], shape `shape`.
+pub(crate) fn check_stat(
+    op: &str,
+    x: &Tensor,
+    s: &Tensor,
+    what: &str,
+    shape: &[usize],
+) -> Result<()> {
+    check_operand(op, x, s, what, acc_dtype(x.dtype), shape)
 }
 
 /// Rows and row length of `x` normalised over its trailing `normalized_shape`.
@@ -128,7 +107,7 @@ fn norm_rows(op: &str, x: &Tensor, normalized_shape: &[usize]) -> Result<(Vec<us
     Ok((x.shape[..x.ndim() - k].to_vec(), numel(normalized_shape)))
 }
 
-fn check_eps(op: &str, eps: f64) -> Result<()> {
+pub(crate) fn check_eps(op: &str, eps: f64) -> Result<()> {
     if !(eps.is_finite() && eps >= 0.0) {
         return Err(Error::invalid(
             op,
@@ -136,13 +115,6 @@ fn check_eps(op: &str, eps: f64) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-fn grid(op: &str, groups: usize, group: usize) -> Result<usize> {
-    groups
-        .checked_mul(group)
-        .filter(|&g| g <= u32::MAX as usize)
-        .ok_or_else(|| Error::shape(op, format!("{groups} work-groups exceed the kernel grid")))
 }
 
 impl Tensor {
@@ -210,30 +182,53 @@ impl Tensor {
         if rows == 0 {
             return Ok((y, mean, rstd));
         }
+        let (w, b) = (weight.map(dense).transpose()?, bias.map(dense).transpose()?);
+        // Arguments before and after the kernels' own (rows: n, rows, team; general: lr, n).
+        let head = |k: &mut Kernel| -> Result<()> {
+            k.arg_mem(y.mem()?)?
+                .arg_mem(mean.mem()?)?
+                .arg_mem(rstd.mem()?)?
+                .arg_mem(self.mem()?)?
+                .arg_mem(w.as_ref().unwrap_or(self).mem()?)?
+                .arg_mem(b.as_ref().unwrap_or(self).mem()?)?
+                .arg(&lk)?;
+            Ok(())
+        };
+        let tail = |k: &mut Kernel| -> Result<()> {
+            crate::create::arg_acc(k, self.dtype, eps)?;
+            k.arg(&(rms as i32))?
+                .arg(&(w.is_some() as i32))?
+                .arg(&(b.is_some() as i32))?;
+            Ok(())
+        };
+        // Contiguous rows: held in registers, one read and one write per element.
+        if is_contiguous(&split.red_shape, &split.red_strides) {
+            let aligned = starts_aligned(self.offset, &split.kept_shape, &split.kept_strides);
+            if let Some((plan, mut k)) =
+                RowPlan::kernel(&self.device, n, aligned, &NORM, self.dtype, "norm_rows")?
+            {
+                head(&mut k)?;
+                plan.args(&mut k, n32, u32_arg(op, "rows", rows)?)?;
+                tail(&mut k)?;
+                let es = self.dtype.size();
+                let bytes = 2 * rows * n * es + 2 * n * es + 2 * rows * acc.size();
+                k.declare(bytes as u64, (8 * rows * n) as u64);
+                plan.launch(op, &mut k, rows)?;
+                return Ok((y, mean, rstd));
+            }
+        }
         let program = program_for(&self.device, &NORM, self.dtype)?;
         let mut k = Kernel::new(&program, "norm_fwd")?;
+        head(&mut k)?;
+        k.arg(&lr)?.arg(&n32)?;
+        tail(&mut k)?;
         let group = row_group(&k, n);
-        let global = grid(op, rows, group)?;
-        let (w, b) = (weight.map(dense).transpose()?, bias.map(dense).transpose()?);
-        k.arg_mem(y.mem()?)?
-            .arg_mem(mean.mem()?)?
-            .arg_mem(rstd.mem()?)?
-            .arg_mem(self.mem()?)?
-            .arg_mem(w.as_ref().unwrap_or(self).mem()?)?
-            .arg_mem(b.as_ref().unwrap_or(self).mem()?)?
-            .arg(&lk)?
-            .arg(&lr)?
-            .arg(&n32)?;
-        crate::create::arg_acc(&mut k, self.dtype, eps)?;
-        k.arg(&(rms as i32))?
-            .arg(&(w.is_some() as i32))?
-            .arg(&(b.is_some() as i32))?;
         // x read, y written, weight and bias read, the statistics written; about eight flops
         // per element (mean, centre, square, sum, scale, weight, bias).
         let es = self.dtype.size();
         let bytes = 2 * rows * n * es + 2 * n * es + 2 * rows * acc.size();
         k.declare(bytes as u64, (8 * rows * n) as u64);
-        k.launch(&[global], &[group])?;
+        launch_groups(op, &mut k, rows, group)?;
         Ok((y, mean, rstd))
     }
 
@@ -334,7 +329,6 @@ impl Tensor {
         let program = program_for(&self.device, &NORM, self.dtype)?;
         let mut kx = Kernel::new(&program, "norm_bwd_x")?;
         let group = row_group(&kx, n);
-        let global = grid(op, rows, group)?;
         let nchunks = (16384 / n.max(1)).clamp(1, rows.div_ceil(8).max(1));
         let chunk = rows.div_ceil(nchunks).max(1);
         let nchunks = rows.div_ceil(chunk).max(1);
@@ -356,7 +350,7 @@ impl Tensor {
             let es = self.dtype.size();
             let bytes = 3 * rows * n * es + n * es + 2 * rows * acc_dtype(self.dtype).size();
             kx.declare(bytes as u64, (10 * rows * n) as u64);
-            kx.launch(&[global], &[group])?;
+            launch_groups(op, &mut kx, rows, group)?;
         }
         let (mut dweight, mut dbias) = (None, None);
         if want_params {
@@ -436,239 +430,5 @@ impl Tensor {
             weight,
             false,
         )
-    }
-
-    fn bn_check(
-        &self,
-        op: &str,
-        weight: Option<&Tensor>,
-        bias: Option<&Tensor>,
-        running: &[(&Tensor, &str)],
-        eps: f64,
-    ) -> Result<usize> {
-        check_float(op, self, "input")?;
-        if self.ndim() < 2 {
-            return Err(Error::shape(
-                op,
-                format!("input {:?} needs at least 2 dims (N, C, ...)", self.shape),
-            ));
-        }
-        let c = self.shape[1];
-        check_param(op, self, weight, "weight", &[c])?;
-        check_param(op, self, bias, "bias", &[c])?;
-        for (t, what) in running {
-            check_stat(op, self, t, what, &[c])?;
-        }
-        check_eps(op, eps)?;
-        Ok(c)
-    }
-
-    /// Batch normalisation in training mode for NC or NCHW (any trailing spatial dims, any
-    /// strides): per-channel batch statistics over N and the spatial dims,
-    /// `y = (x - mean) * invstd * weight + bias` with the biased variance. When running stats are given ([C], in
-    /// [`acc_dtype`], updated in place): `running = (1 - momentum) * running + momentum * stat`,
-    /// with the unbiased variance. One kernel (one work-group per channel). Errors when a channel
-    /// has fewer than 2 values.
-    #[allow(clippy::too_many_arguments)]
-    pub fn batch_norm_train(
-        &self,
-        weight: Option<&Tensor>,
-        bias: Option<&Tensor>,
-        running_mean: Option<&Tensor>,
-        running_var: Option<&Tensor>,
-        momentum: f64,
-        eps: f64,
-    ) -> Result<BatchNorm> {
-        let op = "batch_norm";
-        let running: Vec<(&Tensor, &str)> = running_mean
-            .map(|t| (t, "running_mean"))
-            .into_iter()
-            .chain(running_var.map(|t| (t, "running_var")))
-            .collect();
-        let c = self.bn_check(op, weight, bias, &running, eps)?;
-        if running_mean.is_some() != running_var.is_some() || !momentum.is_finite() {
-            return Err(Error::invalid(
-                op,
-                format!("need both running stats or neither, and a finite momentum ({momentum})"),
-            ));
-        }
-        let cnt = self.numel() / c.max(1);
-        if cnt < 2 {
-            return Err(Error::shape(
-                op,
-                format!(
-                    "input {:?} has {cnt} value(s) per channel; training needs more than 1",
-                    self.shape
-                ),
-            ));
-        }
-        let acc = acc_dtype(self.dtype);
-        let mut mask = vec![true; self.ndim()];
-        mask[1] = false;
-        let split = AxisSplit::new(self, &mask);
-        let inner: usize = self.shape[2..].iter().product();
-        if let Some(x) = split.host_rows(self) {
-            let xs = self.to_vec_f64()?;
-            let (w, b) = (host_vals(weight)?, host_vals(bias)?);
-            let (mut mean, mut invstd, mut uvar) = (vec![0.0; c], vec![0.0; c], vec![0.0; c]);
-            for ch in 0..c {
-                let row = &x[ch * cnt..(ch + 1) * cnt];
-                let mu = row.iter().sum::<f64>() / cnt as f64;
-                let m2 = row.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>();
-                (mean[ch], invstd[ch]) = (mu, 1.0 / (m2 / cnt as f64 + eps).sqrt());
-                uvar[ch] = m2 / (cnt - 1) as f64;
-            }
-            let y = HostData::from_fn(self.dtype, xs.len(), |i| {
-                let ch = (i / inner) % c;
-                let mut v = (xs[i] - mean[ch]) * invstd[ch];
-                if let Some(w) = &w {
-                    v *= w[ch];
-                }
-                v + b.as_ref().map_or(0.0, |b| b[ch])
-            });
-            if let (Some(rm), Some(rv)) = (running_mean, running_var) {
-                let (m0, v0) = (rm.to_vec_f64()?, rv.to_vec_f64()?);
-                let upd = |old: &[f64], new: &[f64]| -> Vec<f64> {
-                    old.iter()
-                        .zip(new)
-                        .map(|(o, n)| (1.0 - momentum) * o + momentum * n)
-                        .collect()
-                };
-                host_store(rm, &upd(&m0, &mean));
-                host_store(rv, &upd(&v0, &uvar));
-            }
-            return Ok(BatchNorm {
-                y: Tensor::from_host_data(y, &self.shape),
-                save_mean: Tensor::from_host_data(HostData::from_fn(acc, c, |i| mean[i]), &[c]),
-                save_invstd: Tensor::from_host_data(HostData::from_fn(acc, c, |i| invstd[i]), &[c]),
-            });
-        }
-        for (t, what) in &running {
-            if !(t.is_contiguous() && t.offset == 0) {
-                return Err(Error::invalid(
-                    op,
-                    format!(
-                        "{what} {:?} must be a dense tensor (it is updated in place)",
-                        t.shape
-                    ),
-                ));
-            }
-        }
-        let ys = contiguous_strides(&self.shape);
-        let red_y: Vec<usize> = (0..self.ndim())
-            .filter(|&d| d != 1)
-            .map(|d| ys[d])
-            .collect();
-        let lk = KernelLayout::new(
-            op,
-            &[c],
-            &[(&[self.strides[1]], self.offset), (&[ys[1]], 0)],
-        )?;
-        let lr = KernelLayout::new(
-            op,
-            &split.red_shape,
-            &[(&split.red_strides, 0), (&red_y, 0)],
-        )?;
-        let cnt32 = u32_arg(op, "values per channel", cnt)?;
-        let y = Tensor::alloc(&self.shape, self.dtype, &self.device)?;
-        let save_mean = Tensor::alloc(&[c], acc, &self.device)?;
-        let save_invstd = Tensor::alloc(&[c], acc, &self.device)?;
-        if c == 0 {
-            return Ok(BatchNorm {
-                y,
-                save_mean,
-                save_invstd,
-            });
-        }
-        let program = program_for(&self.device, &NORM, self.dtype)?;
-        let mut k = Kernel::new(&program, "bn_train")?;
-        let group = 256.min(pow2_floor(k.max_work_group_size()));
-        let global = grid(op, c, group)?;
-        let (w, b) = (weight.map(dense).transpose()?, bias.map(dense).transpose()?);
-        k.arg_mem(y.mem()?)?
-            .arg_mem(save_mean.mem()?)?
-            .arg_mem(save_invstd.mem()?)?
-            .arg_mem(running_mean.unwrap_or(&save_mean).mem()?)?
-            .arg_mem(running_var.unwrap_or(&save_invstd).mem()?)?
-            .arg_mem(self.mem()?)?
-            .arg_mem(w.as_ref().unwrap_or(self).mem()?)?
-            .arg_mem(b.as_ref().unwrap_or(self).mem()?)?
-            .arg(&lk)?
-            .arg(&lr)?
-            .arg(&cnt32)?;
-        crate::create::arg_acc(&mut k, self.dtype, eps)?;
-        crate::create::arg_acc(&mut k, self.dtype, momentum)?;
-        k.arg(&(w.is_some() as i32))?
-            .arg(&(b.is_some() as i32))?
-            .arg(&(running_mean.is_some() as i32))?;
-        k.launch(&[global], &[group])?;
-        Ok(BatchNorm {
-            y,
-            save_mean,
-            save_invstd,
-        })
-    }
-
-    /// Batch normalisation in eval mode with running statistics ([C], [`acc_dtype`]):
-    /// `y = (x - running_mean) / sqrt(running_var + eps) * weight + bias`. One kernel.
-    pub fn batch_norm_eval(
-        &self,
-        running_mean: &Tensor,
-        running_var: &Tensor,
-        weight: Option<&Tensor>,
-        bias: Option<&Tensor>,
-        eps: f64,
-    ) -> Result<Tensor> {
-        let op = "batch_norm";
-        let c = self.bn_check(
-            op,
-            weight,
-            bias,
-            &[(running_mean, "running_mean"), (running_var, "running_var")],
-            eps,
-        )?;
-        let inner: usize = self.shape[2..].iter().product();
-        if let Some(x) = self.host_view(&self.shape, &self.strides) {
-            let x = x.to_f64();
-            let (rm, rv) = (running_mean.to_vec_f64()?, running_var.to_vec_f64()?);
-            let (w, b) = (host_vals(weight)?, host_vals(bias)?);
-            let y = HostData::from_fn(self.dtype, x.len(), |i| {
-                let ch = (i / inner) % c;
-                let mut v = (x[i] - rm[ch]) / (rv[ch] + eps).sqrt();
-                if let Some(w) = &w {
-                    v *= w[ch];
-                }
-                v + b.as_ref().map_or(0.0, |b| b[ch])
-            });
-            return Ok(Tensor::from_host_data(y, &self.shape));
-        }
-        let ys = contiguous_strides(&self.shape);
-        let l = KernelLayout::new(op, &self.shape, &[(&ys, 0), (&self.strides, self.offset)])?;
-        let (c32, inner32) = (
-            u32_arg(op, "channels", c)?,
-            u32_arg(op, "inner", inner.max(1))?,
-        );
-        let y = Tensor::alloc(&self.shape, self.dtype, &self.device)?;
-        if y.numel() == 0 {
-            return Ok(y);
-        }
-        let program = program_for(&self.device, &NORM, self.dtype)?;
-        let (rm, rv) = (dense(running_mean)?, dense(running_var)?);
-        let (w, b) = (weight.map(dense).transpose()?, bias.map(dense).transpose()?);
-        launch_1d(&program, "bn_eval", y.numel(), |k| {
-            k.arg_mem(y.mem()?)?
-                .arg_mem(self.mem()?)?
-                .arg_mem(rm.mem()?)?
-                .arg_mem(rv.mem()?)?
-                .arg_mem(w.as_ref().unwrap_or(self).mem()?)?
-                .arg_mem(b.as_ref().unwrap_or(self).mem()?)?
-                .arg(&l)?
-                .arg(&c32)?
-                .arg(&inner32)?;
-            crate::create::arg_acc(k, self.dtype, eps)?;
-            k.arg(&(w.is_some() as i32))?.arg(&(b.is_some() as i32))?;
-            Ok(())
-        })?;
-        Ok(y)
     }
 }

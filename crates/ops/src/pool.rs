@@ -5,11 +5,12 @@
 //! kernels/pool.cl). Every input may be a strided view; outputs are contiguous. Backwards are one
 //! work-item per input pixel summing, in a fixed order, the output gradients of the windows that
 //! cover it: correct for overlapping windows and bit-identical from run to run. No ceil mode.
-use crate::conv::{host_f64, same_float, window_out, View4};
+use crate::checks::{need_i32, same_device, same_float, u32_arg};
+use crate::conv::host_f64;
 use crate::element::HostData;
-use crate::index::{need_i32, same_device, small};
 use crate::launch::{launch_1d, program_for};
 use crate::tensor::Tensor;
+use crate::window::{View4, Window, Window2};
 use netcl_core_devices::{DType, Error, Result};
 use netcl_kernels::sources::POOL;
 use netcl_kernels::Kernel;
@@ -41,72 +42,43 @@ impl Pool2dParams {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 struct PoolGeom {
-    kh: u32,
-    kw: u32,
-    sh: u32,
-    sw: u32,
-    ph: u32,
-    pw: u32,
-    dh: u32,
-    dw: u32,
+    win: Window2,
     h: u32,
     w: u32,
-    ho: u32,
-    wo: u32,
     include_pad: u32,
 }
 
-/// A validated pooling window over input planes (h, w) giving (ho, wo); `nc` = N * C planes.
+/// A validated pooling window; `include_pad`: averages divide by the padded window size.
 #[derive(Clone, Copy, Debug)]
 struct Geom {
-    n: usize,
-    c: usize,
-    h: usize,
-    w: usize,
-    ho: usize,
-    wo: usize,
-    p: Pool2dParams,
+    win: Window,
     include_pad: bool,
 }
 
 impl Geom {
     fn cl(&self, op: &str) -> Result<PoolGeom> {
-        let s = |x: usize| small(op, x);
-        let p = &self.p;
         Ok(PoolGeom {
-            kh: s(p.kernel.0)?,
-            kw: s(p.kernel.1)?,
-            sh: s(p.stride.0)?,
-            sw: s(p.stride.1)?,
-            ph: s(p.padding.0)?,
-            pw: s(p.padding.1)?,
-            dh: s(p.dilation.0)?,
-            dw: s(p.dilation.1)?,
-            h: s(self.h)?,
-            w: s(self.w)?,
-            ho: s(self.ho)?,
-            wo: s(self.wo)?,
+            win: self.win.cl(op)?,
+            h: u32_arg(op, "height", self.win.h)?,
+            w: u32_arg(op, "width", self.win.w)?,
             include_pad: self.include_pad as u32,
         })
     }
-    fn in_shape(&self) -> [usize; 4] {
-        [self.n, self.c, self.h, self.w]
-    }
     fn out_shape(&self) -> [usize; 4] {
-        [self.n, self.c, self.ho, self.wo]
+        self.win.out_shape(self.win.c)
     }
     /// Clipped window [hs, he) x [ws, we) of output (oh, ow) and the average's divisor.
     fn avg_window(&self, oh: usize, ow: usize) -> (usize, usize, usize, usize, f64) {
-        let p = &self.p;
-        let hs = (oh * p.stride.0) as isize - p.padding.0 as isize;
-        let ws = (ow * p.stride.1) as isize - p.padding.1 as isize;
-        let he = (hs + p.kernel.0 as isize).min((self.h + p.padding.0) as isize);
-        let we = (ws + p.kernel.1 as isize).min((self.w + p.padding.1) as isize);
+        let g = &self.win;
+        let hs = (oh * g.stride.0) as isize - g.padding.0 as isize;
+        let ws = (ow * g.stride.1) as isize - g.padding.1 as isize;
+        let he = (hs + g.kernel.0 as isize).min((g.h + g.padding.0) as isize);
+        let we = (ws + g.kernel.1 as isize).min((g.w + g.padding.1) as isize);
         let pool = (he - hs) * (we - ws);
         let (hs, ws) = (hs.max(0) as usize, ws.max(0) as usize);
         let (he, we) = (
-            (he as usize).min(self.h).max(hs),
-            (we as usize).min(self.w).max(ws),
+            (he as usize).min(g.h).max(hs),
+            (we as usize).min(g.w).max(ws),
         );
         let div = if self.include_pad {
             pool as f64
@@ -115,26 +87,10 @@ impl Geom {
         };
         (hs, he, ws, we, div)
     }
-    /// Output pixels (oh, ow) whose window puts a tap on input (h, w), ki then kj ascending.
-    fn covering(&self, h: usize, w: usize) -> Vec<(usize, usize)> {
-        let p = &self.p;
-        let mut v = Vec::new();
-        let tap = |x: usize, pad: usize, k: usize, d: usize, s: usize, out: usize| {
-            let t = (x + pad) as isize - (k * d) as isize;
-            (t >= 0 && (t as usize).is_multiple_of(s) && (t as usize) / s < out)
-                .then(|| t as usize / s)
-        };
-        for ki in 0..p.kernel.0 {
-            let Some(oh) = tap(h, p.padding.0, ki, p.dilation.0, p.stride.0, self.ho) else {
-                continue;
-            };
-            for kj in 0..p.kernel.1 {
-                if let Some(ow) = tap(w, p.padding.1, kj, p.dilation.1, p.stride.1, self.wo) {
-                    v.push((oh, ow));
-                }
-            }
-        }
-        v
+    /// Error unless `grad_y` has the output shape.
+    fn check_grad_y(&self, op: &str, grad_y: &Tensor) -> Result<()> {
+        let what = format!("input {:?}", self.win.in_shape());
+        self.win.check_grad_y(op, grad_y, self.win.c, &what)
     }
 }
 
@@ -150,17 +106,10 @@ fn need_nchw(op: &str, x_shape: &[usize]) -> Result<()> {
 
 fn geometry(op: &str, x_shape: &[usize], p: Pool2dParams, include_pad: bool) -> Result<Geom> {
     need_nchw(op, x_shape)?;
-    let pairs = [
-        ("kernel", p.kernel),
-        ("stride", p.stride),
-        ("dilation", p.dilation),
-    ];
-    if let Some((name, v)) = pairs.iter().find(|(_, v)| v.0 == 0 || v.1 == 0) {
-        return Err(Error::invalid(
-            op,
-            format!("{name} {v:?} must be positive (input {x_shape:?})"),
-        ));
-    }
+    let what = format!("input {x_shape:?}, kernel {:?}", p.kernel);
+    let win = Window::new(
+        op, &what, x_shape, p.kernel, p.stride, p.padding, p.dilation,
+    )?;
     let eff = (
         p.dilation.0 * (p.kernel.0 - 1) + 1,
         p.dilation.1 * (p.kernel.1 - 1) + 1,
@@ -174,18 +123,7 @@ fn geometry(op: &str, x_shape: &[usize], p: Pool2dParams, include_pad: bool) -> 
             ),
         ));
     }
-    let what = format!("input {x_shape:?}, kernel {:?}", p.kernel);
-    let (k, s, pd, d) = (p.kernel, p.stride, p.padding, p.dilation);
-    Ok(Geom {
-        n: x_shape[0],
-        c: x_shape[1],
-        h: x_shape[2],
-        w: x_shape[3],
-        ho: window_out(op, &what, x_shape[2], k.0, s.0, pd.0, d.0)?,
-        wo: window_out(op, &what, x_shape[3], k.1, s.1, pd.1, d.1)?,
-        p,
-        include_pad,
-    })
+    Ok(Geom { win, include_pad })
 }
 
 fn need_no_dilation(op: &str, p: &Pool2dParams) -> Result<()> {
@@ -193,21 +131,6 @@ fn need_no_dilation(op: &str, p: &Pool2dParams) -> Result<()> {
         return Err(Error::invalid(
             op,
             format!("dilation {:?} is not supported (only (1, 1))", p.dilation),
-        ));
-    }
-    Ok(())
-}
-
-fn check_grad_y(op: &str, grad_y: &Tensor, g: &Geom) -> Result<()> {
-    if grad_y.shape != g.out_shape() {
-        return Err(Error::shape(
-            op,
-            format!(
-                "grad_y {:?} must be {:?} for input {:?}",
-                grad_y.shape,
-                g.out_shape(),
-                g.in_shape()
-            ),
         ));
     }
     Ok(())
@@ -255,41 +178,32 @@ impl Tensor {
         let out = g.out_shape();
         if self.device.is_host() {
             let xv = host_f64(op, self)?;
-            let (mut y, mut idx) = (Vec::new(), Vec::new());
-            let p = &g.p;
-            for plane in 0..g.n * g.c {
-                let x = &xv[plane * g.h * g.w..(plane + 1) * g.h * g.w];
-                for oh in 0..g.ho {
-                    for ow in 0..g.wo {
-                        let mut best: Option<(f64, usize)> = None;
-                        for ki in 0..p.kernel.0 {
-                            let h = (oh * p.stride.0 + ki * p.dilation.0) as isize
-                                - p.padding.0 as isize;
-                            if h < 0 || h as usize >= g.h {
-                                continue;
-                            }
-                            for kj in 0..p.kernel.1 {
-                                let w = (ow * p.stride.1 + kj * p.dilation.1) as isize
-                                    - p.padding.1 as isize;
-                                if w < 0 || w as usize >= g.w {
-                                    continue;
-                                }
-                                let at = h as usize * g.w + w as usize;
-                                let v = x[at];
-                                let take = match best {
-                                    None => true,
-                                    Some((b, _)) => !b.is_nan() && (v > b || v.is_nan()),
-                                };
-                                if take {
-                                    best = Some((v, at));
-                                }
-                            }
+            let gw = &g.win;
+            // First maximum over the in-range taps (NaN wins and stays), and its index h * W + w.
+            let best = gw.per_output(|plane, oh, ow| {
+                let mut best: Option<(f64, usize)> = None;
+                for ki in 0..gw.kernel.0 {
+                    let Some(h) = gw.tap_in(0, oh, ki) else {
+                        continue;
+                    };
+                    for kj in 0..gw.kernel.1 {
+                        let Some(w) = gw.tap_in(1, ow, kj) else {
+                            continue;
+                        };
+                        let at = h * gw.w + w;
+                        let v = xv[plane * gw.h * gw.w + at];
+                        if best.is_none_or(|(b, _)| !b.is_nan() && (v > b || v.is_nan())) {
+                            best = Some((v, at));
                         }
-                        y.push(best.map_or(f64::NEG_INFINITY, |b| b.0));
-                        idx.push(best.map_or(-1, |b| b.1 as i32));
                     }
                 }
-            }
+                best
+            });
+            let y = best
+                .iter()
+                .map(|b| b.map_or(f64::NEG_INFINITY, |b| b.0))
+                .collect();
+            let idx = best.iter().map(|b| b.map_or(-1, |b| b.1 as i32)).collect();
             let idx = Tensor::from_host_data(HostData::I32(idx), &out);
             return Ok((host_tensor(self.dtype, y, &out), idx));
         }
@@ -315,7 +229,7 @@ impl Tensor {
         same_device(op, grad_y, indices)?;
         need_i32(op, indices)?;
         let g = geometry(op, input_shape, params, false)?;
-        check_grad_y(op, grad_y, &g)?;
+        g.check_grad_y(op, grad_y)?;
         if indices.shape != grad_y.shape {
             return Err(Error::shape(
                 op,
@@ -325,20 +239,19 @@ impl Tensor {
                 ),
             ));
         }
-        let shape = g.in_shape();
+        let shape = g.win.in_shape();
         if grad_y.device.is_host() {
             let gy = host_f64(op, grad_y)?;
             let idx = indices.to_vec::<i32>()?;
-            let mut dx = vec![0.0; shape.iter().product()];
-            for (i, d) in dx.iter_mut().enumerate() {
-                let (w, h, plane) = (i % g.w, (i / g.w) % g.h, i / (g.w * g.h));
-                for (oh, ow) in g.covering(h, w) {
-                    let o = (plane * g.ho + oh) * g.wo + ow;
-                    if idx[o] == (h * g.w + w) as i32 {
-                        *d += gy[o];
-                    }
-                }
-            }
+            let gw = &g.win;
+            let dx = gw.per_input(|plane, h, w| {
+                let me = (h * gw.w + w) as i32;
+                let outs = gw
+                    .covering(h, w)
+                    .into_iter()
+                    .map(|(_, _, oh, ow)| gw.out_at(plane, oh, ow));
+                outs.filter(|&o| idx[o] == me).map(|o| gy[o]).sum()
+            });
             return Ok(host_tensor(grad_y.dtype, dx, &shape));
         }
         let dx = Tensor::alloc(&shape, grad_y.dtype, &grad_y.device)?;
@@ -360,20 +273,10 @@ impl Tensor {
         let out = g.out_shape();
         if self.device.is_host() {
             let xv = host_f64(op, self)?;
-            let mut y = Vec::new();
-            for plane in 0..g.n * g.c {
-                let x = &xv[plane * g.h * g.w..(plane + 1) * g.h * g.w];
-                for oh in 0..g.ho {
-                    for ow in 0..g.wo {
-                        let (hs, he, ws, we, div) = g.avg_window(oh, ow);
-                        let s: f64 = (hs..he)
-                            .flat_map(|h| (ws..we).map(move |w| h * g.w + w))
-                            .map(|i| x[i])
-                            .sum();
-                        y.push(s / div);
-                    }
-                }
-            }
+            let y = g.win.per_output(|plane, oh, ow| {
+                let (hs, he, ws, we, div) = g.avg_window(oh, ow);
+                g.win.plane_sum(&xv, plane, (hs, he), (ws, we)) / div
+            });
             return Ok(host_tensor(self.dtype, y, &out));
         }
         let y = Tensor::alloc(&out, self.dtype, &self.device)?;
@@ -395,17 +298,16 @@ impl Tensor {
         same_float(op, &[grad_y])?;
         need_no_dilation(op, &params)?;
         let g = geometry(op, input_shape, params, count_include_pad)?;
-        check_grad_y(op, grad_y, &g)?;
-        let shape = g.in_shape();
+        g.check_grad_y(op, grad_y)?;
+        let shape = g.win.in_shape();
         if grad_y.device.is_host() {
             let gy = host_f64(op, grad_y)?;
-            let mut dx = vec![0.0; shape.iter().product()];
-            for (i, d) in dx.iter_mut().enumerate() {
-                let (w, h, plane) = (i % g.w, (i / g.w) % g.h, i / (g.w * g.h));
-                for (oh, ow) in g.covering(h, w) {
-                    *d += gy[(plane * g.ho + oh) * g.wo + ow] / g.avg_window(oh, ow).4;
-                }
-            }
+            let gw = &g.win;
+            let dx = gw.per_input(|plane, h, w| {
+                let taps = gw.covering(h, w).into_iter();
+                taps.map(|(_, _, oh, ow)| gy[gw.out_at(plane, oh, ow)] / g.avg_window(oh, ow).4)
+                    .sum()
+            });
             return Ok(host_tensor(grad_y.dtype, dx, &shape));
         }
         let dx = Tensor::alloc(&shape, grad_y.dtype, &grad_y.device)?;
@@ -425,21 +327,12 @@ impl Tensor {
         let out = g.out_shape();
         if self.device.is_host() {
             let xv = host_f64(op, self)?;
-            let mut y = Vec::new();
-            for plane in 0..g.n * g.c {
-                let x = &xv[plane * g.h * g.w..(plane + 1) * g.h * g.w];
-                for oh in 0..g.ho {
-                    let (hs, he) = adaptive(oh, g.h, g.ho);
-                    for ow in 0..g.wo {
-                        let (ws, we) = adaptive(ow, g.w, g.wo);
-                        let s: f64 = (hs..he)
-                            .flat_map(|h| (ws..we).map(move |w| h * g.w + w))
-                            .map(|i| x[i])
-                            .sum();
-                        y.push(s / ((he - hs) * (we - ws)) as f64);
-                    }
-                }
-            }
+            let gw = &g.win;
+            let y = gw.per_output(|plane, oh, ow| {
+                let (rows, cols) = (adaptive(oh, gw.h, gw.ho), adaptive(ow, gw.w, gw.wo));
+                let size = (rows.1 - rows.0) * (cols.1 - cols.0);
+                gw.plane_sum(&xv, plane, rows, cols) / size as f64
+            });
             return Ok(host_tensor(self.dtype, y, &out));
         }
         let y = Tensor::alloc(&out, self.dtype, &self.device)?;
@@ -461,33 +354,34 @@ impl Tensor {
             ));
         }
         let g = adaptive_geometry(op, input_shape, (grad_y.shape[2], grad_y.shape[3]))?;
-        check_grad_y(op, grad_y, &g)?;
-        let shape = g.in_shape();
+        g.check_grad_y(op, grad_y)?;
+        let shape = g.win.in_shape();
         if grad_y.device.is_host() {
             let gy = host_f64(op, grad_y)?;
-            let mut dx = vec![0.0; shape.iter().product()];
-            for (i, d) in dx.iter_mut().enumerate() {
-                let (w, h, plane) = (i % g.w, (i / g.w) % g.h, i / (g.w * g.h));
-                for oh in 0..g.ho {
-                    let (hs, he) = adaptive(oh, g.h, g.ho);
+            let gw = &g.win;
+            let dx = gw.per_input(|plane, h, w| {
+                let mut d = 0.0;
+                for oh in 0..gw.ho {
+                    let (hs, he) = adaptive(oh, gw.h, gw.ho);
                     if hs > h {
                         break;
                     }
                     if h >= he {
                         continue;
                     }
-                    for ow in 0..g.wo {
-                        let (ws, we) = adaptive(ow, g.w, g.wo);
+                    for ow in 0..gw.wo {
+                        let (ws, we) = adaptive(ow, gw.w, gw.wo);
                         if ws > w {
                             break;
                         }
                         if w >= we {
                             continue;
                         }
-                        *d += gy[(plane * g.ho + oh) * g.wo + ow] / ((he - hs) * (we - ws)) as f64;
+                        d += gy[gw.out_at(plane, oh, ow)] / ((he - hs) * (we - ws)) as f64;
                     }
                 }
-            }
+                d
+            });
             return Ok(host_tensor(grad_y.dtype, dx, &shape));
         }
         let dx = Tensor::alloc(&shape, grad_y.dtype, &grad_y.device)?;
@@ -507,14 +401,10 @@ fn adaptive_geometry(op: &str, x_shape: &[usize], output: (usize, usize)) -> Res
             format!("output size {output:?} must be positive (input {x_shape:?})"),
         ));
     }
+    let mut win = Window::new(op, "", x_shape, (1, 1), (1, 1), (0, 0), (1, 1))?;
+    (win.ho, win.wo) = output;
     Ok(Geom {
-        n: x_shape[0],
-        c: x_shape[1],
-        h: x_shape[2],
-        w: x_shape[3],
-        ho: output.0,
-        wo: output.1,
-        p: Pool2dParams::new((1, 1)),
+        win,
         include_pad: false,
     })
 }

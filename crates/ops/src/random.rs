@@ -5,6 +5,7 @@
 //! generator by `ceil(n / 4)` blocks. Uniform values use `rand_philox::u32_to_unit_f32`
 //! (`_f64` for f64) and are bit-identical everywhere. Normal values use Box-Muller on word pairs;
 //! they match across devices to within the devices' `log`/`cos` accuracy (a few ulp), not bit for bit.
+use crate::checks::u32_arg;
 use crate::create::arg_acc;
 use crate::element::HostData;
 use crate::launch::program_for;
@@ -117,9 +118,7 @@ impl Tensor {
             Dist::Uniform { low, high } => ("uniform", low, high),
             Dist::Normal { mean, std } => ("normal", mean, std),
         };
-        let n32 = u32::try_from(n).map_err(|_| {
-            Error::shape(name, format!("{n} elements exceed the 32-bit kernel index"))
-        })?;
+        let n32 = u32_arg(name, "elements", n)?;
         let program = program_for(device, &RANDOM, dtype)?;
         let mut k = Kernel::new(&program, name)?;
         k.arg_mem(out.mem()?)?

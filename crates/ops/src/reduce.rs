@@ -1,4 +1,5 @@
 //! Reductions over any set of axes of strided views: sum, mean, max, min, argmax, argmin, var, logsumexp.
+use crate::checks::u32_arg;
 use crate::create::arg_acc;
 use crate::element::HostData;
 use crate::launch::program_for;
@@ -157,11 +158,6 @@ impl AxisSplit {
 /// Largest power of two not above `n` (n >= 1).
 pub(crate) fn pow2_floor(n: usize) -> usize {
     1 << (usize::BITS - 1 - n.max(1).leading_zeros())
-}
-
-pub(crate) fn u32_arg(op: &str, what: &str, n: usize) -> Result<u32> {
-    u32::try_from(n)
-        .map_err(|_| Error::shape(op, format!("{what} {n} exceeds the 32-bit kernel index")))
 }
 
 /// Host reference: reduce one row of f64 values.

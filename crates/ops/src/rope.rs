@@ -7,9 +7,9 @@
 //! accumulator type (f32 for f32/f16/bf16, f64 for f64), and
 //! `y[2i] = x[2i] cos a - x[2i+1] sin a`, `y[2i+1] = x[2i] sin a + x[2i+1] cos a`.
 //! The backward is the inverse rotation (the transpose): `rope_backward(g)` rotates by `-a`.
+use crate::checks::{check_float, u32_arg};
 use crate::create::arg_acc;
 use crate::element::HostData;
-use crate::index::small;
 use crate::launch::{launch_1d, program_for};
 use crate::layout::check_reach;
 use crate::layout::KernelLayout;
@@ -76,15 +76,7 @@ impl Tensor {
                 ),
             ));
         }
-        if !self.dtype.is_float() {
-            return Err(Error::dtype(
-                op,
-                format!(
-                    "needs a float dtype, not {} (shape {:?})",
-                    self.dtype, self.shape
-                ),
-            ));
-        }
+        check_float(op, self, "input")?;
         if !(theta.is_finite() && theta > 0.0) {
             return Err(Error::invalid(
                 op,
@@ -133,11 +125,11 @@ impl Tensor {
         let layout =
             KernelLayout::new(op, &pairs, &[(&out_strides, 0), (&x_strides, self.offset)])?;
         let args = [
-            small(op, self.strides[3])?,
-            small(op, t)?,
-            small(op, h)?,
-            small(op, dh / 2)?,
-            small(op, pos_offset)?,
+            u32_arg(op, "stride", self.strides[3])?,
+            u32_arg(op, "size", t)?,
+            u32_arg(op, "size", h)?,
+            u32_arg(op, "size", dh / 2)?,
+            u32_arg(op, "offset", pos_offset)?,
         ];
         let program = program_for(&self.device, &ROPE, self.dtype)?;
         launch_1d(&program, "rope", n, |k| {

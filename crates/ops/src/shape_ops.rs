@@ -1,7 +1,8 @@
 //! Shape ops: one_hot, concat, stack, split (views), constant pad, triu/tril and triangular (causal) masks.
+use crate::checks::{need_i32, same_device, u32_arg};
 use crate::create::arg_acc;
 use crate::element::HostData;
-use crate::index::{check_indices, need_i32, same_device, small};
+use crate::index::check_indices;
 use crate::launch::{launch_1d, program_for};
 use crate::layout::{check_reach, strided_positions};
 use crate::layout::{checked_numel, contiguous_strides, numel, KernelLayout, MAX_DIMS};
@@ -74,7 +75,7 @@ impl Tensor {
         id_strides.push(0);
         let layout =
             KernelLayout::new(op, &shape, &[(&out.strides, 0), (&id_strides, ids.offset)])?;
-        let c = small(op, classes)?;
+        let c = u32_arg(op, "size", classes)?;
         let program = program_for(&ids.device, &SHAPE, dtype)?;
         launch_1d(&program, "one_hot", out.numel(), |k| {
             k.arg_mem(out.mem()?)?
@@ -286,13 +287,13 @@ impl Tensor {
             before: [0; MAX_DIMS],
             in_shape: [1; MAX_DIMS],
             x_stride: [0; MAX_DIMS],
-            x_offset: small(op, self.offset)?,
+            x_offset: u32_arg(op, "offset", self.offset)?,
         };
         for d in 0..nd {
-            l.shape[d] = small(op, shape[d])?;
-            l.before[d] = small(op, before[d])?;
-            l.in_shape[d] = small(op, self.shape[d])?;
-            l.x_stride[d] = small(op, self.strides[d])?;
+            l.shape[d] = u32_arg(op, "size", shape[d])?;
+            l.before[d] = u32_arg(op, "size", before[d])?;
+            l.in_shape[d] = u32_arg(op, "size", self.shape[d])?;
+            l.x_stride[d] = u32_arg(op, "stride", self.strides[d])?;
         }
         let program = program_for(&self.device, &SHAPE, self.dtype)?;
         launch_1d(&program, "pad_constant", n, |k| {
@@ -355,7 +356,7 @@ impl Tensor {
             &self.shape,
             &[(&out.strides, 0), (&self.strides, self.offset)],
         )?;
-        let (r, c) = (small(op, rows)?, small(op, cols)?);
+        let (r, c) = (u32_arg(op, "size", rows)?, u32_arg(op, "size", cols)?);
         let diag = diagonal.clamp(i32::MIN as i64, i32::MAX as i64) as i32;
         let program = program_for(&self.device, &SHAPE, self.dtype)?;
         launch_1d(&program, "tri_select", out.numel(), |k| {
@@ -459,7 +460,7 @@ fn tri_mask(
     if n == 0 {
         return Ok(out);
     }
-    let c = small(op, cols)?;
+    let c = u32_arg(op, "size", cols)?;
     let diag = diagonal.clamp(i32::MIN as i64, i32::MAX as i64) as i32;
     let program = program_for(device, &SHAPE, dtype)?;
     launch_1d(&program, "tri_mask", n, |k| {

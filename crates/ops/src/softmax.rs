@@ -1,8 +1,10 @@
 //! softmax and log_softmax over any axis of strided views, and fused cross-entropy (forward, mean, backward).
+use crate::checks::{check_device, check_dtype, check_float, u32_arg};
 use crate::element::HostData;
-use crate::launch::{launch_1d, program_for};
+use crate::launch::{launch_1d, launch_groups, program_for};
 use crate::layout::{contiguous_strides, KernelLayout};
-use crate::reduce::{pow2_floor, u32_arg, AxisSplit};
+use crate::reduce::{pow2_floor, AxisSplit};
+use crate::rows::{starts_aligned, RowPlan};
 use crate::tensor::Tensor;
 use netcl_core_devices::{DType, Error, Result};
 use netcl_kernels::sources::SOFTMAX;
@@ -15,42 +17,6 @@ pub fn acc_dtype(dtype: DType) -> DType {
         DType::F64 => DType::F64,
         _ => DType::F32,
     }
-}
-
-pub(crate) fn check_float(op: &str, t: &Tensor, what: &str) -> Result<()> {
-    if !t.dtype.is_float() {
-        return Err(Error::dtype(
-            op,
-            format!(
-                "{what} is {} {:?}; {op} needs a float dtype",
-                t.dtype, t.shape
-            ),
-        ));
-    }
-    Ok(())
-}
-
-pub(crate) fn check_dtype(op: &str, t: &Tensor, what: &str, want: DType) -> Result<()> {
-    if t.dtype != want {
-        return Err(Error::dtype(
-            op,
-            format!("{what} is {} {:?}; {op} needs {want}", t.dtype, t.shape),
-        ));
-    }
-    Ok(())
-}
-
-pub(crate) fn check_device(op: &str, a: &Tensor, b: &Tensor, what: &str) -> Result<()> {
-    if a.device != b.device {
-        return Err(Error::device(
-            op,
-            format!(
-                "{what} {:?} is on {} but the input {:?} is on {}",
-                b.shape, b.device, a.shape, a.device
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// Work-group size for rows of `n` elements under the kernel's limit (a power of two, 64..=256).
@@ -91,18 +57,35 @@ pub struct CrossEntropy {
     pub lse: Tensor,
 }
 
-/// Validated logits [N, C] and targets [N] of a cross-entropy op.
-struct CeArgs {
-    n: usize,
-    c: usize,
+/// `CeLayout` of kernels/softmax.cl: logits (n, c) and targets (n) with their offsets and
+/// strides, and the ignore index.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct CeLayout {
+    n: u32,
+    c: u32,
     xoff: u32,
     xr: u32,
     xc: u32,
     toff: u32,
     ts: u32,
+    use_ignore: i32,
+    ignore: i32,
 }
 
-fn ce_args(op: &str, logits: &Tensor, targets: &Tensor) -> Result<CeArgs> {
+/// Validated logits [N, C] and targets [N] of a cross-entropy op.
+struct CeArgs {
+    n: usize,
+    c: usize,
+    cl: CeLayout,
+}
+
+fn ce_args(
+    op: &str,
+    logits: &Tensor,
+    targets: &Tensor,
+    ignore_index: Option<i32>,
+) -> Result<CeArgs> {
     check_float(op, logits, "logits")?;
     check_device(op, logits, targets, "targets")?;
     check_dtype(op, targets, "targets", DType::I32)?;
@@ -119,15 +102,18 @@ fn ce_args(op: &str, logits: &Tensor, targets: &Tensor) -> Result<CeArgs> {
     // Every offset a kernel computes must fit its 32-bit index.
     KernelLayout::new(op, &logits.shape, &[(&logits.strides, logits.offset)])?;
     KernelLayout::new(op, &targets.shape, &[(&targets.strides, targets.offset)])?;
-    Ok(CeArgs {
-        n,
-        c,
+    let cl = CeLayout {
+        n: u32_arg(op, "rows", n)?,
+        c: u32_arg(op, "classes", c)?,
         xoff: u32_arg(op, "offset", logits.offset)?,
         xr: u32_arg(op, "stride", logits.strides[0])?,
         xc: u32_arg(op, "stride", logits.strides[1])?,
         toff: u32_arg(op, "offset", targets.offset)?,
         ts: u32_arg(op, "stride", targets.strides[0])?,
-    })
+        use_ignore: ignore_index.is_some() as i32,
+        ignore: ignore_index.unwrap_or(0),
+    };
+    Ok(CeArgs { n, c, cl })
 }
 
 /// For host targets: every target must be in [0, C) or the ignore index.
@@ -204,6 +190,25 @@ impl Tensor {
         if rows == 0 || n == 0 {
             return Ok(out);
         }
+        // Contiguous rows: held in registers, one read and one write per element.
+        if n == 1 || (xs == 1 && os == 1) {
+            let aligned = starts_aligned(self.offset, &split.kept_shape, &split.kept_strides);
+            let name = "softmax_rows";
+            if let Some((plan, mut k)) =
+                RowPlan::kernel(&self.device, n, aligned, &SOFTMAX, self.dtype, name)?
+            {
+                k.arg_mem(out.mem()?)?.arg_mem(self.mem()?)?.arg(&lk)?;
+                plan.args(&mut k, n32, rows32)?;
+                k.arg(&(log_out as i32))?;
+                // One read and one write per element; max, subtract, exp, sum, scale.
+                k.declare(
+                    (2 * rows * n * self.dtype.size()) as u64,
+                    (5 * rows * n) as u64,
+                );
+                plan.launch(op, &mut k, rows)?;
+                return Ok(out);
+            }
+        }
         let program = program_for(&self.device, &SOFTMAX, self.dtype)?;
         let col = n <= 32 || (xs != 1 && rows >= 1024);
         let mut k = Kernel::new(&program, if col { "softmax_col" } else { "softmax_wg" })?;
@@ -225,10 +230,7 @@ impl Tensor {
             k.launch(&[rows], &[group])?;
         } else {
             let group = row_group(&k, n);
-            let global = rows.checked_mul(group).filter(|&g| g <= u32::MAX as usize);
-            let global = global
-                .ok_or_else(|| Error::shape(op, format!("{rows} rows exceed the kernel grid")))?;
-            k.launch(&[global], &[group])?;
+            launch_groups(op, &mut k, rows, group)?;
         }
         Ok(out)
     }
@@ -255,7 +257,7 @@ impl Tensor {
     ) -> Result<(Tensor, Tensor)> {
         let op = "cross_entropy";
         let _span = netcl_profiling::span(op);
-        let a = ce_args(op, self, targets)?;
+        let a = ce_args(op, self, targets, ignore_index)?;
         let acc = acc_dtype(self.dtype);
         if let (Some(x), Some(t)) = (
             self.host_view(&self.shape, &self.strides),
@@ -283,30 +285,37 @@ impl Tensor {
         if a.n == 0 {
             return Ok((losses, lse));
         }
-        let c32 = u32_arg(op, "classes", a.c)?;
+        let args = |k: &mut Kernel| -> Result<()> {
+            k.arg_mem(losses.mem()?)?
+                .arg_mem(lse.mem()?)?
+                .arg_mem(self.mem()?)?
+                .arg_mem(targets.mem()?)?
+                .arg(&a.cl)?;
+            Ok(())
+        };
+        // Contiguous rows: held in registers, with 4-wide loads where aligned.
+        if a.cl.xc == 1 || a.c == 1 {
+            let aligned = starts_aligned(self.offset, &[a.n], &[self.strides[0]]);
+            let name = "cross_entropy_rows";
+            if let Some((plan, mut k)) =
+                RowPlan::kernel(&self.device, a.c, aligned, &SOFTMAX, self.dtype, name)?
+            {
+                args(&mut k)?;
+                k.arg(&(plan.team as u32))?;
+                let bytes = a.n * a.c * self.dtype.size() + a.n * (4 + 2 * acc.size());
+                k.declare(bytes as u64, (4 * a.n * a.c) as u64);
+                plan.launch(op, &mut k, a.n)?;
+                return Ok((losses, lse));
+            }
+        }
         let program = program_for(&self.device, &SOFTMAX, self.dtype)?;
         let mut k = Kernel::new(&program, "cross_entropy_fwd")?;
-        k.arg_mem(losses.mem()?)?
-            .arg_mem(lse.mem()?)?
-            .arg_mem(self.mem()?)?
-            .arg_mem(targets.mem()?)?
-            .arg(&c32)?
-            .arg(&a.xoff)?
-            .arg(&a.xr)?
-            .arg(&a.xc)?
-            .arg(&a.toff)?
-            .arg(&a.ts)?
-            .arg(&(ignore_index.is_some() as i32))?
-            .arg(&ignore_index.unwrap_or(0))?;
+        args(&mut k)?;
         // Logits and targets read, losses and lse written; max, subtract, exp and sum per logit.
         let bytes = a.n * a.c * self.dtype.size() + a.n * (4 + 2 * acc.size());
         k.declare(bytes as u64, (4 * a.n * a.c) as u64);
         let group = row_group(&k, a.c);
-        let global =
-            a.n.checked_mul(group)
-                .filter(|&g| g <= u32::MAX as usize)
-                .ok_or_else(|| Error::shape(op, format!("{} rows exceed the kernel grid", a.n)))?;
-        k.launch(&[global], &[group])?;
+        launch_groups(op, &mut k, a.n, group)?;
         Ok((losses, lse))
     }
 
@@ -318,9 +327,8 @@ impl Tensor {
         ignore_index: Option<i32>,
     ) -> Result<CrossEntropy> {
         let op = "cross_entropy";
-        let a = ce_args(op, self, targets)?;
+        let a = ce_args(op, self, targets, ignore_index)?;
         let acc = acc_dtype(self.dtype);
-        let n32 = u32_arg(op, "rows", a.n)?;
         let (losses, lse) = self.cross_entropy_rows(targets, ignore_index)?;
         if let (Some(l), Some(t)) = (
             losses.host_view(&losses.shape, &losses.strides),
@@ -349,11 +357,7 @@ impl Tensor {
             .arg_mem(count.mem()?)?
             .arg_mem(losses.mem()?)?
             .arg_mem(targets.mem()?)?
-            .arg(&n32)?
-            .arg(&a.toff)?
-            .arg(&a.ts)?
-            .arg(&(ignore_index.is_some() as i32))?
-            .arg(&ignore_index.unwrap_or(0))?;
+            .arg(&a.cl)?;
         let group = 256.min(pow2_floor(k.max_work_group_size()));
         k.launch(&[group], &[group])?;
         Ok(CrossEntropy {
@@ -379,7 +383,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         let op = "cross_entropy_backward";
         let _span = netcl_profiling::span(op);
-        let a = ce_args(op, self, targets)?;
+        let a = ce_args(op, self, targets, ignore_index)?;
         let acc = acc_dtype(self.dtype);
         let scalar = |t: &Tensor| t.numel() == 1 && t.ndim() <= 1;
         for (t, what) in [(lse, "lse"), (grad, "grad")]
@@ -432,7 +436,6 @@ impl Tensor {
         let cnt_t = count.unwrap_or(grad);
         let coff = u32_arg(op, "offset", cnt_t.offset)?;
         let numel = a.n * a.c;
-        let c32 = u32_arg(op, "classes", a.c)?;
         let goff = u32_arg(op, "offset", grad.offset)?;
         let gs32 = u32_arg(op, "stride", gs)?;
         let dx = Tensor::alloc(&self.shape, self.dtype, &self.device)?;
@@ -450,20 +453,13 @@ impl Tensor {
                 .arg_mem(lse.mem()?)?
                 .arg_mem(grad.mem()?)?
                 .arg_mem(cnt_t.mem()?)?
-                .arg(&c32)?
-                .arg(&a.xoff)?
-                .arg(&a.xr)?
-                .arg(&a.xc)?
-                .arg(&a.toff)?
-                .arg(&a.ts)?
+                .arg(&a.cl)?
                 .arg(&loff)?
                 .arg(&ls)?
                 .arg(&goff)?
                 .arg(&gs32)?
                 .arg(&coff)?
-                .arg(&(count.is_some() as i32))?
-                .arg(&(ignore_index.is_some() as i32))?
-                .arg(&ignore_index.unwrap_or(0))?;
+                .arg(&(count.is_some() as i32))?;
             Ok(())
         })?;
         Ok(dx)

@@ -3,6 +3,15 @@ use crate::tensor::Tensor;
 use half::{bf16, f16};
 use netcl_core_devices::{DType, Device};
 
+/// Row lengths around the steps of the register-resident row kernels (softmax, norms,
+/// cross-entropy: 1 to 32 values per work-item of 256) and past their limit (8193 rows take the
+/// general kernels).
+pub const ROW_LENGTHS: [usize; 10] = [1, 3, 255, 256, 257, 1000, 4096, 4097, 8192, 8193];
+
+/// Rows longer than this take the general (two-pass) row kernels (on devices that run
+/// work-groups of 256).
+pub const MAX_REGISTER_ROW: usize = crate::rows::MAX_ROW;
+
 /// Small deterministic xorshift generator for test cases.
 #[derive(Clone, Debug)]
 pub struct Cases(pub u64);

@@ -1,7 +1,9 @@
 //! layer_norm, rms_norm (forward, backward, finite differences) and batch_norm on every device against the host.
 use netcl_core_devices::test_devices;
+use netcl_kernels::thread_launches;
 use netcl_ops::testing::{
     check_close, dtypes_for, host_tensor, random_tensor, random_view, tolerance, Cases,
+    MAX_REGISTER_ROW, ROW_LENGTHS,
 };
 use netcl_ops::{acc_dtype, DType, Device, Tensor};
 
@@ -145,6 +147,75 @@ fn random_layer_and_rms_norms_match_the_host() {
             }
         }
     }
+}
+
+#[test]
+fn norm_rows_at_register_boundaries() {
+    let devices = test_devices().unwrap();
+    let mut checks = 0;
+    for &n in &ROW_LENGTHS {
+        for dtype in float_dtypes(devices.last().unwrap()) {
+            // Base [5, n + 1]; row 2 is shifted by +20 (mean far from 0).
+            let mut c = Cases::new(n as u64 + 7);
+            let v: Vec<f64> = (0..5 * (n + 1))
+                .map(|i| c.uniform(-3.0, 3.0) + if i / (n + 1) == 2 { 20.0 } else { 0.0 })
+                .collect();
+            let base = host_tensor(dtype, &v, &[5, n + 1]);
+            // View 0: a contiguous copy (row starts multiples of n); view 1: columns 1..=n in place.
+            let view = |b: &Tensor, k: usize| match k {
+                0 => b.narrow(1, 0, n).unwrap().contiguous().unwrap(),
+                _ => b.narrow(1, 1, n).unwrap(),
+            };
+            let w = random_tensor(dtype, &[n], 0.5, 1.5, n as u64 + 1);
+            let b = random_tensor(dtype, &[n], -1.0, 1.0, n as u64 + 2);
+            let (wv, bv) = (w.to_vec_f64().unwrap(), b.to_vec_f64().unwrap());
+            for k in 0..2 {
+                let xs = view(&base, k).to_vec_f64().unwrap();
+                for rms in [false, true] {
+                    let bias = (!rms).then_some(&bv[..]);
+                    let r = norm_reference(&xs, n, rms, Some(&wv), bias, 1e-5);
+                    let what = format!("rms={rms} {dtype} [5, {n}] view {k}");
+                    let tol = tolerance(dtype) * 4.0;
+                    for dev in &devices {
+                        let x = view(&base.to_device(dev).unwrap(), k);
+                        let (wd, bd) = (w.to_device(dev).unwrap(), b.to_device(dev).unwrap());
+                        let before = thread_launches("norm_rows");
+                        let (y, rstd) = if rms {
+                            x.rms_norm(&[n], Some(&wd), 1e-5).unwrap()
+                        } else {
+                            let (y, _, rstd) =
+                                x.layer_norm(&[n], Some(&wd), Some(&bd), 1e-5).unwrap();
+                            (y, rstd)
+                        };
+                        let rows_kernel = thread_launches("norm_rows") - before;
+                        let expect = u64::from(!dev.is_host() && n <= MAX_REGISTER_ROW);
+                        let what = format!("{what} on {dev}");
+                        assert_eq!(rows_kernel, expect, "{what}: row kernel launches");
+                        check_close(&y.to_vec_f64().unwrap(), &r, tol, 4.0, &what).unwrap();
+                        // rstd from the f64 reference's variance.
+                        let want_rstd: Vec<f64> = xs
+                            .chunks(n)
+                            .map(|row| {
+                                let mu = if rms {
+                                    0.0
+                                } else {
+                                    row.iter().sum::<f64>() / n as f64
+                                };
+                                let var =
+                                    row.iter().map(|v| (v - mu).powi(2)).sum::<f64>() / n as f64;
+                                1.0 / (var + 1e-5).sqrt()
+                            })
+                            .collect();
+                        let atol = tolerance(acc_dtype(dtype)) * 8.0;
+                        check_close(&rstd.to_vec_f64().unwrap(), &want_rstd, atol, 0.0, &what)
+                            .unwrap();
+                        checks += 1;
+                    }
+                }
+            }
+        }
+    }
+    println!("{checks} norm checks");
 }
 
 /// Central finite differences of `f` at `x`.
@@ -472,5 +543,268 @@ fn norms_are_deterministic() {
         for (a, b) in a.iter().zip(&b) {
             assert_eq!(a.as_bytes(), b.as_bytes(), "{dev}");
         }
+    }
+}
+
+/// A tensor on `dev` holding `vals` (row-major over `shape`) in one of three layouts: 0 contiguous,
+/// 1 stored with every dim reversed (a permuted view), 2 every other element of a last dim twice
+/// as long, from element 1 (a stepped slice with an offset).
+fn laid_out(dtype: DType, vals: &[f64], shape: &[usize], kind: usize, dev: &Device) -> Tensor {
+    let t = host_tensor(dtype, vals, shape);
+    match kind {
+        0 => t.to_device(dev).unwrap(),
+        1 => {
+            let rev: Vec<usize> = (0..shape.len()).rev().collect();
+            let stored = t.permute(&rev).unwrap().contiguous().unwrap();
+            stored.to_device(dev).unwrap().permute(&rev).unwrap()
+        }
+        _ => {
+            let last = *shape.last().unwrap();
+            let mut wide = shape.to_vec();
+            *wide.last_mut().unwrap() = 2 * last;
+            let base: Vec<f64> = (0..vals.len() * 2)
+                .map(|i| if i % 2 == 1 { vals[i / 2] } else { 7.0 })
+                .collect();
+            let d = shape.len() - 1;
+            host_tensor(dtype, &base, &wide)
+                .to_device(dev)
+                .unwrap()
+                .slice(d, 1, 2 * last, 2)
+                .unwrap()
+        }
+    }
+}
+
+/// A random batch-norm shape: (N, C) or (N, C, H, W) with at least 2 values per channel.
+fn bn_shape(c: &mut Cases, max: usize) -> Vec<usize> {
+    let mut shape = vec![1 + c.below(max), 1 + c.below(max)];
+    if c.below(2) == 0 {
+        shape.extend([1 + c.below(max), 1 + c.below(max)]);
+    }
+    if shape.iter().product::<usize>() / shape[1] < 2 {
+        shape[0] += 1;
+    }
+    shape
+}
+
+#[test]
+fn batch_norm_gradients_match_finite_differences() {
+    let mut c = Cases::new(0xBB);
+    let mut checks = 0;
+    for dev in test_devices().unwrap() {
+        if !dev.info().fp64 {
+            continue;
+        }
+        for case in 0..8u64 {
+            let shape = bn_shape(&mut c, 4);
+            let ch = shape[1];
+            let n: usize = shape.iter().product();
+            let (xk, gk) = (c.below(3), c.below(3));
+            let x0 = random_tensor(DType::F64, &[n], -2.0, 2.0, case)
+                .to_vec_f64()
+                .unwrap();
+            let r = random_tensor(DType::F64, &[n], -1.0, 1.0, case + 1)
+                .to_vec_f64()
+                .unwrap();
+            let w0 = random_tensor(DType::F64, &[ch], 0.5, 1.5, case + 2)
+                .to_vec_f64()
+                .unwrap();
+            let b0 = random_tensor(DType::F64, &[ch], -1.0, 1.0, case + 3)
+                .to_vec_f64()
+                .unwrap();
+            let with_w = c.below(4) != 0;
+            let t = |v: &[f64], s: &[usize]| Tensor::from_vec(v.to_vec(), s, &dev).unwrap();
+            // loss = sum(y * r), so dy = r. FD noise is ~1e-9 (roundoff of loss / step): an
+            // absolute floor of 1e-8.
+            let loss = |x: &[f64], w: &[f64], b: &[f64]| -> f64 {
+                let wt = t(w, &[ch]);
+                t(x, &shape)
+                    .batch_norm_train(
+                        with_w.then_some(&wt),
+                        Some(&t(b, &[ch])),
+                        None,
+                        None,
+                        0.1,
+                        1e-5,
+                    )
+                    .unwrap()
+                    .y
+                    .to_vec_f64()
+                    .unwrap()
+                    .iter()
+                    .zip(&r)
+                    .map(|(a, b)| a * b)
+                    .sum()
+            };
+            let x = laid_out(DType::F64, &x0, &shape, xk, &dev);
+            let dy = laid_out(DType::F64, &r, &shape, gk, &dev);
+            let wt = t(&w0, &[ch]);
+            let fwd = x
+                .batch_norm_train(
+                    with_w.then_some(&wt),
+                    Some(&t(&b0, &[ch])),
+                    None,
+                    None,
+                    0.1,
+                    1e-5,
+                )
+                .unwrap();
+            let g = x
+                .batch_norm_backward(&dy, &fwd.save_mean, &fwd.save_invstd, with_w.then_some(&wt))
+                .unwrap();
+            let what = format!("batch_norm {shape:?} layouts {xk}/{gk} w {with_w} on {dev}");
+            let dx = fd(&x0, &|x| loss(x, &w0, &b0));
+            assert!(
+                g.dx.is_contiguous() && g.dx.shape() == shape.as_slice(),
+                "{what}"
+            );
+            check_close(
+                &g.dx.to_vec_f64().unwrap(),
+                &dx,
+                1e-6,
+                1e-2,
+                &format!("dx {what}"),
+            )
+            .unwrap();
+            let db = fd(&b0, &|b| loss(&x0, &w0, b));
+            let gb = g.dbias.unwrap().to_vec_f64().unwrap();
+            check_close(&gb, &db, 1e-6, 1e-2, &format!("dbias {what}")).unwrap();
+            assert_eq!(g.dweight.is_some(), with_w, "{what}");
+            if let Some(gw) = g.dweight {
+                let dw = fd(&w0, &|w| loss(&x0, w, &b0));
+                check_close(
+                    &gw.to_vec_f64().unwrap(),
+                    &dw,
+                    1e-6,
+                    1e-3,
+                    &format!("dweight {what}"),
+                )
+                .unwrap();
+            }
+            checks += 1;
+        }
+    }
+    assert!(
+        checks >= 16,
+        "{checks} checks: the host and at least one fp64 OpenCL device"
+    );
+}
+
+#[test]
+fn random_batch_norm_backwards_match_the_host() {
+    let devices = test_devices().unwrap();
+    let dtypes = float_dtypes(devices.last().unwrap());
+    let mut c = Cases::new(0xBB2);
+    let mut checks = 0;
+    for case in 0..120u64 {
+        let mut shape = bn_shape(&mut c, 6);
+        let mut dtype = dtypes[c.below(dtypes.len())];
+        // Several slices per channel (P > 1), and the 256-slice cap.
+        match case {
+            10 => shape = vec![8, 3, 32, 33],
+            20 => shape = vec![2, 2, 100, 100],
+            30 => (shape, dtype) = (vec![1, 1, 1024, 1025], DType::F32),
+            _ => {}
+        }
+        let ch = shape[1];
+        let n: usize = shape.iter().product();
+        let (xk, gk) = (c.below(3), c.below(3));
+        let xv = random_tensor(DType::F64, &[n], -3.0, 3.0, case)
+            .to_vec_f64()
+            .unwrap();
+        let gv = random_tensor(DType::F64, &[n], -1.0, 1.0, case + 1)
+            .to_vec_f64()
+            .unwrap();
+        let w = (c.below(3) != 0).then(|| random_tensor(dtype, &[ch], 0.5, 1.5, case + 2));
+        let run = |dev: &Device| {
+            let x = laid_out(dtype, &xv, &shape, xk, dev);
+            let dy = laid_out(dtype, &gv, &shape, gk, dev);
+            let wd = w.as_ref().map(|w| w.to_device(dev).unwrap());
+            let fwd = x
+                .batch_norm_train(wd.as_ref(), None, None, None, 0.1, 1e-5)
+                .unwrap();
+            let g = x
+                .batch_norm_backward(&dy, &fwd.save_mean, &fwd.save_invstd, wd.as_ref())
+                .unwrap();
+            (fwd, g)
+        };
+        let (want_fwd, want) = run(&Device::host());
+        let what = format!(
+            "batch_norm_backward {dtype} {shape:?} layouts {xk}/{gk} w {}",
+            w.is_some()
+        );
+        let tol = tolerance(dtype) * 8.0;
+        let rows = (n / ch) as f64;
+        for dev in &devices {
+            if dev.is_host() {
+                continue;
+            }
+            let (fwd, g) = run(dev);
+            let what = format!("{what} on {dev}");
+            // The backward of the device's own statistics (they match the host's to acc precision).
+            close(
+                &fwd.save_invstd,
+                &want_fwd.save_invstd,
+                tolerance(acc_dtype(dtype)) * 8.0,
+                1.0,
+                &what,
+            );
+            close(&g.dx, &want.dx, tol, 4.0, &format!("dx {what}"));
+            close(
+                g.dbias.as_ref().unwrap(),
+                want.dbias.as_ref().unwrap(),
+                tol,
+                rows.sqrt(),
+                &format!("dbias {what}"),
+            );
+            assert_eq!(g.dweight.is_some(), w.is_some(), "{what}");
+            if let (Some(a), Some(b)) = (&g.dweight, &want.dweight) {
+                close(a, b, tol, 2.0 * rows.sqrt(), &format!("dweight {what}"));
+            }
+            checks += 1;
+        }
+    }
+    assert!(checks >= 120, "{checks} device checks");
+}
+
+#[test]
+fn batch_norm_backward_errors_name_the_op_and_shapes() {
+    for dev in test_devices().unwrap() {
+        let x = Tensor::zeros(&[4, 3, 2], DType::F32, &dev).unwrap();
+        let fwd = x
+            .batch_norm_train(None, None, None, None, 0.1, 1e-5)
+            .unwrap();
+        let dy = Tensor::zeros(&[4, 3, 3], DType::F32, &dev).unwrap();
+        let e = x
+            .batch_norm_backward(&dy, &fwd.save_mean, &fwd.save_invstd, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("batch_norm_backward") && e.contains("[4, 3, 3]"),
+            "{e}"
+        );
+        let dy = Tensor::zeros(&[4, 3, 2], DType::F32, &dev).unwrap();
+        let m4 = Tensor::zeros(&[4], DType::F32, &dev).unwrap();
+        let e = x
+            .batch_norm_backward(&dy, &m4, &fwd.save_invstd, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("save_mean") && e.contains("[4]"), "{e}");
+        let w2 = Tensor::ones(&[2], DType::F32, &dev).unwrap();
+        let e = x
+            .batch_norm_backward(&dy, &fwd.save_mean, &fwd.save_invstd, Some(&w2))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("weight") && e.contains("[2]"), "{e}");
+        let dy16 = Tensor::zeros(&[4, 3, 2], DType::F16, &dev).unwrap();
+        let e = x
+            .batch_norm_backward(&dy16, &fwd.save_mean, &fwd.save_invstd, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("dy") && e.contains("f16"), "{e}");
+        let flat = Tensor::zeros(&[4], DType::F32, &dev).unwrap();
+        assert!(flat
+            .batch_norm_backward(&flat, &fwd.save_mean, &fwd.save_invstd, None)
+            .is_err());
     }
 }

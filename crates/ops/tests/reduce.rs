@@ -1,7 +1,9 @@
 //! Reductions (sum, mean, max, min, argmax, argmin, var, logsumexp) on every device against the host reference.
 use netcl_core_devices::test_devices;
+use netcl_kernels::thread_launches;
 use netcl_ops::testing::{
     check_close, dtypes_for, host_tensor, random_tensor, random_view, tolerance, Cases,
+    MAX_REGISTER_ROW, ROW_LENGTHS,
 };
 use netcl_ops::{acc_dtype, DType, Device, ReduceOp, Tensor};
 
@@ -689,6 +691,117 @@ fn cross_entropy_gradient_matches_finite_differences() {
             );
         }
     }
+}
+
+/// A host base [5, n + 1] of `dtype` for the row-kernel tests. With `special`, row 0 holds -inf
+/// at columns 0 and n / 2, row 2 is shifted by +20, row 3 is all -inf and row 4 holds a NaN.
+fn row_base(dtype: DType, n: usize, seed: u64, special: bool) -> Tensor {
+    let mut c = Cases::new(seed);
+    let mut v: Vec<f64> = (0..5 * (n + 1)).map(|_| c.uniform(-4.0, 4.0)).collect();
+    if special {
+        let at = |r: usize, j: usize| r * (n + 1) + j;
+        for j in 0..=n {
+            v[at(2, j)] += 20.0;
+            v[at(3, j)] = f64::NEG_INFINITY;
+        }
+        v[at(0, 0)] = f64::NEG_INFINITY;
+        v[at(0, n / 2)] = f64::NEG_INFINITY;
+        v[at(4, n / 3 + 1)] = f64::NAN;
+    }
+    host_tensor(dtype, &v, &[5, n + 1])
+}
+
+/// Rows of length n of `base` [5, n + 1]: view 0 is a contiguous copy of columns 0..n (rows start
+/// at multiples of n: 4-wide loads when n is a multiple of 4), view 1 the columns 1..=n in place
+/// (rows start at 1, n + 2, ...: scalar loads).
+fn row_view(base: &Tensor, view: usize) -> Tensor {
+    let n = base.shape()[1] - 1;
+    match view {
+        0 => base.narrow(1, 0, n).unwrap().contiguous().unwrap(),
+        _ => base.narrow(1, 1, n).unwrap(),
+    }
+}
+
+#[test]
+fn softmax_rows_at_register_boundaries() {
+    let devices = test_devices().unwrap();
+    let mut checks = 0;
+    for &n in &ROW_LENGTHS {
+        for dtype in float_dtypes(devices.last().unwrap()) {
+            let base = row_base(dtype, n, n as u64, true);
+            for view in 0..2 {
+                let x = row_view(&base, view);
+                for log in [false, true] {
+                    let r = softmax_reference(&x.contiguous().unwrap(), 1, log);
+                    let what = format!("softmax log={log} {dtype} [5, {n}] view {view}");
+                    // Softmax values go down to exp(-8) / n: compare relative to that floor.
+                    let scale = if log { 1.0 } else { 1.0 / n as f64 };
+                    for dev in &devices {
+                        let xd = row_view(&base.to_device(dev).unwrap(), view);
+                        let before = thread_launches("softmax_rows");
+                        let got = if log {
+                            xd.log_softmax(1)
+                        } else {
+                            xd.softmax(1)
+                        };
+                        let got = got.unwrap().to_vec_f64().unwrap();
+                        let rows_kernel = thread_launches("softmax_rows") - before;
+                        let expect = u64::from(!dev.is_host() && n <= MAX_REGISTER_ROW);
+                        assert_eq!(rows_kernel, expect, "{what} on {dev}: row kernel launches");
+                        let w = format!("{what} on {dev}");
+                        check_close(&got, &r, tolerance(dtype), scale, &w).unwrap();
+                        checks += 1;
+                    }
+                }
+            }
+        }
+    }
+    println!("{checks} softmax checks");
+}
+
+#[test]
+fn cross_entropy_rows_at_register_boundaries() {
+    let devices = test_devices().unwrap();
+    let mut c = Cases::new(0xCE2);
+    let mut checks = 0;
+    for &n in &ROW_LENGTHS {
+        for dtype in float_dtypes(devices.last().unwrap()) {
+            let t: Vec<i32> = (0..5)
+                .map(|i| if i == 3 { -100 } else { c.below(n) as i32 })
+                .collect();
+            let targets = Tensor::from_vec(t.clone(), &[5], &Device::host()).unwrap();
+            let base = row_base(dtype, n, c.next_u64(), false);
+            for view in 0..2 {
+                let xs = row_view(&base, view).to_vec_f64().unwrap();
+                let mut lse = vec![0.0; 5];
+                let mut losses = vec![0.0; 5];
+                for i in 0..5 {
+                    let row = &xs[i * n..(i + 1) * n];
+                    let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    lse[i] = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+                    if t[i] != -100 {
+                        losses[i] = lse[i] - row[t[i] as usize];
+                    }
+                }
+                let what = format!("cross_entropy {dtype} [5, {n}] view {view}");
+                let tol = tolerance(acc_dtype(dtype)) * 4.0;
+                for dev in &devices {
+                    let before = thread_launches("cross_entropy_rows");
+                    let xd = row_view(&base.to_device(dev).unwrap(), view);
+                    let td = targets.to_device(dev).unwrap();
+                    let (l, s) = xd.cross_entropy_rows(&td, Some(-100)).unwrap();
+                    let rows_kernel = thread_launches("cross_entropy_rows") - before;
+                    let expect = u64::from(!dev.is_host() && n <= MAX_REGISTER_ROW);
+                    assert_eq!(rows_kernel, expect, "{what} on {dev}: row kernel launches");
+                    let w = format!("{what} on {dev}");
+                    check_close(&l.to_vec_f64().unwrap(), &losses, tol, 1.0, &w).unwrap();
+                    check_close(&s.to_vec_f64().unwrap(), &lse, tol, 1.0, &w).unwrap();
+                    checks += 1;
+                }
+            }
+        }
+    }
+    println!("{checks} cross-entropy checks");
 }
 
 #[test]

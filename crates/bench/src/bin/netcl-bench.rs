@@ -87,7 +87,8 @@ impl Runner {
         Ok(())
     }
 
-    /// Row-wise softmax and layer_norm over rows of 4096 (one read and one write of the tensor).
+    /// Row-wise softmax (rows of 4096, and of 1024 as in attention), layer_norm and rms_norm
+    /// over rows of 4096 (one read and one write of the tensor).
     fn rows(&mut self, softmax: bool, norm: bool) -> Result<()> {
         let (rows, cols) = (1usize << 14, 4096usize);
         let x = self.randn(&[rows, cols])?;
@@ -97,6 +98,11 @@ impl Runner {
             self.measure("softmax", name, (bytes, 0.0, 1), || {
                 x.softmax(1).map(|_| ())
             })?;
+            let short = x.reshape(&[rows * 4, cols / 4])?;
+            let name = format!("softmax_{}x{}", rows * 4, cols / 4);
+            self.measure("softmax", name, (bytes, 0.0, 1), || {
+                short.softmax(1).map(|_| ())
+            })?;
         }
         if norm {
             let w = Tensor::ones(&[cols], DType::F32, &self.dev)?;
@@ -104,6 +110,10 @@ impl Runner {
             let name = format!("layer_norm_{rows}x{cols}");
             self.measure("norm", name, (bytes, 0.0, 1), || {
                 x.layer_norm(&[cols], Some(&w), Some(&b), 1e-5).map(|_| ())
+            })?;
+            let name = format!("rms_norm_{rows}x{cols}");
+            self.measure("norm", name, (bytes, 0.0, 1), || {
+                x.rms_norm(&[cols], Some(&w), 1e-5).map(|_| ())
             })?;
         }
         Ok(())
