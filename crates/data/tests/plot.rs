@@ -159,7 +159,12 @@ fn plot_errors() {
     let mut h = History::new();
     h.push(1.0, 0.5, 0.5);
     assert!(plot_history_sized(dir.join("s.png"), "t", &h, (100, 100)).is_err());
-    let bad = dir.join("no-such-dir").join("x.png");
+    // A missing directory is created; a parent that is a file is an error naming it.
+    let nested = dir.join("new-dir").join("x.png");
+    plot_history(&nested, "t", &h).unwrap();
+    assert!(nested.is_file());
+    std::fs::write(dir.join("a-file"), b"x").unwrap();
+    let bad = dir.join("a-file").join("x.png");
     let msg = plot_history(&bad, "t", &h).unwrap_err().to_string();
-    assert!(msg.contains("no-such-dir"), "{msg}");
+    assert!(msg.contains("a-file"), "{msg}");
 }

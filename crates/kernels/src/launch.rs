@@ -37,6 +37,11 @@ pub fn thread_launches(name: &str) -> u64 {
     })
 }
 
+/// How many kernels this thread has launched through [`Kernel::launch`] (all names).
+pub fn thread_launches_total() -> u64 {
+    KERNELS.with(|k| k.borrow().values().map(|e| e.launches).sum())
+}
+
 /// One launch of a kernel: set its arguments in order, then `launch`.
 pub struct Kernel {
     entry: Option<Entry>,
