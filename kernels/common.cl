@@ -110,9 +110,7 @@ inline int win_out(const Window2* g, int a, uint x, uint k) {
 // consecutive work-items (a power of two dividing the work-group) by a tree of JOIN(a, b) in a
 // fixed order; every work-item gets its team's result. sh holds a slot per work-item. Every
 // work-item of the group must call it (it has barriers).
-#define TEAM_REDUCE_FN(name, type, JOIN) TEAM_REDUCE_TREE_FN(name, type, JOIN, barrier(CLK_LOCAL_MEM_FENCE))
-// The tree of TEAM_REDUCE_FN, then TAIL (a barrier, so that sh can be reused, or nothing).
-#define TEAM_REDUCE_TREE_FN(name, type, JOIN, TAIL)                         \
+#define TEAM_REDUCE_FN(name, type, JOIN)                                    \
     inline type name(type x, __local type* sh, uint team) {                 \
         uint lid = get_local_id(0);                                         \
         sh[lid] = x;                                                        \
@@ -122,7 +120,7 @@ inline int win_out(const Window2* g, int a, uint x, uint k) {
             barrier(CLK_LOCAL_MEM_FENCE);                                   \
         }                                                                   \
         type r = sh[lid - lid % team];                                      \
-        TAIL;                                                               \
+        barrier(CLK_LOCAL_MEM_FENCE);                                       \
         return r;                                                           \
     }
 #define NETCL_ADD(a, b) ((a) + (b))
@@ -199,52 +197,6 @@ inline rowpos_t row_pos(uint n, uint rows, uint team) {
     r.units = r.row < rows ? n / ROW_V : 0;
     return r;
 }
-
-// TEAM_REDUCE_ONCE_FN(name, type, JOIN) defines `type name(type x, __local type* sh, uint team)`
-// like TEAM_REDUCE_FN, for a buffer sh that the kernel passes to this one call only (no barrier
-// after the last read; give each call its own buffer). Every work-item of the group must call it.
-#ifdef NETCL_NV_SHFL
-// NVIDIA (rows.rs adds -DNETCL_NV_SHFL there, for 1-D work-groups of whole 32-lane warps, so warp
-// w holds local ids 32w..32w+31 and a team lies within a warp or spans whole warps): the same
-// tree by warp shuffles within each warp (bit-identical to TEAM_REDUCE_FN for teams up to 32);
-// teams wider than a warp then merge their warps' results (warp 0 first, in the same tree order)
-// through sh (one slot per warp) with a single barrier.
-inline uint nv_shfl_down(uint x, uint k) {  // x of lane + k, own x past lane 31
-    uint r;
-    asm volatile("shfl.sync.down.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=r"(r) : "r"(x), "r"(k));
-    return r;
-}
-inline uint nv_shfl_idx(uint x, uint src) {  // x of lane src
-    uint r;
-    asm volatile("shfl.sync.idx.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=r"(r) : "r"(x), "r"(src));
-    return r;
-}
-// `type name(type x, uint b)`: SHFL(word, b) of each 32-bit word of x.
-#define NV_SHFL_FN(name, type, SHFL)                                        \
-    inline type name(type x, uint b) {                                      \
-        union { type t; uint u[sizeof(type) / 4]; } a;                      \
-        a.t = x;                                                            \
-        for (uint i = 0; i < sizeof(type) / 4; ++i) a.u[i] = SHFL(a.u[i], b); \
-        return a.t;                                                         \
-    }
-#define TEAM_REDUCE_ONCE_FN(name, type, JOIN)                               \
-    NV_SHFL_FN(name##_down, type, nv_shfl_down)                             \
-    NV_SHFL_FN(name##_idx, type, nv_shfl_idx)                               \
-    inline type name(type x, __local type* sh, uint team) {                 \
-        uint lid = get_local_id(0), wl = lid % 32u, t = min(team, 32u);     \
-        for (uint k = t / 2; k > 0; k >>= 1) x = JOIN(x, name##_down(x, k)); \
-        if (team > 32u) {                                                   \
-            uint w = team / 32u;                                            \
-            if (wl == 0) sh[lid / 32u] = x;                                 \
-            barrier(CLK_LOCAL_MEM_FENCE);                                   \
-            x = sh[(lid - lid % team) / 32u + (wl < w ? wl : 0u)];          \
-            for (uint k = w / 2; k > 0; k >>= 1) x = JOIN(x, name##_down(x, k)); \
-        }                                                                   \
-        return name##_idx(x, wl & ~(t - 1));                                \
-    }
-#else
-#define TEAM_REDUCE_ONCE_FN(name, type, JOIN) TEAM_REDUCE_TREE_FN(name, type, JOIN, )
-#endif
 
 // Unit j (< ROW_NV) of this work-item: its index in the row, and whether the row has it.
 #define ROW_UNIT(r, j) ((r).lane + (j) * (r).team)

@@ -50,8 +50,6 @@ __kernel void norm_fwd(__global T* y,            /* (rows, n) contiguous */
 }
 
 #ifdef ROW_NV
-TEAM_REDUCE_ONCE_FN(wf_team_once, wf_t, wf_join)
-
 // norm_fwd for contiguous rows held in registers (common.cl): one read and one write per element.
 __kernel void norm_rows(__global T* y,            /* (rows, n) contiguous */
                         __global ACC* mean,       /* (rows), written when rms == 0 */
@@ -79,7 +77,7 @@ __kernel void norm_rows(__global T* y,            /* (rows, n) contiguous */
     for (uint j = 0; j < ROW_NV; ++j) {
         if (ROW_HAS(r, j)) { row_t d = v[j] - s.mean; s.m2 += row_hsum(d * d); }
     }
-    s = wf_team_once(s, sh, team);
+    s = wf_team(s, sh, team);
     ACC mu = rms ? (ACC)0 : s.mean;
     ACC rs = (ACC)1 / sqrt(s.m2 / (ACC)n + eps);
 #pragma unroll

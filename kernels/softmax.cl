@@ -108,14 +108,13 @@ __kernel void cross_entropy_fwd(__global ACC* loss,        /* (N) */
 }
 
 #ifdef ROW_NV
-TEAM_REDUCE_ONCE_FN(team_max, ACC, fmax)
-TEAM_REDUCE_ONCE_FN(team_sum, ACC, NETCL_ADD)
+TEAM_REDUCE_FN(team_max, ACC, fmax)
+TEAM_REDUCE_FN(team_sum, ACC, NETCL_ADD)
 
 // Statistics of a register-resident row (common.cl): its max m (NaN is passed over here and
 // poisons s instead) and s = sum exp(x - m); with keep_exp, v is replaced by exp(v - m).
-// A row of only -inf, or with NaN or +inf, gets s = NaN. sh: 2 * SM_GROUP slots, a half per merge.
-// Always inlined: a call would move the row v from registers to memory.
-__attribute__((always_inline)) inline ms_t row_ms(row_t* v, int keep_exp, rowpos_t r, __local ACC* sh) {
+// A row of only -inf, or with NaN or +inf, gets s = NaN.
+inline ms_t row_ms(row_t* v, int keep_exp, rowpos_t r, __local ACC* sh) {
     ACC m = -(ACC)INFINITY;
 #pragma unroll
     for (uint j = 0; j < ROW_NV; ++j)
@@ -131,7 +130,7 @@ __attribute__((always_inline)) inline ms_t row_ms(row_t* v, int keep_exp, rowpos
             if (keep_exp) v[j] = q;
         }
     }
-    st.s = team_sum(s, sh + SM_GROUP, r.team);
+    st.s = team_sum(s, sh, r.team);
     return st;
 }
 
@@ -140,7 +139,7 @@ __attribute__((always_inline)) inline ms_t row_ms(row_t* v, int keep_exp, rowpos
 __kernel void softmax_rows(__global T* out,       /* row o at layout_offsets(lk, o).y, contiguous */
                            __global const T* x,   /* row o at layout_offsets(lk, o).x, contiguous */
                            Layout lk, uint n, uint rows, uint team, int log_out) {
-    __local ACC sh[2 * SM_GROUP];
+    __local ACC sh[SM_GROUP];
     rowpos_t r = row_pos(n, rows, team);
     uint3 base = layout_offsets(&lk, min(r.row, rows - 1));
     row_t v[ROW_NV];
@@ -158,7 +157,7 @@ __kernel void cross_entropy_rows(__global ACC* loss,       /* (N) */
                                  __global const T* x,      /* (N, C) through a, xc == 1 */
                                  __global const int* tgt,  /* (N) through a */
                                  CeLayout a, uint team) {
-    __local ACC sh[2 * SM_GROUP];
+    __local ACC sh[SM_GROUP];
     rowpos_t r = row_pos(a.c, a.n, team);
     row_t v[ROW_NV];
     row_load(v, x, a.xoff + min(r.row, a.n - 1) * a.xr, r);

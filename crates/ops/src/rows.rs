@@ -1,7 +1,7 @@
 //! Register-resident row kernels (kernels/common.cl `ROW_*`): the plan shared by softmax, layer/rms norm and cross-entropy.
 use crate::launch::launch_groups;
 use crate::reduce::pow2_floor;
-use netcl_core_devices::{DType, Device, DeviceInfo, DeviceKind, Result};
+use netcl_core_devices::{DType, Device, Result};
 use netcl_kernels::{program, Kernel, Source};
 
 /// Work-items per work-group of the row kernels.
@@ -66,17 +66,6 @@ impl RowPlan {
         )
     }
 
-    /// Whether teams on a device described by `info` merge by warp shuffles (`-DNETCL_NV_SHFL`,
-    /// kernels/common.cl `TEAM_REDUCE_ONCE_FN`): OpenCL devices whose vendor or platform names
-    /// NVIDIA, with work-groups of whole 32-lane warps. `NETCL_NV_SHFL=0` turns it off.
-    pub fn nv_shuffles(&self, info: &DeviceInfo) -> bool {
-        let nvidia = |s: &str| s.to_ascii_uppercase().contains("NVIDIA");
-        info.kind != DeviceKind::Host
-            && (nvidia(&info.vendor) || nvidia(&info.platform))
-            && self.group.is_multiple_of(32)
-            && std::env::var("NETCL_NV_SHFL").map_or(true, |v| v != "0")
-    }
-
     /// The plan for rows of `n` and its kernel `name` from `source`, or None when no plan fits
     /// or the device cannot run the kernel with the plan's work-group (callers then take their
     /// general kernels).
@@ -91,11 +80,7 @@ impl RowPlan {
         let Some(plan) = RowPlan::new(device, n, aligned) else {
             return Ok(None);
         };
-        let mut options = plan.options(dtype);
-        if plan.nv_shuffles(device.info()) {
-            options.push_str(" -DNETCL_NV_SHFL");
-        }
-        let k = Kernel::new(&program(device, source, &options)?, name)?;
+        let k = Kernel::new(&program(device, source, &plan.options(dtype))?, name)?;
         Ok((k.max_work_group_size() >= plan.group).then_some((plan, k)))
     }
 
@@ -171,29 +156,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn warp_shuffles_only_on_nvidia() {
-        let plan = RowPlan::with_group(GROUP, 4096, true).unwrap();
-        let mut info = Device::host().info().clone();
-        assert!(!plan.nv_shuffles(&info));
-        info.kind = DeviceKind::Gpu;
-        info.vendor = "Advanced Micro Devices, Inc.".into();
-        info.platform = "AMD Accelerated Parallel Processing".into();
-        assert!(!plan.nv_shuffles(&info));
-        info.kind = DeviceKind::Cpu;
-        info.vendor = "GenuineIntel".into();
-        info.platform = "Portable Computing Language".into();
-        assert!(!plan.nv_shuffles(&info));
-        info.kind = DeviceKind::Gpu;
-        info.vendor = "NVIDIA Corporation".into();
-        info.platform = "NVIDIA CUDA".into();
-        if std::env::var("NETCL_NV_SHFL").as_deref() != Ok("0") {
-            assert!(plan.nv_shuffles(&info));
-        }
-        let small = RowPlan::with_group(16, 64, true).unwrap();
-        assert!(!small.nv_shuffles(&info));
     }
 
     #[test]
