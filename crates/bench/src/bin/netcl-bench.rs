@@ -4,6 +4,7 @@ use netcl_bench::{device_from_args, flag_value, time_per_call};
 use netcl_core_devices::{DType, Device, Result};
 use netcl_ops::{fused, Expr, Generator, Tensor};
 use serde::Serialize;
+use std::time::Instant;
 
 /// One measured workload; `bytes` and `flops` are what the op must move and compute.
 #[derive(Serialize)]
@@ -135,6 +136,22 @@ impl Runner {
             }
             println!(
                 "{:<12} {name:<28} {allocs} driver allocations per steady-state step",
+                ""
+            );
+            // Kernels enqueued and host time per step (no synchronisation inside the loop).
+            self.dev.synchronize()?;
+            let (t0, k0) = (Instant::now(), netcl_kernels::thread_launches_total());
+            for _ in 0..10 {
+                t.step()?;
+            }
+            let host_ms = t0.elapsed().as_secs_f64() * 100.0;
+            let kernels = (netcl_kernels::thread_launches_total() - k0) / 10;
+            self.dev.synchronize()?;
+            if let Some(r) = self.records.last_mut() {
+                r.kernels = kernels as usize;
+            }
+            println!(
+                "{:<12} {name:<28} {kernels} kernels, {host_ms:.4} ms host time per step",
                 ""
             );
         }
