@@ -1,4 +1,4 @@
-# torch_bench.py: the netcl-bench workloads in PyTorch on the same GPU; with --netcl FILE prints the side-by-side table (ratio = PyTorch time / netcl time, >1 means netcl is faster).
+# torch_bench.py: the netcl-bench workloads in PyTorch on the same GPU; with --netcl FILE prints the side-by-side table (ratio = PyTorch time / netcl time, >1 means netcl is faster; with CLBlast records in the netcl JSON also CLBlast's time and PyTorch/CLBlast).
 import argparse, json, torch
 
 def timed(fn, warmup=3, iters=10, reps=5):
@@ -77,13 +77,19 @@ def main():
         json.dump(out, open(a.json, "w"), indent=2)
     if a.netcl:
         ours = {r["name"]: r for r in json.load(open(a.netcl))["records"]}
-        print(f"{'workload':<26}{'netcl ms':>11}{'torch ms':>11}{'ratio':>8}  netcl / torch rate")
+        # CLBlast (the OpenCL GEMM peer) appears as clblast_<name> records in the netcl JSON.
+        peer = any(k.startswith("clblast_") for k in ours)
+        extra = f"{'clblast ms':>12}{'torch/clb':>10}" if peer else ""
+        print(f"{'workload':<26}{'netcl ms':>11}{'torch ms':>11}{'ratio':>8}{extra}  netcl / torch rate")
+        rate = lambda x: (f"{x['tflops']:.1f} TF/s" if x.get("tflops") else f"{x['gbps']:.0f} GB/s" if x.get("gbps") else "-")
         for r in records:
             o = ours.get(r["name"])
             if not o:
                 continue
-            rate = lambda x: (f"{x['tflops']:.1f} TF/s" if x.get("tflops") else f"{x['gbps']:.0f} GB/s" if x.get("gbps") else "-")
-            print(f"{r['name']:<26}{o['ms']:>11.4f}{r['ms']:>11.4f}{r['ms'] / o['ms']:>8.2f}  {rate(o)} / {rate(r)}")
+            c = ours.get("clblast_" + r["name"])
+            col = (f"{c['ms']:>12.4f}{r['ms'] / c['ms']:>10.2f}" if c else f"{'-':>12}{'-':>10}") if peer else ""
+            tail = f" (CLBlast {rate(c)})" if c else ""
+            print(f"{r['name']:<26}{o['ms']:>11.4f}{r['ms']:>11.4f}{r['ms'] / o['ms']:>8.2f}{col}  {rate(o)} / {rate(r)}{tail}")
     else:
         for r in records:
             print(r)

@@ -1,6 +1,7 @@
 //! Shared pieces of the bench runner and the autotuner: device choice from the command line and wall-clock timing of enqueued work.
 use netcl_core_devices::{Device, Result};
 
+pub mod clblast;
 pub mod train;
 use std::time::Instant;
 

@@ -213,7 +213,9 @@ impl Tensor {
         Some(with_host!(&*h, v => Element::wrap(gather(v, shape, strides, self.offset))))
     }
 
-    pub(crate) fn mem(&self) -> Result<netcl_core_devices::opencl3::types::cl_mem> {
+    /// The OpenCL buffer holding this tensor's storage (elements start at `offset()`), for code
+    /// that enqueues work on it itself (e.g. a BLAS library on the device's queue).
+    pub fn mem(&self) -> Result<netcl_core_devices::opencl3::types::cl_mem> {
         self.block()
             .map(|b| b.mem())
             .ok_or_else(|| Error::device("kernel argument", "tensor is on the host"))

@@ -1,4 +1,5 @@
 //! netcl-bench: runs the benchmark workloads on one device and prints/writes their times (benches/reference/torch_bench.py runs the same with PyTorch).
+use netcl_bench::clblast::{max_abs_diff, ClBlast};
 use netcl_bench::train::TrainStep;
 use netcl_bench::{device_from_args, flag_value, time_per_call};
 use netcl_core_devices::{DType, Device, Result};
@@ -60,13 +61,43 @@ impl Runner {
         Ok(())
     }
 
-    fn gemm(&mut self) -> Result<()> {
-        for n in [1024usize, 2048, 4096] {
+    /// Square SGEMM at each size with netcl, then with CLBlast on the same queue and buffers when
+    /// the library can be opened (its result checked against netcl's once per size).
+    fn gemm(&mut self, sizes: &[usize]) -> Result<()> {
+        let blas = if self.dev.is_host() {
+            println!("CLBlast peer skipped: the device is the host, not OpenCL");
+            None
+        } else {
+            match ClBlast::load() {
+                Ok(b) => {
+                    println!("CLBlast peer: {}", b.source);
+                    Some(b)
+                }
+                Err(e) => {
+                    println!("CLBlast peer skipped: {e}");
+                    None
+                }
+            }
+        };
+        for &n in sizes {
             let (a, b) = (self.randn(&[n, n])?, self.randn(&[n, n])?);
             let flops = 2.0 * (n as f64).powi(3);
             self.measure("gemm", format!("sgemm_{n}"), (0.0, flops, 1), || {
                 a.matmul(&b).map(|_| ())
             })?;
+            if let Some(blas) = &blas {
+                let c = Tensor::zeros(&[n, n], DType::F32, &self.dev)?;
+                blas.sgemm(&a, &b, &c)?;
+                let (diff, scale) = max_abs_diff(&c, &a.matmul(&b)?)?;
+                if diff > 1e-3 * scale.max(1.0) {
+                    return Err(netcl_core_devices::Error::device(
+                        "CLBlastSgemm",
+                        format!("n={n}: max |CLBlast - netcl| = {diff} (max |netcl| = {scale})"),
+                    ));
+                }
+                let name = format!("clblast_sgemm_{n}");
+                self.measure("gemm", name, (0.0, flops, 1), || blas.sgemm(&a, &b, &c))?;
+            }
         }
         Ok(())
     }
@@ -168,6 +199,19 @@ fn main() -> Result<()> {
         dev.info().platform,
         dev.info().driver_version
     );
+    let sizes = match flag_value(&args, "--sizes") {
+        None => vec![1024, 2048, 4096],
+        Some(list) => list
+            .split(',')
+            .map(|x| x.trim().parse::<usize>().ok().filter(|&n| n > 0))
+            .collect::<Option<Vec<usize>>>()
+            .ok_or_else(|| {
+                netcl_core_devices::Error::invalid(
+                    "netcl-bench --sizes",
+                    format!("expected positive integers like 256,512, got {list:?}"),
+                )
+            })?,
+    };
     let mut r = Runner {
         dev,
         gen: Generator::new(7),
@@ -175,7 +219,7 @@ fn main() -> Result<()> {
     };
     let want = |s: &str| suite == "all" || suite.split(',').any(|x| x == s);
     if want("gemm") {
-        r.gemm()?;
+        r.gemm(&sizes)?;
     }
     if want("elementwise") {
         r.elementwise()?;
