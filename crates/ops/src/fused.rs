@@ -255,13 +255,19 @@ fn body(
     body
 }
 
-/// OpenCL C for a plan, outputs first, then inputs. `fused_contig`: all operands dense over the
-/// shape, element offsets as arguments; each work-item takes `FUSED_VEC` (a -D option, 1 or 4)
-/// consecutive elements, through 4-wide loads and stores when it has all of them (the caller
-/// only picks 4 when every offset is a multiple of 4), else one by one. `fused_strided`: a
-/// layout of every operand, one element per work-item. The per-element body is generated once
-/// and placed in both forms.
-fn generate(key: &PlanKey, scalars: &[(f64, Class)]) -> String {
+/// True when input `i` is one element broadcast over the shape in `uniform` (a bit per input).
+fn is_uniform(uniform: u64, i: usize) -> bool {
+    i < 64 && uniform >> i & 1 == 1
+}
+
+/// OpenCL C for a plan, outputs first, then inputs. `fused_contig`: every operand dense over the
+/// shape, or (inputs whose bit is set in `uniform`) one element read once; element offsets as
+/// arguments; each work-item takes `FUSED_VEC` (a -D option, 1 or 4) consecutive elements,
+/// through 4-wide loads and stores when it has all of them (the caller only picks 4 when every
+/// dense offset is a multiple of 4), else one by one. `fused_strided`: a layout of every
+/// operand, one element per work-item. The per-element body is generated once and placed in
+/// each form.
+fn generate(key: &PlanKey, scalars: &[(f64, Class)], uniform: u64) -> String {
     let (no, ni) = (key.outputs.len(), key.inputs.len());
     let k = no + ni;
     let mut params = String::new();
@@ -285,19 +291,41 @@ fn generate(key: &PlanKey, scalars: &[(f64, Class)]) -> String {
     let scalar_contig = body(
         key,
         "        ",
-        |i, d| format!("load_{}(i{i}, off{} + e)", d.name(), no + i),
+        |i, d| {
+            if is_uniform(uniform, i) {
+                format!("u{i}")
+            } else {
+                format!("load_{}(i{i}, off{} + e)", d.name(), no + i)
+            }
+        },
         |j, o, d| format!("store_{}(o{j}, off{j} + e, t{o});", d.name()),
     );
     // Lane v of 4: inputs read from private arrays x{i}, outputs written to y{j}.
     let lane = body(
         key,
         "            ",
-        |i, _| format!("x{i}[v]"),
+        |i, _| {
+            if is_uniform(uniform, i) {
+                format!("u{i}")
+            } else {
+                format!("x{i}[v]")
+            }
+        },
         |j, o, _| format!("y{j}[v] = t{o};"),
     );
     let mut vec_in = String::new();
+    let mut uniform_in = String::new();
     for (i, d) in key.inputs.iter().enumerate() {
         let c = Class::of(*d).cl();
+        if is_uniform(uniform, i) {
+            let _ = writeln!(
+                uniform_in,
+                "    {c} u{i} = load_{}(i{i}, off{});",
+                d.name(),
+                no + i
+            );
+            continue;
+        }
         let _ = writeln!(
             vec_in,
             "        {c} x{i}[4];\n        vstore4(load4_{}(i{i}, off{} + base), 0, x{i});",
@@ -329,7 +357,7 @@ fn generate(key: &PlanKey, scalars: &[(f64, Class)]) -> String {
          typedef struct {{ uint ndim; uint shape[MAX_DIMS]; uint stride[{k}][MAX_DIMS]; uint offset[{k}]; }} FusedLayout;\n\
          // Outputs o*, inputs i* [n elements from off*]; n elements in all.\n\
          __kernel void fused_contig({params}{offsets}{scalar_params}uint n) {{\n\
-         \x20   uint base = get_global_id(0) * FUSED_VEC;\n    if (base >= n) return;\n\
+         \x20   uint base = get_global_id(0) * FUSED_VEC;\n    if (base >= n) return;\n{uniform_in}\
          #if FUSED_VEC == 4\n\
          \x20   if (n - base >= 4) {{\n{vec_in}{vec_out_decl}\
          \x20       #pragma unroll\n        for (uint v = 0; v < 4; ++v) {{\n{lane}        }}\n{vec_out}\
@@ -346,25 +374,25 @@ fn generate(key: &PlanKey, scalars: &[(f64, Class)]) -> String {
     )
 }
 
-/// Programs per device ordinal and `fused_contig` width (1 or `VEC`), then per plan (looked up
-/// by reference: no key copy per launch).
-type Cache = Mutex<HashMap<(usize, usize), HashMap<PlanKey, Arc<Program>>>>;
+/// Programs per (device ordinal, `fused_contig` width, uniform-input bits), then per plan
+/// (looked up by reference: no key copy per launch).
+type Cache = Mutex<HashMap<(usize, usize, u64), HashMap<PlanKey, Arc<Program>>>>;
 
 /// The program for `plan` on `device` with `vec` elements per `fused_contig` work-item (1 or
-/// `VEC`), generated and built on first use.
-fn program(device: &Device, plan: &Plan, vec: usize) -> Result<Arc<Program>> {
+/// `VEC`) and the inputs in `uniform` read as one broadcast element, built on first use.
+fn program(device: &Device, plan: &Plan, vec: usize, uniform: u64) -> Result<Arc<Program>> {
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     let found = cache
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .get(&(device.ordinal(), vec))
+        .get(&(device.ordinal(), vec, uniform))
         .and_then(|m| m.get(&plan.key))
         .cloned();
     if let Some(p) = found {
         return Ok(p);
     }
-    let text = generate(&plan.key, &plan.scalars);
+    let text = generate(&plan.key, &plan.scalars, uniform);
     let mut h = std::collections::hash_map::DefaultHasher::new();
     text.hash(&mut h);
     // Generated sources live as long as the process's program cache that refers to them.
@@ -384,7 +412,7 @@ fn program(device: &Device, plan: &Plan, vec: usize) -> Result<Arc<Program>> {
     cache
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .entry((device.ordinal(), vec))
+        .entry((device.ordinal(), vec, uniform))
         .or_default()
         .insert(plan.key.clone(), p.clone());
     Ok(p)
@@ -565,8 +593,18 @@ pub(crate) fn run(
     let arithmetic = plan.key.nodes.iter();
     let arithmetic = arithmetic.filter(|(k, _)| !matches!(k, Kind::Input(_) | Kind::Scalar(_)));
     let work = (bytes as u64, (n * arithmetic.count()) as u64);
+    // Single-element inputs (scalar tensors broadcast) are read once per work-item.
+    let uniform = inputs
+        .iter()
+        .take(64)
+        .enumerate()
+        .filter(|(_, t)| t.numel() == 1)
+        .fold(0u64, |m, (i, _)| m | 1 << i);
     let dense = out_tensors.iter().all(|t| t.is_contiguous())
-        && inputs.iter().all(|t| t.shape == shape && t.is_contiguous());
+        && inputs
+            .iter()
+            .enumerate()
+            .all(|(i, t)| is_uniform(uniform, i) || (t.shape == shape && t.is_contiguous()));
     let mut operands: Vec<(&[usize], usize)> = out_tensors
         .iter()
         .map(|t| (&t.strides[..], t.offset))
@@ -591,13 +629,21 @@ pub(crate) fn run(
         Ok(())
     };
     if dense {
-        // 4 elements per work-item when every operand's 4-element groups are aligned.
-        let vec = if operands.iter().all(|(_, off)| off % VEC == 0) {
+        // 4 elements per work-item when every dense operand's 4-element groups are aligned.
+        let no = out_tensors.len();
+        let aligned = |j: usize, off: usize| {
+            off.is_multiple_of(VEC) || (j >= no && is_uniform(uniform, j - no))
+        };
+        let vec = if operands
+            .iter()
+            .enumerate()
+            .all(|(j, (_, off))| aligned(j, *off))
+        {
             VEC
         } else {
             1
         };
-        let program = program(&device, &plan, vec)?;
+        let program = program(&device, &plan, vec, uniform)?;
         launch_1d_over(&program, "fused_contig", n.div_ceil(vec), n, |k| {
             k.declare(work.0, work.1);
             set_buffers(k)?;
@@ -619,7 +665,7 @@ pub(crate) fn run(
         for (j, (_, off)) in operands.iter().enumerate() {
             words[1 + crate::layout::MAX_DIMS * (1 + k) + j] = *off as u32;
         }
-        let program = program(&device, &plan, 1)?;
+        let program = program(&device, &plan, 1, 0)?;
         launch_1d(&program, "fused_strided", n, |k| {
             k.declare(work.0, work.1);
             set_buffers(k)?;
