@@ -231,6 +231,27 @@ inline void store_u32(__global uint* p, uint i, uint v) { p[i] = v; }
 inline double load_f64(__global const double* p, uint i) { return p[i]; }
 inline void store_f64(__global double* p, uint i, double v) { p[i] = v; }
 #endif
+// Four consecutive elements from element i (a multiple of 4, so 32-bit loads are 16-byte
+// aligned in a pool buffer), for the vectorized fused kernels.
+inline float4 load4_f32(__global const float* p, uint i) { return *(__global const float4*)(p + i); }
+inline float4 load4_f16(__global const half* p, uint i) { return vload_half4(0, p + i); }
+inline float4 load4_bf16(__global const ushort* p, uint i) {
+    return as_float4(convert_uint4(*(__global const ushort4*)(p + i)) << 16);
+}
+inline int4 load4_i32(__global const int* p, uint i) { return *(__global const int4*)(p + i); }
+inline uint4 load4_u32(__global const uint* p, uint i) { return *(__global const uint4*)(p + i); }
+inline void store4_f32(__global float* p, uint i, float4 v) { *(__global float4*)(p + i) = v; }
+inline void store4_f16(__global half* p, uint i, float4 v) { vstore_half4_rte(v, 0, p + i); }
+inline void store4_bf16(__global ushort* p, uint i, float4 v) {
+    *(__global ushort4*)(p + i) =
+        (ushort4)(bf16_from_float(v.x), bf16_from_float(v.y), bf16_from_float(v.z), bf16_from_float(v.w));
+}
+inline void store4_i32(__global int* p, uint i, int4 v) { *(__global int4*)(p + i) = v; }
+inline void store4_u32(__global uint* p, uint i, uint4 v) { *(__global uint4*)(p + i) = v; }
+#ifdef NETCL_HAS_F64
+inline double4 load4_f64(__global const double* p, uint i) { return *(__global const double4*)(p + i); }
+inline void store4_f64(__global double* p, uint i, double4 v) { *(__global double4*)(p + i) = v; }
+#endif
 // A float rounded to the nearest f16 / bf16 value (computation stays in float).
 inline float round_f16(float v) {
     ushort bits;  // half variables need cl_khr_fp16; a half pointer to 16 bits does not

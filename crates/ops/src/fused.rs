@@ -1,7 +1,7 @@
 //! Fused elementwise kernels: expressions typed and compiled into one OpenCL kernel (cached by structure), or evaluated on the host.
 use crate::element::Element;
 use crate::expr::{BinaryOp, Class, Expr, UnaryOp};
-use crate::launch::launch_1d;
+use crate::launch::{launch_1d, launch_1d_over};
 use crate::layout::{broadcast_shapes, broadcast_strides, merged_dims, numel, strided_positions};
 use crate::tensor::{Storage, Tensor};
 use half::{bf16, f16};
@@ -217,9 +217,57 @@ fn cast_host(from: Class, to: DType, x: f64) -> f64 {
     }
 }
 
-/// OpenCL C for a plan: `fused_contig` (all operands dense over the shape, element offsets as
-/// arguments) and `fused_strided` (a layout of every operand), outputs first, then inputs.
-fn generate(key: &PlanKey, scalars: &[(f64, Class)]) -> String {
+/// Elements per work-item of `fused_contig` when every operand offset is a multiple of it.
+const VEC: usize = 4;
+
+/// The per-element statements of a plan: node values `t{id}` from `load(i)` (input i's value),
+/// then `store(j, o)` (output j gets node o) per output.
+fn body(
+    key: &PlanKey,
+    indent: &str,
+    load: impl Fn(usize, DType) -> String,
+    store: impl Fn(usize, usize, DType) -> String,
+) -> String {
+    let mut body = String::new();
+    for (id, (kind, d)) in key.nodes.iter().enumerate() {
+        let c = Class::of(*d);
+        let v = |n: &usize| format!("t{n}");
+        let class_of = |n: &usize| Class::of(key.nodes[*n].1);
+        let rhs = match kind {
+            Kind::Input(i) => load(*i, *d),
+            Kind::Scalar(s) => format!("s{s}"),
+            Kind::Unary(u, a) => u.cl(c, &v(a)),
+            Kind::Binary(b, x, y) => b.cl(c, &v(x), &v(y)),
+            Kind::Where(cond, x, y) => format!(
+                "(({} != ({})0) ? {} : {})",
+                v(cond),
+                class_of(cond).cl(),
+                v(x),
+                v(y)
+            ),
+            Kind::Cast(a) => cast_cl(class_of(a), *d, &v(a)),
+        };
+        let _ = writeln!(body, "{indent}{} t{id} = {rhs};", c.cl());
+    }
+    for (j, &o) in key.outputs.iter().enumerate() {
+        let _ = writeln!(body, "{indent}{}", store(j, o, key.nodes[o].1));
+    }
+    body
+}
+
+/// True when input `i` is one element broadcast over the shape in `uniform` (a bit per input).
+fn is_uniform(uniform: u64, i: usize) -> bool {
+    i < 64 && uniform >> i & 1 == 1
+}
+
+/// OpenCL C for a plan, outputs first, then inputs. `fused_contig`: every operand dense over the
+/// shape, or (inputs whose bit is set in `uniform`) one element read once; element offsets as
+/// arguments; each work-item takes `FUSED_VEC` (a -D option, 1 or 4) consecutive elements,
+/// through 4-wide loads and stores when it has all of them (the caller only picks 4 when every
+/// dense offset is a multiple of 4), else one by one. `fused_strided`: a layout of every
+/// operand, one element per work-item. The per-element body is generated once and placed in
+/// each form.
+fn generate(key: &PlanKey, scalars: &[(f64, Class)], uniform: u64) -> String {
     let (no, ni) = (key.outputs.len(), key.inputs.len());
     let k = no + ni;
     let mut params = String::new();
@@ -234,36 +282,69 @@ fn generate(key: &PlanKey, scalars: &[(f64, Class)]) -> String {
         .enumerate()
         .map(|(s, (_, c))| format!("{} s{s}, ", c.cl()))
         .collect();
-    let mut body = String::new();
-    for (id, (kind, d)) in key.nodes.iter().enumerate() {
-        let c = Class::of(*d);
-        let v = |n: &usize| format!("t{n}");
-        let class_of = |n: &usize| Class::of(key.nodes[*n].1);
-        let rhs = match kind {
-            Kind::Input(i) => format!("load_{}(i{i}, off{})", d.name(), no + i),
-            Kind::Scalar(s) => format!("s{s}"),
-            Kind::Unary(u, a) => u.cl(c, &v(a)),
-            Kind::Binary(b, x, y) => b.cl(c, &v(x), &v(y)),
-            Kind::Where(cond, x, y) => format!(
-                "(({} != ({})0) ? {} : {})",
-                v(cond),
-                class_of(cond).cl(),
-                v(x),
-                v(y)
-            ),
-            Kind::Cast(a) => cast_cl(class_of(a), *d, &v(a)),
-        };
-        let _ = writeln!(body, "    {} t{id} = {rhs};", c.cl());
-    }
-    for (j, &o) in key.outputs.iter().enumerate() {
+    let scalar_strided = body(
+        key,
+        "    ",
+        |i, d| format!("load_{}(i{i}, off{})", d.name(), no + i),
+        |j, o, d| format!("store_{}(o{j}, off{j}, t{o});", d.name()),
+    );
+    let scalar_contig = body(
+        key,
+        "        ",
+        |i, d| {
+            if is_uniform(uniform, i) {
+                format!("u{i}")
+            } else {
+                format!("load_{}(i{i}, off{} + e)", d.name(), no + i)
+            }
+        },
+        |j, o, d| format!("store_{}(o{j}, off{j} + e, t{o});", d.name()),
+    );
+    // Lane v of 4: inputs read from private arrays x{i}, outputs written to y{j}.
+    let lane = body(
+        key,
+        "            ",
+        |i, _| {
+            if is_uniform(uniform, i) {
+                format!("u{i}")
+            } else {
+                format!("x{i}[v]")
+            }
+        },
+        |j, o, _| format!("y{j}[v] = t{o};"),
+    );
+    let mut vec_in = String::new();
+    let mut uniform_in = String::new();
+    for (i, d) in key.inputs.iter().enumerate() {
+        let c = Class::of(*d).cl();
+        if is_uniform(uniform, i) {
+            let _ = writeln!(
+                uniform_in,
+                "    {c} u{i} = load_{}(i{i}, off{});",
+                d.name(),
+                no + i
+            );
+            continue;
+        }
         let _ = writeln!(
-            body,
-            "    store_{}(o{j}, off{j}, t{o});",
-            key.nodes[o].1.name()
+            vec_in,
+            "        {c} x{i}[4];\n        vstore4(load4_{}(i{i}, off{} + base), 0, x{i});",
+            d.name(),
+            no + i
+        );
+    }
+    let mut vec_out_decl = String::new();
+    let mut vec_out = String::new();
+    for (j, &o) in key.outputs.iter().enumerate() {
+        let d = key.nodes[o].1;
+        let _ = writeln!(vec_out_decl, "        {} y{j}[4];", Class::of(d).cl());
+        let _ = writeln!(
+            vec_out,
+            "        store4_{}(o{j}, off{j} + base, vload4(0, y{j}));",
+            d.name()
         );
     }
     let offsets: String = (0..k).map(|j| format!("uint off{j}, ")).collect();
-    let advance: String = (0..k).map(|j| format!("    off{j} += gid;\n")).collect();
     let start: String = (0..k)
         .map(|j| format!("    uint off{j} = l.offset[{j}];\n"))
         .collect();
@@ -272,34 +353,46 @@ fn generate(key: &PlanKey, scalars: &[(f64, Class)]) -> String {
         .collect();
     format!(
         "// Generated by netcl-ops fused.rs: {n} nodes, {no} outputs, {ni} inputs.\n\
+         #ifndef FUSED_VEC\n#define FUSED_VEC 1\n#endif\n\
          typedef struct {{ uint ndim; uint shape[MAX_DIMS]; uint stride[{k}][MAX_DIMS]; uint offset[{k}]; }} FusedLayout;\n\
+         // Outputs o*, inputs i* [n elements from off*]; n elements in all.\n\
          __kernel void fused_contig({params}{offsets}{scalar_params}uint n) {{\n\
-         \x20   uint gid = get_global_id(0);\n    if (gid >= n) return;\n{advance}{body}}}\n\
+         \x20   uint base = get_global_id(0) * FUSED_VEC;\n    if (base >= n) return;\n{uniform_in}\
+         #if FUSED_VEC == 4\n\
+         \x20   if (n - base >= 4) {{\n{vec_in}{vec_out_decl}\
+         \x20       #pragma unroll\n        for (uint v = 0; v < 4; ++v) {{\n{lane}        }}\n{vec_out}\
+         \x20       return;\n    }}\n\
+         #endif\n\
+         \x20   uint end = min(n, base + FUSED_VEC);\n\
+         \x20   for (uint e = base; e < end; ++e) {{\n{scalar_contig}    }}\n}}\n\
+         // Outputs o*, inputs i* [strided by l]; n elements in all.\n\
          __kernel void fused_strided({params}FusedLayout l, {scalar_params}uint n) {{\n\
          \x20   uint gid = get_global_id(0);\n    if (gid >= n) return;\n{start}\
          \x20   uint r = gid;\n    for (int d = (int)l.ndim - 1; d >= 0; --d) {{\n\
-         \x20       uint e = l.shape[d];\n        uint idx = r % e;\n        r /= e;\n{step}    }}\n{body}}}\n",
+         \x20       uint e = l.shape[d];\n        uint idx = r % e;\n        r /= e;\n{step}    }}\n{scalar_strided}}}\n",
         n = key.nodes.len()
     )
 }
 
-/// Programs per device ordinal, then per plan (looked up by reference: no key copy per launch).
-type Cache = Mutex<HashMap<usize, HashMap<PlanKey, Arc<Program>>>>;
+/// Programs per (device ordinal, `fused_contig` width, uniform-input bits), then per plan
+/// (looked up by reference: no key copy per launch).
+type Cache = Mutex<HashMap<(usize, usize, u64), HashMap<PlanKey, Arc<Program>>>>;
 
-/// The program for `plan` on `device`, generated and built on first use.
-fn program(device: &Device, plan: &Plan) -> Result<Arc<Program>> {
+/// The program for `plan` on `device` with `vec` elements per `fused_contig` work-item (1 or
+/// `VEC`) and the inputs in `uniform` read as one broadcast element, built on first use.
+fn program(device: &Device, plan: &Plan, vec: usize, uniform: u64) -> Result<Arc<Program>> {
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     let found = cache
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .get(&device.ordinal())
+        .get(&(device.ordinal(), vec, uniform))
         .and_then(|m| m.get(&plan.key))
         .cloned();
     if let Some(p) = found {
         return Ok(p);
     }
-    let text = generate(&plan.key, &plan.scalars);
+    let text = generate(&plan.key, &plan.scalars, uniform);
     let mut h = std::collections::hash_map::DefaultHasher::new();
     text.hash(&mut h);
     // Generated sources live as long as the process's program cache that refers to them.
@@ -308,17 +401,18 @@ fn program(device: &Device, plan: &Plan) -> Result<Arc<Program>> {
         text: Box::leak(text.into_boxed_str()),
     };
     let f64_used = plan.key.nodes.iter().any(|(_, d)| *d == DType::F64);
-    let options = if f64_used { "-DNETCL_FP64" } else { "" };
+    let fp64 = if f64_used { " -DNETCL_FP64" } else { "" };
+    let options = format!("-DFUSED_VEC={vec}{fp64}");
     let p = Arc::new(netcl_kernels::build(
         device,
         &source,
-        options,
+        &options,
         netcl_kernels::cache_dir().as_deref(),
     )?);
     cache
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .entry(device.ordinal())
+        .entry((device.ordinal(), vec, uniform))
         .or_default()
         .insert(plan.key.clone(), p.clone());
     Ok(p)
@@ -487,7 +581,6 @@ pub(crate) fn run(
         }
         return Ok(out_tensors);
     }
-    let program = program(&device, &plan)?;
     // Each input read once and each output written once; a flop per arithmetic node per element.
     let bytes: usize = inputs
         .iter()
@@ -500,8 +593,18 @@ pub(crate) fn run(
     let arithmetic = plan.key.nodes.iter();
     let arithmetic = arithmetic.filter(|(k, _)| !matches!(k, Kind::Input(_) | Kind::Scalar(_)));
     let work = (bytes as u64, (n * arithmetic.count()) as u64);
+    // Single-element inputs (scalar tensors broadcast) are read once per work-item.
+    let uniform = inputs
+        .iter()
+        .take(64)
+        .enumerate()
+        .filter(|(_, t)| t.numel() == 1)
+        .fold(0u64, |m, (i, _)| m | 1 << i);
     let dense = out_tensors.iter().all(|t| t.is_contiguous())
-        && inputs.iter().all(|t| t.shape == shape && t.is_contiguous());
+        && inputs
+            .iter()
+            .enumerate()
+            .all(|(i, t)| is_uniform(uniform, i) || (t.shape == shape && t.is_contiguous()));
     let mut operands: Vec<(&[usize], usize)> = out_tensors
         .iter()
         .map(|t| (&t.strides[..], t.offset))
@@ -526,7 +629,22 @@ pub(crate) fn run(
         Ok(())
     };
     if dense {
-        launch_1d(&program, "fused_contig", n, |k| {
+        // 4 elements per work-item when every dense operand's 4-element groups are aligned.
+        let no = out_tensors.len();
+        let aligned = |j: usize, off: usize| {
+            off.is_multiple_of(VEC) || (j >= no && is_uniform(uniform, j - no))
+        };
+        let vec = if operands
+            .iter()
+            .enumerate()
+            .all(|(j, (_, off))| aligned(j, *off))
+        {
+            VEC
+        } else {
+            1
+        };
+        let program = program(&device, &plan, vec, uniform)?;
+        launch_1d_over(&program, "fused_contig", n.div_ceil(vec), n, |k| {
             k.declare(work.0, work.1);
             set_buffers(k)?;
             for (_, off) in &operands {
@@ -547,6 +665,7 @@ pub(crate) fn run(
         for (j, (_, off)) in operands.iter().enumerate() {
             words[1 + crate::layout::MAX_DIMS * (1 + k) + j] = *off as u32;
         }
+        let program = program(&device, &plan, 1, 0)?;
         launch_1d(&program, "fused_strided", n, |k| {
             k.declare(work.0, work.1);
             set_buffers(k)?;

@@ -16,12 +16,24 @@ pub(crate) fn launch_1d(
     n: usize,
     args: impl FnOnce(&mut Kernel) -> Result<()>,
 ) -> Result<()> {
-    let n32 = crate::checks::u32_arg(name, "work-items", n)?;
+    launch_1d_over(program, name, n, n, args)
+}
+
+/// Like `launch_1d`, over `items` work-items for `n` elements (kernels taking several elements
+/// per work-item); `n` (u32) is appended as the last argument.
+pub(crate) fn launch_1d_over(
+    program: &Arc<Program>,
+    name: &str,
+    items: usize,
+    n: usize,
+    args: impl FnOnce(&mut Kernel) -> Result<()>,
+) -> Result<()> {
+    let n32 = crate::checks::u32_arg(name, "elements", n)?;
     let mut k = Kernel::new(program, name)?;
     args(&mut k)?;
     k.arg(&n32)?;
     let group = GROUP_1D.min(k.max_work_group_size());
-    k.launch(&[n], &[group])
+    k.launch(&[items], &[group])
 }
 
 /// Launches `k` (arguments set) over `groups` work-groups of `group` work-items; an error naming

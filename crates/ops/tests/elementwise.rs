@@ -392,3 +392,73 @@ fn empty_tensors_pass_through() {
         assert_eq!(e.add(&b).unwrap().shape(), &[0, 3]);
     }
 }
+
+/// Dense operands at every length mod 4, small lengths and offsets that are and are not
+/// multiples of 4 (the 4-wide and 1-wide `fused_contig` forms), 0-dim scalar tensors broadcast,
+/// and in-place updates of a narrowed view that leave its neighbours alone.
+#[test]
+fn fused_dense_lengths_offsets_scalars_and_in_place() {
+    let devices = test_devices().unwrap();
+    let lengths = (1..=9).chain([12, 13, 14, 15, 1021, 1024, 1026, 1027]);
+    let mut cases = 0;
+    for (li, n) in lengths.enumerate() {
+        for (di, dtype) in DType::ALL.into_iter().enumerate() {
+            let (lo, hi) = if dtype.is_float() {
+                (-3.0, 3.0)
+            } else {
+                (0.0, 50.0)
+            };
+            let seed = (li * 100 + di * 10) as u64;
+            let a = random_tensor(dtype, &[n + 8], lo, hi, seed);
+            let b = random_tensor(dtype, &[n + 8], lo, hi, seed + 1);
+            let s = random_tensor(dtype, &[], lo, hi, seed + 2);
+            let (x, y, z) = (Expr::input(0), Expr::input(1), Expr::input(2));
+            // Dense operands only (the contiguous kernel), then with a 0-dim tensor broadcast.
+            let exprs = [
+                x.clone() * y.clone() + x.clone() * 2.0,
+                (y.clone() + 1.0).cast(DType::F32),
+            ];
+            let scaled = [x.clone() * z.clone() + y.clone()];
+            let other = if dtype == DType::F32 {
+                DType::F64
+            } else {
+                dtype
+            };
+            for (oa, ob) in [(0, 0), (4, 8), (1, 1), (0, 3), (2, 4), (3, 5)] {
+                let host_in = (a.narrow(0, oa, n).unwrap(), b.narrow(0, ob, n).unwrap());
+                let want = fused(&[&host_in.0, &host_in.1], &exprs).unwrap();
+                let want_scaled = fused(&[&host_in.0, &host_in.1, &s], &scaled).unwrap();
+                // In place: a's view += b's view * 3.
+                let upd = x.clone() + y.clone() * 3.0;
+                // Fresh copies: in-place updates must not reach `a` (shared on the host device).
+                let fresh_a = || random_tensor(dtype, &[n + 8], lo, hi, seed);
+                let host_a = fresh_a();
+                let host_view = host_a.narrow(0, oa, n).unwrap();
+                fused_into(&[&host_view, &host_in.1], &[(upd.clone(), &host_view)]).unwrap();
+                for dev in devices
+                    .iter()
+                    .filter(|d| supports(d, dtype) && supports(d, other))
+                {
+                    let (ad, bd, sd) = (
+                        fresh_a().to_device(dev).unwrap(),
+                        b.to_device(dev).unwrap(),
+                        s.to_device(dev).unwrap(),
+                    );
+                    let (av, bv) = (ad.narrow(0, oa, n).unwrap(), bd.narrow(0, ob, n).unwrap());
+                    let got = fused(&[&av, &bv], &exprs).unwrap();
+                    let got_scaled = fused(&[&av, &bv, &sd], &scaled).unwrap();
+                    let outputs = got.iter().chain(&got_scaled);
+                    for (k, (g, w)) in outputs.zip(want.iter().chain(&want_scaled)).enumerate() {
+                        let what = format!("n {n} {dtype} offsets {oa},{ob} output {k} on {dev}");
+                        compare(g, w, tolerance(dtype) * 4.0, &what);
+                    }
+                    fused_into(&[&av, &bv], &[(upd.clone(), &av)]).unwrap();
+                    let what = format!("in place n {n} {dtype} offset {oa} on {dev}");
+                    compare(&ad, &host_a, tolerance(dtype) * 4.0, &what);
+                    cases += 1;
+                }
+            }
+        }
+    }
+    assert!(cases >= 17 * 6 * 6, "{cases} cases");
+}
