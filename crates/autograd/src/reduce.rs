@@ -64,10 +64,12 @@ impl Var {
             let (xi, yi, gi) = (Expr::input(0), Expr::input(1), Expr::input(2));
             let dx = match kind {
                 Kind::Sum => gk.broadcast_to(&shape)?.contiguous()?,
-                Kind::Mean => gk
-                    .mul_scalar(1.0 / count as f64)?
-                    .broadcast_to(&shape)?
-                    .contiguous()?,
+                // One kernel over the broadcast view: scale and expand together.
+                Kind::Mean => fused(
+                    &[&gk.broadcast_to(&shape)?],
+                    &[Expr::input(0) * (1.0 / count as f64)],
+                )?
+                .remove(0),
                 Kind::Extreme(_) => {
                     // Ties share the gradient evenly.
                     let hit = fused(&[&xs, &yk], &[xi.eq(yi).cast(xs.dtype())])?.remove(0);

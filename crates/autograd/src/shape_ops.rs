@@ -49,17 +49,13 @@ impl Var {
         Ok(out)
     }
 
-    /// Chunks of `size` along `dim` (the last may be shorter).
+    /// Chunks of `size` along `dim` (the last may be shorter), as the op library splits them.
     pub fn split(&self, size: usize, dim: usize) -> Result<Vec<Var>> {
-        if size == 0 || dim >= self.ndim() {
-            return Err(Error::invalid(
-                "split",
-                format!("chunk size {size} along dim {dim} of {:?}", self.shape()),
-            ));
-        }
-        let n = self.shape()[dim];
-        let sizes: Vec<usize> = (0..n.div_ceil(size).max(1))
-            .map(|i| size.min(n - (i * size).min(n)))
+        let sizes: Vec<usize> = self
+            .value()
+            .split(size, dim)?
+            .iter()
+            .map(|t| t.shape()[dim])
             .collect();
         self.split_sizes(&sizes, dim)
     }
