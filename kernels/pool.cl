@@ -65,7 +65,8 @@ __kernel void max_pool2d_backward(__global T* dx,          /* dx: (N, C, H, W), 
     STORE(dx, i, acc);
 }
 
-// Divisor of the average over output pixel (oh, ow), as PyTorch's avg_pool2d (no ceil mode).
+// Divisor of the average over output pixel (oh, ow), as PyTorch's avg_pool2d; with ceil_mode a
+// partial last window counts its taps up to the padded edge.
 inline ACC avg_divisor(const PoolGeom* g, uint oh, uint ow, int* hs, int* he, int* ws, int* we) {
     *hs = win_in(&g->win, 0, oh, 0);
     *ws = win_in(&g->win, 1, ow, 0);

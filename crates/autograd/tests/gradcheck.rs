@@ -363,6 +363,18 @@ fn conv_and_pool() {
         |d| vec![signed(d, &[2, 1, 5, 4], 66)],
         |v| v[0].avg_pool2d(pp, false),
     );
+    // ceil_mode: partial last windows (6 -> 3 rows, 7 -> 3 columns; 2 and 2 when rounding down).
+    let pc = Pool2dParams::new((3, 2)).stride((2, 3)).ceil_mode(true);
+    check(
+        "max_pool2d_ceil",
+        |d| vec![rnd(d, &[1, 2, 6, 7], -1.0, 1.0, 68)],
+        |v| v[0].max_pool2d(pc),
+    );
+    check(
+        "avg_pool2d_ceil",
+        |d| vec![signed(d, &[1, 2, 6, 7], 69)],
+        |v| v[0].avg_pool2d(pc, true),
+    );
     check(
         "adaptive_avg_pool2d",
         |d| vec![signed(d, &[1, 2, 5, 7], 67)],

@@ -418,3 +418,25 @@ fn batch_norm_and_dropout_modes() {
         );
     }
 }
+
+#[test]
+fn pooling_layers_follow_pytorchs_defaults() {
+    // A 2x2 plane of ones, kernel 2 with padding 1: each window holds one pixel and three pads.
+    // PyTorch's AvgPool2d divides by the padded window (0.25) unless count_include_pad=False (1).
+    let p = netcl_ops::Pool2dParams::new((2, 2)).padding((1, 1));
+    for dev in test_devices().unwrap() {
+        let x = Var::from(&Tensor::ones(&[1, 1, 2, 2], DType::F32, &dev).unwrap());
+        let tape = Tape::no_grad();
+        let with_pad = AvgPool2d::with(p).forward(&tape, &x).unwrap();
+        assert_eq!(with_pad.value().to_vec_f64().unwrap(), [0.25; 4], "{dev}");
+        let inside = AvgPool2d::with(p).count_include_pad(false);
+        let y = inside.forward(&tape, &x).unwrap();
+        assert_eq!(y.value().to_vec_f64().unwrap(), [1.0; 4], "{dev}");
+        // ceil_mode keeps the partial last window: 5 -> 3 with kernel 2.
+        let x5 = Var::from(&Tensor::ones(&[1, 2, 5, 5], DType::F32, &dev).unwrap());
+        let m = MaxPool2d(netcl_ops::Pool2dParams::new((2, 2)).ceil_mode(true));
+        assert_eq!(m.forward(&tape, &x5).unwrap().shape(), &[1, 2, 3, 3]);
+        assert_eq!(m.describe()["ceil_mode"], true);
+        assert_eq!(inside.describe()["count_include_pad"], false);
+    }
+}

@@ -4,7 +4,8 @@
 //! `avg_pool2d_backward`, `adaptive_avg_pool2d`, `adaptive_avg_pool2d_backward` in
 //! kernels/pool.cl). Every input may be a strided view; outputs are contiguous. Backwards are one
 //! work-item per input pixel summing, in a fixed order, the output gradients of the windows that
-//! cover it: correct for overlapping windows and bit-identical from run to run. No ceil mode.
+//! cover it: correct for overlapping windows and bit-identical from run to run. `ceil_mode` as
+//! PyTorch's (a partial last window; averages divide by its size clipped to the padded input).
 use crate::checks::{need_i32, same_device, same_float, u32_arg};
 use crate::conv::host_f64;
 use crate::element::HostData;
@@ -24,6 +25,9 @@ pub struct Pool2dParams {
     pub padding: (usize, usize),
     /// Max pooling only; average pooling needs (1, 1).
     pub dilation: (usize, usize),
+    /// Output extents round up instead of down (PyTorch's `ceil_mode`): a last, partial window
+    /// is kept when it starts inside the input or its left padding.
+    pub ceil_mode: bool,
 }
 
 impl Pool2dParams {
@@ -34,7 +38,28 @@ impl Pool2dParams {
             stride: kernel,
             padding: (0, 0),
             dilation: (1, 1),
+            ceil_mode: false,
         }
+    }
+
+    /// These parameters with `stride`.
+    pub fn stride(self, stride: (usize, usize)) -> Pool2dParams {
+        Pool2dParams { stride, ..self }
+    }
+
+    /// These parameters with implicit `padding` on both sides.
+    pub fn padding(self, padding: (usize, usize)) -> Pool2dParams {
+        Pool2dParams { padding, ..self }
+    }
+
+    /// These parameters with `dilation` (max pooling only).
+    pub fn dilation(self, dilation: (usize, usize)) -> Pool2dParams {
+        Pool2dParams { dilation, ..self }
+    }
+
+    /// These parameters with output extents rounded up (`true`) or down.
+    pub fn ceil_mode(self, ceil_mode: bool) -> Pool2dParams {
+        Pool2dParams { ceil_mode, ..self }
     }
 }
 
@@ -107,9 +132,12 @@ fn need_nchw(op: &str, x_shape: &[usize]) -> Result<()> {
 fn geometry(op: &str, x_shape: &[usize], p: Pool2dParams, include_pad: bool) -> Result<Geom> {
     need_nchw(op, x_shape)?;
     let what = format!("input {x_shape:?}, kernel {:?}", p.kernel);
-    let win = Window::new(
+    let mut win = Window::new(
         op, &what, x_shape, p.kernel, p.stride, p.padding, p.dilation,
     )?;
+    if p.ceil_mode {
+        win.round_up();
+    }
     let eff = (
         p.dilation.0 * (p.kernel.0 - 1) + 1,
         p.dilation.1 * (p.kernel.1 - 1) + 1,

@@ -121,6 +121,34 @@ impl Window {
         })
     }
 
+    /// Pooling's `ceil_mode`: output extents `ceil((size + 2p - extent) / s) + 1`, less one when
+    /// the last window would start beyond the input and its left padding (PyTorch's rule).
+    pub fn round_up(&mut self) {
+        let up = |size: usize, k: usize, s: usize, p: usize, d: usize| {
+            let span = size + 2 * p - (d * (k - 1) + 1);
+            let out = span.div_ceil(s) + 1;
+            if (out - 1) * s >= size + p {
+                out - 1
+            } else {
+                out
+            }
+        };
+        self.ho = up(
+            self.h,
+            self.kernel.0,
+            self.stride.0,
+            self.padding.0,
+            self.dilation.0,
+        );
+        self.wo = up(
+            self.w,
+            self.kernel.1,
+            self.stride.1,
+            self.padding.1,
+            self.dilation.1,
+        );
+    }
+
     pub fn in_shape(&self) -> [usize; 4] {
         [self.n, self.c, self.h, self.w]
     }

@@ -41,7 +41,19 @@ fn dims(t: &Tensor) -> [usize; 4] {
 }
 
 fn out_len(size: usize, k: usize, s: usize, p: usize, d: usize) -> usize {
-    (size + 2 * p - d * (k - 1) - 1) / s + 1
+    pool_len(size, k, s, p, d, false)
+}
+
+/// PyTorch's pooling output size: with `ceil`, rounded up, then one less when the last window
+/// would start at or beyond the input's end plus its left padding.
+fn pool_len(size: usize, k: usize, s: usize, p: usize, d: usize, ceil: bool) -> usize {
+    let up = if ceil { s - 1 } else { 0 };
+    let out = (size + 2 * p - d * (k - 1) - 1 + up) / s + 1;
+    if ceil && (out - 1) * s >= size + p {
+        out - 1
+    } else {
+        out
+    }
 }
 
 /// For every (output, input, weight) element triple the forward multiplies: calls
@@ -279,8 +291,22 @@ struct PoolRef {
 
 fn max_pool_ref(x: &[f64], xs: [usize; 4], p: Pool2dParams, gy: &[f64]) -> PoolRef {
     let [n, c, h, w] = xs;
-    let ho = out_len(h, p.kernel.0, p.stride.0, p.padding.0, p.dilation.0);
-    let wo = out_len(w, p.kernel.1, p.stride.1, p.padding.1, p.dilation.1);
+    let ho = pool_len(
+        h,
+        p.kernel.0,
+        p.stride.0,
+        p.padding.0,
+        p.dilation.0,
+        p.ceil_mode,
+    );
+    let wo = pool_len(
+        w,
+        p.kernel.1,
+        p.stride.1,
+        p.padding.1,
+        p.dilation.1,
+        p.ceil_mode,
+    );
     let (mut y, mut idx, mut dx) = (vec![], vec![], vec![0.0; x.len()]);
     for pl in 0..n * c {
         for oh in 0..ho {
@@ -317,13 +343,15 @@ fn max_pool_ref(x: &[f64], xs: [usize; 4], p: Pool2dParams, gy: &[f64]) -> PoolR
 
 fn avg_pool_ref(x: &[f64], xs: [usize; 4], p: Pool2dParams, inc: bool, gy: &[f64]) -> PoolRef {
     let [n, c, h, w] = xs;
-    let ho = out_len(h, p.kernel.0, p.stride.0, p.padding.0, 1);
-    let wo = out_len(w, p.kernel.1, p.stride.1, p.padding.1, 1);
+    let ho = pool_len(h, p.kernel.0, p.stride.0, p.padding.0, 1, p.ceil_mode);
+    let wo = pool_len(w, p.kernel.1, p.stride.1, p.padding.1, 1, p.ceil_mode);
     let (mut y, mut dx) = (vec![], vec![0.0; x.len()]);
     for pl in 0..n * c {
         for oh in 0..ho {
             for ow in 0..wo {
-                let mut taps = vec![];
+                // Taps inside the input, and those inside the padded input (a ceil-mode window
+                // may reach past the padding).
+                let (mut taps, mut padded) = (vec![], 0);
                 for ki in 0..p.kernel.0 {
                     for kj in 0..p.kernel.1 {
                         let hh = (oh * p.stride.0 + ki) as isize - p.padding.0 as isize;
@@ -331,10 +359,14 @@ fn avg_pool_ref(x: &[f64], xs: [usize; 4], p: Pool2dParams, inc: bool, gy: &[f64
                         if hh >= 0 && ww >= 0 && (hh as usize) < h && (ww as usize) < w {
                             taps.push(pl * h * w + hh as usize * w + ww as usize);
                         }
+                        let (ph, pw) = (p.padding.0 as isize, p.padding.1 as isize);
+                        if hh < h as isize + ph && ww < w as isize + pw {
+                            padded += 1;
+                        }
                     }
                 }
                 let div = if inc {
-                    (p.kernel.0 * p.kernel.1) as f64
+                    padded as f64
                 } else {
                     taps.len() as f64
                 };
@@ -398,6 +430,7 @@ fn pooling_and_backwards_match_nested_loops_on_every_device() {
             stride: (1 + c.below(3), 1 + c.below(3)),
             padding: (c.below(eff.0 / 2 + 1), c.below(eff.1 / 2 + 1)),
             dilation,
+            ceil_mode: c.below(2) == 0,
         };
         let inc = c.below(2) == 0;
         let xs = [
@@ -414,8 +447,22 @@ fn pooling_and_backwards_match_nested_loops_on_every_device() {
             _ => [
                 xs[0],
                 xs[1],
-                out_len(xs[2], kernel.0, p.stride.0, p.padding.0, dilation.0),
-                out_len(xs[3], kernel.1, p.stride.1, p.padding.1, dilation.1),
+                pool_len(
+                    xs[2],
+                    kernel.0,
+                    p.stride.0,
+                    p.padding.0,
+                    dilation.0,
+                    p.ceil_mode,
+                ),
+                pool_len(
+                    xs[3],
+                    kernel.1,
+                    p.stride.1,
+                    p.padding.1,
+                    dilation.1,
+                    p.ceil_mode,
+                ),
             ],
         };
         let gy = input(dtype, ys, c.below(3), case as u64 + 1);
@@ -456,6 +503,34 @@ fn pooling_and_backwards_match_nested_loops_on_every_device() {
     assert!(checks >= 2 * 350, "{checks}");
 }
 
+#[test]
+fn ceil_mode_pooling_gives_pytorchs_values() {
+    // torch.arange(25.).view(1, 1, 5, 5) with kernel 2, ceil_mode=True: a partial last row and
+    // column; avg_pool2d (count_include_pad) divides a partial window by its clipped size.
+    let x: Vec<f64> = (0..25).map(f64::from).collect();
+    let p = Pool2dParams::new((2, 2)).ceil_mode(true);
+    let max = [6.0, 8.0, 9.0, 16.0, 18.0, 19.0, 21.0, 23.0, 24.0];
+    let avg = [3.0, 5.0, 6.5, 13.0, 15.0, 16.5, 20.5, 22.5, 24.0];
+    // kernel 3, stride 3, padding 1 over 5: rounding up gives 3 windows, but the third would
+    // start in the right padding, so PyTorch keeps 2.
+    let q = Pool2dParams::new((3, 3)).padding((1, 1)).ceil_mode(true);
+    let max_q = [6.0, 9.0, 21.0, 24.0];
+    for dev in test_devices().unwrap() {
+        let xd = Tensor::from_vec(x.clone(), &[1, 1, 5, 5], &dev).unwrap();
+        let (y, idx) = xd.max_pool2d(p).unwrap();
+        assert_eq!(y.shape(), &[1, 1, 3, 3], "on {dev}");
+        assert_eq!(y.to_vec_f64().unwrap(), max, "on {dev}");
+        assert_eq!(
+            idx.to_vec::<i32>().unwrap(),
+            [6, 8, 9, 16, 18, 19, 21, 23, 24]
+        );
+        assert_eq!(xd.avg_pool2d(p, true).unwrap().to_vec_f64().unwrap(), avg);
+        let (yq, _) = xd.max_pool2d(q).unwrap();
+        assert_eq!(yq.shape(), &[1, 1, 2, 2], "on {dev}");
+        assert_eq!(yq.to_vec_f64().unwrap(), max_q, "on {dev}");
+    }
+}
+
 fn bits(t: &Tensor) -> Vec<u8> {
     t.to_host_data().unwrap().as_bytes().to_vec()
 }
@@ -473,6 +548,7 @@ fn reruns_are_bit_identical() {
         stride: (1, 2),
         padding: (1, 1),
         dilation: (1, 1),
+        ceil_mode: true,
     };
     for dev in test_devices().unwrap() {
         let x = random_tensor(DType::F32, &[3, 4, 19, 23], -1.0, 1.0, 1)
