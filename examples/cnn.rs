@@ -8,10 +8,8 @@
 //!
 //! Data: $NETCL_DATA, ./data/fashion-mnist, /usr/share/datasets/fashion-mnist (Debian package
 //! dataset-fashion-mnist), else the 2,000/500-image subset shipped in crates/data.
-//! Writes runs/cnn/checkpoint.{json,npz} and runs/mlp/history.png.
-use netcl::data::{
-    plot_history, BatchBuilder, Batches, DeviceData, FashionMnist, History, ImageLayout, Progress,
-};
+//! Writes runs/cnn/checkpoint.{json,npz} and runs/cnn/history.png.
+use netcl::data::{Batches, ImageLayout, Progress};
 use netcl::prelude::*;
 use serde_json::json;
 
@@ -32,16 +30,7 @@ fn run() -> Result<()> {
     })?;
     let dev = Device::best()?;
     println!("device: {dev} ({})", dev.info().name);
-    let data = FashionMnist::load()?;
-    println!(
-        "data: {} ({} train, {} test images)",
-        data.source,
-        data.n_train(),
-        data.n_test()
-    );
-    let builder = BatchBuilder::new(ImageLayout::Nchw);
-    let train = DeviceData::upload(&builder, &data.train_images, &data.train_labels, &dev)?;
-    let test = DeviceData::upload(&builder, &data.test_images, &data.test_labels, &dev)?;
+    let (train, test, source) = fashion_mnist_on(&dev, ImageLayout::Nchw)?;
 
     let mut gen = Generator::new(args.seed);
     let same = Conv2dParams {
@@ -71,9 +60,8 @@ fn run() -> Result<()> {
         min_lr: 0.0,
     };
 
-    let mut history = History::new();
+    let mut log = RunLog::new(&args.out, "Fashion-MNIST CNN", json!({"data": source}));
     let mut step = 0;
-    let mut test_acc = 0.0;
     for epoch in 1..=args.epochs {
         model.train();
         let mut meter = Meter::new(&dev)?;
@@ -99,28 +87,19 @@ fn run() -> Result<()> {
                 progress.update(i + 1, l, a);
             }
         }
-        let (train_loss, train_acc) = meter.read()?;
+        let train_metrics = meter.read()?;
         model.eval();
-        let (test_loss, acc) = evaluate(&model, &test, 1000)?;
-        test_acc = acc;
-        progress.finish(&format!("test loss {test_loss:.4} accuracy {acc:.4}"));
-        history.push(train_loss, train_acc, acc);
-        history.test_loss.push(test_loss);
-        plot_history(args.out.join("history.png"), "Fashion-MNIST CNN", &history)?;
-        let extra = json!({"epoch": epoch, "test_accuracy": acc, "data": data.source.to_string()});
-        save_checkpoint(
-            args.out.join("checkpoint"),
+        let (test_loss, test_acc) = evaluate(&model, &test, 1000)?;
+        progress.finish(&format!("test loss {test_loss:.4} accuracy {test_acc:.4}"));
+        log.epoch(
+            epoch,
+            train_metrics,
+            (test_loss, test_acc),
             &model,
-            Some(&opt),
-            step as u64,
-            extra,
+            &opt,
+            step,
         )?;
     }
-    println!(
-        "saved {} and {}",
-        args.out.join("checkpoint.json").display(),
-        args.out.join("history.png").display()
-    );
-    println!("final test_accuracy={test_acc:.4}");
+    log.finish();
     Ok(())
 }

@@ -18,7 +18,7 @@ pub use netcl_ops::{Generator, Tensor};
 
 /// Everything a training script needs: `use netcl::prelude::*`.
 pub mod prelude {
-    pub use crate::train::{evaluate, Meter, TrainArgs};
+    pub use crate::train::{evaluate, fashion_mnist_on, Meter, RunLog, TrainArgs};
     pub use crate::{DType, Device, Error, Generator, Pool, Result, Tensor};
     pub use netcl_autograd::{gradcheck, GradcheckOptions, Parameter, Tape, Var};
     pub use netcl_nn::{

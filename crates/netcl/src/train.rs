@@ -1,9 +1,14 @@
-//! Helpers of training loops: a device-side loss/accuracy meter (no sync per step) and test-set evaluation.
+//! Helpers of training loops: a device-side loss/accuracy meter (no sync per step), test-set evaluation, the examples' arguments, data loading and per-epoch record (history, plot, checkpoint).
 use netcl_autograd::{Tape, Var};
 use netcl_core_devices::{DType, Device, Error, Result};
-use netcl_data::{Batches, DeviceData};
-use netcl_nn::{cross_entropy, Module};
+use netcl_data::{
+    plot_history, BatchBuilder, Batches, DeviceData, FashionMnist, History, ImageLayout,
+};
+use netcl_nn::{cross_entropy, save_checkpoint, Module};
 use netcl_ops::{fused_into, Expr, Tensor};
+use netcl_optim::Optimizer;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
 
 /// Sums of per-sample loss and correct predictions, accumulated on the device; reading them is
 /// the only synchronisation.
@@ -115,5 +120,90 @@ impl TrainArgs {
             }
         }
         Ok(a)
+    }
+}
+
+/// Fashion-MNIST's training and test sets (see [`FashionMnist::load`] for where it looks) in
+/// `layout`, uploaded to `device` once; prints where the data came from. Also returns that
+/// source's description.
+pub fn fashion_mnist_on(
+    device: &Device,
+    layout: ImageLayout,
+) -> Result<(DeviceData, DeviceData, String)> {
+    let data = FashionMnist::load()?;
+    println!(
+        "data: {} ({} train, {} test images)",
+        data.source,
+        data.n_train(),
+        data.n_test()
+    );
+    let builder = BatchBuilder::new(layout);
+    let train = DeviceData::upload(&builder, &data.train_images, &data.train_labels, device)?;
+    let test = DeviceData::upload(&builder, &data.test_images, &data.test_labels, device)?;
+    Ok((train, test, data.source.to_string()))
+}
+
+/// What a run leaves in its folder `out` after every epoch: the metrics history drawn as
+/// `history.png` and a checkpoint `checkpoint.{json,npz}` of the model and optimizer (its JSON
+/// `extra` holds the epoch, its test accuracy and the run's `info`). The checkpoint is replaced
+/// atomically each epoch, so an interrupted run keeps the last finished epoch.
+pub struct RunLog {
+    out: PathBuf,
+    title: String,
+    info: Value,
+    history: History,
+}
+
+impl RunLog {
+    /// A log writing into `out` (created when needed); `title` heads the plot.
+    pub fn new(out: &Path, title: &str, info: Value) -> RunLog {
+        RunLog {
+            out: out.to_path_buf(),
+            title: title.to_string(),
+            info,
+            history: History::new(),
+        }
+    }
+
+    /// Records epoch `epoch`'s `(loss, accuracy)` on the training and test sets, redraws the plot
+    /// and saves the checkpoint at optimizer step `step`.
+    pub fn epoch(
+        &mut self,
+        epoch: usize,
+        train: (f32, f32),
+        test: (f32, f32),
+        model: &dyn Module,
+        optimizer: &dyn Optimizer,
+        step: usize,
+    ) -> Result<()> {
+        self.history.push(train.0, train.1, test.1);
+        self.history.test_loss.push(test.0);
+        plot_history(self.out.join("history.png"), &self.title, &self.history)?;
+        let extra = json!({"epoch": epoch, "test_accuracy": test.1, "run": self.info});
+        save_checkpoint(
+            self.out.join("checkpoint"),
+            model,
+            Some(optimizer),
+            step as u64,
+            extra,
+        )?;
+        Ok(())
+    }
+
+    /// The metrics recorded so far.
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
+    /// Prints where the checkpoint and plot are and, as the last line, `final
+    /// test_accuracy=0.XXXX` (the last epoch's).
+    pub fn finish(&self) {
+        println!(
+            "saved {} and {}",
+            self.out.join("checkpoint.json").display(),
+            self.out.join("history.png").display()
+        );
+        let acc = self.history.test_acc.last().copied().unwrap_or(0.0);
+        println!("final test_accuracy={acc:.4}");
     }
 }
