@@ -7,6 +7,7 @@ mod binary;
 mod checks;
 mod conv;
 mod create;
+mod display;
 mod dropout;
 mod expr;
 mod fused;

@@ -1,7 +1,7 @@
 //! Tensor creation, transfers, views, elementwise ops and RNG on every device against the host reference.
 use ndarray::{ArrayD, IxDyn};
 use netcl_core_devices::test_devices;
-use netcl_ops::testing::{dtypes_for, random_view, sample, Cases};
+use netcl_ops::testing::{dtypes_for, random_tensor, random_view, sample, Cases};
 use netcl_ops::{BinaryOp, DType, Device, Error, Generator, Tensor};
 
 #[test]
@@ -358,5 +358,25 @@ fn normal_streams_match_across_devices_and_have_the_right_moments() {
                 );
             }
         }
+    }
+}
+
+#[test]
+fn display_reads_the_same_values_on_every_device() {
+    // Large enough to be summarised: only the corners are copied back from the device.
+    let host = random_tensor(DType::F32, &[4, 30, 50], -2.0, 2.0, 7);
+    let want = host.to_string();
+    assert!(want.contains("..."), "{want}");
+    for dev in test_devices().unwrap() {
+        let t = host.to_device(&dev).unwrap();
+        let got = t.to_string();
+        assert_eq!(got.replace(&dev.to_string(), "host"), want, "on {dev}");
+        // A strided view prints its own values.
+        let v = t.permute(&[2, 0, 1]).unwrap();
+        let hv = host.permute(&[2, 0, 1]).unwrap().contiguous().unwrap();
+        assert_eq!(
+            v.to_string().replace(&dev.to_string(), "host"),
+            hv.to_string()
+        );
     }
 }
