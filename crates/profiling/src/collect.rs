@@ -1,6 +1,7 @@
 //! The process-wide record store: kernel launches with their pending OpenCL events, host spans, and the device times read back from finished events.
+use crate::align::align_devices;
 use crate::clock::thread_names;
-use crate::profile::{align_devices, DeviceTrack, KernelRecord, Profile, SpanRecord};
+use crate::profile::{DeviceTrack, KernelRecord, Profile, SpanRecord};
 use netcl_core_devices::cl3::event::{
     get_event_info, get_event_profiling_info, release_event, CL_COMPLETE,
     CL_EVENT_COMMAND_EXECUTION_STATUS, CL_PROFILING_COMMAND_END, CL_PROFILING_COMMAND_QUEUED,
@@ -217,6 +218,7 @@ impl Collector {
                 ordinal,
                 label: label.clone(),
                 offset_ns: 0,
+                drift_ppm: 0.0,
             })
             .collect();
         devices.sort_by_key(|d| d.ordinal);

@@ -12,6 +12,7 @@
 //! ```
 //!
 //! Off, every hook costs one relaxed atomic load and no OpenCL event is requested.
+mod align;
 mod clock;
 mod collect;
 mod exit;
