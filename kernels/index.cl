@@ -69,3 +69,62 @@ __kernel void scatter_add(__global T* out,          /* (n): contiguous, shape l.
     }
     STORE(out, i, acc);
 }
+
+// Where sorted_row_add reads: rows of D elements of x (V, D) and of src (N, D), each with a row
+// and a column stride.
+typedef struct {
+    uint d;              // row length D
+    uint nkeys;          // N: sorted keys, one per src row
+    uint zero_init;      // 1: rows start from 0 instead of x
+    uint x_stride[2];
+    uint x_offset;
+    uint src_stride[2];
+    uint src_offset;
+} RowAddLayout;
+
+// Sorted keys below v (le = 0) or at most v (le = 1): a binary search.
+inline uint keys_before(__global const int* keys, uint n, int v, int le) {
+    uint lo = 0u, hi = n;
+    while (lo < hi) {
+        uint mid = lo + (hi - lo) / 2u;
+        int k = keys[mid];
+        if (k < v || (le && k == v)) lo = mid + 1u;
+        else hi = mid;
+    }
+    return lo;
+}
+
+// out[v, c] = x[v, c] (or 0) + sum of src[perm[r], c] over the run of sorted keys equal to v,
+// r ascending: with a stable sort that is ascending src row, the order of scatter_add, so the
+// result is bit-identical to it and to the host. No atomics; keys outside [0, V) match no row.
+// One work-item per output; the runs of the (at most local size) rows a work-group covers are
+// searched once each, by one work-item, and shared in local memory.
+__kernel void sorted_row_add(__global T* out,            /* (V, D): contiguous */
+                             __global const T* x,        /* (V, D) with l.x_stride (unread when zero_init) */
+                             __global const T* src,      /* (N, D) with l.src_stride */
+                             __global const int* keys,   /* (N): the row indices, sorted */
+                             __global const int* perm,   /* (N): src row of each sorted key */
+                             __local uint* runs,         /* (2 * local size): [start, end) per row */
+                             RowAddLayout l, uint n) {   /* n = V * D */
+    uint lid = get_local_id(0), g = get_local_size(0), first = get_group_id(0) * g;
+    uint row0 = first / l.d, rows = (min(first + g, n) - 1u) / l.d - row0 + 1u;
+    if (lid < rows) {
+        uint v = row0 + lid, start = l.nkeys, end = l.nkeys;
+        if (v <= (uint)INT_MAX) {
+            start = keys_before(keys, l.nkeys, (int)v, 0);
+            end = keys_before(keys, l.nkeys, (int)v, 1);
+        }
+        runs[2u * lid] = start;
+        runs[2u * lid + 1u] = end;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint i = first + lid;
+    if (i >= n) return;
+    uint v = i / l.d, c = i % l.d;
+    ACC acc = l.zero_init ? (ACC)0 : LOAD(x, l.x_offset + v * l.x_stride[0] + c * l.x_stride[1]);
+    uint end = runs[2u * (v - row0) + 1u];
+    for (uint r = runs[2u * (v - row0)]; r < end; ++r) {
+        acc += LOAD(src, l.src_offset + (uint)perm[r] * l.src_stride[0] + c * l.src_stride[1]);
+    }
+    STORE(out, i, acc);
+}

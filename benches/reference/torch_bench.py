@@ -54,6 +54,18 @@ def main():
             timed(lambda: torch.nn.functional.layer_norm(x, (cols,), w, b, 1e-5)), bytes_=8 * rows * cols)
         rec("norm", "rms_norm_16384x4096",
             timed(lambda: torch.nn.functional.rms_norm(x, (cols,), w, 1e-5)), bytes_=8 * rows * cols)
+    if want("embedding"):
+        # The embedding gradient autograd runs (aten embedding_dense_backward), Llama-sized.
+        v, d, n = 32000, 288, 8192
+        s, ids = 7, []
+        for _ in range(n):  # the netcl runner's LCG: the same token ids
+            s = (s * 6364136223846793005 + 1442695040888963407) % 2**64
+            ids.append((s >> 33) % v)
+        ids = torch.tensor(ids, device=dev)
+        g = torch.randn(n, d, device=dev)
+        rec("embedding", f"embedding_backward_V{v}_D{d}_N{n}",
+            timed(lambda: torch.ops.aten.embedding_dense_backward(g, ids, v, -1, False)),
+            bytes_=4 * (n * d + v * d + n))
     if want("train"):
         nn = torch.nn
         torch.manual_seed(0)

@@ -29,8 +29,9 @@ source!(SOFTMAX, "softmax.cl");
 source!(NORM, "norm.cl");
 source!(CONV, "conv.cl");
 source!(POOL, "pool.cl");
+source!(SORT, "sort.cl");
 
 /// Every op-family source (not the common header).
-pub const ALL: [Source; 11] = [
-    COPY, RANDOM, MATMUL, INDEX, SHAPE, ROPE, REDUCE, SOFTMAX, NORM, CONV, POOL,
+pub const ALL: [Source; 12] = [
+    COPY, RANDOM, MATMUL, INDEX, SHAPE, ROPE, REDUCE, SOFTMAX, NORM, CONV, POOL, SORT,
 ];

@@ -7,16 +7,21 @@
 //! kernels then never access memory out of bounds: gathers write 0 for an out-of-range index,
 //! scatter-adds skip its contribution.
 //!
-//! Determinism: scatter-adds use no atomics. Each output element is one work-item that scans the
-//! index entries along the indexed dim in ascending order and sums the matching source values in
-//! the accumulator type (f32 for f16/bf16). Results are bit-identical run to run and equal to the
-//! host reference. Cost: `numel(out) * idx.shape[dim]` index reads, e.g. an embedding gradient of
-//! `[V, D]` from `N` ids costs `V * D * N` reads — fine for small models, quadratic for large ones.
+//! Determinism: scatter-adds use no atomics. Every output element sums the source values whose
+//! index selects it in ascending index position, in the accumulator type (f32 for f16/bf16).
+//! Results are bit-identical run to run and equal to the host reference. Whole-row scatters
+//! (embedding_backward, index_select_backward and index_add along dim 0) on OpenCL devices sort
+//! the indices first ([`Tensor::sort_stable`], see `sorted_rows`): an embedding gradient of
+//! `[V, D]` from `N` ids costs `O(N log^2 N + V log N + V * D + N * D)`. The other scatters
+//! (gather_backward, scatter_add, index ops along other dims) run one work-item per output
+//! element scanning the index entries along the indexed dim: `numel(out) * idx.shape[dim]`
+//! index reads.
 use crate::checks::{need_i32, same_device, same_dtype, u32_arg};
 use crate::element::{Element, HostData};
 use crate::launch::{launch_1d, program_for};
 use crate::layout::check_reach;
 use crate::layout::{checked_numel, contiguous_strides, numel, KernelLayout, MAX_DIMS};
+use crate::sorted_rows::{as_matrix, sorted_row_add};
 
 use crate::tensor::Tensor;
 use half::{bf16, f16};
@@ -462,7 +467,9 @@ impl Tensor {
     }
 
     /// The gradient of [`Tensor::embedding`]'s `[V, D]` weight (`V = num_embeddings`) from
-    /// `grad` of shape `[..ids, D]`: row v sums the grad rows whose id is v, in id order. One kernel.
+    /// `grad` of shape `[..ids, D]`: row v sums the grad rows whose id is v, in id order.
+    /// OpenCL: the kernels of [`Tensor::sort_stable`] over the N ids and one more (11 for
+    /// N = 8192); cost `O(N log^2 N + V log N + V * D + N * D)`, not `V * D * N`.
     pub fn embedding_backward(
         grad: &Tensor,
         ids: &Tensor,
@@ -488,6 +495,13 @@ impl Tensor {
             &format!("{num_embeddings} embeddings"),
         )?;
         let n = ids.numel();
+        let shape = [num_embeddings, d];
+        if !grad.device.is_host() {
+            let grad = as_matrix(grad, ids.ndim())?;
+            let ids = as_matrix(ids, ids.ndim())?;
+            let ids = ids.view_of(vec![n], vec![ids.strides[0]], ids.offset);
+            return sorted_row_add(op, None, &ids, &grad, &shape);
+        }
         let ids = ids.reshape(&[n])?;
         let grad = grad.reshape(&[n, d])?;
         run_scatter(
@@ -496,7 +510,7 @@ impl Tensor {
             &grad,
             ScatterPlan {
                 op,
-                shape: vec![num_embeddings, d],
+                shape: shape.to_vec(),
                 dim: 0,
                 idx_shape: vec![n, d],
                 idx_strides: vec![ids.strides[0], 0],
@@ -514,7 +528,8 @@ impl Tensor {
     }
 
     /// The gradient of [`Tensor::index_select`] for an input of `shape`: zeros with `grad`
-    /// added at the selected entries (repeats summed in order). One kernel.
+    /// added at the selected entries (repeats summed in order). One kernel; along dim 0 on
+    /// OpenCL those of [`Tensor::sort_stable`] over the indices and one more.
     pub fn index_select_backward(
         grad: &Tensor,
         dim: usize,
@@ -534,6 +549,9 @@ impl Tensor {
             ));
         }
         check_indices(op, idx, shape[dim], &format!("dim {dim} of {shape:?}"))?;
+        if dim == 0 && !grad.device.is_host() {
+            return sorted_row_add(op, None, idx, grad, shape);
+        }
         scatter_plan(
             op,
             None,
@@ -591,7 +609,8 @@ impl Tensor {
 
     /// A copy of this tensor with slice `j` of `src` along `dim` added at entry `idx[j]` (1-D i32),
     /// as `torch.Tensor.index_add` but out of place; `src` has this shape with `dim` of size
-    /// `idx.len()`. One kernel; deterministic (see the module docs).
+    /// `idx.len()`. One kernel (along dim 0 on OpenCL those of [`Tensor::sort_stable`] over the
+    /// indices and one more); deterministic (see the module docs).
     pub fn index_add(&self, dim: usize, idx: &Tensor, src: &Tensor) -> Result<Tensor> {
         let op = "index_add";
         same_device(op, self, src)?;
@@ -605,6 +624,9 @@ impl Tensor {
                     src.shape, self.shape, idx.shape[0], idx.shape
                 ),
             ));
+        }
+        if dim == 0 && !self.device.is_host() {
+            return sorted_row_add(op, Some(self), idx, src, &self.shape);
         }
         scatter_plan(
             op,

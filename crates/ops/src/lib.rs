@@ -23,6 +23,8 @@ mod rope;
 mod rows;
 mod shape_ops;
 mod softmax;
+mod sort;
+mod sorted_rows;
 mod tensor;
 pub mod testing;
 mod unary;

@@ -153,6 +153,32 @@ impl Runner {
 }
 
 impl Runner {
+    /// The embedding gradient of a Llama-sized table (vocab 32000, dim 288) from 8192 tokens
+    /// (B * T of the Llama example): bytes are the grad read and the table written.
+    fn embedding(&mut self) -> Result<()> {
+        let (v, d, n) = (32000usize, 288usize, 8192usize);
+        // Token ids from a fixed LCG: uniform over the vocabulary, with repeats.
+        let mut s = 7u64;
+        let ids: Vec<i32> = (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 33) % v as u64) as i32
+            })
+            .collect();
+        let ids = Tensor::from_vec(ids, &[n], &self.dev)?;
+        let g = self.randn(&[n, d])?;
+        let k0 = netcl_kernels::thread_launches_total();
+        Tensor::embedding_backward(&g, &ids, v)?;
+        let kernels = (netcl_kernels::thread_launches_total() - k0) as usize;
+        let bytes = (4 * (n * d + v * d + n)) as f64;
+        let name = format!("embedding_backward_V{v}_D{d}_N{n}");
+        self.measure("embedding", name, (bytes, 0.0, kernels), || {
+            Tensor::embedding_backward(&g, &ids, v).map(|_| ())
+        })
+    }
+
     /// One Adam training step of the MLP and of the CNN (see `netcl_bench::train`).
     fn train(&mut self) -> Result<()> {
         type Build = fn(&Device, &mut Generator) -> Result<TrainStep>;
@@ -226,6 +252,9 @@ fn main() -> Result<()> {
     }
     if want("softmax") || want("norm") {
         r.rows(want("softmax"), want("norm"))?;
+    }
+    if want("embedding") {
+        r.embedding()?;
     }
     if want("train") {
         r.train()?;
