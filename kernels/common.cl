@@ -172,12 +172,19 @@ typedef ACC4 row_t;
 #define ROW_STORE(p, base, u, v) STORE4(p, (base) / 4 + (u), v)
 inline ACC row_hsum(row_t v) { return (v.x + v.y) + (v.z + v.w); }
 inline ACC row_hmax(row_t v) { return fmax(fmax(v.x, v.y), fmax(v.z, v.w)); }
+// 1 at the element of unit u whose index in the row is t, 0 elsewhere.
+inline row_t row_hot(uint u, int t) {
+    int k = t - (int)(4 * u);
+    return (row_t)(k == 0 ? (ACC)1 : (ACC)0, k == 1 ? (ACC)1 : (ACC)0,
+                   k == 2 ? (ACC)1 : (ACC)0, k == 3 ? (ACC)1 : (ACC)0);
+}
 #else
 typedef ACC row_t;
 #define ROW_LOAD(p, base, u) LOAD(p, (base) + (u))
 #define ROW_STORE(p, base, u, v) STORE(p, (base) + (u), v)
 inline ACC row_hsum(row_t v) { return v; }
 inline ACC row_hmax(row_t v) { return v; }
+inline row_t row_hot(uint u, int t) { return (int)u == t ? (ACC)1 : (ACC)0; }
 #endif
 
 // This work-item's row and place in its team.

@@ -1,8 +1,8 @@
 // norm.cl: layer_norm, rms_norm (forward, input and parameter gradients) and batch_norm (training, eval).
 //
 // Row statistics use Welford per work-item and Chan's merge in a fixed tree order: bit-reproducible.
-// Contiguous rows of up to 8192 elements take norm_rows (-DROW_V/-DROW_NV, see common.cl): the row
-// stays in registers, one read and one write per element.
+// Contiguous rows of up to 8192 elements take norm_rows and norm_bwd_rows (-DROW_V/-DROW_NV, see
+// common.cl): the row stays in registers, one read per input element and one write per output.
 
 #define NORM_GROUP 256
 
@@ -128,6 +128,43 @@ __kernel void norm_bwd_x(__global T* dx,          /* (rows, n) */
         STORE(dx, row + r, rs * (g - mg - xh * mgx));
     }
 }
+
+#ifdef ROW_NV
+// norm_bwd_x for contiguous rows held in registers (common.cl): x and dy read once, dx written
+// once. Row o starts at layout_offsets(lk, o): .x in dx, .y in x, .z in dy.
+__kernel void norm_bwd_rows(__global T* dx,           /* (rows, n) contiguous */
+                            __global const T* dy,     /* row o at layout_offsets(lk, o).z, contiguous */
+                            __global const T* x,      /* row o at layout_offsets(lk, o).y, contiguous */
+                            __global const ACC* mean, /* (rows), read when rms == 0 */
+                            __global const ACC* rstd, /* (rows) */
+                            __global const T* w,      /* (n) when has_w */
+                            Layout lk, uint n, uint rows, uint team, int rms, int has_w) {
+    __local ACC2 sh[NORM_GROUP];
+    rowpos_t r = row_pos(n, rows, team);
+    uint o = min(r.row, rows - 1);
+    uint3 base = layout_offsets(&lk, o);
+    row_t g[ROW_NV], h[ROW_NV];
+    row_load(h, x, base.y, r);
+    row_load(g, dy, base.z, r);
+    ACC mu = rms ? (ACC)0 : mean[o], rs = rstd[o];
+    // g = dy * w and h = xhat in place, with this work-item's sums of g and g * xhat.
+    ACC sg = 0, sgx = 0;
+#pragma unroll
+    for (uint j = 0; j < ROW_NV; ++j) {
+        if (ROW_HAS(r, j)) {
+            if (has_w) g[j] *= ROW_LOAD(w, 0, ROW_UNIT(r, j));
+            h[j] = (h[j] - mu) * rs;
+            sg += row_hsum(g[j]);
+            sgx += row_hsum(g[j] * h[j]);
+        }
+    }
+    ACC2 t = sum2_team((ACC2)(sg, sgx), sh, team);
+    ACC mg = rms ? (ACC)0 : t.x / (ACC)n, mgx = t.y / (ACC)n;
+#pragma unroll
+    for (uint j = 0; j < ROW_NV; ++j) g[j] = rs * (g[j] - mg - h[j] * mgx);
+    row_store(dx, base.x, g, r);
+}
+#endif
 
 // Parameter gradients, pass 1: work-item (c, j) sums dy * xhat and dy over rows
 // [c * chunk, (c + 1) * chunk) of column j.

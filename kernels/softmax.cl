@@ -1,9 +1,10 @@
 // softmax.cl: softmax, log_softmax and fused cross-entropy (forward, mean, backward) over rows of strided views.
 //
 // Contiguous rows of up to 8192 elements stay in registers (*_rows kernels, -DROW_V/-DROW_NV, see
-// common.cl): max, then sum of exp(x - max), each merged over the row's team; one read and one write
-// per element. Other rows are reduced with an online (max, sum of exp(x - max)) state: one read pass
-// for the statistics, one read-and-write pass for the output. Fixed reduction order: results are
+// common.cl): max, then sum of exp(x - max), each merged over the row's team (backward: the sum of
+// dy * y or of dy); one read per input element and one write per output. Other rows are reduced
+// with an online (max, sum of exp(x - max)) state: one read pass for the statistics, one
+// read-and-write pass for the output. Fixed reduction order: results are
 // bit-reproducible.
 
 #define SM_GROUP 256
@@ -91,6 +92,33 @@ inline void ce_write(__global ACC* loss, __global ACC* lse, __global const T* x,
     lse[i] = l;
 }
 
+// Arguments shared by cross_entropy_bwd and cross_entropy_bwd_rows.
+#define CE_BWD_ARGS                                                                              \
+    __global T* dx,            /* (N, C) contiguous */                                          \
+    __global const T* x,       /* (N, C) through a */                                           \
+    __global const int* tgt,   /* (N) through a */                                              \
+    __global const ACC* lse,   /* (N): element i at loff + i*ls */                              \
+    __global const ACC* grad,  /* element i at goff + i*gs (gs 0 broadcasts) */                 \
+    __global const ACC* count, /* (1) at coff, when use_count */                                \
+    CeLayout a, uint loff, uint ls, uint goff, uint gs, uint coff, int use_count
+
+// Row i of the backward: its target, whether it is ignored, its lse and upstream scale
+// grad[i] / count (NaN for a target outside [0, C)).
+typedef struct { int t; int ignored; ACC lse; ACC g; } ce_bwd_t;
+
+inline ce_bwd_t ce_bwd_row(__global const int* tgt, __global const ACC* lse, __global const ACC* grad,
+                           __global const ACC* count, const CeLayout* a, uint loff, uint ls,
+                           uint goff, uint gs, uint coff, int use_count, uint i) {
+    int bad;
+    ce_bwd_t r;
+    r.t = ce_target(a, tgt, i, &r.ignored, &bad);
+    r.lse = lse[loff + i * ls];
+    r.g = grad[goff + i * gs];
+    if (use_count) r.g = r.g / count[coff];
+    if (bad) r.g = (ACC)NAN;
+    return r;
+}
+
 // Per-row cross-entropy from logits and integer targets, one work-group per row:
 // lse = logsumexp(row), loss = lse - x[target]; 0 for ignored rows, NaN for a target outside [0, C).
 __kernel void cross_entropy_fwd(__global ACC* loss,        /* (N) */
@@ -164,6 +192,49 @@ __kernel void cross_entropy_rows(__global ACC* loss,       /* (N) */
     ms_t st = row_ms(v, 0, r, sh);
     if (r.lane == 0 && r.row < a.n) ce_write(loss, lse, x, tgt, &a, r.row, st.m + log(st.s));
 }
+
+// Gradient of softmax_rows from its output y and the upstream dy, both held in registers:
+// dx = y * (dy - sum(dy * y)), or for log_softmax dx = dy - exp(y) * sum(dy). Row o starts at
+// layout_offsets(lk, o): .x in y, .y in dy, .z in dx; each element read once and written once.
+__kernel void softmax_bwd_rows(__global T* dx,        /* row o at layout_offsets(lk, o).z, contiguous */
+                               __global const T* y,   /* row o at layout_offsets(lk, o).x, contiguous */
+                               __global const T* dy,  /* row o at layout_offsets(lk, o).y, contiguous */
+                               Layout lk, uint n, uint rows, uint team, int log_out) {
+    __local ACC sh[SM_GROUP];
+    rowpos_t r = row_pos(n, rows, team);
+    uint3 base = layout_offsets(&lk, min(r.row, rows - 1));
+    row_t p[ROW_NV], g[ROW_NV];
+    row_load(p, y, base.x, r);
+    row_load(g, dy, base.y, r);
+    ACC s = 0;
+#pragma unroll
+    for (uint j = 0; j < ROW_NV; ++j) {
+        if (ROW_HAS(r, j)) {
+            if (log_out) { p[j] = exp(p[j]); s += row_hsum(g[j]); }
+            else s += row_hsum(g[j] * p[j]);
+        }
+    }
+    s = team_sum(s, sh, r.team);
+#pragma unroll
+    for (uint j = 0; j < ROW_NV; ++j) g[j] = log_out ? g[j] - p[j] * s : p[j] * (g[j] - s);
+    row_store(dx, base.z, g, r);
+}
+
+// cross_entropy_bwd for rows of contiguous logits (a.xc == 1) of up to 8192 classes: a team per
+// row, each logit read once; each work-item reads its row's target, lse and scale once.
+__kernel void cross_entropy_bwd_rows(CE_BWD_ARGS, uint team) {
+    rowpos_t r = row_pos(a.c, a.n, team);
+    uint i = min(r.row, a.n - 1);
+    row_t v[ROW_NV];
+    row_load(v, x, a.xoff + i * a.xr, r);
+    ce_bwd_t b = ce_bwd_row(tgt, lse, grad, count, &a, loff, ls, goff, gs, coff, use_count, i);
+#pragma unroll
+    for (uint j = 0; j < ROW_NV; ++j) {
+        row_t d = (exp(v[j] - b.lse) - row_hot(ROW_UNIT(r, j), b.t)) * b.g;
+        v[j] = b.ignored ? (row_t)0 : d;
+    }
+    row_store(dx, i * a.c, v, r);
+}
 #endif
 
 // Mean of the per-row losses over rows that are not ignored, and that count; one work-group.
@@ -186,27 +257,12 @@ __kernel void cross_entropy_mean(__global ACC* mean,       /* (1) */
 
 // dlogits = (softmax(x) - onehot(target)) * grad[i] / count, one work-item per element; 0 for
 // ignored rows, NaN for rows whose target is outside [0, C).
-__kernel void cross_entropy_bwd(__global T* dx,            /* (N, C) contiguous */
-                                __global const T* x,       /* (N, C) through a */
-                                __global const int* tgt,   /* (N) through a */
-                                __global const ACC* lse,   /* (N): element i at loff + i*ls */
-                                __global const ACC* grad,  /* element i at goff + i*gs (gs 0 broadcasts) */
-                                __global const ACC* count, /* (1) at coff, when use_count */
-                                CeLayout a, uint loff, uint ls, uint goff, uint gs, uint coff,
-                                int use_count, uint n) {
+__kernel void cross_entropy_bwd(CE_BWD_ARGS, uint n) {
     uint k = get_global_id(0);
     if (k >= n) return;
     uint i = k / a.c, j = k % a.c;
-    int ignored, bad;
-    int t = ce_target(&a, tgt, i, &ignored, &bad);
-    ACC d;
-    if (ignored) d = 0;
-    else if (bad) d = (ACC)NAN;
-    else {
-        ACC g = grad[goff + i * gs];
-        if (use_count) g = g / count[coff];
-        ACC p = exp(LOAD(x, a.xoff + i * a.xr + j * a.xc) - lse[loff + i * ls]);
-        d = (p - (j == (uint)t ? (ACC)1 : (ACC)0)) * g;
-    }
-    STORE(dx, k, d);
+    ce_bwd_t b = ce_bwd_row(tgt, lse, grad, count, &a, loff, ls, goff, gs, coff, use_count, i);
+    ACC p = exp(LOAD(x, a.xoff + i * a.xr + j * a.xc) - b.lse);
+    ACC d = (p - (j == (uint)b.t ? (ACC)1 : (ACC)0)) * b.g;
+    STORE(dx, k, b.ignored ? (ACC)0 : d);
 }

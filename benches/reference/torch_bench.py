@@ -66,6 +66,38 @@ def main():
         rec("embedding", f"embedding_backward_V{v}_D{d}_N{n}",
             timed(lambda: torch.ops.aten.embedding_dense_backward(g, ids, v, -1, False)),
             bytes_=4 * (n * d + v * d + n))
+    # Backwards of the row ops (netcl-bench rows_backward): the gradient of an output already
+    # computed, through torch.autograd.grad with the graph kept, so only the backward is timed.
+    # Bytes: one read of every input, one write of every output, as netcl-bench counts them.
+    F = torch.nn.functional
+    def bwd(out, inputs, grad):
+        return lambda: torch.autograd.grad(out, inputs, grad, retain_graph=True)
+    if want("softmax"):
+        rows, cols = 1 << 14, 4096
+        x = torch.randn(rows, cols, device=dev, requires_grad=True)
+        dy = torch.randn(rows, cols, device=dev)
+        for r, c in ((rows, cols), (rows * 4, cols // 4)):
+            xs = x.detach().reshape(r, c).requires_grad_()
+            rec("softmax", f"softmax_bwd_{r}x{c}",
+                timed(bwd(torch.softmax(xs, -1), xs, dy.reshape(r, c))), bytes_=12 * rows * cols)
+        t = (torch.arange(rows, device=dev) * 7) % cols
+        rec("softmax", f"cross_entropy_bwd_{rows}x{cols}",
+            timed(bwd(F.cross_entropy(x, t), x, None)), bytes_=8 * rows * cols + 8 * rows)
+    if want("norm"):
+        rows, cols = 1 << 14, 4096
+        x = torch.randn(rows, cols, device=dev, requires_grad=True)
+        dy = torch.randn(rows, cols, device=dev)
+        w = torch.ones(cols, device=dev, requires_grad=True)
+        b = torch.zeros(cols, device=dev, requires_grad=True)
+        rec("norm", f"layer_norm_bwd_{rows}x{cols}",
+            timed(bwd(F.layer_norm(x, (cols,), w, b, 1e-5), (x, w, b), dy)),
+            bytes_=4 * (3 * rows * cols + 3 * cols + 2 * rows))
+        rec("norm", f"layer_norm_bwd_dx_{rows}x{cols}",
+            timed(bwd(F.layer_norm(x, (cols,), None, None, 1e-5), x, dy)),
+            bytes_=4 * (3 * rows * cols + 2 * rows))
+        rec("norm", f"rms_norm_bwd_{rows}x{cols}",
+            timed(bwd(F.rms_norm(x, (cols,), w, 1e-5), (x, w), dy)),
+            bytes_=4 * (3 * rows * cols + 2 * cols + rows))
     if want("train"):
         nn = torch.nn
         torch.manual_seed(0)

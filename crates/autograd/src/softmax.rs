@@ -1,28 +1,23 @@
 //! Backward rules of softmax, log_softmax and the fused cross-entropy.
 use crate::tape::{record, Var};
-use netcl_ops::{fused, Expr, Result, Tensor};
+use netcl_ops::{Result, Tensor};
 
 impl Var {
-    /// softmax over `dim`; dx = y · (g − Σ g·y).
+    /// softmax over `dim`; dx = y · (g − Σ g·y) ([`Tensor::softmax_backward`]).
     pub fn softmax(&self, dim: usize) -> Result<Var> {
         let y = self.value().softmax(dim)?;
         let ys = y.clone();
         record("softmax", &[self], y, move |g, _| {
-            let gy = fused(&[g, &ys], &[Expr::input(0) * Expr::input(1)])?.remove(0);
-            let s = gy.sum(&[dim], true)?;
-            let e = Expr::input(0) * (Expr::input(1) - Expr::input(2));
-            Ok(vec![Some(fused(&[&ys, g, &s], &[e])?.remove(0))])
+            Ok(vec![Some(ys.softmax_backward(g, dim)?)])
         })
     }
 
-    /// log_softmax over `dim`; dx = g − exp(y) · Σ g.
+    /// log_softmax over `dim`; dx = g − exp(y) · Σ g ([`Tensor::log_softmax_backward`]).
     pub fn log_softmax(&self, dim: usize) -> Result<Var> {
         let y = self.value().log_softmax(dim)?;
         let ys = y.clone();
         record("log_softmax", &[self], y, move |g, _| {
-            let s = g.sum(&[dim], true)?;
-            let e = Expr::input(1) - Expr::input(0).exp() * Expr::input(2);
-            Ok(vec![Some(fused(&[&ys, g, &s], &[e])?.remove(0))])
+            Ok(vec![Some(ys.log_softmax_backward(g, dim)?)])
         })
     }
 

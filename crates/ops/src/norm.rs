@@ -4,7 +4,7 @@ use crate::element::HostData;
 use crate::launch::{launch_1d, launch_groups, program_for};
 use crate::layout::{is_contiguous, numel, KernelLayout};
 use crate::reduce::AxisSplit;
-use crate::rows::{starts_aligned, RowPlan};
+use crate::rows::{row_starts, starts_aligned, RowPlan};
 use crate::softmax::{acc_dtype, row_group};
 use crate::tensor::Tensor;
 use netcl_core_devices::{DType, Error, Result};
@@ -327,29 +327,68 @@ impl Tensor {
         let rows32 = u32_arg(op, "rows", rows)?;
         u32_arg(op, "elements", rows * n)?;
         let program = program_for(&self.device, &NORM, self.dtype)?;
-        let mut kx = Kernel::new(&program, "norm_bwd_x")?;
-        let group = row_group(&kx, n);
         let nchunks = (16384 / n.max(1)).clamp(1, rows.div_ceil(8).max(1));
         let chunk = rows.div_ceil(nchunks).max(1);
         let nchunks = rows.div_ceil(chunk).max(1);
-        let (x, g) = (dense(self)?, dense(dy)?);
         let (m, r) = (mean.map(dense).transpose()?, dense(rstd)?);
         let w = weight.map(dense).transpose()?;
         let dx = Tensor::alloc(&self.shape, self.dtype, &self.device)?;
-        if rows > 0 && n > 0 {
+        let some_dx = rows > 0 && n > 0;
+        // Arguments after dx and the inputs: the statistics and weight.
+        let stats = |k: &mut Kernel, x: &Tensor| -> Result<()> {
+            k.arg_mem(m.as_ref().unwrap_or(&r).mem()?)?
+                .arg_mem(r.mem()?)?
+                .arg_mem(w.as_ref().unwrap_or(x).mem()?)?;
+            Ok(())
+        };
+        // x and dy read, dx written, weight and statistics read; about ten flops per element.
+        let es = self.dtype.size();
+        let bytes = 3 * rows * n * es + n * es + 2 * rows * acc_dtype(self.dtype).size();
+        let flops = 10 * rows * n;
+        // Rows contiguous in x and dy: held in registers, one read of each and one write of dx.
+        let mut rows_done = false;
+        if some_dx {
+            let mask: Vec<bool> = (0..self.ndim()).map(|d| d >= lead.len()).collect();
+            let operands = [
+                (&dx.strides[..], 0),
+                (&self.strides[..], self.offset),
+                (&dy.strides[..], dy.offset),
+            ];
+            if let Some((lk, aligned)) = row_starts(op, &self.shape, &mask, &operands)? {
+                let name = "norm_bwd_rows";
+                if let Some((plan, mut k)) =
+                    RowPlan::kernel(&self.device, n, aligned, &NORM, self.dtype, name)?
+                {
+                    k.arg_mem(dx.mem()?)?
+                        .arg_mem(dy.mem()?)?
+                        .arg_mem(self.mem()?)?;
+                    stats(&mut k, self)?;
+                    k.arg(&lk)?;
+                    plan.args(&mut k, n32, rows32)?;
+                    k.arg(&(rms as i32))?.arg(&(w.is_some() as i32))?;
+                    k.declare(bytes as u64, flops as u64);
+                    plan.launch(op, &mut k, rows)?;
+                    rows_done = true;
+                }
+            }
+        }
+        // The general kernels index x and dy densely from 0.
+        let (x, g) = if (some_dx && !rows_done) || (want_params && n > 0) {
+            (dense(self)?, dense(dy)?)
+        } else {
+            (self.clone(), dy.clone())
+        };
+        if some_dx && !rows_done {
+            let mut kx = Kernel::new(&program, "norm_bwd_x")?;
+            let group = row_group(&kx, n);
             kx.arg_mem(dx.mem()?)?
                 .arg_mem(g.mem()?)?
-                .arg_mem(x.mem()?)?
-                .arg_mem(m.as_ref().unwrap_or(&r).mem()?)?
-                .arg_mem(r.mem()?)?
-                .arg_mem(w.as_ref().unwrap_or(&x).mem()?)?
-                .arg(&n32)?
+                .arg_mem(x.mem()?)?;
+            stats(&mut kx, &x)?;
+            kx.arg(&n32)?
                 .arg(&(rms as i32))?
                 .arg(&(w.is_some() as i32))?;
-            // x and dy read, dx written, weight and statistics read; about ten flops per element.
-            let es = self.dtype.size();
-            let bytes = 3 * rows * n * es + n * es + 2 * rows * acc_dtype(self.dtype).size();
-            kx.declare(bytes as u64, (10 * rows * n) as u64);
+            kx.declare(bytes as u64, flops as u64);
             launch_groups(op, &mut kx, rows, group)?;
         }
         let (mut dweight, mut dbias) = (None, None);

@@ -1,5 +1,6 @@
 //! Register-resident row kernels (kernels/common.cl `ROW_*`): the plan shared by softmax, layer/rms norm and cross-entropy.
 use crate::launch::launch_groups;
+use crate::layout::{is_contiguous, KernelLayout};
 use crate::reduce::pow2_floor;
 use netcl_core_devices::{DType, Device, Result};
 use netcl_kernels::{program, Kernel, Source};
@@ -96,6 +97,38 @@ impl RowPlan {
     }
 }
 
+/// Row starts of operands over one `shape` (strides, element offset; at most three) whose rows
+/// are the dims in `mask`: the kernel layout of the kept dims (operand k at component k of
+/// `layout_offsets`) and whether every row of every operand starts at a multiple of 4 elements.
+/// None when the rows of some operand are not contiguous (callers take their general kernels).
+pub(crate) fn row_starts(
+    op: &str,
+    shape: &[usize],
+    mask: &[bool],
+    operands: &[(&[usize], usize)],
+) -> Result<Option<(KernelLayout, bool)>> {
+    let pick = |v: &[usize], red: bool| -> Vec<usize> {
+        v.iter()
+            .zip(mask)
+            .filter(|&(_, &m)| m == red)
+            .map(|(&x, _)| x)
+            .collect()
+    };
+    let (kept, red) = (pick(shape, false), pick(shape, true));
+    let mut kept_strides = Vec::with_capacity(operands.len());
+    let mut aligned = true;
+    for &(strides, offset) in operands {
+        if !is_contiguous(&red, &pick(strides, true)) {
+            return Ok(None);
+        }
+        let ks = pick(strides, false);
+        aligned &= starts_aligned(offset, &kept, &ks);
+        kept_strides.push((ks, offset));
+    }
+    let ops: Vec<(&[usize], usize)> = kept_strides.iter().map(|(s, o)| (&s[..], *o)).collect();
+    Ok(Some((KernelLayout::new(op, &kept, &ops)?, aligned)))
+}
+
 /// Whether every element offset `offset + sum(i_d * strides[d])` of `shape` is a multiple of 4
 /// (dims of extent 1 do not move).
 pub(crate) fn starts_aligned(offset: usize, shape: &[usize], strides: &[usize]) -> bool {
@@ -164,5 +197,27 @@ mod tests {
         assert!(!starts_aligned(2, &[3], &[4]));
         assert!(!starts_aligned(0, &[3], &[6]));
         assert!(starts_aligned(0, &[1], &[6]));
+    }
+
+    #[test]
+    fn row_starts_of_several_operands() {
+        // [2, 3, 4] rows over the last dim: a contiguous operand with others at offsets 8, 4
+        // and 1, one with rows 5 apart (blocks 20 apart), and one whose rows are strided.
+        let (shape, mask) = ([2, 3, 4], [false, false, true]);
+        let dense: (&[usize], usize) = (&[12, 4, 1], 0);
+        let starts = |ops: &[(&[usize], usize)]| row_starts("t", &shape, &mask, ops).unwrap();
+        let (l, aligned) = starts(&[dense, (&[20, 5, 1], 8)]).unwrap();
+        assert!(!aligned);
+        assert_eq!((l.ndim, l.offset), (2, [0, 8, 0]));
+        assert_eq!(
+            (l.shape[..2].to_vec(), l.stride[1][..2].to_vec()),
+            (vec![2, 3], vec![20, 5])
+        );
+        assert!(starts(&[dense, (&[12, 4, 1], 4)]).unwrap().1);
+        assert!(!starts(&[dense, (&[12, 4, 1], 1)]).unwrap().1);
+        assert!(starts(&[dense, (&[1, 2, 6], 0)]).is_none());
+        // Rows of one element are contiguous whatever their stride.
+        let one = row_starts("t", &[3, 1], &[false, true], &[(&[1, 3], 0)]).unwrap();
+        assert!(one.is_some_and(|(_, a)| !a));
     }
 }

@@ -1,10 +1,12 @@
 //! softmax and log_softmax over any axis of strided views, and fused cross-entropy (forward, mean, backward).
 use crate::checks::{check_device, check_dtype, check_float, u32_arg};
 use crate::element::HostData;
+use crate::expr::Expr;
+use crate::fused::fused;
 use crate::launch::{launch_1d, launch_groups, program_for};
 use crate::layout::{contiguous_strides, KernelLayout};
 use crate::reduce::{pow2_floor, AxisSplit};
-use crate::rows::{starts_aligned, RowPlan};
+use crate::rows::{row_starts, starts_aligned, RowPlan};
 use crate::tensor::Tensor;
 use netcl_core_devices::{DType, Error, Result};
 use netcl_kernels::sources::SOFTMAX;
@@ -42,6 +44,25 @@ fn host_ms(row: &[f64]) -> (f64, f64) {
         .map(|&x| (x - m).exp())
         .sum();
     (m, s)
+}
+
+/// A contiguous tensor of `shape` and `dtype` from `vals` laid out as rows along `dim` in the order
+/// of [`AxisSplit::host_rows`] (the other dims row-major, then `dim`).
+fn from_rows(dtype: DType, vals: &[f64], shape: &[usize], dim: usize) -> Result<Tensor> {
+    let mut moved = shape.to_vec();
+    let n = moved.remove(dim);
+    moved.push(n);
+    let last = shape.len() - 1;
+    let back: Vec<usize> = (0..shape.len())
+        .map(|d| match d.cmp(&dim) {
+            std::cmp::Ordering::Less => d,
+            std::cmp::Ordering::Equal => last,
+            std::cmp::Ordering::Greater => d - 1,
+        })
+        .collect();
+    Tensor::from_host_data(HostData::from_fn(dtype, vals.len(), |i| vals[i]), &moved)
+        .permute(&back)?
+        .contiguous()
 }
 
 /// Outputs of [`Tensor::cross_entropy`].
@@ -116,6 +137,15 @@ fn ce_args(
     Ok(CeArgs { n, c, cl })
 }
 
+impl CeArgs {
+    /// For logits whose rows are contiguous (row kernels): whether every row starts at a multiple
+    /// of 4 elements.
+    fn rows_aligned(&self, logits: &Tensor) -> Option<bool> {
+        (self.cl.xc == 1 || self.c == 1)
+            .then(|| starts_aligned(logits.offset, &[self.n], &[logits.strides[0]]))
+    }
+}
+
 /// For host targets: every target must be in [0, C) or the ignore index.
 fn check_host_targets(op: &str, targets: &[f64], c: usize, ignore: Option<i32>) -> Result<()> {
     for (i, &t) in targets.iter().enumerate() {
@@ -144,39 +174,26 @@ impl Tensor {
         mask[dim] = true;
         let split = AxisSplit::new(self, &mask);
         let (rows, n) = (split.nout(), split.nred());
+        if let Some(x) = split.host_rows(self) {
+            let mut out = vec![0.0; rows * n];
+            for (row, out) in x.chunks(n.max(1)).zip(out.chunks_mut(n.max(1))) {
+                let (m, s) = host_ms(row);
+                for (o, &v) in out.iter_mut().zip(row) {
+                    *o = if log_out {
+                        (v - m) - s.ln()
+                    } else {
+                        (v - m).exp() / s
+                    };
+                }
+            }
+            return from_rows(self.dtype, &out, &self.shape, dim);
+        }
         let cs = contiguous_strides(&self.shape);
         let out_kept: Vec<usize> = (0..self.ndim())
             .filter(|&d| d != dim)
             .map(|d| cs[d])
             .collect();
         let os = cs[dim];
-        if let Some(x) = split.host_rows(self) {
-            let mut out = vec![0.0; rows * n];
-            let mut idx = vec![0usize; split.kept_shape.len()];
-            for o in 0..rows {
-                let base: usize = idx.iter().zip(&out_kept).map(|(i, s)| i * s).sum();
-                let row = &x[o * n..(o + 1) * n];
-                let (m, s) = host_ms(row);
-                for (j, &v) in row.iter().enumerate() {
-                    out[base + j * os] = if log_out {
-                        (v - m) - s.ln()
-                    } else {
-                        (v - m).exp() / s
-                    };
-                }
-                for d in (0..idx.len()).rev() {
-                    idx[d] += 1;
-                    if idx[d] < split.kept_shape[d] {
-                        break;
-                    }
-                    idx[d] = 0;
-                }
-            }
-            return Ok(Tensor::from_host_data(
-                HostData::from_fn(self.dtype, out.len(), |i| out[i]),
-                &self.shape,
-            ));
-        }
         let lk = KernelLayout::new(
             op,
             &split.kept_shape,
@@ -246,6 +263,118 @@ impl Tensor {
         self.softmax_impl(dim, true)
     }
 
+    fn softmax_backward_impl(&self, dy: &Tensor, dim: usize, log_out: bool) -> Result<Tensor> {
+        let op = if log_out {
+            "log_softmax_backward"
+        } else {
+            "softmax_backward"
+        };
+        let _span = netcl_profiling::span(op);
+        check_float(op, self, "output")?;
+        check_device(op, self, dy, "dy")?;
+        check_dtype(op, dy, "dy", self.dtype)?;
+        if dy.shape != self.shape || dim >= self.ndim() {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "dy {:?} and output {:?} must match, with dim {dim} inside them",
+                    dy.shape, self.shape
+                ),
+            ));
+        }
+        let mut mask = vec![false; self.ndim()];
+        mask[dim] = true;
+        let split = AxisSplit::new(self, &mask);
+        let (rows, n) = (split.nout(), split.nred());
+        if let (Some(y), Some(g)) = (
+            split.host_rows(self),
+            AxisSplit::new(dy, &mask).host_rows(dy),
+        ) {
+            let mut dx = vec![0.0; rows * n];
+            for (o, dx) in dx.chunks_mut(n.max(1)).enumerate() {
+                let (y, g) = (&y[o * n..(o + 1) * n], &g[o * n..(o + 1) * n]);
+                let s: f64 = if log_out {
+                    g.iter().sum()
+                } else {
+                    g.iter().zip(y).map(|(g, y)| g * y).sum()
+                };
+                for ((d, &y), &g) in dx.iter_mut().zip(y).zip(g) {
+                    *d = if log_out {
+                        g - y.exp() * s
+                    } else {
+                        y * (g - s)
+                    };
+                }
+            }
+            return from_rows(self.dtype, &dx, &self.shape, dim);
+        }
+        if rows == 0 || n == 0 {
+            return Tensor::alloc(&self.shape, self.dtype, &self.device);
+        }
+        // Rows contiguous in y and dy: held in registers, one read of each and one write of dx.
+        let (n32, rows32) = (u32_arg(op, "row length", n)?, u32_arg(op, "rows", rows)?);
+        let out_strides = contiguous_strides(&self.shape);
+        let operands = [
+            (&self.strides[..], self.offset),
+            (&dy.strides[..], dy.offset),
+            (&out_strides[..], 0),
+        ];
+        if let Some((lk, aligned)) = row_starts(op, &self.shape, &mask, &operands)? {
+            let name = "softmax_bwd_rows";
+            if let Some((plan, mut k)) =
+                RowPlan::kernel(&self.device, n, aligned, &SOFTMAX, self.dtype, name)?
+            {
+                let dx = Tensor::alloc(&self.shape, self.dtype, &self.device)?;
+                k.arg_mem(dx.mem()?)?
+                    .arg_mem(self.mem()?)?
+                    .arg_mem(dy.mem()?)?
+                    .arg(&lk)?;
+                plan.args(&mut k, n32, rows32)?;
+                k.arg(&(log_out as i32))?;
+                // y and dy read, dx written; multiply, sum, subtract and scale per element.
+                k.declare(
+                    (3 * rows * n * self.dtype.size()) as u64,
+                    (4 * rows * n) as u64,
+                );
+                plan.launch(op, &mut k, rows)?;
+                return Ok(dx);
+            }
+        }
+        // Strided or long rows: the row sums, then one fused elementwise kernel (softmax needs
+        // dy * y first; f16/bf16 summed and combined in f32, as the row kernel does).
+        let acc = acc_dtype(self.dtype);
+        let (y, g, s) = (
+            Expr::input(0).cast(acc),
+            Expr::input(1).cast(acc),
+            Expr::input(2),
+        );
+        let (sums, e) = if log_out && self.dtype == acc {
+            (dy.sum(&[dim], true)?, g - y.exp() * s)
+        } else if log_out {
+            let ga = fused(&[dy], &[Expr::input(0).cast(acc)])?.remove(0);
+            (ga.sum(&[dim], true)?, g - y.exp() * s)
+        } else {
+            let gy = fused(&[self, dy], &[g.clone() * y.clone()])?.remove(0);
+            (gy.sum(&[dim], true)?, y * (g - s))
+        };
+        Ok(fused(&[self, dy, &sums], &[e.cast(self.dtype)])?.remove(0))
+    }
+
+    /// Gradient of [`Tensor::softmax`] along `dim` from its output `self` (y) and the upstream
+    /// gradient `dy` (same shape and dtype, any strides): `y * (dy - sum(dy * y))`, contiguous.
+    /// One kernel for rows contiguous in y and dy of up to 8192 elements; three otherwise
+    /// (product, row sums, combine). f16/bf16 are computed in f32.
+    pub fn softmax_backward(&self, dy: &Tensor, dim: usize) -> Result<Tensor> {
+        self.softmax_backward_impl(dy, dim, false)
+    }
+
+    /// Gradient of [`Tensor::log_softmax`] along `dim` from its output `self` (y) and `dy`:
+    /// `dy - exp(y) * sum(dy)`, as [`Tensor::softmax_backward`] (for other rows two kernels, row
+    /// sums and combine; three for f16/bf16, which are summed in f32).
+    pub fn log_softmax_backward(&self, dy: &Tensor, dim: usize) -> Result<Tensor> {
+        self.softmax_backward_impl(dy, dim, true)
+    }
+
     /// Per-row cross-entropy of logits [N, C] (this tensor, any strides) against I32 targets [N]:
     /// returns (losses [N], lse [N]) in [`acc_dtype`], one kernel. Rows whose target equals
     /// `ignore_index` get loss 0. A target outside [0, C) is an error for host tensors; on a device
@@ -294,8 +423,7 @@ impl Tensor {
             Ok(())
         };
         // Contiguous rows: held in registers, with 4-wide loads where aligned.
-        if a.cl.xc == 1 || a.c == 1 {
-            let aligned = starts_aligned(self.offset, &[a.n], &[self.strides[0]]);
+        if let Some(aligned) = a.rows_aligned(self) {
             let name = "cross_entropy_rows";
             if let Some((plan, mut k)) =
                 RowPlan::kernel(&self.device, a.c, aligned, &SOFTMAX, self.dtype, name)?
@@ -442,8 +570,7 @@ impl Tensor {
         if numel == 0 {
             return Ok(dx);
         }
-        let program = program_for(&self.device, &SOFTMAX, self.dtype)?;
-        launch_1d(&program, "cross_entropy_bwd", numel, |k| {
+        let args = |k: &mut Kernel| -> Result<()> {
             // Logits read and gradient written; exp, subtract, scale and divide per logit.
             let bytes = 2 * numel * self.dtype.size() + a.n * (4 + acc.size());
             k.declare(bytes as u64, 4 * numel as u64);
@@ -461,7 +588,22 @@ impl Tensor {
                 .arg(&coff)?
                 .arg(&(count.is_some() as i32))?;
             Ok(())
-        })?;
+        };
+        // Contiguous rows: a team per row, 4-wide where aligned, each row's target, lse and scale
+        // read once per work-item.
+        if let Some(aligned) = a.rows_aligned(self) {
+            let name = "cross_entropy_bwd_rows";
+            if let Some((plan, mut k)) =
+                RowPlan::kernel(&self.device, a.c, aligned, &SOFTMAX, self.dtype, name)?
+            {
+                args(&mut k)?;
+                k.arg(&(plan.team as u32))?;
+                plan.launch(op, &mut k, a.n)?;
+                return Ok(dx);
+            }
+        }
+        let program = program_for(&self.device, &SOFTMAX, self.dtype)?;
+        launch_1d(&program, "cross_entropy_bwd", numel, args)?;
         Ok(dx)
     }
 }

@@ -12,6 +12,24 @@ pub const ROW_LENGTHS: [usize; 10] = [1, 3, 255, 256, 257, 1000, 4096, 4097, 819
 /// work-groups of 256).
 pub const MAX_REGISTER_ROW: usize = crate::rows::MAX_ROW;
 
+/// Runs `f` (an op on `dev` over rows of `n`) and asserts that it launched the row kernel `name`
+/// on this thread once when `dev` is an OpenCL device and the rows fit the register-resident
+/// kernels, else not at all; `what` names the case in the message.
+pub fn expect_row_kernel<R>(
+    name: &str,
+    dev: &Device,
+    n: usize,
+    what: &str,
+    f: impl FnOnce() -> R,
+) -> R {
+    let before = netcl_kernels::thread_launches(name);
+    let out = f();
+    let launched = netcl_kernels::thread_launches(name) - before;
+    let expect = u64::from(!dev.is_host() && n <= MAX_REGISTER_ROW);
+    assert_eq!(launched, expect, "{what} on {dev}: {name} launches");
+    out
+}
+
 /// Small deterministic xorshift generator for test cases.
 #[derive(Clone, Debug)]
 pub struct Cases(pub u64);

@@ -2,8 +2,8 @@
 use netcl_core_devices::test_devices;
 use netcl_kernels::thread_launches;
 use netcl_ops::testing::{
-    check_close, dtypes_for, host_tensor, random_tensor, random_view, tolerance, Cases,
-    MAX_REGISTER_ROW, ROW_LENGTHS,
+    check_close, dtypes_for, expect_row_kernel, host_tensor, random_tensor, random_view, tolerance,
+    Cases, MAX_REGISTER_ROW, ROW_LENGTHS,
 };
 use netcl_ops::{acc_dtype, DType, Device, Tensor};
 
@@ -216,6 +216,104 @@ fn norm_rows_at_register_boundaries() {
         }
     }
     println!("{checks} norm checks");
+}
+
+/// Independent f64 gradients (dx, dweight, dbias) of layer/rms norm of contiguous [rows, n] `x`
+/// with upstream `dy`, from the reference's own statistics.
+fn norm_grads_reference(
+    x: &[f64],
+    dy: &[f64],
+    n: usize,
+    rms: bool,
+    w: &[f64],
+    eps: f64,
+) -> [Vec<f64>; 3] {
+    let (mut dx, mut dw, mut db) = (vec![], vec![0.0; n], vec![0.0; n]);
+    for (row, g) in x.chunks(n).zip(dy.chunks(n)) {
+        let mu = if rms {
+            0.0
+        } else {
+            row.iter().sum::<f64>() / n as f64
+        };
+        let var = row.iter().map(|v| (v - mu).powi(2)).sum::<f64>() / n as f64;
+        let rs = 1.0 / (var + eps).sqrt();
+        let xh: Vec<f64> = row.iter().map(|v| (v - mu) * rs).collect();
+        let gw: Vec<f64> = g.iter().zip(w).map(|(g, w)| g * w).collect();
+        let mg = if rms {
+            0.0
+        } else {
+            gw.iter().sum::<f64>() / n as f64
+        };
+        let mgx = gw.iter().zip(&xh).map(|(a, b)| a * b).sum::<f64>() / n as f64;
+        for j in 0..n {
+            dx.push(rs * (gw[j] - mg - xh[j] * mgx));
+            dw[j] += g[j] * xh[j];
+            db[j] += g[j];
+        }
+    }
+    [dx, dw, db]
+}
+
+#[test]
+fn norm_backward_rows_at_register_boundaries() {
+    let devices = test_devices().unwrap();
+    let mut checks = 0;
+    for &n in &ROW_LENGTHS {
+        for dtype in float_dtypes(devices.last().unwrap()) {
+            // Bases [5, n + 1] of x (row 2 shifted by +20) and dy.
+            let mut c = Cases::new(n as u64 + 11);
+            let v: Vec<f64> = (0..5 * (n + 1))
+                .map(|i| c.uniform(-3.0, 3.0) + if i / (n + 1) == 2 { 20.0 } else { 0.0 })
+                .collect();
+            let base = host_tensor(dtype, &v, &[5, n + 1]);
+            let gbase = random_tensor(dtype, &[5, n + 1], -1.0, 1.0, n as u64 + 12);
+            // View 0: a contiguous copy (row starts multiples of n); view 1: columns 1..=n in place.
+            let view = |b: &Tensor, k: usize| match k {
+                0 => b.narrow(1, 0, n).unwrap().contiguous().unwrap(),
+                _ => b.narrow(1, 1, n).unwrap(),
+            };
+            let w = random_tensor(dtype, &[n], 0.5, 1.5, n as u64 + 13);
+            let wv = w.to_vec_f64().unwrap();
+            // (x view, dy view): both aligned, both unaligned, x aligned and dy not.
+            for (xk, gk) in [(0, 0), (1, 1), (0, 1)] {
+                let xs = view(&base, xk).to_vec_f64().unwrap();
+                let gs = view(&gbase, gk).to_vec_f64().unwrap();
+                for rms in [false, true] {
+                    let [dx, dw, db] = norm_grads_reference(&xs, &gs, n, rms, &wv, 1e-5);
+                    let what = format!("backward rms={rms} {dtype} [5, {n}] views {xk}/{gk}");
+                    let tol = tolerance(dtype) * 8.0;
+                    for dev in &devices {
+                        let x = view(&base.to_device(dev).unwrap(), xk);
+                        let dy = view(&gbase.to_device(dev).unwrap(), gk);
+                        let wd = w.to_device(dev).unwrap();
+                        let (mean, rstd) = if rms {
+                            (None, x.rms_norm(&[n], Some(&wd), 1e-5).unwrap().1)
+                        } else {
+                            let (_, m, r) = x.layer_norm(&[n], Some(&wd), None, 1e-5).unwrap();
+                            (Some(m), r)
+                        };
+                        let g = expect_row_kernel("norm_bwd_rows", dev, n, &what, || match &mean {
+                            None => x.rms_norm_backward(&dy, &rstd, &[n], Some(&wd)),
+                            Some(m) => x.layer_norm_backward(&dy, m, &rstd, &[n], Some(&wd), true),
+                        });
+                        let g = g.unwrap();
+                        let what = format!("{what} on {dev}");
+                        let got = g.dx.to_vec_f64().unwrap();
+                        check_close(&got, &dx, tol, 4.0, &format!("dx {what}")).unwrap();
+                        let gw = g.dweight.unwrap().to_vec_f64().unwrap();
+                        check_close(&gw, &dw, tol, 8.0, &format!("dweight {what}")).unwrap();
+                        assert_eq!(g.dbias.is_some(), !rms, "{what}");
+                        if let Some(gb) = g.dbias {
+                            let gb = gb.to_vec_f64().unwrap();
+                            check_close(&gb, &db, tol, 4.0, &format!("dbias {what}")).unwrap();
+                        }
+                        checks += 1;
+                    }
+                }
+            }
+        }
+    }
+    println!("{checks} norm backward checks");
 }
 
 /// Central finite differences of `f` at `x`.

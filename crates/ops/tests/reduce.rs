@@ -2,8 +2,8 @@
 use netcl_core_devices::test_devices;
 use netcl_kernels::thread_launches;
 use netcl_ops::testing::{
-    check_close, dtypes_for, host_tensor, random_tensor, random_view, tolerance, Cases,
-    MAX_REGISTER_ROW, ROW_LENGTHS,
+    check_close, dtypes_for, expect_row_kernel, host_tensor, random_tensor, random_view, tolerance,
+    Cases, MAX_REGISTER_ROW, ROW_LENGTHS,
 };
 use netcl_ops::{acc_dtype, DType, Device, ReduceOp, Tensor};
 
@@ -892,5 +892,285 @@ fn softmax_is_deterministic() {
             .to_host_data()
             .unwrap();
         assert_eq!(a.as_bytes(), b.as_bytes());
+    }
+}
+
+// ---- backward of softmax, log_softmax and cross-entropy ----
+
+/// Independent f64 gradient of softmax (or log_softmax) along `dim` from contiguous output values
+/// `y` and upstream `g` of `shape`: y * (g - sum(g * y)), or g - exp(y) * sum(g).
+fn softmax_backward_reference(
+    y: &[f64],
+    g: &[f64],
+    shape: &[usize],
+    dim: usize,
+    log: bool,
+) -> Vec<f64> {
+    let n = shape[dim];
+    let inner: usize = shape[dim + 1..].iter().product();
+    let outer: usize = shape[..dim].iter().product();
+    let mut out = vec![0.0; y.len()];
+    for a in 0..outer {
+        for b in 0..inner {
+            let at = |j: usize| a * n * inner + j * inner + b;
+            let s: f64 = (0..n)
+                .map(|j| if log { g[at(j)] } else { g[at(j)] * y[at(j)] })
+                .sum();
+            for j in 0..n {
+                let (y, g) = (y[at(j)], g[at(j)]);
+                out[at(j)] = if log { g - y.exp() * s } else { y * (g - s) };
+            }
+        }
+    }
+    out
+}
+
+fn softmax_backward(y: &Tensor, g: &Tensor, dim: usize, log: bool) -> Tensor {
+    if log {
+        y.log_softmax_backward(g, dim).unwrap()
+    } else {
+        y.softmax_backward(g, dim).unwrap()
+    }
+}
+
+#[test]
+fn random_softmax_backward_matches_the_host() {
+    let devices = test_devices().unwrap();
+    let mut c = Cases::new(0x5B4D);
+    let dtypes = float_dtypes(devices.last().unwrap());
+    for case in 0..300u64 {
+        let mut shape = c.shape(4, 9);
+        if case % 50 == 0 {
+            shape = vec![[255, 257, 4097][c.below(3)], 1 + c.below(3)];
+        }
+        let dtype = dtypes[c.below(dtypes.len())];
+        let dim = c.below(shape.len());
+        let log = c.below(2) == 0;
+        // dy: the same view as y, or a contiguous copy of it (other strides and offset).
+        let dense_dy = c.below(2) == 0;
+        let seed = c.next_u64();
+        let x = random_tensor(dtype, &shape, -4.0, 4.0, case);
+        let yh = if log {
+            x.log_softmax(dim)
+        } else {
+            x.softmax(dim)
+        }
+        .unwrap();
+        let gh = random_tensor(dtype, &shape, -1.0, 1.0, case + 1);
+        let views = |y: &Tensor, g: &Tensor| {
+            let g = random_view(g, &mut Cases(seed));
+            let g = if dense_dy { g.contiguous().unwrap() } else { g };
+            (random_view(y, &mut Cases(seed)), g)
+        };
+        let (yv, gv) = views(&yh, &gh);
+        let what = format!(
+            "softmax_backward log={log} {dtype} {:?}/{:?} dy {:?} dim {dim}",
+            yv.shape(),
+            yv.strides(),
+            gv.strides()
+        );
+        let want = softmax_backward(&yv, &gv, dim, log);
+        let w = want.to_vec_f64().unwrap();
+        let tol = tolerance(dtype);
+        let r = softmax_backward_reference(
+            &yv.contiguous().unwrap().to_vec_f64().unwrap(),
+            &gv.contiguous().unwrap().to_vec_f64().unwrap(),
+            yv.shape(),
+            dim,
+            log,
+        );
+        check_close(&w, &r, tol, 1.0, &format!("host vs reference: {what}")).unwrap();
+        for dev in &devices {
+            let (y, g) = views(&yh.to_device(dev).unwrap(), &gh.to_device(dev).unwrap());
+            let got = softmax_backward(&y, &g, dim, log);
+            assert!(got.is_contiguous() && got.shape() == want.shape() && got.dtype() == dtype);
+            let got = got.to_vec_f64().unwrap();
+            check_close(&got, &w, tol * 2.0, 1.0, &format!("{what} on {dev}")).unwrap();
+        }
+    }
+}
+
+#[test]
+fn softmax_backward_rows_at_register_boundaries() {
+    let devices = test_devices().unwrap();
+    let mut checks = 0;
+    for &n in &ROW_LENGTHS {
+        for dtype in float_dtypes(devices.last().unwrap()) {
+            let xbase = row_base(dtype, n, n as u64 + 3, true);
+            let gbase = row_base(dtype, n, n as u64 + 4, false);
+            for log in [false, true] {
+                // y: the forward of the special rows (zeros or -inf, NaN rows).
+                let ybase = if log {
+                    xbase.log_softmax(1)
+                } else {
+                    xbase.softmax(1)
+                }
+                .unwrap();
+                // (y view, dy view): both aligned, both unaligned, y aligned and dy not.
+                for (yk, gk) in [(0, 0), (1, 1), (0, 1)] {
+                    let y = row_view(&ybase, yk).to_vec_f64().unwrap();
+                    let g = row_view(&gbase, gk).to_vec_f64().unwrap();
+                    let r = softmax_backward_reference(&y, &g, &[5, n], 1, log);
+                    let what =
+                        format!("softmax_backward log={log} {dtype} [5, {n}] views {yk}/{gk}");
+                    let scale = if log { 1.0 } else { 1.0 / n as f64 };
+                    for dev in &devices {
+                        let y = row_view(&ybase.to_device(dev).unwrap(), yk);
+                        let g = row_view(&gbase.to_device(dev).unwrap(), gk);
+                        let got = expect_row_kernel("softmax_bwd_rows", dev, n, &what, || {
+                            softmax_backward(&y, &g, 1, log)
+                        });
+                        let got = got.to_vec_f64().unwrap();
+                        let w = format!("{what} on {dev}");
+                        check_close(&got, &r, tolerance(dtype), scale, &w).unwrap();
+                        checks += 1;
+                    }
+                }
+            }
+        }
+    }
+    println!("{checks} softmax backward checks");
+}
+
+#[test]
+fn cross_entropy_backward_rows_at_register_boundaries() {
+    let devices = test_devices().unwrap();
+    let mut c = Cases::new(0xCE3);
+    let mut checks = 0;
+    for &n in &ROW_LENGTHS {
+        for dtype in float_dtypes(devices.last().unwrap()) {
+            let acc = acc_dtype(dtype);
+            // Row 1 targets the last class (the end of the last unit), row 3 is ignored.
+            let t: Vec<i32> = (0..5)
+                .map(|i| match i {
+                    1 => n as i32 - 1,
+                    3 => -100,
+                    _ => c.below(n) as i32,
+                })
+                .collect();
+            let targets = Tensor::from_vec(t.clone(), &[5], &Device::host()).unwrap();
+            let mut bad_t = t.clone();
+            bad_t[1] = n as i32;
+            let bad = Tensor::from_vec(bad_t, &[5], &Device::host()).unwrap();
+            let base = row_base(dtype, n, c.next_u64(), false);
+            let per_row = random_tensor(acc, &[5], -1.0, 1.0, c.next_u64());
+            let (scalar, count) = (host_tensor(acc, &[1.5], &[]), host_tensor(acc, &[4.0], &[]));
+            for view in 0..2 {
+                let xs = row_view(&base, view).to_vec_f64().unwrap();
+                let lse: Vec<f64> = xs
+                    .chunks(n)
+                    .map(|row| {
+                        let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                        m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln()
+                    })
+                    .collect();
+                let lse = host_tensor(acc, &lse, &[5]);
+                let l = lse.to_vec_f64().unwrap();
+                for (grad, count) in [(&per_row, None), (&scalar, Some(&count))] {
+                    let g = grad.to_vec_f64().unwrap();
+                    let scale = |i: usize| if count.is_some() { g[0] / 4.0 } else { g[i] };
+                    let dx: Vec<f64> = (0..5 * n)
+                        .map(|k| {
+                            let (i, j) = (k / n, k % n);
+                            if t[i] == -100 {
+                                return 0.0;
+                            }
+                            let hot = if j == t[i] as usize { 1.0 } else { 0.0 };
+                            ((xs[k] - l[i]).exp() - hot) * scale(i)
+                        })
+                        .collect();
+                    let what = format!(
+                        "cross_entropy_backward {dtype} [5, {n}] view {view} count {}",
+                        count.is_some()
+                    );
+                    for dev in &devices {
+                        let xd = row_view(&base.to_device(dev).unwrap(), view);
+                        let (ld, gd) = (lse.to_device(dev).unwrap(), grad.to_device(dev).unwrap());
+                        let cd = count.map(|c| c.to_device(dev).unwrap());
+                        let run = |t: &Tensor| {
+                            let t = t.to_device(dev).unwrap();
+                            xd.cross_entropy_backward(&t, &ld, &gd, cd.as_ref(), Some(-100))
+                        };
+                        let name = "cross_entropy_bwd_rows";
+                        let got = expect_row_kernel(name, dev, n, &what, || run(&targets));
+                        let got = got.unwrap().to_vec_f64().unwrap();
+                        let w = format!("{what} on {dev}");
+                        check_close(&got, &dx, tolerance(dtype) * 2.0, 1.0, &w).unwrap();
+                        // A target outside [0, n): that row NaN on devices, an error on the host.
+                        match run(&bad) {
+                            Err(e) => assert!(dev.is_host(), "{w}: {e}"),
+                            Ok(d) => {
+                                let d = d.to_vec_f64().unwrap();
+                                for (k, (&a, &b)) in d.iter().zip(&got).enumerate() {
+                                    let ok = if k / n == 1 { a.is_nan() } else { a == b };
+                                    assert!(ok, "{w}: bad target, element {k}: {a} vs {b}");
+                                }
+                            }
+                        }
+                        checks += 1;
+                    }
+                }
+            }
+        }
+    }
+    println!("{checks} cross-entropy backward checks");
+}
+
+#[test]
+fn softmax_and_cross_entropy_backwards_are_deterministic() {
+    for dev in test_devices().unwrap() {
+        for shape in [[7, 4097], [6, 4096]] {
+            let x = random_tensor(DType::F32, &shape, -3.0, 3.0, 5)
+                .to_device(&dev)
+                .unwrap();
+            let g = random_tensor(DType::F32, &shape, -1.0, 1.0, 6)
+                .to_device(&dev)
+                .unwrap();
+            let bytes = |t: Tensor| t.to_host_data().unwrap().as_bytes().to_vec();
+            for dim in [0, 1] {
+                for log in [false, true] {
+                    let y = if log {
+                        x.log_softmax(dim)
+                    } else {
+                        x.softmax(dim)
+                    }
+                    .unwrap();
+                    let a = bytes(softmax_backward(&y, &g, dim, log));
+                    let b = bytes(softmax_backward(&y, &g, dim, log));
+                    assert_eq!(a, b, "{dev} {shape:?} dim {dim} log {log}");
+                }
+            }
+            let t = Tensor::from_vec(vec![1i32, 5, 4000, 0, 9, 9], &[6], &dev).unwrap();
+            let x = x.narrow(0, 0, 6).unwrap();
+            let ce = x.cross_entropy(&t, None).unwrap();
+            let run = || {
+                x.cross_entropy_backward(&t, &ce.lse, &ce.loss, Some(&ce.count), None)
+                    .unwrap()
+            };
+            assert_eq!(bytes(run()), bytes(run()), "{dev} {shape:?}");
+        }
+    }
+}
+
+#[test]
+fn softmax_backward_errors_name_the_op() {
+    for dev in test_devices().unwrap() {
+        let y = Tensor::zeros(&[4, 3], DType::F32, &dev).unwrap();
+        let g = Tensor::zeros(&[4, 2], DType::F32, &dev).unwrap();
+        let e = y.softmax_backward(&g, 1).unwrap_err().to_string();
+        assert!(
+            e.contains("softmax_backward") && e.contains("[4, 2]"),
+            "{e}"
+        );
+        let e = y.log_softmax_backward(&y, 2).unwrap_err().to_string();
+        assert!(
+            e.contains("log_softmax_backward") && e.contains("dim 2"),
+            "{e}"
+        );
+        let g16 = Tensor::zeros(&[4, 3], DType::F16, &dev).unwrap();
+        let e = y.softmax_backward(&g16, 0).unwrap_err().to_string();
+        assert!(e.contains("softmax_backward") && e.contains("dy"), "{e}");
+        let i = Tensor::zeros(&[4, 3], DType::I32, &dev).unwrap();
+        assert!(i.softmax_backward(&i, 0).is_err());
     }
 }

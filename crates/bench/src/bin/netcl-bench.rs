@@ -150,6 +150,62 @@ impl Runner {
         }
         Ok(())
     }
+
+    /// Backwards of the row ops on the same shapes: softmax (rows of 4096 and 1024) and
+    /// cross-entropy (4096 classes) in the softmax suite; layer_norm (with dweight/dbias, and dx
+    /// alone without affine parameters) and rms_norm (with dweight) in the norm suite. Bytes: one
+    /// read of every input, one write of every output.
+    fn rows_backward(&mut self, softmax: bool, norm: bool) -> Result<()> {
+        let (rows, cols) = (1usize << 14, 4096usize);
+        let (x, dy) = (self.randn(&[rows, cols])?, self.randn(&[rows, cols])?);
+        let (rc, r, c) = ((rows * cols) as f64, rows as f64, cols as f64);
+        if softmax {
+            for (rows, cols) in [(rows, cols), (rows * 4, cols / 4)] {
+                let (x, dy) = (x.reshape(&[rows, cols])?, dy.reshape(&[rows, cols])?);
+                let y = x.softmax(1)?;
+                let name = format!("softmax_bwd_{rows}x{cols}");
+                self.measure("softmax", name, (12.0 * rc, 0.0, 1), || {
+                    y.softmax_backward(&dy, 1).map(|_| ())
+                })?;
+            }
+            let t: Vec<i32> = (0..rows).map(|i| ((i * 7) % cols) as i32).collect();
+            let t = Tensor::from_vec(t, &[rows], &self.dev)?;
+            let ce = x.cross_entropy(&t, None)?;
+            let one = Tensor::ones(&[], DType::F32, &self.dev)?;
+            let name = format!("cross_entropy_bwd_{rows}x{cols}");
+            // Logits, targets and lse read, dlogits written.
+            self.measure("softmax", name, (8.0 * rc + 8.0 * r, 0.0, 1), || {
+                x.cross_entropy_backward(&t, &ce.lse, &one, Some(&ce.count), None)
+                    .map(|_| ())
+            })?;
+        }
+        if norm {
+            let w = Tensor::ones(&[cols], DType::F32, &self.dev)?;
+            let b = Tensor::zeros(&[cols], DType::F32, &self.dev)?;
+            let ns = [cols];
+            let (_, mean, rstd) = x.layer_norm(&ns, Some(&w), Some(&b), 1e-5)?;
+            // x, dy, w, mean and rstd read; dx, dweight and dbias written.
+            let bytes = 4.0 * (3.0 * rc + 3.0 * c + 2.0 * r);
+            let name = format!("layer_norm_bwd_{rows}x{cols}");
+            self.measure("norm", name, (bytes, 0.0, 3), || {
+                x.layer_norm_backward(&dy, &mean, &rstd, &ns, Some(&w), true)
+                    .map(|_| ())
+            })?;
+            let (_, mean, rstd) = x.layer_norm(&ns, None, None, 1e-5)?;
+            let name = format!("layer_norm_bwd_dx_{rows}x{cols}");
+            self.measure("norm", name, (4.0 * (3.0 * rc + 2.0 * r), 0.0, 1), || {
+                x.layer_norm_backward(&dy, &mean, &rstd, &ns, None, false)
+                    .map(|_| ())
+            })?;
+            let (_, rstd) = x.rms_norm(&ns, Some(&w), 1e-5)?;
+            let bytes = 4.0 * (3.0 * rc + 2.0 * c + r);
+            let name = format!("rms_norm_bwd_{rows}x{cols}");
+            self.measure("norm", name, (bytes, 0.0, 3), || {
+                x.rms_norm_backward(&dy, &rstd, &ns, Some(&w)).map(|_| ())
+            })?;
+        }
+        Ok(())
+    }
 }
 
 impl Runner {
@@ -252,6 +308,7 @@ fn main() -> Result<()> {
     }
     if want("softmax") || want("norm") {
         r.rows(want("softmax"), want("norm"))?;
+        r.rows_backward(want("softmax"), want("norm"))?;
     }
     if want("embedding") {
         r.embedding()?;
