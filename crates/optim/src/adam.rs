@@ -1,8 +1,8 @@
-//! Adam (L2 weight decay added to the gradient) and AdamW (decoupled weight decay) with PyTorch's update and bias correction, one fused kernel per parameter.
+//! Adam (L2 weight decay added to the gradient) and AdamW (decoupled weight decay) with PyTorch's update and bias correction; one multi-tensor fused kernel updates all parameters.
 use crate::optimizer::{check_distinct, check_non_negative, require, Optimizer};
 use crate::state::{adopt, fail_on, match_tensors, state_name, Hyper};
 use netcl_autograd::Parameter;
-use netcl_ops::{fused_into, Expr, Result, Tensor};
+use netcl_ops::{fused_into_groups, Expr, FusedGroup, Result, Tensor};
 use serde_json::{json, Value};
 
 const KINDS: [&str; 2] = ["m", "v"];
@@ -109,10 +109,14 @@ impl AdamCore {
         [new_m, new_v, new_p]
     }
 
+    /// Updates every parameter that has a gradient: one `fused_into_groups` call per distinct
+    /// update number (normally one: all parameters got their first gradient together), which is
+    /// one kernel launch per device and dtype for up to `FUSED_MAX_GROUPS` parameters.
     fn step(&mut self) -> Result<()> {
         self.check(&format!("{}.step", self.name))?;
-        for i in 0..self.params.len() {
-            let p = &self.params[i];
+        // (parameter index, gradient, state before the step), ordered by update number.
+        let mut members: Vec<(usize, Tensor, Moments)> = Vec::new();
+        for (i, p) in self.params.iter().enumerate() {
             let Some(g) = p.grad() else { continue };
             let s = match &self.state[i] {
                 Some(s) => s.clone(),
@@ -122,16 +126,30 @@ impl AdamCore {
                     step: 0,
                 },
             };
-            let [new_m, new_v, new_p] = self.update(s.step + 1);
-            // p, grad, m, v: (n...); p, m and v are updated in place.
-            fused_into(
-                &[p.value(), &g, &s.m, &s.v],
-                &[(new_m, &s.m), (new_v, &s.v), (new_p, p.value())],
-            )?;
-            self.state[i] = Some(Moments {
-                step: s.step + 1,
-                ..s
-            });
+            members.push((i, g, s));
+        }
+        members.sort_by_key(|(_, _, s)| s.step);
+        for same in members.chunk_by(|a, b| a.2.step == b.2.step) {
+            let t = same[0].2.step + 1;
+            let exprs = self.update(t);
+            // p, grad, m, v: (n...) per parameter; p, m and v are updated in place.
+            let groups: Vec<FusedGroup> = same
+                .iter()
+                .map(|(i, g, s)| {
+                    let p = self.params[*i].value();
+                    FusedGroup {
+                        inputs: vec![p, g, &s.m, &s.v],
+                        outputs: vec![&s.m, &s.v, p],
+                    }
+                })
+                .collect();
+            fused_into_groups(&exprs, &groups)?;
+            for (i, _, s) in same {
+                self.state[*i] = Some(Moments {
+                    step: t,
+                    ..s.clone()
+                });
+            }
         }
         self.steps += 1;
         Ok(())
