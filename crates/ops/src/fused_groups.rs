@@ -15,12 +15,12 @@ use std::sync::Arc;
 const OP: &str = "fused_into_groups";
 
 /// The most groups one `fused_into_groups` launch takes; more are split over several launches
-/// (fewer when the groups' buffers and scalars would not fit the argument budget below).
+/// (fewer when the groups' buffers and scalars would not fit the device's argument bytes: on a
+/// device with the minimum of 1024, 16 groups of up to 4 buffers, 8 of 5 to 9).
 pub const FUSED_MAX_GROUPS: usize = 16;
 
-/// Bytes of kernel arguments a launch may use: the smallest `CL_DEVICE_MAX_PARAMETER_SIZE` a
-/// full-profile OpenCL device may report (1024), less a margin for argument alignment.
-const ARG_BYTES: usize = 1024 - 32;
+/// Bytes of kernel arguments kept free for the alignment of arguments.
+const ARG_MARGIN: usize = 32;
 
 /// The operands of one group of [`fused_into_groups`]: `Expr::input(i)` reads `inputs[i]`, and
 /// expression `j` is written to `outputs[j]`.
@@ -87,7 +87,10 @@ pub fn fused_into_groups(exprs: &[Expr], groups: &[FusedGroup<'_>]) -> Result<()
     }
     for b in &batches {
         let plan = &plans[b.plan];
-        for chunk in b.members.chunks(per_launch(plan, b.slot_count())) {
+        for chunk in b
+            .members
+            .chunks(per_launch(&b.device, plan, b.slot_count()))
+        {
             if let [(gi, _)] = chunk {
                 one(exprs, &groups[*gi])?;
             } else {
@@ -246,10 +249,12 @@ fn dense(
     }))
 }
 
-/// Groups per launch for a plan over `slots` buffers: `FUSED_MAX_GROUPS`, halved until the
-/// arguments (a pointer, an offset per buffer, a start and a length per group; the scalars;
-/// the item count) fit `ARG_BYTES`. 1 means every group runs alone.
-fn per_launch(plan: &Plan, slots: usize) -> usize {
+/// Groups per launch on `device` for a plan over `slots` buffers: `FUSED_MAX_GROUPS`, halved
+/// until the arguments (a pointer and an offset per buffer, a start and a length per group; the
+/// scalars; the item count) fit the device's argument bytes less `ARG_MARGIN`. 1 means every
+/// group runs alone.
+fn per_launch(device: &Device, plan: &Plan, slots: usize) -> usize {
+    let budget = device.info().max_parameter_bytes.saturating_sub(ARG_MARGIN);
     let per_group = 8 * slots + 4 * (slots + 2);
     let scalars: usize = plan
         .scalars
@@ -258,7 +263,7 @@ fn per_launch(plan: &Plan, slots: usize) -> usize {
         .sum();
     let fixed = 4 + scalars + 4;
     let mut k = FUSED_MAX_GROUPS;
-    while k > 1 && k * per_group + fixed > ARG_BYTES {
+    while k > 1 && k * per_group + fixed > budget {
         k /= 2;
     }
     k
