@@ -14,9 +14,10 @@ use std::sync::Arc;
 
 const OP: &str = "fused_into_groups";
 
-/// The most groups one `fused_into_groups` launch takes; more are split over several launches
-/// (fewer when the groups' buffers and scalars would not fit the device's argument bytes: on a
-/// device with the minimum of 1024, 16 groups of up to 4 buffers, 8 of 5 to 9).
+/// The most groups one `fused_into_groups` launch takes; more are split over several launches.
+/// Fewer when the groups' buffers and scalars would not fit the device's argument bytes: with
+/// the minimum of 1024 and a few scalars, 16 groups of up to 4 buffers (Adam), 8 of 5 (Adam
+/// with amsgrad).
 pub const FUSED_MAX_GROUPS: usize = 16;
 
 /// Bytes of kernel arguments kept free for the alignment of arguments.
