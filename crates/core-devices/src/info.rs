@@ -44,6 +44,9 @@ pub struct DeviceInfo {
     pub max_alloc_bytes: u64,
     pub max_work_group_size: usize,
     pub max_work_item_sizes: Vec<usize>,
+    /// CL_DEVICE_MAX_PARAMETER_SIZE: bytes of arguments one kernel may take (at least 1024 on
+    /// full-profile devices).
+    pub max_parameter_bytes: usize,
     /// CL_DEVICE_MEM_BASE_ADDR_ALIGN converted from bits to bytes.
     pub base_addr_align_bytes: usize,
     pub fp16: bool,
@@ -73,6 +76,7 @@ impl DeviceInfo {
             max_alloc_bytes: mem,
             max_work_group_size: 1,
             max_work_item_sizes: vec![1],
+            max_parameter_bytes: 1024,
             base_addr_align_bytes: 64,
             fp16: false,
             fp64: true,
@@ -110,6 +114,7 @@ impl DeviceInfo {
             max_alloc_bytes: dev.max_mem_alloc_size().cl(op)?,
             max_work_group_size: dev.max_work_group_size().cl(op)?,
             max_work_item_sizes: dev.max_work_item_sizes().cl(op)?,
+            max_parameter_bytes: dev.max_parameter_size().cl(op)?,
             base_addr_align_bytes: (dev.mem_base_addr_align().cl(op)? as usize / 8).max(1),
             fp16: has("cl_khr_fp16"),
             fp64: has("cl_khr_fp64") || dev.double_fp_config().map(|c| c != 0).unwrap_or(false),

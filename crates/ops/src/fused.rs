@@ -13,7 +13,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Kind {
+pub(crate) enum Kind {
     Input(usize),
     Scalar(usize),
     Unary(UnaryOp, usize),
@@ -24,16 +24,16 @@ enum Kind {
 
 /// What determines a generated program: the typed node list, the outputs and the input dtypes.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct PlanKey {
-    nodes: Vec<(Kind, DType)>,
-    outputs: Vec<usize>,
-    inputs: Vec<DType>,
+pub(crate) struct PlanKey {
+    pub(crate) nodes: Vec<(Kind, DType)>,
+    pub(crate) outputs: Vec<usize>,
+    pub(crate) inputs: Vec<DType>,
 }
 
 /// Typed, deduplicated expressions (children before parents) with their scalar values.
-struct Plan {
-    key: PlanKey,
-    scalars: Vec<(f64, Class)>,
+pub(crate) struct Plan {
+    pub(crate) key: PlanKey,
+    pub(crate) scalars: Vec<(f64, Class)>,
 }
 
 /// True when the expression has no tensor operand (its dtype comes from where it is used).
@@ -149,7 +149,7 @@ impl Lowering<'_> {
     }
 }
 
-fn plan(op: &str, inputs: &[DType], outputs: &[&Expr]) -> Result<Plan> {
+pub(crate) fn plan(op: &str, inputs: &[DType], outputs: &[&Expr]) -> Result<Plan> {
     let mut l = Lowering {
         op,
         inputs,
@@ -171,7 +171,7 @@ fn plan(op: &str, inputs: &[DType], outputs: &[&Expr]) -> Result<Plan> {
     })
 }
 
-fn storage_cl(d: DType) -> &'static str {
+pub(crate) fn storage_cl(d: DType) -> &'static str {
     match d {
         DType::F32 => "float",
         DType::F64 => "double",
@@ -218,7 +218,7 @@ fn cast_host(from: Class, to: DType, x: f64) -> f64 {
 }
 
 /// Elements per work-item of `fused_contig` when every operand offset is a multiple of it.
-const VEC: usize = 4;
+pub(crate) const VEC: usize = 4;
 
 /// The per-element statements of a plan: node values `t{id}` from `load(i)` (input i's value),
 /// then `store(j, o)` (output j gets node o) per output.
@@ -260,45 +260,29 @@ fn is_uniform(uniform: u64, i: usize) -> bool {
     i < 64 && uniform >> i & 1 == 1
 }
 
-/// OpenCL C for a plan, outputs first, then inputs. `fused_contig`: every operand dense over the
-/// shape, or (inputs whose bit is set in `uniform`) one element read once; element offsets as
-/// arguments; each work-item takes `FUSED_VEC` (a -D option, 1 or 4) consecutive elements,
-/// through 4-wide loads and stores when it has all of them (the caller only picks 4 when every
-/// dense offset is a multiple of 4), else one by one. `fused_strided`: a layout of every
-/// operand, one element per work-item. The per-element body is generated once and placed in
-/// each form.
-fn generate(key: &PlanKey, scalars: &[(f64, Class)], uniform: u64) -> String {
-    let (no, ni) = (key.outputs.len(), key.inputs.len());
-    let k = no + ni;
-    let mut params = String::new();
-    for (j, &o) in key.outputs.iter().enumerate() {
-        let _ = write!(params, "__global {}* o{j}, ", storage_cl(key.nodes[o].1));
-    }
-    for (j, d) in key.inputs.iter().enumerate() {
-        let _ = write!(params, "__global const {}* i{j}, ", storage_cl(*d));
-    }
-    let scalar_params: String = scalars
-        .iter()
-        .enumerate()
-        .map(|(s, (_, c))| format!("{} s{s}, ", c.cl()))
-        .collect();
-    let scalar_strided = body(
-        key,
-        "    ",
-        |i, d| format!("load_{}(i{i}, off{})", d.name(), no + i),
-        |j, o, d| format!("store_{}(o{j}, off{j}, t{o});", d.name()),
-    );
-    let scalar_contig = body(
+/// The element loop of a dense kernel, placed where `base` (the work-item's first element) and
+/// `n` (elements in all) are defined and `base < n`: inputs in `uniform` read once, then
+/// `FUSED_VEC` elements through 4-wide loads and stores when the work-item has all 4 (only
+/// compiled with `FUSED_VEC == 4`), else one by one. Operand `j` (outputs first, then inputs)
+/// is the buffer `ptr(j)` from element `off(j)`.
+pub(crate) fn contig_elements(
+    key: &PlanKey,
+    uniform: u64,
+    ptr: &dyn Fn(usize) -> String,
+    off: &dyn Fn(usize) -> String,
+) -> String {
+    let no = key.outputs.len();
+    let scalar = body(
         key,
         "        ",
         |i, d| {
             if is_uniform(uniform, i) {
                 format!("u{i}")
             } else {
-                format!("load_{}(i{i}, off{} + e)", d.name(), no + i)
+                format!("load_{}({}, {} + e)", d.name(), ptr(no + i), off(no + i))
             }
         },
-        |j, o, d| format!("store_{}(o{j}, off{j} + e, t{o});", d.name()),
+        |j, o, d| format!("store_{}({}, {} + e, t{o});", d.name(), ptr(j), off(j)),
     );
     // Lane v of 4: inputs read from private arrays x{i}, outputs written to y{j}.
     let lane = body(
@@ -317,20 +301,15 @@ fn generate(key: &PlanKey, scalars: &[(f64, Class)], uniform: u64) -> String {
     let mut uniform_in = String::new();
     for (i, d) in key.inputs.iter().enumerate() {
         let c = Class::of(*d).cl();
+        let (p, o) = (ptr(no + i), off(no + i));
         if is_uniform(uniform, i) {
-            let _ = writeln!(
-                uniform_in,
-                "    {c} u{i} = load_{}(i{i}, off{});",
-                d.name(),
-                no + i
-            );
+            let _ = writeln!(uniform_in, "    {c} u{i} = load_{}({p}, {o});", d.name());
             continue;
         }
         let _ = writeln!(
             vec_in,
-            "        {c} x{i}[4];\n        vstore4(load4_{}(i{i}, off{} + base), 0, x{i});",
-            d.name(),
-            no + i
+            "        {c} x{i}[4];\n        vstore4(load4_{}({p}, {o} + base), 0, x{i});",
+            d.name()
         );
     }
     let mut vec_out_decl = String::new();
@@ -340,10 +319,64 @@ fn generate(key: &PlanKey, scalars: &[(f64, Class)], uniform: u64) -> String {
         let _ = writeln!(vec_out_decl, "        {} y{j}[4];", Class::of(d).cl());
         let _ = writeln!(
             vec_out,
-            "        store4_{}(o{j}, off{j} + base, vload4(0, y{j}));",
-            d.name()
+            "        store4_{}({}, {} + base, vload4(0, y{j}));",
+            d.name(),
+            ptr(j),
+            off(j)
         );
     }
+    format!(
+        "{uniform_in}\
+         #if FUSED_VEC == 4\n\
+         \x20   if (n - base >= 4) {{\n{vec_in}{vec_out_decl}\
+         \x20       #pragma unroll\n        for (uint v = 0; v < 4; ++v) {{\n{lane}        }}\n{vec_out}\
+         \x20       return;\n    }}\n\
+         #endif\n\
+         \x20   uint end = min(n, base + FUSED_VEC);\n\
+         \x20   for (uint e = base; e < end; ++e) {{\n{scalar}    }}\n"
+    )
+}
+
+/// The kernel parameters of a plan's scalars (`s0`, `s1`, ...), each followed by ", ".
+pub(crate) fn scalar_params(scalars: &[(f64, Class)]) -> String {
+    scalars
+        .iter()
+        .enumerate()
+        .map(|(s, (_, c))| format!("{} s{s}, ", c.cl()))
+        .collect()
+}
+
+/// OpenCL C for a plan, outputs first, then inputs. `fused_contig`: every operand dense over the
+/// shape, or (inputs whose bit is set in `uniform`) one element read once; element offsets as
+/// arguments; each work-item takes `FUSED_VEC` (a -D option, 1 or 4) consecutive elements
+/// (`contig_elements`; the caller only picks 4 when every dense offset is a multiple of 4).
+/// `fused_strided`: a layout of every operand, one element per work-item. The per-element body
+/// is generated once and placed in each form.
+fn generate(key: &PlanKey, scalars: &[(f64, Class)], uniform: u64) -> String {
+    let (no, ni) = (key.outputs.len(), key.inputs.len());
+    let k = no + ni;
+    let mut params = String::new();
+    for (j, &o) in key.outputs.iter().enumerate() {
+        let _ = write!(params, "__global {}* o{j}, ", storage_cl(key.nodes[o].1));
+    }
+    for (j, d) in key.inputs.iter().enumerate() {
+        let _ = write!(params, "__global const {}* i{j}, ", storage_cl(*d));
+    }
+    let scalar_params = scalar_params(scalars);
+    let scalar_strided = body(
+        key,
+        "    ",
+        |i, d| format!("load_{}(i{i}, off{})", d.name(), no + i),
+        |j, o, d| format!("store_{}(o{j}, off{j}, t{o});", d.name()),
+    );
+    let ptr = |j: usize| {
+        if j < no {
+            format!("o{j}")
+        } else {
+            format!("i{}", j - no)
+        }
+    };
+    let contig = contig_elements(key, uniform, &ptr, &|j| format!("off{j}"));
     let offsets: String = (0..k).map(|j| format!("uint off{j}, ")).collect();
     let start: String = (0..k)
         .map(|j| format!("    uint off{j} = l.offset[{j}];\n"))
@@ -357,14 +390,7 @@ fn generate(key: &PlanKey, scalars: &[(f64, Class)], uniform: u64) -> String {
          typedef struct {{ uint ndim; uint shape[MAX_DIMS]; uint stride[{k}][MAX_DIMS]; uint offset[{k}]; }} FusedLayout;\n\
          // Outputs o*, inputs i* [n elements from off*]; n elements in all.\n\
          __kernel void fused_contig({params}{offsets}{scalar_params}uint n) {{\n\
-         \x20   uint base = get_global_id(0) * FUSED_VEC;\n    if (base >= n) return;\n{uniform_in}\
-         #if FUSED_VEC == 4\n\
-         \x20   if (n - base >= 4) {{\n{vec_in}{vec_out_decl}\
-         \x20       #pragma unroll\n        for (uint v = 0; v < 4; ++v) {{\n{lane}        }}\n{vec_out}\
-         \x20       return;\n    }}\n\
-         #endif\n\
-         \x20   uint end = min(n, base + FUSED_VEC);\n\
-         \x20   for (uint e = base; e < end; ++e) {{\n{scalar_contig}    }}\n}}\n\
+         \x20   uint base = get_global_id(0) * FUSED_VEC;\n    if (base >= n) return;\n{contig}}}\n\
          // Outputs o*, inputs i* [strided by l]; n elements in all.\n\
          __kernel void fused_strided({params}FusedLayout l, {scalar_params}uint n) {{\n\
          \x20   uint gid = get_global_id(0);\n    if (gid >= n) return;\n{start}\
@@ -374,25 +400,47 @@ fn generate(key: &PlanKey, scalars: &[(f64, Class)], uniform: u64) -> String {
     )
 }
 
-/// Programs per (device ordinal, `fused_contig` width, uniform-input bits), then per plan
-/// (looked up by reference: no key copy per launch).
-type Cache = Mutex<HashMap<(usize, usize, u64), HashMap<PlanKey, Arc<Program>>>>;
+/// What a generated program holds besides its plan.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Form {
+    /// `fused_contig` and `fused_strided` over one operand set; the inputs in `uniform` (a bit
+    /// per input) are read as one broadcast element by `fused_contig`.
+    Single { uniform: u64 },
+    /// `fused_groups` over `groups` operand sets; operand `j` (outputs first) lives in buffer
+    /// slot `slots[j]` (see fused_groups.rs).
+    Groups { groups: usize, slots: Vec<usize> },
+}
 
-/// The program for `plan` on `device` with `vec` elements per `fused_contig` work-item (1 or
-/// `VEC`) and the inputs in `uniform` read as one broadcast element, built on first use.
-fn program(device: &Device, plan: &Plan, vec: usize, uniform: u64) -> Result<Arc<Program>> {
+/// Programs per (device ordinal, elements per work-item of the dense kernels, form), then per
+/// plan (looked up by reference: no key copy per launch).
+type Cache = Mutex<HashMap<(usize, usize, Form), HashMap<PlanKey, Arc<Program>>>>;
+
+/// The program for `plan` in `form` on `device` with `vec` elements per dense work-item (1 or
+/// `VEC`), built on first use.
+pub(crate) fn program(
+    device: &Device,
+    plan: &Plan,
+    vec: usize,
+    form: &Form,
+) -> Result<Arc<Program>> {
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let slot = (device.ordinal(), vec, form.clone());
     let found = cache
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .get(&(device.ordinal(), vec, uniform))
+        .get(&slot)
         .and_then(|m| m.get(&plan.key))
         .cloned();
     if let Some(p) = found {
         return Ok(p);
     }
-    let text = generate(&plan.key, &plan.scalars, uniform);
+    let text = match form {
+        Form::Single { uniform } => generate(&plan.key, &plan.scalars, *uniform),
+        Form::Groups { groups, slots } => {
+            crate::fused_groups::generate(&plan.key, &plan.scalars, *groups, slots)
+        }
+    };
     let mut h = std::collections::hash_map::DefaultHasher::new();
     text.hash(&mut h);
     // Generated sources live as long as the process's program cache that refers to them.
@@ -412,10 +460,31 @@ fn program(device: &Device, plan: &Plan, vec: usize, uniform: u64) -> Result<Arc
     cache
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .entry((device.ordinal(), vec, uniform))
+        .entry(slot)
         .or_default()
         .insert(plan.key.clone(), p.clone());
     Ok(p)
+}
+
+/// Sets the scalars of a plan as the next kernel arguments, each in its arithmetic's type.
+pub(crate) fn set_scalars(k: &mut Kernel, scalars: &[(f64, Class)]) -> Result<()> {
+    for &(v, c) in scalars {
+        match c {
+            Class::F32 => k.arg(&(v as f32))?,
+            Class::F64 => k.arg(&v)?,
+            Class::I32 => k.arg(&(v as i64 as i32))?,
+            Class::U32 => k.arg(&(v as i64 as u32))?,
+        };
+    }
+    Ok(())
+}
+
+/// Arithmetic nodes of a plan (the flops per element it declares to the profiler).
+pub(crate) fn arithmetic_nodes(key: &PlanKey) -> usize {
+    let nodes = key.nodes.iter();
+    nodes
+        .filter(|(k, _)| !matches!(k, Kind::Input(_) | Kind::Scalar(_)))
+        .count()
 }
 
 /// Node values over all elements, computed on the host in each node's arithmetic.
@@ -590,9 +659,7 @@ pub(crate) fn run(
             .iter()
             .map(|t| n * t.dtype.size())
             .sum::<usize>();
-    let arithmetic = plan.key.nodes.iter();
-    let arithmetic = arithmetic.filter(|(k, _)| !matches!(k, Kind::Input(_) | Kind::Scalar(_)));
-    let work = (bytes as u64, (n * arithmetic.count()) as u64);
+    let work = (bytes as u64, (n * arithmetic_nodes(&plan.key)) as u64);
     // Single-element inputs (scalar tensors broadcast) are read once per work-item.
     let uniform = inputs
         .iter()
@@ -617,17 +684,6 @@ pub(crate) fn run(
         }
         Ok(())
     };
-    let set_scalars = |k: &mut Kernel| -> Result<()> {
-        for &(v, c) in &plan.scalars {
-            match c {
-                Class::F32 => k.arg(&(v as f32))?,
-                Class::F64 => k.arg(&v)?,
-                Class::I32 => k.arg(&(v as i64 as i32))?,
-                Class::U32 => k.arg(&(v as i64 as u32))?,
-            };
-        }
-        Ok(())
-    };
     if dense {
         // 4 elements per work-item when every dense operand's 4-element groups are aligned.
         let no = out_tensors.len();
@@ -643,14 +699,14 @@ pub(crate) fn run(
         } else {
             1
         };
-        let program = program(&device, &plan, vec, uniform)?;
+        let program = program(&device, &plan, vec, &Form::Single { uniform })?;
         launch_1d_over(&program, "fused_contig", n.div_ceil(vec), n, |k| {
             k.declare(work.0, work.1);
             set_buffers(k)?;
             for (_, off) in &operands {
                 k.arg(&(*off as u32))?;
             }
-            set_scalars(k)
+            set_scalars(k, &plan.scalars)
         })?;
     } else {
         let k = operands.len();
@@ -665,12 +721,12 @@ pub(crate) fn run(
         for (j, (_, off)) in operands.iter().enumerate() {
             words[1 + crate::layout::MAX_DIMS * (1 + k) + j] = *off as u32;
         }
-        let program = program(&device, &plan, 1, 0)?;
+        let program = program(&device, &plan, 1, &Form::Single { uniform: 0 })?;
         launch_1d(&program, "fused_strided", n, |k| {
             k.declare(work.0, work.1);
             set_buffers(k)?;
             k.arg_bytes(bytemuck::cast_slice(&words))?;
-            set_scalars(k)
+            set_scalars(k, &plan.scalars)
         })?;
     }
     Ok(out_tensors)

@@ -1,11 +1,12 @@
-//! Adam (L2 weight decay added to the gradient) and AdamW (decoupled weight decay) with PyTorch's update and bias correction, one fused kernel per parameter.
+//! Adam (L2 weight decay added to the gradient) and AdamW (decoupled weight decay) with PyTorch's update and bias correction; one multi-tensor fused kernel updates all parameters.
 use crate::optimizer::{check_distinct, check_non_negative, require, Optimizer};
 use crate::state::{adopt, fail_on, match_tensors, state_name, Hyper};
 use netcl_autograd::Parameter;
-use netcl_ops::{fused_into, Expr, Result, Tensor};
+use netcl_ops::{fused_into_groups, Expr, FusedGroup, Result, Tensor};
 use serde_json::{json, Value};
 
-const KINDS: [&str; 2] = ["m", "v"];
+/// State tensor kinds: the moments, and with amsgrad the running maximum of `v`.
+const KINDS: [&str; 3] = ["m", "v", "max_v"];
 
 /// Where the weight decay goes.
 #[derive(Clone, Copy, PartialEq)]
@@ -16,11 +17,13 @@ enum Decay {
     Decoupled,
 }
 
-/// First and second moments of one parameter and the number of updates it has had.
+/// First and second moments of one parameter, the largest second moment so far (amsgrad) and
+/// the number of updates it has had.
 #[derive(Clone)]
 struct Moments {
     m: Tensor,
     v: Tensor,
+    max_v: Option<Tensor>,
     step: usize,
 }
 
@@ -34,6 +37,7 @@ struct AdamCore {
     betas: (f64, f64),
     eps: f64,
     weight_decay: f64,
+    amsgrad: bool,
     state: Vec<Option<Moments>>,
     steps: usize,
 }
@@ -59,6 +63,7 @@ impl AdamCore {
             betas: (0.9, 0.999),
             eps: 1e-8,
             weight_decay: wd,
+            amsgrad: false,
             state,
             steps: 0,
         }
@@ -78,9 +83,19 @@ impl AdamCore {
         check_distinct(op, &self.params)
     }
 
-    /// The update of input 0 (p) with input 1 (grad), input 2 (m) and input 3 (v) at the
-    /// parameter's update number `t` (from 1): outputs the new m, v and p.
-    fn update(&self, t: usize) -> [Expr; 3] {
+    /// The state kinds this configuration keeps.
+    fn kinds(&self) -> &'static [&'static str] {
+        if self.amsgrad {
+            &KINDS
+        } else {
+            &KINDS[..2]
+        }
+    }
+
+    /// The update of input 0 (p) with input 1 (grad), input 2 (m), input 3 (v) and, with
+    /// amsgrad, input 4 (max_v) at the parameter's update number `t` (from 1): outputs the new
+    /// m, v, max_v (amsgrad) and p.
+    fn update(&self, t: usize) -> Vec<Expr> {
         let (b1, b2) = self.betas;
         let (p, g, m, v) = (
             Expr::input(0),
@@ -101,37 +116,72 @@ impl AdamCore {
         };
         let new_m = lerp(m, g.clone(), 1.0 - b1);
         let new_v = v * b2 + (1.0 - b2) * g.clone() * g;
+        let new_max = self.amsgrad.then(|| Expr::input(4).max(new_v.clone()));
         let t = t as f64;
         let step_size = self.lr / (1.0 - b1.powf(t));
         let bc2_sqrt = (1.0 - b2.powf(t)).sqrt();
-        let denom = new_v.clone().sqrt() / bc2_sqrt + self.eps;
+        let second = new_max.clone().unwrap_or_else(|| new_v.clone());
+        let denom = second.sqrt() / bc2_sqrt + self.eps;
         let new_p = p + (-step_size) * new_m.clone() / denom;
-        [new_m, new_v, new_p]
+        [new_m, new_v]
+            .into_iter()
+            .chain(new_max)
+            .chain([new_p])
+            .collect()
     }
 
+    /// Updates every parameter that has a gradient: one `fused_into_groups` call per distinct
+    /// update number (normally one: all parameters got their first gradient together), which is
+    /// one kernel launch per device and dtype for up to `FUSED_MAX_GROUPS` parameters.
     fn step(&mut self) -> Result<()> {
         self.check(&format!("{}.step", self.name))?;
-        for i in 0..self.params.len() {
-            let p = &self.params[i];
+        // (parameter index, gradient, state before the step), ordered by update number.
+        let mut members: Vec<(usize, Tensor, Moments)> = Vec::new();
+        for (i, p) in self.params.iter().enumerate() {
             let Some(g) = p.grad() else { continue };
             let s = match &self.state[i] {
                 Some(s) => s.clone(),
                 None => Moments {
                     m: Tensor::zeros(p.shape(), p.dtype(), p.device())?,
                     v: Tensor::zeros(p.shape(), p.dtype(), p.device())?,
+                    max_v: None,
                     step: 0,
                 },
             };
-            let [new_m, new_v, new_p] = self.update(s.step + 1);
-            // p, grad, m, v: (n...); p, m and v are updated in place.
-            fused_into(
-                &[p.value(), &g, &s.m, &s.v],
-                &[(new_m, &s.m), (new_v, &s.v), (new_p, p.value())],
-            )?;
-            self.state[i] = Some(Moments {
-                step: s.step + 1,
-                ..s
-            });
+            // amsgrad switched on after updates starts the maximum at 0 (max(0, v) = v).
+            let max_v = match (self.amsgrad, s.max_v) {
+                (false, _) => None,
+                (true, Some(x)) => Some(x),
+                (true, None) => Some(Tensor::zeros(p.shape(), p.dtype(), p.device())?),
+            };
+            members.push((i, g, Moments { max_v, ..s }));
+        }
+        members.sort_by_key(|(_, _, s)| s.step);
+        for same in members.chunk_by(|a, b| a.2.step == b.2.step) {
+            let t = same[0].2.step + 1;
+            let exprs = self.update(t);
+            // p, grad, m, v, max_v: (n...) per parameter; all but grad are updated in place.
+            let groups: Vec<FusedGroup> = same
+                .iter()
+                .map(|(i, g, s)| {
+                    let p = self.params[*i].value();
+                    FusedGroup {
+                        inputs: [p, g, &s.m, &s.v].into_iter().chain(&s.max_v).collect(),
+                        outputs: [&s.m, &s.v]
+                            .into_iter()
+                            .chain(&s.max_v)
+                            .chain([p])
+                            .collect(),
+                    }
+                })
+                .collect();
+            fused_into_groups(&exprs, &groups)?;
+            for (i, _, s) in same {
+                self.state[*i] = Some(Moments {
+                    step: t,
+                    ..s.clone()
+                });
+            }
         }
         self.steps += 1;
         Ok(())
@@ -141,8 +191,11 @@ impl AdamCore {
         let mut out = Vec::new();
         for (i, s) in self.state.iter().enumerate() {
             if let Some(s) = s {
-                out.push((state_name(self.name, "m", i), s.m.clone()));
-                out.push((state_name(self.name, "v", i), s.v.clone()));
+                out.push((state_name(self.name, KINDS[0], i), s.m.clone()));
+                out.push((state_name(self.name, KINDS[1], i), s.v.clone()));
+                if let Some(x) = s.max_v.as_ref().filter(|_| self.amsgrad) {
+                    out.push((state_name(self.name, KINDS[2], i), x.clone()));
+                }
             }
         }
         out
@@ -161,6 +214,7 @@ impl AdamCore {
             "betas": [self.betas.0, self.betas.1],
             "eps": self.eps,
             "weight_decay": self.weight_decay,
+            "amsgrad": self.amsgrad,
             "step": self.steps,
             "param_steps": param_steps,
         })
@@ -178,13 +232,16 @@ impl AdamCore {
         );
         next.betas = h.f64_pair("betas")?;
         next.eps = h.f64("eps")?;
+        // Checkpoints from before amsgrad existed have no key: it was off.
+        next.amsgrad = h.bool_or("amsgrad", false)?;
         next.steps = h.usize("step")?;
         let param_steps = h.usize_list("param_steps", n)?;
         next.check(h.op())?;
-        let mut matched = match_tensors(self.name, &KINDS, &self.params, tensors);
+        let kinds = next.kinds();
+        let mut matched = match_tensors(self.name, kinds, &self.params, tensors);
         // A parameter has moments exactly when it has been updated.
         for (i, &t) in param_steps.iter().enumerate() {
-            for (k, kind) in KINDS.iter().enumerate() {
+            for (k, kind) in kinds.iter().enumerate() {
                 let name = state_name(self.name, kind, i);
                 match (t > 0, matched.slots[k][i].is_some()) {
                     (true, false) => matched.problems.push(format!(
@@ -201,9 +258,11 @@ impl AdamCore {
         for (i, &t) in param_steps.iter().enumerate() {
             if let (Some(m), Some(v)) = (matched.slots[0][i], matched.slots[1][i]) {
                 let p = &self.params[i];
+                let max_v = matched.slots.get(2).and_then(|s| s[i]);
                 next.state[i] = Some(Moments {
                     m: adopt(m, p)?,
                     v: adopt(v, p)?,
+                    max_v: max_v.map(|x| adopt(x, p)).transpose()?,
                     step: t,
                 });
             }
@@ -236,6 +295,12 @@ macro_rules! adam_type {
                 self.0.weight_decay = weight_decay;
                 self
             }
+            /// The AMSGrad variant: the update divides by the largest second moment seen so
+            /// far (state `max_v`, saved and loaded with m and v) instead of the current one.
+            pub fn amsgrad(mut self, on: bool) -> $ty {
+                self.0.amsgrad = on;
+                self
+            }
             /// How many `step` calls have completed.
             pub fn steps(&self) -> usize {
                 self.0.steps
@@ -262,7 +327,7 @@ macro_rules! adam_type {
             fn state_tensors(&self) -> Vec<(String, Tensor)> {
                 self.0.state_tensors()
             }
-            #[doc = concat!("Keys: name (\"", $name, "\"), num_params, lr, betas ([beta1, beta2]), eps, weight_decay, step (completed `step` calls), param_steps (updates per parameter; 0 = no state).")]
+            #[doc = concat!("Keys: name (\"", $name, "\"), num_params, lr, betas ([beta1, beta2]), eps, weight_decay, amsgrad, step (completed `step` calls), param_steps (updates per parameter; 0 = no state).")]
             fn hyper_params(&self) -> Value {
                 self.0.hyper_params()
             }
@@ -274,16 +339,18 @@ macro_rules! adam_type {
 }
 
 adam_type!(
-    /// Adam as PyTorch's `torch.optim.Adam` (amsgrad off), per parameter at its update number `t`:
+    /// Adam as PyTorch's `torch.optim.Adam`, per parameter at its update number `t`:
     ///
     /// ```text
     /// g = grad + weight_decay * p                      (L2, when weight_decay != 0)
     /// m = lerp(m, g, 1 - beta1);   v = beta2 * v + (1 - beta2) * g * g
-    /// p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+    /// max_v = max(max_v, v);  v' = max_v  (amsgrad; else v' = v)
+    /// p = p - lr / (1 - beta1^t) * m / (sqrt(v') / sqrt(1 - beta2^t) + eps)
     /// ```
     ///
-    /// State: `"adam.m.<index>"` and `"adam.v.<index>"`, zeros before the parameter's first update,
-    /// on its device in its dtype; update counts per parameter in `hyper_params`.
+    /// State: `"adam.m.<index>"`, `"adam.v.<index>"` and with amsgrad `"adam.max_v.<index>"`,
+    /// zeros before the parameter's first update, on its device in its dtype; update counts per
+    /// parameter in `hyper_params`.
     Adam,
     "adam",
     Decay::L2,
@@ -292,8 +359,8 @@ adam_type!(
 
 adam_type!(
     /// AdamW as PyTorch's `torch.optim.AdamW`: `p = p * (1 - lr * weight_decay)`, then the Adam
-    /// update with the raw gradient. Default weight decay 0.01. State: `"adamw.m.<index>"` and
-    /// `"adamw.v.<index>"`.
+    /// update with the raw gradient. Default weight decay 0.01. State: `"adamw.m.<index>"`,
+    /// `"adamw.v.<index>"` and with amsgrad `"adamw.max_v.<index>"`.
     AdamW,
     "adamw",
     Decay::Decoupled,

@@ -1,4 +1,4 @@
-//! netcl-optim: SGD, Adam and AdamW (one fused update kernel per parameter, state save/load), gradient-norm clipping and learning-rate schedules.
+//! netcl-optim: SGD, Adam and AdamW (one multi-tensor fused update kernel for all parameters, state save/load), gradient-norm clipping and learning-rate schedules.
 mod adam;
 mod clip;
 mod optimizer;

@@ -4,8 +4,10 @@ use netcl_ops::{Error, Result, Tensor};
 use std::collections::HashMap;
 
 /// An optimizer over a fixed list of parameters. `step` updates every parameter that has a
-/// gradient with one fused kernel (parameter, gradient and state in; parameter and state out,
-/// written in place); parameters whose gradient is `None` are skipped and get no state.
+/// gradient through `fused_into_groups` (parameter, gradient and state in; parameter and state
+/// out, written in place): one kernel launch for all parameters of a device and dtype (up to
+/// `FUSED_MAX_GROUPS` a launch; non-contiguous parameters are updated one by one). Parameters
+/// whose gradient is `None` are skipped and get no state.
 pub trait Optimizer {
     /// One update of every parameter that has a gradient.
     fn step(&mut self) -> Result<()>;

@@ -1,8 +1,8 @@
-//! SGD with momentum, dampening, Nesterov and L2 weight decay (PyTorch's `torch.optim.SGD` update), one fused kernel per parameter.
+//! SGD with momentum, dampening, Nesterov and L2 weight decay (PyTorch's `torch.optim.SGD` update); one multi-tensor fused kernel updates all parameters.
 use crate::optimizer::{check_distinct, check_non_negative, require, Optimizer};
 use crate::state::{adopt, fail_on, match_tensors, state_name, Hyper};
 use netcl_autograd::Parameter;
-use netcl_ops::{fused_into, Expr, Result, Tensor};
+use netcl_ops::{fused_into_groups, Expr, FusedGroup, Result, Tensor};
 use serde_json::{json, Value};
 
 const NAME: &str = "sgd";
@@ -117,25 +117,49 @@ impl Sgd {
 }
 
 impl Optimizer for Sgd {
+    /// Updates every parameter that has a gradient through `fused_into_groups`: one call per
+    /// form of the update (each one kernel launch per device and dtype for up to
+    /// `FUSED_MAX_GROUPS` parameters).
     fn step(&mut self) -> Result<()> {
         self.check("sgd.step")?;
-        for (i, p) in self.params.iter().enumerate() {
-            let Some(g) = p.grad() else { continue };
-            // p: (n...) updated in place; grad: (n...); buf: (n...) updated in place.
-            let first = self.buffers[i].is_none();
-            match self.update(first) {
-                (None, new_p) => fused_into(&[p.value(), &g], &[(new_p, p.value())])?,
-                (Some(new_buf), new_p) => {
-                    let buf = match &self.buffers[i] {
-                        Some(b) => b.clone(),
-                        None => Tensor::zeros(p.shape(), p.dtype(), p.device())?,
-                    };
-                    fused_into(
-                        &[p.value(), &g, &buf],
-                        &[(new_buf, &buf), (new_p, p.value())],
-                    )?;
-                    self.buffers[i] = Some(buf);
+        let grads: Vec<(usize, Tensor)> = (self.params.iter().enumerate())
+            .filter_map(|(i, p)| Some((i, p.grad()?)))
+            .collect();
+        // Without momentum one form of the update; with it, one for the parameters whose buffer
+        // starts now and one for those that have one.
+        let mut starting: Vec<(usize, &Tensor, Option<Tensor>)> = Vec::new();
+        let mut running: Vec<(usize, &Tensor, Option<Tensor>)> = Vec::new();
+        for (i, g) in &grads {
+            let p = &self.params[*i];
+            match &self.buffers[*i] {
+                _ if self.momentum == 0.0 => running.push((*i, g, None)),
+                Some(b) => running.push((*i, g, Some(b.clone()))),
+                None => {
+                    let buf = Tensor::zeros(p.shape(), p.dtype(), p.device())?;
+                    starting.push((*i, g, Some(buf)));
                 }
+            }
+        }
+        for (first, members) in [(true, starting), (false, running)] {
+            if members.is_empty() {
+                continue;
+            }
+            let (new_buf, new_p) = self.update(first);
+            let exprs: Vec<Expr> = new_buf.into_iter().chain([new_p]).collect();
+            // p: (n...) updated in place; grad: (n...); buf: (n...) updated in place.
+            let groups: Vec<FusedGroup> = members
+                .iter()
+                .map(|(i, g, buf)| {
+                    let p = self.params[*i].value();
+                    FusedGroup {
+                        inputs: [p, *g].into_iter().chain(buf).collect(),
+                        outputs: buf.iter().chain([p]).collect(),
+                    }
+                })
+                .collect();
+            fused_into_groups(&exprs, &groups)?;
+            for (i, _, buf) in members {
+                self.buffers[i] = buf;
             }
         }
         self.steps += 1;

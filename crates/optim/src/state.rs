@@ -73,6 +73,14 @@ impl<'a> Hyper<'a> {
             .ok_or_else(|| self.wrong(key, "true or false", v))
     }
 
+    /// `key`'s boolean, or `default` when the key is absent (settings added after a format).
+    pub(crate) fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
+        match self.value.get(key) {
+            None => Ok(default),
+            Some(_) => self.bool(key),
+        }
+    }
+
     pub(crate) fn usize(&self, key: &str) -> Result<usize> {
         let v = self.get(key)?;
         v.as_u64()

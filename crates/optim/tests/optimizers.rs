@@ -46,14 +46,21 @@ fn adam_configs() -> Vec<AdamCfg> {
         for weight_decay in [0.0, 0.1] {
             // beta1 = 0.3 takes lerp's other branch (weight 0.7); eps 1e-3 makes eps matter.
             for (beta1, beta2, eps) in [(0.9, 0.999, 1e-8), (0.3, 0.95, 1e-3)] {
-                out.push(AdamCfg {
-                    decoupled,
-                    lr: 0.01,
-                    beta1,
-                    beta2,
-                    eps,
-                    weight_decay,
-                });
+                // amsgrad with weight decay only (it does not interact with the decay).
+                for amsgrad in [false, true] {
+                    if amsgrad && weight_decay == 0.0 {
+                        continue;
+                    }
+                    out.push(AdamCfg {
+                        decoupled,
+                        lr: 0.01,
+                        beta1,
+                        beta2,
+                        eps,
+                        weight_decay,
+                        amsgrad,
+                    });
+                }
             }
         }
     }
@@ -141,14 +148,16 @@ fn adam_and_adamw_match_the_reference_for_every_option() {
                         AdamW::new(params.clone(), cfg.lr)
                             .betas(cfg.beta1, cfg.beta2)
                             .eps(cfg.eps)
-                            .weight_decay(cfg.weight_decay),
+                            .weight_decay(cfg.weight_decay)
+                            .amsgrad(cfg.amsgrad),
                     )
                 } else {
                     Box::new(
                         Adam::new(params.clone(), cfg.lr)
                             .betas(cfg.beta1, cfg.beta2)
                             .eps(cfg.eps)
-                            .weight_decay(cfg.weight_decay),
+                            .weight_decay(cfg.weight_decay)
+                            .amsgrad(cfg.amsgrad),
                     )
                 };
                 let mut want = prob.init.clone();
@@ -175,15 +184,27 @@ fn adam_and_adamw_match_the_reference_for_every_option() {
                 let prefix = if cfg.decoupled { "adamw" } else { "adam" };
                 let state = opt.state_tensors();
                 let names: Vec<String> = state.iter().map(|(n, _)| n.clone()).collect();
+                let kinds: &[&str] = if cfg.amsgrad {
+                    &["m", "v", "max_v"]
+                } else {
+                    &["m", "v"]
+                };
                 let expected: Vec<String> = (0..3)
-                    .flat_map(|i| [format!("{prefix}.m.{i}"), format!("{prefix}.v.{i}")])
+                    .flat_map(|i| kinds.iter().map(move |k| format!("{prefix}.{k}.{i}")))
                     .collect();
                 assert_eq!(names, expected, "{what}");
                 for (j, (name, t)) in state.iter().enumerate() {
-                    let r = &st[j / 2];
-                    let want = if j % 2 == 0 { &r.m } else { &r.v };
+                    let r = &st[j / kinds.len()];
+                    let want = [&r.m, &r.v, &r.max_v][j % kinds.len()];
                     compare(t, want, dtype, 1e-3, &format!("{what}: {name}"));
                     assert_eq!((t.device(), t.dtype()), (&dev, dtype), "{what}: {name}");
+                }
+                // The maximum must matter somewhere (v fell below an earlier value) for amsgrad
+                // to be tested at all; with beta2 = 0.95 it does.
+                if cfg.amsgrad && cfg.beta2 < 0.99 {
+                    let below = st.iter().flat_map(|r| r.v.iter().zip(&r.max_v));
+                    let fell = below.filter(|(v, mx)| v < mx).count();
+                    assert!(fell > 10, "{what}: v fell below max_v at {fell} elements");
                 }
                 let hyper = opt.hyper_params();
                 assert_eq!(hyper["name"], prefix);

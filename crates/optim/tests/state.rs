@@ -33,8 +33,10 @@ fn build(kind: usize, params: Vec<Parameter>, tuned: bool) -> Box<dyn Optimizer>
                 .betas(0.85, 0.995)
                 .weight_decay(0.1),
         ),
+        (4, true) => Box::new(Adam::new(params, 0.02).betas(0.8, 0.9).amsgrad(true)),
+        (5, true) => Box::new(AdamW::new(params, 0.02).betas(0.5, 0.9).amsgrad(true)),
         (0 | 1, false) => Box::new(Sgd::new(params, 9.0)),
-        (2, false) => Box::new(Adam::new(params, 9.0)),
+        (2 | 4, false) => Box::new(Adam::new(params, 9.0)),
         _ => Box::new(AdamW::new(params, 9.0)),
     }
 }
@@ -54,7 +56,7 @@ fn save_load_resume_is_bit_exact() {
     let mut cases = 0;
     for dev in test_devices().unwrap() {
         for dtype in dtypes(&dev) {
-            for kind in 0..4 {
+            for kind in 0..6 {
                 let prob = Problem::new(300 + kind as u64, dtype, 5);
                 let what = format!("optimizer {kind} {dtype} on {dev}");
                 // Uninterrupted.
@@ -222,6 +224,21 @@ fn mismatched_state_is_an_error_listing_every_problem() {
     );
     let e = load_err(&mut fresh, &serde_json::json!([1, 2]), &tensors);
     assert!(e.contains("JSON object"), "{e}");
+    // amsgrad keeps max_v: missing when it is on, unexpected when it is off.
+    let mut h = hyper.clone();
+    h["amsgrad"] = true.into();
+    let e = load_err(&mut fresh, &h, &tensors);
+    assert!(
+        e.contains("2 problems") && e.contains("\"adam.max_v.0\" is missing (param_steps[0] = 2)"),
+        "{e}"
+    );
+    let mut extra = tensors.clone();
+    extra.push(("adam.max_v.1".into(), z(&[13])));
+    let e = load_err(&mut fresh, &hyper, &extra);
+    assert!(e.contains("unexpected tensor \"adam.max_v.1\""), "{e}");
+    h["amsgrad"] = "on".into();
+    let e = load_err(&mut fresh, &h, &tensors);
+    assert!(e.contains("\"amsgrad\" must be true or false"), "{e}");
 
     // Every failed load left the fresh optimizer as it was.
     assert_eq!(fresh.lr(), 0.5);
@@ -232,6 +249,12 @@ fn mismatched_state_is_an_error_listing_every_problem() {
     assert_eq!(fresh.lr(), 0.01);
     assert_eq!(fresh.param_steps(1), 2);
     assert_eq!(fresh.state_tensors().len(), 4);
+    // A checkpoint from before amsgrad (no key) loads with it off.
+    let mut old = hyper.clone();
+    old.as_object_mut().unwrap().remove("amsgrad");
+    let mut amsgrad = Adam::new(params.clone(), 0.5).amsgrad(true);
+    amsgrad.load_state(&old, &tensors).unwrap();
+    assert_eq!(amsgrad.hyper_params(), hyper);
 }
 
 #[test]

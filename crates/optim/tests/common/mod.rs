@@ -135,23 +135,27 @@ pub struct AdamCfg {
     pub beta2: f64,
     pub eps: f64,
     pub weight_decay: f64,
+    pub amsgrad: bool,
 }
 
-/// Moments and update count of one parameter in the reference.
+/// Moments, the running maximum of v (amsgrad) and update count of one parameter in the reference.
 #[derive(Clone, Debug, Default)]
 pub struct AdamRefState {
     pub m: Vec<f64>,
     pub v: Vec<f64>,
+    pub max_v: Vec<f64>,
     pub t: usize,
 }
 
 /// One Adam (or AdamW) step of one parameter, PyTorch's documented algorithm in f64:
-/// bias-corrected moments `m_hat = m / (1 - b1^t)`, `v_hat = v / (1 - b2^t)` and
+/// bias-corrected moments `m_hat = m / (1 - b1^t)`, `v_hat = v / (1 - b2^t)` (with amsgrad
+/// `max_v / (1 - b2^t)`, where `max_v` is the largest v so far) and
 /// `p -= lr * m_hat / (sqrt(v_hat) + eps)`.
 pub fn adam_ref(c: &AdamCfg, p: &mut [f64], g: &[f64], s: &mut AdamRefState) {
     if s.t == 0 {
         s.m = vec![0.0; p.len()];
         s.v = vec![0.0; p.len()];
+        s.max_v = vec![0.0; p.len()];
     }
     s.t += 1;
     let t = s.t as i32;
@@ -165,7 +169,9 @@ pub fn adam_ref(c: &AdamCfg, p: &mut [f64], g: &[f64], s: &mut AdamRefState) {
         s.m[j] = c.beta1 * s.m[j] + (1.0 - c.beta1) * gj;
         s.v[j] = c.beta2 * s.v[j] + (1.0 - c.beta2) * gj * gj;
         let m_hat = s.m[j] / (1.0 - c.beta1.powi(t));
-        let v_hat = s.v[j] / (1.0 - c.beta2.powi(t));
+        s.max_v[j] = s.max_v[j].max(s.v[j]);
+        let second = if c.amsgrad { s.max_v[j] } else { s.v[j] };
+        let v_hat = second / (1.0 - c.beta2.powi(t));
         p[j] -= c.lr * m_hat / (v_hat.sqrt() + c.eps);
     }
 }
