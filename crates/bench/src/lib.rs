@@ -1,5 +1,5 @@
 //! Shared pieces of the bench runner and the autotuner: device choice from the command line and wall-clock timing of enqueued work.
-use netcl_core_devices::{Device, Result};
+use netcl_core_devices::{Device, Error, Result};
 
 pub mod clblast;
 pub mod train;
@@ -11,6 +11,29 @@ pub fn device_from_args(args: &[String]) -> Result<Device> {
         Some(i) if i + 1 < args.len() => Device::parse(&args[i + 1]),
         _ => Device::best(),
     }
+}
+
+/// Checks `args` (the program name first) against `flags`, each taking one value: `Ok(false)`
+/// after printing `usage` for `--help`/`-h`, an error naming `program` for an unknown flag or a
+/// flag without its value, else `Ok(true)`.
+pub fn check_flags(args: &[String], program: &str, flags: &[&str], usage: &str) -> Result<bool> {
+    let mut it = args.iter().skip(1);
+    while let Some(a) = it.next() {
+        if a == "--help" || a == "-h" {
+            println!("{usage}");
+            return Ok(false);
+        }
+        if !flags.contains(&a.as_str()) {
+            return Err(Error::invalid(
+                program,
+                format!("unknown argument {a:?}; flags: {}", flags.join(", ")),
+            ));
+        }
+        if it.next().is_none() {
+            return Err(Error::invalid(program, format!("{a} needs a value")));
+        }
+    }
+    Ok(true)
 }
 
 /// The value after `flag` in `args`.

@@ -1,12 +1,18 @@
 //! netcl-autotune: measures GEMM tile candidates on the chosen device and writes the best into the user's tuning table.
-use netcl_bench::{device_from_args, flag_value, time_per_call};
+use netcl_bench::{check_flags, device_from_args, flag_value, time_per_call};
 use netcl_core_devices::{DType, Result};
 use netcl_kernels::tuning::{builtin_table, user_table_path, TuningEntry, TuningTable};
 use netcl_kernels::GemmTile;
 use netcl_ops::{Generator, MatmulOptions, Tensor};
 
+const USAGE: &str = "netcl-autotune [--device SPEC] [--size N]
+  Times GEMM tile candidates at N^3 (default 2048) and writes the best into the user's tuning table.";
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
+    if !check_flags(&args, "netcl-autotune", &["--device", "--size"], USAGE)? {
+        return Ok(());
+    }
     let dev = device_from_args(&args)?;
     let n: usize = flag_value(&args, "--size")
         .and_then(|s| s.parse().ok())

@@ -1,7 +1,7 @@
 //! netcl-bench: runs the benchmark workloads on one device and prints/writes their times (benches/reference/torch_bench.py runs the same with PyTorch).
 use netcl_bench::clblast::{max_abs_diff, ClBlast};
 use netcl_bench::train::TrainStep;
-use netcl_bench::{device_from_args, flag_value, time_per_call};
+use netcl_bench::{check_flags, device_from_args, flag_value, time_per_call};
 use netcl_core_devices::{DType, Device, Result};
 use netcl_ops::{fused, Expr, Generator, Tensor};
 use serde::Serialize;
@@ -272,10 +272,36 @@ impl Runner {
     }
 }
 
+const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train] [--sizes 1024,2048,4096] [--json FILE]
+  Times each workload (median of 5 batches, device synchronised around each) and prints
+  one line per workload; --json writes the records for benches/reference/torch_bench.py --netcl.
+  NETCL_CLBLAST=/path/libclblast.so adds CLBlast as the OpenCL GEMM peer.";
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
+    let flags = ["--device", "--suite", "--sizes", "--json"];
+    if !check_flags(&args, "netcl-bench", &flags, USAGE)? {
+        return Ok(());
+    }
     let dev = device_from_args(&args)?;
     let suite = flag_value(&args, "--suite").unwrap_or("all").to_string();
+    let suites = [
+        "gemm",
+        "elementwise",
+        "softmax",
+        "norm",
+        "embedding",
+        "train",
+    ];
+    if let Some(bad) = suite
+        .split(',')
+        .find(|s| *s != "all" && !suites.contains(s))
+    {
+        return Err(netcl_core_devices::Error::invalid(
+            "netcl-bench --suite",
+            format!("unknown suite {bad:?}; suites: all, {}", suites.join(", ")),
+        ));
+    }
     println!(
         "netcl-bench on {dev} ({} {})",
         dev.info().platform,
