@@ -29,7 +29,7 @@ pub mod prelude {
     };
     pub use netcl_ops::{Activation, Conv2dParams, Pool2dParams};
     pub use netcl_optim::{
-        clip_grad_norm, Adam, AdamW, ConstantLr, CosineWithWarmup, LrSchedule, Optimizer, Sgd,
-        StepLr,
+        clip_grad_norm, Adam, AdamW, ConstantLr, CosineWithWarmup, LrSchedule, Optimizer,
+        ParamGroup, Sgd, StepLr,
     };
 }

@@ -1,4 +1,5 @@
 //! Adam (L2 weight decay added to the gradient) and AdamW (decoupled weight decay) with PyTorch's update and bias correction; one multi-tensor fused kernel updates all parameters.
+use crate::groups::{Groups, ParamGroup};
 use crate::optimizer::{check_distinct, check_non_negative, require, Optimizer};
 use crate::state::{adopt, fail_on, match_tensors, state_name, Hyper};
 use netcl_autograd::Parameter;
@@ -38,6 +39,7 @@ struct AdamCore {
     eps: f64,
     weight_decay: f64,
     amsgrad: bool,
+    groups: Groups,
     state: Vec<Option<Moments>>,
     steps: usize,
 }
@@ -55,6 +57,7 @@ fn lerp(start: Expr, end: Expr, weight: f64) -> Expr {
 impl AdamCore {
     fn new(name: &'static str, decay: Decay, params: Vec<Parameter>, lr: f64, wd: f64) -> Self {
         let state = vec![None; params.len()];
+        let groups = Groups::new(params.len());
         AdamCore {
             name,
             decay,
@@ -64,6 +67,7 @@ impl AdamCore {
             eps: 1e-8,
             weight_decay: wd,
             amsgrad: false,
+            groups,
             state,
             steps: 0,
         }
@@ -74,6 +78,7 @@ impl AdamCore {
         check_non_negative(op, "lr", self.lr)?;
         check_non_negative(op, "eps", self.eps)?;
         check_non_negative(op, "weight_decay", self.weight_decay)?;
+        self.groups.check(op)?;
         let (b1, b2) = self.betas;
         require(
             op,
@@ -92,10 +97,18 @@ impl AdamCore {
         }
     }
 
+    /// Appends `params` as a group with its own settings (see [`ParamGroup`]).
+    fn add_group(&mut self, params: Vec<Parameter>, group: ParamGroup) {
+        self.groups.add(params.len(), group);
+        self.state.extend(params.iter().map(|_| None));
+        self.params.extend(params);
+    }
+
     /// The update of input 0 (p) with input 1 (grad), input 2 (m), input 3 (v) and, with
-    /// amsgrad, input 4 (max_v) at the parameter's update number `t` (from 1): outputs the new
-    /// m, v, max_v (amsgrad) and p.
-    fn update(&self, t: usize) -> Vec<Expr> {
+    /// amsgrad, input 4 (max_v) at the parameter's update number `t` (from 1) in parameter group
+    /// `group`: outputs the new m, v, max_v (amsgrad) and p.
+    fn update(&self, t: usize, group: usize) -> Vec<Expr> {
+        let (lr, wd) = self.groups.settings(group, self.lr, self.weight_decay);
         let (b1, b2) = self.betas;
         let (p, g, m, v) = (
             Expr::input(0),
@@ -103,14 +116,13 @@ impl AdamCore {
             Expr::input(2),
             Expr::input(3),
         );
-        let wd = self.weight_decay;
         let g = if self.decay == Decay::L2 && wd != 0.0 {
             g + p.clone() * wd
         } else {
             g
         };
         let p = if self.decay == Decay::Decoupled && wd != 0.0 {
-            p * (1.0 - self.lr * wd)
+            p * (1.0 - lr * wd)
         } else {
             p
         };
@@ -118,7 +130,7 @@ impl AdamCore {
         let new_v = v * b2 + (1.0 - b2) * g.clone() * g;
         let new_max = self.amsgrad.then(|| Expr::input(4).max(new_v.clone()));
         let t = t as f64;
-        let step_size = self.lr / (1.0 - b1.powf(t));
+        let step_size = lr / (1.0 - b1.powf(t));
         let bc2_sqrt = (1.0 - b2.powf(t)).sqrt();
         let second = new_max.clone().unwrap_or_else(|| new_v.clone());
         let denom = second.sqrt() / bc2_sqrt + self.eps;
@@ -131,8 +143,9 @@ impl AdamCore {
     }
 
     /// Updates every parameter that has a gradient: one `fused_into_groups` call per distinct
-    /// update number (normally one: all parameters got their first gradient together), which is
-    /// one kernel launch per device and dtype for up to `FUSED_MAX_GROUPS` parameters.
+    /// update number and parameter group (normally one: all parameters got their first gradient
+    /// together), which is one kernel launch per device and dtype for up to `FUSED_MAX_GROUPS`
+    /// parameters.
     fn step(&mut self) -> Result<()> {
         self.check(&format!("{}.step", self.name))?;
         // (parameter index, gradient, state before the step), ordered by update number.
@@ -156,10 +169,11 @@ impl AdamCore {
             };
             members.push((i, g, Moments { max_v, ..s }));
         }
-        members.sort_by_key(|(_, _, s)| s.step);
-        for same in members.chunk_by(|a, b| a.2.step == b.2.step) {
+        let key = |(i, _, s): &(usize, Tensor, Moments)| (s.step, self.groups.of(*i));
+        members.sort_by_key(key);
+        for same in members.chunk_by(|a, b| key(a) == key(b)) {
             let t = same[0].2.step + 1;
-            let exprs = self.update(t);
+            let exprs = self.update(t, self.groups.of(same[0].0));
             // p, grad, m, v, max_v: (n...) per parameter; all but grad are updated in place.
             let groups: Vec<FusedGroup> = same
                 .iter()
@@ -215,6 +229,7 @@ impl AdamCore {
             "eps": self.eps,
             "weight_decay": self.weight_decay,
             "amsgrad": self.amsgrad,
+            "groups": self.groups.to_json(),
             "step": self.steps,
             "param_steps": param_steps,
         })
@@ -234,6 +249,7 @@ impl AdamCore {
         next.eps = h.f64("eps")?;
         // Checkpoints from before amsgrad existed have no key: it was off.
         next.amsgrad = h.bool_or("amsgrad", false)?;
+        next.groups = self.groups.load(&h)?;
         next.steps = h.usize("step")?;
         let param_steps = h.usize_list("param_steps", n)?;
         next.check(h.op())?;
@@ -301,6 +317,12 @@ macro_rules! adam_type {
                 self.0.amsgrad = on;
                 self
             }
+            /// Appends `params` as a parameter group with its own learning-rate scale and
+            /// weight decay (PyTorch's `param_groups`; see [`ParamGroup`]).
+            pub fn add_group(mut self, params: Vec<Parameter>, group: ParamGroup) -> $ty {
+                self.0.add_group(params, group);
+                self
+            }
             /// How many `step` calls have completed.
             pub fn steps(&self) -> usize {
                 self.0.steps
@@ -327,7 +349,7 @@ macro_rules! adam_type {
             fn state_tensors(&self) -> Vec<(String, Tensor)> {
                 self.0.state_tensors()
             }
-            #[doc = concat!("Keys: name (\"", $name, "\"), num_params, lr, betas ([beta1, beta2]), eps, weight_decay, amsgrad, step (completed `step` calls), param_steps (updates per parameter; 0 = no state).")]
+            #[doc = concat!("Keys: name (\"", $name, "\"), num_params, lr, betas ([beta1, beta2]), eps, weight_decay, amsgrad, groups (added parameter groups: lr_scale, weight_decay or null, params), step (completed `step` calls), param_steps (updates per parameter; 0 = no state).")]
             fn hyper_params(&self) -> Value {
                 self.0.hyper_params()
             }

@@ -1,6 +1,7 @@
-//! netcl-optim: SGD, Adam and AdamW (one multi-tensor fused update kernel for all parameters, state save/load), gradient-norm clipping and learning-rate schedules.
+//! netcl-optim: SGD, Adam and AdamW (one multi-tensor fused update kernel for all parameters, parameter groups, state save/load), gradient-norm clipping and learning-rate schedules.
 mod adam;
 mod clip;
+mod groups;
 mod optimizer;
 mod schedule;
 mod sgd;
@@ -8,6 +9,7 @@ mod state;
 
 pub use adam::{Adam, AdamW};
 pub use clip::{clip_grad_norm, clip_grad_norm_on_device, grad_norm};
+pub use groups::ParamGroup;
 pub use optimizer::Optimizer;
 pub use schedule::{ConstantLr, CosineWithWarmup, LrSchedule, StepLr};
 pub use sgd::Sgd;

@@ -1,4 +1,5 @@
 //! SGD with momentum, dampening, Nesterov and L2 weight decay (PyTorch's `torch.optim.SGD` update); one multi-tensor fused kernel updates all parameters.
+use crate::groups::{Groups, ParamGroup};
 use crate::optimizer::{check_distinct, check_non_negative, require, Optimizer};
 use crate::state::{adopt, fail_on, match_tensors, state_name, Hyper};
 use netcl_autograd::Parameter;
@@ -27,6 +28,7 @@ pub struct Sgd {
     dampening: f64,
     nesterov: bool,
     weight_decay: f64,
+    groups: Groups,
     buffers: Vec<Option<Tensor>>,
     steps: usize,
 }
@@ -35,6 +37,7 @@ impl Sgd {
     /// Plain SGD (no momentum, no weight decay) over `params` with learning rate `lr`.
     pub fn new(params: Vec<Parameter>, lr: f64) -> Sgd {
         let buffers = vec![None; params.len()];
+        let groups = Groups::new(params.len());
         Sgd {
             params,
             lr,
@@ -42,6 +45,7 @@ impl Sgd {
             dampening: 0.0,
             nesterov: false,
             weight_decay: 0.0,
+            groups,
             buffers,
             steps: 0,
         }
@@ -65,6 +69,15 @@ impl Sgd {
         self
     }
 
+    /// Appends `params` as a parameter group with its own learning-rate scale and weight decay
+    /// (PyTorch's `param_groups`; see [`ParamGroup`]).
+    pub fn add_group(mut self, params: Vec<Parameter>, group: ParamGroup) -> Sgd {
+        self.groups.add(params.len(), group);
+        self.buffers.extend(params.iter().map(|_| None));
+        self.params.extend(params);
+        self
+    }
+
     /// How many `step` calls have completed.
     pub fn steps(&self) -> usize {
         self.steps
@@ -75,6 +88,7 @@ impl Sgd {
         check_non_negative(op, "lr", self.lr)?;
         check_non_negative(op, "momentum", self.momentum)?;
         check_non_negative(op, "weight_decay", self.weight_decay)?;
+        self.groups.check(op)?;
         require(op, self.dampening.is_finite(), || {
             format!("dampening must be finite, got {}", self.dampening)
         })?;
@@ -92,16 +106,14 @@ impl Sgd {
     }
 
     /// The update of input 0 (p) with input 1 (grad) and, with momentum, input 2 (buf): the new
-    /// buf (with momentum) and the new p. `first` selects the buffer's initialisation.
-    fn update(&self, first: bool) -> (Option<Expr>, Expr) {
+    /// buf (with momentum) and the new p, in parameter group `group`. `first` selects the
+    /// buffer's initialisation.
+    fn update(&self, first: bool, group: usize) -> (Option<Expr>, Expr) {
+        let (lr, wd) = self.groups.settings(group, self.lr, self.weight_decay);
         let (p, g) = (Expr::input(0), Expr::input(1));
-        let d = if self.weight_decay != 0.0 {
-            g + p.clone() * self.weight_decay
-        } else {
-            g
-        };
+        let d = if wd != 0.0 { g + p.clone() * wd } else { g };
         if self.momentum == 0.0 {
-            return (None, p - d * self.lr);
+            return (None, p - d * lr);
         }
         let buf = Expr::input(2);
         let decayed = buf * self.momentum + d.clone() * (1.0 - self.dampening);
@@ -112,14 +124,14 @@ impl Sgd {
         } else {
             new_buf.clone()
         };
-        (Some(new_buf), p - dir * self.lr)
+        (Some(new_buf), p - dir * lr)
     }
 }
 
 impl Optimizer for Sgd {
     /// Updates every parameter that has a gradient through `fused_into_groups`: one call per
-    /// form of the update (each one kernel launch per device and dtype for up to
-    /// `FUSED_MAX_GROUPS` parameters).
+    /// form of the update and parameter group (each one kernel launch per device and dtype for
+    /// up to `FUSED_MAX_GROUPS` parameters).
     fn step(&mut self) -> Result<()> {
         self.check("sgd.step")?;
         let grads: Vec<(usize, Tensor)> = (self.params.iter().enumerate())
@@ -140,11 +152,16 @@ impl Optimizer for Sgd {
                 }
             }
         }
-        for (first, members) in [(true, starting), (false, running)] {
-            if members.is_empty() {
-                continue;
+        let group = |m: &(usize, &Tensor, Option<Tensor>)| self.groups.of(m.0);
+        let mut forms = Vec::new();
+        for (first, mut members) in [(true, starting), (false, running)] {
+            members.sort_by_key(group);
+            for same in members.chunk_by(|a, b| group(a) == group(b)) {
+                forms.push((first, same.to_vec()));
             }
-            let (new_buf, new_p) = self.update(first);
+        }
+        for (first, members) in forms {
+            let (new_buf, new_p) = self.update(first, group(&members[0]));
             let exprs: Vec<Expr> = new_buf.into_iter().chain([new_p]).collect();
             // p: (n...) updated in place; grad: (n...); buf: (n...) updated in place.
             let groups: Vec<FusedGroup> = members
@@ -184,7 +201,8 @@ impl Optimizer for Sgd {
             .collect()
     }
 
-    /// Keys: name ("sgd"), num_params, lr, momentum, dampening, nesterov, weight_decay, step.
+    /// Keys: name ("sgd"), num_params, lr, momentum, dampening, nesterov, weight_decay, groups
+    /// (added parameter groups: lr_scale, weight_decay or null, params), step.
     fn hyper_params(&self) -> Value {
         json!({
             "name": NAME,
@@ -194,6 +212,7 @@ impl Optimizer for Sgd {
             "dampening": self.dampening,
             "nesterov": self.nesterov,
             "weight_decay": self.weight_decay,
+            "groups": self.groups.to_json(),
             "step": self.steps,
         })
     }
@@ -206,6 +225,7 @@ impl Optimizer for Sgd {
             .nesterov(h.bool("nesterov")?)
             .weight_decay(h.f64("weight_decay")?);
         next.steps = h.usize("step")?;
+        next.groups = self.groups.load(&h)?;
         next.check(h.op())?;
         let matched = match_tensors(NAME, &KINDS, &self.params, tensors);
         fail_on(h.op(), &matched.problems)?;

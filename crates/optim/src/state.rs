@@ -55,7 +55,12 @@ impl<'a> Hyper<'a> {
             .ok_or_else(|| Error::format(&self.op, format!("hyper-parameter {key:?} is missing")))
     }
 
-    fn wrong(&self, key: &str, want: &str, got: &Value) -> Error {
+    /// `key`'s value, if present.
+    pub(crate) fn raw(&self, key: &str) -> Option<&'a Value> {
+        self.value.get(key)
+    }
+
+    pub(crate) fn wrong(&self, key: &str, want: &str, got: &Value) -> Error {
         Error::format(
             &self.op,
             format!("hyper-parameter {key:?} must be {want}, got {got}"),
