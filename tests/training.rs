@@ -67,6 +67,84 @@ fn mlp_learns_the_shipped_subset() {
 }
 
 #[test]
+fn half_precision_parameters_train() {
+    // f16 and bf16 storage (f32 arithmetic inside the kernels): parameters, activations,
+    // gradients and Adam's state all in the half type, as a user who builds the model in it gets.
+    // Half types are storage only (vload_half / bit ops): every device runs both.
+    let data = FashionMnist::embedded_subset().unwrap();
+    let builder = BatchBuilder::new(ImageLayout::Flat);
+    let mut devices = vec![Device::host()];
+    devices.extend(opencl_test_devices().unwrap().into_iter().take(1));
+    for (dev, dtype) in devices
+        .iter()
+        .flat_map(|d| [(d.clone(), DType::F16), (d.clone(), DType::BF16)])
+    {
+        let upload = |images: &[u8], labels: &[u8]| {
+            DeviceData::upload(&builder, images, labels, &dev).unwrap()
+        };
+        let train = upload(&data.train_images, &data.train_labels);
+        let test = upload(&data.test_images, &data.test_labels);
+        let mut g = Generator::new(5);
+        let layer = |i, o, g: &mut Generator| {
+            Linear::with_init(i, o, true, Init::KaimingUniform, dtype, &dev, g).unwrap()
+        };
+        let model = Sequential::new()
+            .with(layer(784, 64, &mut g))
+            .with(ReLU)
+            .with(layer(64, 10, &mut g));
+        let mut opt = Adam::new(model.parameters(), 2e-3).eps(1e-4);
+        let mut epoch_losses = Vec::new();
+        for epoch in 0..4 {
+            let mut meter = Meter::new(&dev).unwrap();
+            let order = Batches::new(train.len(), 64, Some(epoch)).unwrap();
+            for batch in train.batches(&order).unwrap() {
+                let (x, y) = batch.unwrap();
+                let tape = Tape::new();
+                let x = Var::from(x.to_dtype(dtype).unwrap());
+                let logits = model.forward(&tape, &x).unwrap();
+                assert_eq!(logits.dtype(), dtype);
+                let loss = cross_entropy(&logits, &y).unwrap();
+                tape.backward(&loss).unwrap();
+                opt.step().unwrap();
+                opt.zero_grad();
+                meter.add(&loss, &logits, &y).unwrap();
+            }
+            epoch_losses.push(meter.read().unwrap().0);
+        }
+        let mut hits = 0.0;
+        for batch in test
+            .batches(&Batches::new(test.len(), 500, None).unwrap())
+            .unwrap()
+        {
+            let (x, y) = batch.unwrap();
+            let x = Var::from(x.to_dtype(dtype).unwrap());
+            let logits = model.forward(&Tape::no_grad(), &x).unwrap();
+            let pred = logits.value().argmax(&[1], false).unwrap();
+            hits += pred
+                .eq(&y)
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_vec_f64()
+                .unwrap()[0];
+        }
+        let acc = hits / test.len() as f64;
+        println!("{dtype} on {dev}: epoch losses {epoch_losses:?}, test accuracy {acc}");
+        assert!(
+            epoch_losses.iter().all(|l| l.is_finite()),
+            "{dtype}: {epoch_losses:?}"
+        );
+        assert!(
+            epoch_losses[3] < 0.7 * epoch_losses[0],
+            "{dtype}: {epoch_losses:?}"
+        );
+        assert!(acc > 0.7, "{dtype}: test accuracy {acc}");
+    }
+}
+
+#[test]
 fn a_profiled_training_step_is_a_valid_chrome_trace() {
     let dev = device();
     let model = mlp(&dev);
