@@ -56,6 +56,13 @@ impl std::fmt::Debug for Var {
     }
 }
 
+/// The value, as [`Tensor`]'s `{}` prints it.
+impl std::fmt::Display for Var {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.value, f)
+    }
+}
+
 impl From<Tensor> for Var {
     fn from(t: Tensor) -> Var {
         Var::constant(t)

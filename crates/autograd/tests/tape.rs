@@ -85,3 +85,23 @@ fn seeded_backward_of_a_non_scalar() {
         );
     }
 }
+
+#[test]
+fn vars_print_their_values() {
+    for dev in test_devices().unwrap() {
+        let tape = Tape::new();
+        let w = Parameter::new(t(&dev, &[1.0, -2.5], &[2])).unwrap();
+        let loss = tape
+            .param(&w)
+            .mul(&tape.param(&w))
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        let label = dev.to_string();
+        assert_eq!(loss.to_string(), format!("tensor(7.2500, f32, {label})"));
+        assert_eq!(
+            format!("{}", tape.param(&w)),
+            format!("tensor([ 1.0000, -2.5000], f32, {label})")
+        );
+    }
+}
