@@ -186,6 +186,17 @@ fn launch(
     })
 }
 
+/// Kernel `op` over a new contiguous tensor of `shape` from `src` (read through its view), one
+/// work-item per output element; nothing is launched for an empty output.
+fn launch_from(src: &Tensor, op: &str, shape: &[usize], g: &Geom) -> Result<Tensor> {
+    let out = Tensor::alloc(shape, src.dtype, &src.device)?;
+    if out.numel() > 0 {
+        let v = View4::of(op, src)?;
+        launch(src, op, out.numel(), &[&out, src], &[v], g.cl(op)?)?;
+    }
+    Ok(out)
+}
+
 fn host_tensor(dtype: DType, v: Vec<f64>, shape: &[usize]) -> Tensor {
     Tensor::from_host_data(HostData::from_fn(dtype, v.len(), |i| v[i]), shape)
 }
@@ -307,12 +318,7 @@ impl Tensor {
             });
             return Ok(host_tensor(self.dtype, y, &out));
         }
-        let y = Tensor::alloc(&out, self.dtype, &self.device)?;
-        if y.numel() > 0 {
-            let v = View4::of(op, self)?;
-            launch(self, op, y.numel(), &[&y, self], &[v], g.cl(op)?)?;
-        }
-        Ok(y)
+        launch_from(self, op, &out, &g)
     }
 
     /// The gradient of `avg_pool2d` for an input of `input_shape`.
@@ -338,12 +344,7 @@ impl Tensor {
             });
             return Ok(host_tensor(grad_y.dtype, dx, &shape));
         }
-        let dx = Tensor::alloc(&shape, grad_y.dtype, &grad_y.device)?;
-        if dx.numel() > 0 {
-            let gv = View4::of(op, grad_y)?;
-            launch(grad_y, op, dx.numel(), &[&dx, grad_y], &[gv], g.cl(op)?)?;
-        }
-        Ok(dx)
+        launch_from(grad_y, op, &shape, &g)
     }
 
     /// Adaptive average pooling to (oh, ow): output (i, j) averages rows
@@ -363,12 +364,7 @@ impl Tensor {
             });
             return Ok(host_tensor(self.dtype, y, &out));
         }
-        let y = Tensor::alloc(&out, self.dtype, &self.device)?;
-        if y.numel() > 0 {
-            let v = View4::of(op, self)?;
-            launch(self, op, y.numel(), &[&y, self], &[v], g.cl(op)?)?;
-        }
-        Ok(y)
+        launch_from(self, op, &out, &g)
     }
 
     /// The gradient of `adaptive_avg_pool2d` for an input of `input_shape`.
@@ -412,12 +408,7 @@ impl Tensor {
             });
             return Ok(host_tensor(grad_y.dtype, dx, &shape));
         }
-        let dx = Tensor::alloc(&shape, grad_y.dtype, &grad_y.device)?;
-        if dx.numel() > 0 {
-            let gv = View4::of(op, grad_y)?;
-            launch(grad_y, op, dx.numel(), &[&dx, grad_y], &[gv], g.cl(op)?)?;
-        }
-        Ok(dx)
+        launch_from(grad_y, op, &shape, &g)
     }
 }
 

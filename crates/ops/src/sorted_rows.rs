@@ -51,6 +51,18 @@ pub(crate) fn as_matrix(t: &Tensor, split: usize) -> Result<Tensor> {
     }
 }
 
+/// Strides and offset of the 2-D view `m` as the kernel takes them, checked to fit 32 bits.
+fn matrix_view(op: &str, m: &Tensor) -> Result<([u32; 2], u32)> {
+    check_reach(op, &m.shape, &m.strides, m.offset)?;
+    Ok((
+        [
+            u32_arg(op, "stride", m.strides[0])?,
+            u32_arg(op, "stride", m.strides[1])?,
+        ],
+        u32_arg(op, "offset", m.offset)?,
+    ))
+}
+
 /// On an OpenCL device: an output of `shape` (`[V, ..]`, D elements per row) that is `x` (or
 /// zeros) plus row j of `src` (`[N, ..]`, any strides) added at row `idx[j]`, for the 1-D i32
 /// `idx` of N (already checked against V where it was read back; other out-of-range indices
@@ -75,27 +87,19 @@ pub(crate) fn sorted_row_add(
     let (keys, perm) = idx.sort_stable()?;
     let src = as_matrix(src, 1)?;
     let (n, d) = (src.shape[0], src.shape[1]);
-    check_reach(op, &src.shape, &src.strides, src.offset)?;
+    let (src_stride, src_offset) = matrix_view(op, &src)?;
     let mut l = RowAddLayout {
         d: u32_arg(op, "row length", d)?,
         nkeys: u32_arg(op, "indices", n)?,
         zero_init: x.is_none() as u32,
         x_stride: [0; 2],
         x_offset: 0,
-        src_stride: [
-            u32_arg(op, "stride", src.strides[0])?,
-            u32_arg(op, "stride", src.strides[1])?,
-        ],
-        src_offset: u32_arg(op, "offset", src.offset)?,
+        src_stride,
+        src_offset,
     };
     let x = x.map(|x| as_matrix(x, 1)).transpose()?;
     if let Some(x) = &x {
-        check_reach(op, &x.shape, &x.strides, x.offset)?;
-        l.x_stride = [
-            u32_arg(op, "stride", x.strides[0])?,
-            u32_arg(op, "stride", x.strides[1])?,
-        ];
-        l.x_offset = u32_arg(op, "offset", x.offset)?;
+        (l.x_stride, l.x_offset) = matrix_view(op, x)?;
     }
     let size = src.dtype.size();
     // Outputs written (and x read), src rows read once, keys and positions read.

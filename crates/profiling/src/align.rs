@@ -99,17 +99,16 @@ pub(crate) fn align_devices(
             kernels
                 .iter()
                 .zip(raw)
-                .filter(|(k, r)| k.device == d.ordinal && r.is_some())
+                .filter_map(|(k, r)| Some((k, (*r)?)))
+                .filter(|(k, _)| k.device == d.ordinal)
         };
         // Mixed QUEUED support cannot happen on one queue; treat a partial set as none.
-        let all_queued = mine().all(|(_, r)| r.is_some_and(|r| r.queued.is_some()));
+        let all_queued = mine().all(|(_, r)| r.queued.is_some());
         let as_used = |r: &RawTimes| RawTimes {
             queued: r.queued.filter(|_| all_queued),
             ..*r
         };
-        let mut bounds: Vec<Bound> = mine()
-            .map(|(k, r)| bound(k, &as_used(&r.unwrap())))
-            .collect();
+        let mut bounds: Vec<Bound> = mine().map(|(k, r)| bound(k, &as_used(&r))).collect();
         if bounds.is_empty() {
             d.offset_ns = 0;
             continue;
