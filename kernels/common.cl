@@ -301,3 +301,13 @@ inline uint4 philox4x32_10(uint4 c, uint2 k) {
     }
     return c;
 }
+
+// Records the first bad index a kernel meets in its device's error record (ops/device_errors.rs):
+// err = {op code, position, value, bound}; the host reads it at the next read from the device.
+inline void report_index(__global int* err, int code, uint pos, int value, uint bound) {
+    if (atomic_cmpxchg(err, 0, code) == 0) {
+        err[1] = (int)pos;
+        err[2] = value;
+        err[3] = (int)bound;
+    }
+}

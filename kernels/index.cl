@@ -8,7 +8,10 @@ __kernel void gather_rows(__global T* out,          /* layout operand 0: (n), co
                           __global const int* idx,  /* layout operand 2: the index of each output element */
                           uint stride,              /* source stride of the indexed dim */
                           uint bound,               /* source size of the indexed dim */
-                          Layout l, uint n) {
+                          Layout l,
+                          __global int* err,        /* (4): the device's error record */
+                          int code,                 /* op code for the error record */
+                          uint n) {
     uint i = get_global_id(0);
     if (i >= n) return;
     uint3 o = layout_offsets(&l, i);
@@ -17,6 +20,7 @@ __kernel void gather_rows(__global T* out,          /* layout operand 0: (n), co
         STORE(out, o.x, LOAD(src, o.y + (uint)r * stride));
     } else {
         STORE(out, o.x, (ACC)0);
+        report_index(err, code, o.z, r, bound);
     }
 }
 
@@ -42,7 +46,10 @@ __kernel void scatter_add(__global T* out,          /* (n): contiguous, shape l.
                           __global const T* x,      /* l.shape with l.x_stride (unread when zero_init) */
                           __global const int* idx,  /* l.idx_shape with l.idx_stride */
                           __global const T* src,    /* l.idx_shape with l.src_stride */
-                          ScatterLayout l, uint n) {
+                          ScatterLayout l,
+                          __global int* err,        /* (4): the device's error record */
+                          int code,                 /* op code for the error record */
+                          uint n) {
     uint i = get_global_id(0);
     if (i >= n) return;
     uint rem = i, xo = l.x_offset, io = l.idx_offset, so = l.src_offset, target = 0;
@@ -63,8 +70,11 @@ __kernel void scatter_add(__global T* out,          /* (n): contiguous, shape l.
     ACC acc = l.zero_init ? (ACC)0 : LOAD(x, xo);
     if (inside) {
         uint m = l.idx_shape[l.dim], is = l.idx_stride[l.dim], ss = l.src_stride[l.dim];
+        uint bound = l.shape[l.dim];
         for (uint j = 0; j < m; ++j) {
-            if (idx[io + j * is] == (int)target) acc += LOAD(src, so + j * ss);
+            int v = idx[io + j * is];
+            if (v == (int)target) acc += LOAD(src, so + j * ss);
+            else if (v < 0 || (uint)v >= bound) report_index(err, code, io + j * is, v, bound);
         }
     }
     STORE(out, i, acc);

@@ -85,9 +85,11 @@ inline int ce_target(const CeLayout* a, __global const int* tgt, uint i, int* ig
 
 // Loss of row i with logsumexp l: l - x[target]; 0 for ignored rows, NaN for a bad target.
 inline void ce_write(__global ACC* loss, __global ACC* lse, __global const T* x,
-                     __global const int* tgt, const CeLayout* a, uint i, ACC l) {
+                     __global const int* tgt, const CeLayout* a, uint i, ACC l,
+                     __global int* err, int code) {
     int ignored, bad;
     int t = ce_target(a, tgt, i, &ignored, &bad);
+    if (bad && !ignored) report_index(err, code, i, t, a->c);
     loss[i] = ignored ? (ACC)0 : bad ? (ACC)NAN : l - LOAD(x, a->xoff + i * a->xr + (uint)t * a->xc);
     lse[i] = l;
 }
@@ -125,14 +127,16 @@ __kernel void cross_entropy_fwd(__global ACC* loss,        /* (N) */
                                 __global ACC* lse,         /* (N) */
                                 __global const T* x,       /* (N, C) through a */
                                 __global const int* tgt,   /* (N) through a */
-                                CeLayout a) {
+                                CeLayout a,
+                                __global int* err,         /* (4): the device's error record */
+                                int code) {
     __local ms_t sh[SM_GROUP];
     uint i = get_group_id(0), lid = get_local_id(0), L = get_local_size(0);
     uint row = a.xoff + i * a.xr;
     ms_t s = ms_empty();
     for (uint j = lid; j < a.c; j += L) s = ms_add(s, LOAD(x, row + j * a.xc));
     s = ms_team(s, sh, L);
-    if (lid == 0) ce_write(loss, lse, x, tgt, &a, i, s.m + log(s.s));
+    if (lid == 0) ce_write(loss, lse, x, tgt, &a, i, s.m + log(s.s), err, code);
 }
 
 #ifdef ROW_NV
@@ -184,13 +188,15 @@ __kernel void cross_entropy_rows(__global ACC* loss,       /* (N) */
                                  __global ACC* lse,        /* (N) */
                                  __global const T* x,      /* (N, C) through a, xc == 1 */
                                  __global const int* tgt,  /* (N) through a */
-                                 CeLayout a, uint team) {
+                                 CeLayout a,
+                                 __global int* err,        /* (4): the device's error record */
+                                 int code, uint team) {
     __local ACC sh[SM_GROUP];
     rowpos_t r = row_pos(a.c, a.n, team);
     row_t v[ROW_NV];
     row_load(v, x, a.xoff + min(r.row, a.n - 1) * a.xr, r);
     ms_t st = row_ms(v, 0, r, sh);
-    if (r.lane == 0 && r.row < a.n) ce_write(loss, lse, x, tgt, &a, r.row, st.m + log(st.s));
+    if (r.lane == 0 && r.row < a.n) ce_write(loss, lse, x, tgt, &a, r.row, st.m + log(st.s), err, code);
 }
 
 // Gradient of softmax_rows from its output y and the upstream dy, both held in registers:

@@ -62,10 +62,10 @@ pub fn gradcheck(
             if t.dtype().is_float() {
                 tape.leaf(t)
             } else {
-                Var::constant(t.clone())
+                Ok(Var::constant(t.clone()))
             }
         })
-        .collect();
+        .collect::<Result<_>>()?;
     let out = f(&vars)?;
     if out.dtype() != DType::F64 {
         return Err(Error::dtype(

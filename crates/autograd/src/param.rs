@@ -100,15 +100,23 @@ impl Parameter {
     /// Add `g` to the gradient. Gradients are never updated in place, because backward rules may
     /// hand the same tensor to several inputs.
     pub fn accumulate_grad(&self, g: &Tensor) -> Result<()> {
-        self.check_like("Parameter::accumulate_grad", g, "grad")?;
-        let mut slot = self.slot();
-        let next = match slot.take() {
-            None if g.is_contiguous() => g.clone(),
-            None => g.contiguous()?,
-            Some(old) => old.add(g)?,
-        };
-        *slot = Some(next);
+        let next = self.accumulated(g)?;
+        *self.slot() = Some(next);
         Ok(())
+    }
+    /// The gradient `accumulate_grad(g)` would leave, computed without changing anything (so a
+    /// backward pass can compute every parameter's before it changes any).
+    pub(crate) fn accumulated(&self, g: &Tensor) -> Result<Tensor> {
+        self.check_like("Parameter::accumulate_grad", g, "grad")?;
+        match self.grad() {
+            None if g.is_contiguous() => Ok(g.clone()),
+            None => g.contiguous(),
+            Some(old) => old.add(g),
+        }
+    }
+    /// Installs a gradient made by [`Parameter::accumulated`].
+    pub(crate) fn put_grad(&self, g: Tensor) {
+        *self.slot() = Some(g);
     }
     /// Copy `src` (any device, same shape; cast to the parameter's dtype) into the value's storage.
     pub fn assign(&self, src: &Tensor) -> Result<()> {

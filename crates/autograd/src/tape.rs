@@ -1,6 +1,6 @@
 //! Tape and Var: ops on Vars record a backward closure on the tape; `backward` runs them in reverse.
 use crate::param::Parameter;
-use netcl_ops::{DType, Device, Error, Result, Tensor};
+use netcl_ops::{DType, Device, Error, Result, Tensor, VersionWatch};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -19,6 +19,28 @@ struct Node {
     param: Option<Parameter>,
     shape: Vec<usize>,
     dtype: DType,
+    /// The versions of the op's input values and output when it was recorded: a backward rule
+    /// may read any of them, so backward refuses to run if one was written in place since.
+    watched: Vec<Watched>,
+}
+
+/// One value a node's backward rule may read: input `index` (None: the output) and its version.
+struct Watched {
+    index: Option<usize>,
+    dtype: DType,
+    shape: Vec<usize>,
+    version: VersionWatch,
+}
+
+impl Watched {
+    fn of(index: Option<usize>, t: &Tensor) -> Watched {
+        Watched {
+            index,
+            dtype: t.dtype(),
+            shape: t.shape().to_vec(),
+            version: t.watch_version(),
+        }
+    }
 }
 
 struct Inner {
@@ -199,6 +221,7 @@ impl Tape {
             param,
             shape: value.shape().to_vec(),
             dtype: value.dtype(),
+            watched: Vec::new(),
         }
     }
 
@@ -228,15 +251,27 @@ impl Tape {
     }
 
     /// A leaf whose gradient `backward` returns in its `Gradients` (for gradient checks and
-    /// input gradients); a constant when the tape does not record.
-    pub fn leaf(&self, value: &Tensor) -> Var {
-        if !self.0.enabled {
-            return Var::constant(value.clone());
+    /// input gradients); a constant when the tape does not record. Only floating-point values
+    /// have gradients: an integer `value` is an error (as in PyTorch).
+    pub fn leaf(&self, value: &Tensor) -> Result<Var> {
+        if !value.dtype().is_float() {
+            return Err(Error::dtype(
+                "Tape::leaf",
+                format!(
+                    "value is {} {:?}; only floating-point values can have gradients (cast it \
+                     with to_dtype first)",
+                    value.dtype(),
+                    value.shape()
+                ),
+            ));
         }
-        Var {
+        if !self.0.enabled {
+            return Ok(Var::constant(value.clone()));
+        }
+        Ok(Var {
             value: value.clone(),
             node: Some(self.push(Tape::leaf_node(value, None))),
-        }
+        })
     }
 
     /// Gradients of a scalar `output` (one element) into every parameter and leaf it depends on.
@@ -288,14 +323,18 @@ impl Tape {
         self.0.params.borrow_mut().clear();
         self.0.generation.set(generation + 1);
 
+        check_versions(&nodes, root.id)?;
         let mut grads: Vec<Option<Tensor>> = (0..nodes.len()).map(|_| None).collect();
         grads[root.id] = Some(seed);
         let mut leaf_grads = HashMap::new();
+        // Parameters' gradients are added only once every rule has run, so an error part-way
+        // (out of memory, say) leaves every parameter's gradient as it was.
+        let mut param_grads = Vec::new();
         for id in (0..=root.id).rev() {
             let Some(g) = grads[id].take() else { continue };
             let node = &mut nodes[id];
             if let Some(p) = &node.param {
-                p.accumulate_grad(&g)?;
+                param_grads.push((p.clone(), g));
                 continue;
             }
             let Some(backward) = node.backward.take() else {
@@ -341,6 +380,13 @@ impl Tape {
                 });
             }
         }
+        let totals = param_grads
+            .iter()
+            .map(|(p, g)| p.accumulated(g))
+            .collect::<Result<Vec<_>>>()?;
+        for ((p, _), total) in param_grads.iter().zip(totals) {
+            p.put_grad(total);
+        }
         Ok(Gradients {
             generation,
             tape: self.clone(),
@@ -363,6 +409,44 @@ impl Tape {
         }
         Ok(())
     }
+}
+
+/// Error if a value that a rule on the path from `root` may read was written in place after it
+/// was recorded (PyTorch's version-counter check): its gradient would silently be wrong.
+fn check_versions(nodes: &[Node], root: usize) -> Result<()> {
+    let mut reached = vec![false; root + 1];
+    reached[root] = true;
+    for id in (0..=root).rev() {
+        if !reached[id] {
+            continue;
+        }
+        let node = &nodes[id];
+        for (&input, &tracked) in node.inputs.iter().zip(&node.tracked) {
+            if tracked {
+                reached[input] = true;
+            }
+        }
+        for w in &node.watched {
+            let Some((then, now)) = w.version.changed() else {
+                continue;
+            };
+            let what = match w.index {
+                Some(i) => format!("input {i}"),
+                None => "the output".to_string(),
+            };
+            return Err(Error::invalid(
+                "Tape::backward",
+                format!(
+                    "{what} of {} ({} {:?}) was modified in place after the forward pass \
+                     recorded it (version {then}, now {now}), e.g. by an optimizer step or \
+                     Parameter::assign between forward and backward; its gradient would be wrong. \
+                     Run the forward pass again (no gradient was changed)",
+                    node.op, w.dtype, w.shape
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Record `value = op(inputs)` with its backward rule. When no input is tracked the result is a
@@ -406,6 +490,12 @@ pub(crate) fn record(
             }
         }
     }
+    let watched = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, v)| Watched::of(Some(i), &v.value))
+        .chain(std::iter::once(Watched::of(None, &value)))
+        .collect();
     let node = Node {
         op,
         inputs: ids,
@@ -414,6 +504,7 @@ pub(crate) fn record(
         param: None,
         shape: value.shape().to_vec(),
         dtype: value.dtype(),
+        watched,
     };
     let r = tape.clone().push(node);
     Ok(Var {

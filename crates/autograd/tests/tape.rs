@@ -75,7 +75,7 @@ fn misuse_is_an_error() {
 fn seeded_backward_of_a_non_scalar() {
     for dev in test_devices().unwrap() {
         let tape = Tape::new();
-        let x = tape.leaf(&t(&dev, &[1.0, 2.0, 3.0], &[3]));
+        let x = tape.leaf(&t(&dev, &[1.0, 2.0, 3.0], &[3])).unwrap();
         let y = x.square().unwrap();
         let seed = t(&dev, &[1.0, 0.5, -1.0], &[3]);
         let grads = tape.backward_with(&y, &seed).unwrap();

@@ -70,6 +70,9 @@ struct Shared {
     device: Device,
     align: usize,
     max_alloc: usize,
+    /// CL_DEVICE_GLOBAL_MEM_SIZE: the pool never holds more (PoCL asserts inside the driver
+    /// instead of failing cleanly when it runs out of host address space).
+    global_mem: usize,
     state: Mutex<State>,
 }
 
@@ -180,6 +183,7 @@ impl Pool {
                 device: device.clone(),
                 align: info.base_addr_align_bytes.max(256),
                 max_alloc: info.max_alloc_bytes as usize,
+                global_mem: usize::try_from(info.global_mem_bytes).unwrap_or(usize::MAX),
                 state: Mutex::new(state),
             }),
         })
@@ -192,7 +196,11 @@ impl Pool {
         pools
             .get(device.ordinal())
             .and_then(|p| p.clone())
-            .ok_or_else(|| Error::device("Pool::of", format!("{device} has no device memory pool")))
+            .ok_or_else(|| match Pool::new(device) {
+                // Rare path: say why the pool could not be made (a bad NETCL_POOL_LIMIT, no OpenCL).
+                Err(e) => e,
+                Ok(_) => Error::device("Pool::of", format!("{device} has no device memory pool")),
+            })
     }
 
     pub fn device(&self) -> &Device {
@@ -249,6 +257,7 @@ impl Pool {
                 );
                 release_cached(&mut st);
                 self.grow(&mut st, class).map_err(|e| match e {
+                    Error::OutOfMemory { stats: why, .. } => self.oom(bytes, &st.stats, &why),
                     e if e.is_out_of_memory() => self.oom(bytes, &st.stats, &e.to_string()),
                     e => e,
                 })?
@@ -343,6 +352,14 @@ impl Pool {
                     stats: format!("NETCL_POOL_LIMIT of {limit} B reached"),
                 });
             }
+        }
+        let global = self.shared.global_mem;
+        if st.stats.reserved.saturating_add(bytes) > global {
+            return Err(Error::OutOfMemory {
+                device: self.shared.device.label(),
+                requested: bytes,
+                stats: format!("the device's global memory of {global} B would be exceeded"),
+            });
         }
         let cl = self.shared.device.cl("Pool::alloc")?;
         // SAFETY: no host pointer; the context is valid for the life of the device.

@@ -27,7 +27,7 @@ fn host_store(t: &Tensor, vals: &[f64]) {
             v[pos] = T::from_f64(x);
         }
     }
-    if let Storage::Host(lock) = &*t.storage {
+    if let Storage::Host(lock) = &t.storage.data {
         let mut g = lock.write().unwrap_or_else(|p| p.into_inner());
         with_host!(&mut *g, v => put(v, t, vals));
     }
@@ -106,6 +106,9 @@ impl Tensor {
             .chain(running_var.map(|t| (t, "running_var")))
             .collect();
         let c = self.bn_check(op, weight, bias, &running, eps)?;
+        for (t, _) in &running {
+            t.mark_modified();
+        }
         if running_mean.is_some() != running_var.is_some() || !momentum.is_finite() {
             return Err(Error::invalid(
                 op,

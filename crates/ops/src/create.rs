@@ -25,7 +25,7 @@ impl Tensor {
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: &Device) -> Result<Tensor> {
         if device.is_host() {
             return Ok(Tensor::from_host_data(
-                HostData::filled(dtype, checked_numel("full", shape, dtype.size())?, value),
+                HostData::try_filled(dtype, checked_numel("full", shape, dtype.size())?, value)?,
                 shape,
             ));
         }

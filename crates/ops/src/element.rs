@@ -1,6 +1,7 @@
 //! Rust element types of tensors and the typed host storage they live in.
 use half::{bf16, f16};
-use netcl_core_devices::DType;
+use netcl_core_devices::{DType, Result};
+use netcl_core_memory::host_vec;
 
 /// Host storage: one typed vector per dtype (f16/bf16 as the `half` crate's 16-bit types).
 #[derive(Clone, Debug, PartialEq)]
@@ -88,6 +89,29 @@ impl HostData {
             DType::I32 => HostData::I32(make(n, f)),
             DType::U32 => HostData::U32(make(n, f)),
         }
+    }
+
+    /// [`HostData::filled`], allocated fallibly and within the host budget (`NETCL_POOL_LIMIT`):
+    /// `Error::OutOfMemory` instead of an abort.
+    pub fn try_filled(dtype: DType, n: usize, value: f64) -> Result<HostData> {
+        HostData::try_from_fn(dtype, n, |_| value)
+    }
+
+    /// [`HostData::from_fn`], allocated fallibly and within the host budget.
+    pub fn try_from_fn(dtype: DType, n: usize, f: impl Fn(usize) -> f64) -> Result<HostData> {
+        fn make<T: Element>(n: usize, f: impl Fn(usize) -> f64) -> Result<Vec<T>> {
+            let mut v = host_vec(n)?;
+            v.extend((0..n).map(|i| T::from_f64(f(i))));
+            Ok(v)
+        }
+        Ok(match dtype {
+            DType::F32 => HostData::F32(make(n, f)?),
+            DType::F64 => HostData::F64(make(n, f)?),
+            DType::F16 => HostData::F16(make(n, f)?),
+            DType::BF16 => HostData::BF16(make(n, f)?),
+            DType::I32 => HostData::I32(make(n, f)?),
+            DType::U32 => HostData::U32(make(n, f)?),
+        })
     }
 
     /// Every element as f64.

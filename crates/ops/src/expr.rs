@@ -204,7 +204,13 @@ impl BinaryOp {
             BinaryOp::Add => format!("({a} + {b})"),
             BinaryOp::Sub => format!("({a} - {b})"),
             BinaryOp::Mul => format!("({a} * {b})"),
-            BinaryOp::Div => format!("({a} / {b})"),
+            BinaryOp::Div if c.is_float() => format!("({a} / {b})"),
+            // Integer division by zero gives 0 on every device (as the host does), and INT_MIN / -1
+            // wraps to INT_MIN: C leaves both undefined.
+            BinaryOp::Div if c == Class::I32 => format!(
+                "(({b}) == 0 ? 0 : ({b}) == -1 ? (int)(0u - (uint)({a})) : ({a}) / ({b}))"
+            ),
+            BinaryOp::Div => format!("(({b}) == 0 ? 0 : ({a}) / ({b}))"),
             BinaryOp::Pow => format!("pow({a}, {b})"),
             // NaN in either operand propagates (as in PyTorch).
             BinaryOp::Maximum if c.is_float() => format!("(({a} > {b} || isnan({a})) ? {a} : {b})"),
@@ -229,7 +235,7 @@ impl BinaryOp {
                 BinaryOp::Add => i.wrapping_add(j),
                 BinaryOp::Sub => i.wrapping_sub(j),
                 BinaryOp::Mul => i.wrapping_mul(j),
-                // Undefined on devices; the host gives 0 rather than panic.
+                // Division by zero gives 0, as on every device.
                 BinaryOp::Div => i.checked_div(j).unwrap_or(0),
                 BinaryOp::Maximum => i.max(j),
                 BinaryOp::Minimum => i.min(j),

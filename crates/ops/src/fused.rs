@@ -522,24 +522,56 @@ fn eval_host(plan: &Plan, inputs: &[Vec<f64>], n: usize) -> Vec<Vec<f64>> {
     plan.key.outputs.iter().map(|&o| vals[o].clone()).collect()
 }
 
-/// Write row-major `values` into the host tensor `t` through its strides.
-fn write_host(t: &Tensor, values: &[f64]) -> Result<()> {
-    fn scatter<T: Element>(dst: &mut [T], t: &Tensor, values: &[f64]) {
-        for (pos, &v) in strided_positions(&t.shape, &t.strides, t.offset).zip(values) {
-            dst[pos] = T::from_f64(v);
+/// Elements the host evaluates at a time: each expression node holds one chunk of f64s, so
+/// memory stays bounded whatever the tensors' size.
+const HOST_CHUNK: usize = 1 << 14;
+
+/// Host evaluation of `plan` over `inputs` (seen through `bstrides` as `shape`) into `outs`, one
+/// chunk of row-major positions at a time: read every input's chunk, evaluate, write every
+/// output's chunk. Inputs alias destinations only element for element, so a chunk's reads come
+/// before any write that could touch them.
+fn run_host(
+    op: &str,
+    plan: &Plan,
+    inputs: &[&Tensor],
+    bstrides: &[Vec<usize>],
+    shape: &[usize],
+    outs: &[Tensor],
+) -> Result<()> {
+    let no_host = || Error::device(op, "host evaluation of a tensor without host storage");
+    let mut reads: Vec<_> = inputs
+        .iter()
+        .zip(bstrides)
+        .map(|(t, s)| strided_positions(shape, s, t.offset))
+        .collect();
+    let mut writes: Vec<_> = outs
+        .iter()
+        .map(|t| strided_positions(&t.shape, &t.strides, t.offset))
+        .collect();
+    let n = numel(shape);
+    let mut values: Vec<Vec<f64>> = vec![Vec::with_capacity(HOST_CHUNK.min(n)); inputs.len()];
+    let mut start = 0;
+    while start < n {
+        let len = HOST_CHUNK.min(n - start);
+        for ((t, pos), vals) in inputs.iter().zip(&mut reads).zip(&mut values) {
+            let h = t.host().ok_or_else(no_host)?;
+            vals.clear();
+            with_host!(&*h, v => vals.extend(pos.by_ref().take(len).map(|p| v[p].to_f64())));
         }
-    }
-    match &*t.storage {
-        Storage::Host(lock) => {
+        for ((t, pos), v) in outs.iter().zip(&mut writes).zip(eval_host(plan, &values, len)) {
+            let Storage::Host(lock) = &t.storage.data else {
+                return Err(no_host());
+            };
             let mut g = lock.write().unwrap_or_else(|p| p.into_inner());
-            with_host!(&mut *g, v => scatter(v, t, values));
-            Ok(())
+            with_host!(&mut *g, dst => {
+                for (p, x) in pos.by_ref().take(len).zip(v) {
+                    dst[p] = Element::from_f64(x);
+                }
+            });
         }
-        Storage::Device(_) => Err(Error::device(
-            "fused",
-            "host evaluation into a device tensor",
-        )),
+        start += len;
     }
+    Ok(())
 }
 
 /// Evaluate `outputs` elementwise over `inputs` (broadcast together) in one kernel; each output
@@ -638,16 +670,11 @@ pub(crate) fn run(
     if n == 0 {
         return Ok(out_tensors);
     }
+    for d in &dests {
+        d.mark_modified();
+    }
     if device.is_host() {
-        let values: Vec<Vec<f64>> = inputs
-            .iter()
-            .zip(&bstrides)
-            .map(|(t, s)| t.host_view(&shape, s).map(|h| h.to_f64()))
-            .collect::<Option<_>>()
-            .ok_or_else(|| Error::device(op, "host tensor without host storage"))?;
-        for (t, v) in out_tensors.iter().zip(eval_host(&plan, &values, n)) {
-            write_host(t, &v)?;
-        }
+        run_host(op, &plan, inputs, &bstrides, &shape, &out_tensors)?;
         return Ok(out_tensors);
     }
     // Each input read once and each output written once; a flop per arithmetic node per element.

@@ -10,7 +10,6 @@ use crate::tensor::Tensor;
 use netcl_core_devices::{DType, Device, Error, Result};
 use std::collections::HashMap;
 use std::fmt::Write;
-use std::sync::Arc;
 
 const OP: &str = "fused_into_groups";
 
@@ -60,6 +59,9 @@ pub fn fused_into_groups(exprs: &[Expr], groups: &[FusedGroup<'_>]) -> Result<()
         return Ok(());
     }
     check_independent(groups)?;
+    for d in groups.iter().flat_map(|g| g.outputs.iter()) {
+        d.mark_modified();
+    }
     let mut plans: Vec<Plan> = Vec::new();
     let mut batches: Vec<Batch> = Vec::new();
     let mut alone = Vec::new();
@@ -114,7 +116,7 @@ fn one(exprs: &[Expr], g: &FusedGroup<'_>) -> Result<()> {
 
 /// Identity of a tensor's storage.
 fn storage_id(t: &Tensor) -> usize {
-    Arc::as_ptr(&t.storage) as *const () as usize
+    t.storage_id()
 }
 
 /// No destination of one group shares storage with a tensor of another group.

@@ -3,9 +3,12 @@
 //! Index range: indices must lie in `[0, size)` of the indexed dim (no negative wrap-around).
 //! Index tensors on the host, and device index tensors of at most [`INDEX_CHECK_LIMIT`] elements
 //! (read back before launching), are checked and an out-of-range index is an error naming the op,
-//! the index, its position and the bound. Larger device index tensors are not read back; the
-//! kernels then never access memory out of bounds: gathers write 0 for an out-of-range index,
-//! scatter-adds skip its contribution.
+//! the index, its position and the bound. Larger device index tensors are not read back (no host
+//! sync): the kernels never access memory out of bounds (gathers write 0 for an out-of-range
+//! index, scatter-adds skip its contribution) and record the bad index in the device's error
+//! record, so the next read from that device returns the same error (`device_errors.rs`).
+//! Embedding backward and index_add along dim 0 (sorted rows) skip bad indices without a record:
+//! their forward or the caller's own gather reports them.
 //!
 //! Determinism: scatter-adds use no atomics. Every output element sums the source values whose
 //! index selects it in ascending index position, in the accumulator type (f32 for f16/bf16).
@@ -16,6 +19,7 @@
 //! (gather_backward, scatter_add, index ops along other dims) run one work-item per output
 //! element scanning the index entries along the indexed dim: `numel(out) * idx.shape[dim]`
 //! index reads.
+use crate::device_errors::{code_of, record_arg};
 use crate::checks::{need_i32, same_device, same_dtype, u32_arg};
 use crate::element::{Element, HostData};
 use crate::launch::{launch_1d, program_for};
@@ -192,6 +196,7 @@ fn run_gather(src: &Tensor, idx: &Tensor, plan: GatherPlan) -> Result<Tensor> {
             .arg(&stride)?
             .arg(&bound)?
             .arg(&layout)?;
+        k.arg_mem(record_arg(&src.device)?)?.arg(&code_of(op))?;
         Ok(())
     })?;
     Ok(out)
@@ -349,6 +354,7 @@ fn run_scatter(
             .arg_mem(idx.mem()?)?
             .arg_mem(src.mem()?)?
             .arg(&l)?;
+        k.arg_mem(record_arg(&device)?)?.arg(&code_of(op))?;
         Ok(())
     })?;
     Ok(out)

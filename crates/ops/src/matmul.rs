@@ -284,7 +284,7 @@ fn host_matmul(
         }
     }
     let data = HostData::from_fn(out.dtype, result.len(), |i| result[i]);
-    match &*out.storage {
+    match &out.storage.data {
         crate::tensor::Storage::Host(lock) => {
             *lock.write().unwrap_or_else(|p| p.into_inner()) = data;
             Ok(())

@@ -1,4 +1,5 @@
 //! softmax and log_softmax over any axis of strided views, and fused cross-entropy (forward, mean, backward).
+use crate::device_errors::{code_of, record_arg};
 use crate::checks::{check_device, check_dtype, check_float, u32_arg};
 use crate::element::HostData;
 use crate::expr::Expr;
@@ -377,8 +378,9 @@ impl Tensor {
 
     /// Per-row cross-entropy of logits [N, C] (this tensor, any strides) against I32 targets [N]:
     /// returns (losses [N], lse [N]) in [`acc_dtype`], one kernel. Rows whose target equals
-    /// `ignore_index` get loss 0. A target outside [0, C) is an error for host tensors; on a device
-    /// it cannot be detected without a sync, and that row's loss (and gradient) is NaN instead.
+    /// `ignore_index` get loss 0. A target outside [0, C) is an error: at once for host tensors; on
+    /// a device the kernel records it and the next read from that device returns the error
+    /// (see `device_errors.rs`), and that row's loss and gradient are NaN.
     pub fn cross_entropy_rows(
         &self,
         targets: &Tensor,
@@ -419,7 +421,9 @@ impl Tensor {
                 .arg_mem(lse.mem()?)?
                 .arg_mem(self.mem()?)?
                 .arg_mem(targets.mem()?)?
-                .arg(&a.cl)?;
+                .arg(&a.cl)?
+                .arg_mem(record_arg(&self.device)?)?
+                .arg(&code_of(op))?;
             Ok(())
         };
         // Contiguous rows: held in registers, with 4-wide loads where aligned.

@@ -5,10 +5,11 @@ use crate::layout::{
     checked_numel, contiguous_strides, is_contiguous, numel, strided_positions, KernelLayout,
 };
 use netcl_core_devices::{DType, Device, Error, Result};
-use netcl_core_memory::{Block, Pool};
+use netcl_core_memory::{host_charge, host_release, Block, Pool};
 use netcl_kernels::sources::COPY;
 use std::fmt;
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, Weak};
 
 /// Where a tensor's elements live.
 pub enum Storage {
@@ -16,11 +17,63 @@ pub enum Storage {
     Device(Block),
 }
 
+/// A storage and its version counter, which every in-place write bumps (the tape compares it to
+/// detect values changed between forward and backward, as PyTorch's version counter does).
+pub(crate) struct Stored {
+    pub(crate) data: Storage,
+    version: AtomicU64,
+    /// Bytes counted in the host budget (host storage only).
+    host_bytes: usize,
+}
+
+impl Stored {
+    pub(crate) fn new(data: Storage) -> Arc<Stored> {
+        let host_bytes = match &data {
+            Storage::Host(d) => d.read().map(|d| d.as_bytes().len()).unwrap_or(0),
+            Storage::Device(_) => 0,
+        };
+        host_charge(host_bytes);
+        Arc::new(Stored {
+            data,
+            version: AtomicU64::new(0),
+            host_bytes,
+        })
+    }
+}
+
+/// A storage's version at one moment (what autograd keeps for each value a backward rule may
+/// read), holding no memory.
+#[derive(Clone, Debug)]
+pub struct VersionWatch {
+    storage: Weak<Stored>,
+    version: u64,
+}
+
+impl std::fmt::Debug for Stored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Stored(version {})", self.version.load(Ordering::Relaxed))
+    }
+}
+
+impl VersionWatch {
+    /// `(version then, version now)` when the storage still lives and was written in place since.
+    pub fn changed(&self) -> Option<(u64, u64)> {
+        let now = self.storage.upgrade()?.version.load(Ordering::Acquire);
+        (now != self.version).then_some((self.version, now))
+    }
+}
+
+impl Drop for Stored {
+    fn drop(&mut self) {
+        host_release(self.host_bytes);
+    }
+}
+
 /// An n-dimensional array on one device. Clones and views share storage; storage returns to the
 /// device's pool when the last tensor referring to it drops.
 #[derive(Clone)]
 pub struct Tensor {
-    pub(crate) storage: Arc<Storage>,
+    pub(crate) storage: Arc<Stored>,
     pub(crate) shape: Vec<usize>,
     pub(crate) strides: Vec<usize>,
     pub(crate) offset: usize,
@@ -43,7 +96,7 @@ impl Tensor {
     pub(crate) fn from_host_data(data: HostData, shape: &[usize]) -> Tensor {
         Tensor {
             dtype: data.dtype(),
-            storage: Arc::new(Storage::Host(RwLock::new(data))),
+            storage: Stored::new(Storage::Host(RwLock::new(data))),
             strides: contiguous_strides(shape),
             shape: shape.to_vec(),
             offset: 0,
@@ -55,12 +108,12 @@ impl Tensor {
     pub(crate) fn alloc(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
         let n = checked_numel("alloc", shape, dtype.size())?;
         let storage = if device.is_host() {
-            Storage::Host(RwLock::new(HostData::filled(dtype, n, 0.0)))
+            Storage::Host(RwLock::new(HostData::try_filled(dtype, n, 0.0)?))
         } else {
             Storage::Device(Pool::of(device)?.alloc(n * dtype.size())?)
         };
         Ok(Tensor {
-            storage: Arc::new(storage),
+            storage: Stored::new(storage),
             strides: contiguous_strides(shape),
             shape: shape.to_vec(),
             offset: 0,
@@ -95,20 +148,42 @@ impl Tensor {
     pub fn is_contiguous(&self) -> bool {
         is_contiguous(&self.shape, &self.strides)
     }
+    /// How many in-place writes (`fused_into`, optimizer steps, `Parameter::assign`, ...) its
+    /// storage has had; views share their storage's counter.
+    pub fn version(&self) -> u64 {
+        self.storage.version.load(Ordering::Acquire)
+    }
+    /// Records an in-place write into this tensor's storage (done by every op that writes into an
+    /// existing tensor; call it where your own code writes into one by other means).
+    pub fn mark_modified(&self) {
+        self.storage.version.fetch_add(1, Ordering::AcqRel);
+    }
+    /// Remembers this storage's current version without keeping the storage alive; see
+    /// [`VersionWatch::changed`].
+    pub fn watch_version(&self) -> VersionWatch {
+        VersionWatch {
+            storage: Arc::downgrade(&self.storage),
+            version: self.version(),
+        }
+    }
+    /// A key for this tensor's storage, equal for all views of it while it lives.
+    pub fn storage_id(&self) -> usize {
+        Arc::as_ptr(&self.storage) as *const () as usize
+    }
     /// True when both tensors view the same storage.
     pub fn shares_storage(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.storage, &other.storage)
     }
 
     pub(crate) fn block(&self) -> Option<&Block> {
-        match &*self.storage {
+        match &self.storage.data {
             Storage::Device(b) => Some(b),
             Storage::Host(_) => None,
         }
     }
 
     pub(crate) fn host(&self) -> Option<RwLockReadGuard<'_, HostData>> {
-        match &*self.storage {
+        match &self.storage.data {
             Storage::Host(d) => Some(d.read().unwrap_or_else(|p| p.into_inner())),
             Storage::Device(_) => None,
         }
@@ -130,6 +205,7 @@ impl Tensor {
         let size = t.dtype.size();
         let mut bytes = vec![0u8; n * size];
         netcl_core_memory::read(block, start * size, &mut bytes)?;
+        crate::device_errors::check(&t)?;
         Ok(HostData::from_bytes(t.dtype, &bytes))
     }
 

@@ -462,3 +462,19 @@ fn fused_dense_lengths_offsets_scalars_and_in_place() {
     }
     assert!(cases >= 17 * 6 * 6, "{cases} cases");
 }
+
+#[test]
+fn integer_division_by_zero_is_zero_on_every_device() {
+    for dev in test_devices().unwrap() {
+        let a = Tensor::from_vec(vec![7i32, -7, 5, i32::MIN, 0], &[5], &dev).unwrap();
+        let b = Tensor::from_vec(vec![0i32, 0, 2, -1, 0], &[5], &dev).unwrap();
+        assert_eq!(
+            a.div(&b).unwrap().to_vec::<i32>().unwrap(),
+            vec![0, 0, 2, i32::MIN, 0],
+            "{dev}"
+        );
+        let a = Tensor::from_vec(vec![7u32, 3], &[2], &dev).unwrap();
+        let b = Tensor::from_vec(vec![0u32, 2], &[2], &dev).unwrap();
+        assert_eq!(a.div(&b).unwrap().to_vec::<u32>().unwrap(), vec![0, 1], "{dev}");
+    }
+}

@@ -297,7 +297,7 @@ fn backward_pass_spans_nest_in_the_trace() {
             .unwrap();
         let p = Profiler::start();
         let tape = Tape::new();
-        let wv = tape.leaf(&w);
+        let wv = tape.leaf(&w).unwrap();
         let loss = netcl_autograd::Var::constant(x)
             .matmul(&wv)
             .unwrap()

@@ -1,0 +1,81 @@
+//! The host device's memory budget: host tensor bytes counted, capped by NETCL_POOL_LIMIT, allocated fallibly.
+use crate::pool::parse_bytes;
+use netcl_core_devices::{Error, Result};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+static IN_USE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+/// The cap: `NETCL_POOL_LIMIT` read once (a bad value stays an error on every allocation), or
+/// what [`set_host_limit`] set.
+fn limit_cell() -> &'static Mutex<std::result::Result<Option<usize>, String>> {
+    static LIMIT: OnceLock<Mutex<std::result::Result<Option<usize>, String>>> = OnceLock::new();
+    LIMIT.get_or_init(|| {
+        Mutex::new(match std::env::var("NETCL_POOL_LIMIT") {
+            Ok(v) if !v.trim().is_empty() => parse_bytes(&v).map(Some).map_err(|e| e.to_string()),
+            _ => Ok(None),
+        })
+    })
+}
+
+fn limit() -> Result<Option<usize>> {
+    let cell = limit_cell().lock().unwrap_or_else(|p| p.into_inner());
+    cell.clone()
+        .map_err(|msg| Error::invalid("NETCL_POOL_LIMIT", msg))
+}
+
+/// Cap the bytes live host tensors may hold (`None`: no cap beyond what the system grants).
+pub fn set_host_limit(limit: Option<usize>) {
+    *limit_cell().lock().unwrap_or_else(|p| p.into_inner()) = Ok(limit);
+}
+
+/// Bytes held by live host tensors, and the most held at once.
+pub fn host_memory() -> (usize, usize) {
+    (IN_USE.load(Ordering::Relaxed), PEAK.load(Ordering::Relaxed))
+}
+
+/// Counts `bytes` as held (for storage that already exists; see [`host_vec`] for new storage).
+pub fn host_charge(bytes: usize) {
+    let now = IN_USE.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    PEAK.fetch_max(now, Ordering::Relaxed);
+}
+
+/// Returns `bytes` counted by [`host_charge`].
+pub fn host_release(bytes: usize) {
+    IN_USE.fetch_sub(bytes, Ordering::Relaxed);
+}
+
+fn out_of_memory(requested: usize, why: String) -> Error {
+    let (in_use, peak) = host_memory();
+    Error::OutOfMemory {
+        device: "host".to_string(),
+        requested,
+        stats: format!("{why}; host tensors hold {in_use} B (peak {peak} B)"),
+    }
+}
+
+/// Whether `bytes` more fit under the cap: an `OutOfMemory` error naming the cap if not.
+pub fn host_check(bytes: usize) -> Result<()> {
+    if let Some(cap) = limit()? {
+        let in_use = IN_USE.load(Ordering::Relaxed);
+        if in_use.saturating_add(bytes) > cap {
+            return Err(out_of_memory(
+                bytes,
+                format!("NETCL_POOL_LIMIT of {cap} B reached"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An empty vector with room for `n` elements, checked against the cap and reserved fallibly: a
+/// request the system cannot grant is `Error::OutOfMemory`, not an abort.
+pub fn host_vec<T>(n: usize) -> Result<Vec<T>> {
+    let bytes = n.saturating_mul(std::mem::size_of::<T>());
+    host_check(bytes)?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|e| out_of_memory(bytes, format!("the system refused the allocation ({e})")))?;
+    Ok(v)
+}

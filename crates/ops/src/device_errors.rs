@@ -1,0 +1,101 @@
+//! Errors found by kernels (an index out of range): recorded in a per-device buffer, reported at the next read.
+//!
+//! A kernel that meets a bad index writes `{op code, position, value, bound}` into its device's
+//! 16-byte error record (the first report wins, `atomic_cmpxchg`) and carries on without touching
+//! memory out of bounds. No host sync is added to the op: the record (one per device and thread)
+//! is read back at the thread's next read of any tensor of that device ([`Tensor::to_host_data`] and everything built on it), and
+//! only when an index kernel ran since the last check. That read then returns the error, naming
+//! the op, the index and the bound, as the host reports at once. Everything the bad op and later
+//! ops computed is suspect; the record is cleared so the device stays usable.
+use crate::tensor::Tensor;
+use netcl_core_devices::opencl3::types::cl_mem;
+use netcl_core_devices::{Device, Error, Result};
+use netcl_core_memory::{read, write, Block, Pool};
+use std::cell::RefCell;
+use std::collections::hash_map::{Entry, HashMap};
+
+/// Ops whose kernels report: the code a kernel writes is the position here plus one.
+const OPS: [&str; 6] = [
+    "embedding",
+    "index_select",
+    "gather",
+    "cross_entropy",
+    "scatter_add",
+    "index_add",
+];
+
+struct Record {
+    block: Block,
+    /// An index kernel ran since the record was last read.
+    armed: bool,
+}
+
+thread_local! {
+    /// One record per device for each thread, so an error surfaces in the thread whose op made
+    /// it (at its next read from that device), not in another thread sharing the device.
+    static RECORDS: RefCell<HashMap<usize, Record>> = RefCell::new(HashMap::new());
+}
+
+/// The op code kernels write for `op` (0 for ops not in the table: reported as "an index kernel").
+pub(crate) fn code_of(op: &str) -> i32 {
+    OPS.iter().position(|&o| o == op).map_or(0, |i| i as i32 + 1)
+}
+
+/// The error record of `device` as a kernel argument (`__global int* err`, 4 ints), made and
+/// zeroed on the thread's first use; marks it to be checked at the thread's next read.
+pub(crate) fn record_arg(device: &Device) -> Result<cl_mem> {
+    RECORDS.with_borrow_mut(|records| {
+        let r = match records.entry(device.ordinal()) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                let block = Pool::of(device)?.alloc(16)?;
+                write(&block, 0, &[0u8; 16])?;
+                e.insert(Record {
+                    block,
+                    armed: false,
+                })
+            }
+        };
+        r.armed = true;
+        Ok(r.block.mem())
+    })
+}
+
+/// Reads the thread's error record of `t`'s device if an index kernel ran since the last read:
+/// the error it holds, once (the record is cleared).
+pub(crate) fn check(t: &Tensor) -> Result<()> {
+    let device = t.device();
+    if device.is_host() {
+        return Ok(());
+    }
+    let found = RECORDS.with_borrow_mut(|records| -> Result<Option<[i32; 4]>> {
+        let Some(r) = records.get_mut(&device.ordinal()).filter(|r| r.armed) else {
+            return Ok(None);
+        };
+        let mut bytes = [0u8; 16];
+        read(&r.block, 0, &mut bytes)?;
+        r.armed = false;
+        let words: [i32; 4] = bytemuck::cast(bytes);
+        if words[0] != 0 {
+            write(&r.block, 0, &[0u8; 16])?;
+            return Ok(Some(words));
+        }
+        Ok(None)
+    })?;
+    let Some([code, pos, value, bound]) = found else {
+        return Ok(());
+    };
+    let op = usize::try_from(code - 1)
+        .ok()
+        .and_then(|i| OPS.get(i))
+        .copied()
+        .unwrap_or("an index kernel");
+    let bound = bound as u32;
+    Err(Error::invalid(
+        op,
+        format!(
+            "index {value} at position {pos} is out of range [0, {bound}) (found on {device} by the \
+             kernel and reported at the next read, so this op's result and later results are invalid)"
+        ),
+    ))
+}
