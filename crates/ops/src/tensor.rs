@@ -268,18 +268,39 @@ impl Tensor {
             return Ok(Tensor::from_host_data(data, &self.shape));
         }
         let out = Tensor::alloc(&self.shape, self.dtype, &self.device)?;
-        let layout = KernelLayout::new(
-            "contiguous",
-            &self.shape,
-            &[(&out.strides, 0), (&self.strides, self.offset)],
-        )?;
+        let src = (self.strides.as_slice(), self.offset);
+        self.copy_view_into(&out, &self.shape, (&out.strides, 0), src)?;
+        Ok(out)
+    }
+
+    /// One `strided_copy` of the view (`shape`, `src` strides and offset) of this tensor into
+    /// `out` at (`dst` strides and offset). A view of more dims than kernels take, even after
+    /// merging, is copied as one launch per index of its first dim.
+    fn copy_view_into(
+        &self,
+        out: &Tensor,
+        shape: &[usize],
+        dst: (&[usize], usize),
+        src: (&[usize], usize),
+    ) -> Result<()> {
+        if shape.len() > crate::layout::MAX_DIMS
+            && KernelLayout::new("contiguous", shape, &[dst, src]).is_err()
+        {
+            for j in 0..shape[0] {
+                let dst = (&dst.0[1..], dst.1 + j * dst.0[0]);
+                let src = (&src.0[1..], src.1 + j * src.0[0]);
+                self.copy_view_into(out, &shape[1..], dst, src)?;
+            }
+            return Ok(());
+        }
+        let layout = KernelLayout::new("contiguous", shape, &[dst, src])?;
+        let n = numel(shape);
         let program = program_for(&self.device, &COPY, self.dtype)?;
-        launch_1d(&program, "strided_copy", self.numel(), |k| {
-            k.declare((2 * self.numel() * self.dtype.size()) as u64, 0);
+        launch_1d(&program, "strided_copy", n, |k| {
+            k.declare((2 * n * self.dtype.size()) as u64, 0);
             k.arg_mem(out.mem()?)?.arg_mem(self.mem()?)?.arg(&layout)?;
             Ok(())
-        })?;
-        Ok(out)
+        })
     }
 
     /// For host storage: the elements seen through (`shape`, `strides`) from this tensor's offset,

@@ -1,4 +1,4 @@
-//! Out-of-range indices give the same error on every device: at once on the host and for small device index tensors, at the next read for large ones.
+//! Out-of-range indices give the same error on every device (at once on the host and for small device index tensors, at the next read for large ones); views of more dims than kernels take still copy.
 use netcl_core_devices::test_devices;
 use netcl_ops::{DType, Device, Result, Tensor, INDEX_CHECK_LIMIT};
 
@@ -58,5 +58,27 @@ fn out_of_range_targets_are_errors_on_every_device() {
             let ce = logits.cross_entropy(&t, Some(-100)).unwrap();
             assert!(ce.loss.to_vec_f64().unwrap()[0].is_finite(), "{dev}");
         }
+    }
+}
+
+#[test]
+fn a_ten_dim_permute_copies_on_every_device() {
+    let shape = [2usize, 3, 2, 2, 3, 2, 2, 2, 3, 2];
+    let n: usize = shape.iter().product();
+    let perm = [9usize, 0, 8, 1, 7, 2, 6, 3, 5, 4];
+    let host = Tensor::arange(0.0, n as f64, 1.0, DType::F32, &Device::host()).unwrap();
+    let want = host
+        .reshape(&shape)
+        .unwrap()
+        .permute(&perm)
+        .unwrap()
+        .contiguous()
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    for dev in test_devices().unwrap() {
+        let t = host.to_device(&dev).unwrap().reshape(&shape).unwrap();
+        let got = t.permute(&perm).unwrap().contiguous().unwrap();
+        assert_eq!(got.to_vec::<f32>().unwrap(), want, "{dev}");
     }
 }
