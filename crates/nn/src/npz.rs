@@ -493,3 +493,94 @@ impl<'p> NpzReader<'p> {
         Ok(HostData::from_bytes(dtype, &bytes))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_path(name: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("netcl-npz-{}-{name}", std::process::id()))
+    }
+
+    /// Entries written with zip64 fields (forced at every size) read back exactly.
+    #[test]
+    fn zip64_records_read_back() {
+        let path = temp_path("zip64.npz");
+        let data: Vec<u8> = (0..40u8).collect();
+        let mut w = NpzWriter::new(File::create(&path).unwrap(), &path).zip64_from(0);
+        let sha = w.add("a", DType::F32, &[2, 5], &data).unwrap();
+        assert_eq!(sha, sha256_hex(&data));
+        w.add("b.c", DType::I32, &[0], &[]).unwrap();
+        let (file, file_sha) = w.finish().unwrap();
+        drop(file);
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(file_sha, sha256_hex(&bytes));
+        assert!(
+            bytes.windows(4).any(|w| w == b"PK\x06\x06"),
+            "zip64 end record"
+        );
+        let mut r = NpzReader::new(File::open(&path).unwrap(), &path).unwrap();
+        let mut names = r.names();
+        names.sort();
+        assert_eq!(names, ["a", "b.c"]);
+        assert_eq!(
+            r.read("a", DType::F32, &[2, 5]).unwrap().as_bytes(),
+            &data[..]
+        );
+        assert!(r
+            .read("b.c", DType::I32, &[0])
+            .unwrap()
+            .as_bytes()
+            .is_empty());
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// A sink that fails after `left` bytes, like a disk filling up.
+    struct FillsUp {
+        left: usize,
+    }
+
+    impl Write for FillsUp {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if self.left == 0 {
+                return Err(io::Error::new(io::ErrorKind::StorageFull, "no space left"));
+            }
+            let n = buf.len().min(self.left);
+            self.left -= n;
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Every write error comes back from `add` or `finish` as an error naming the file (the
+    /// buffered tail included), whatever the point where the disk fills up.
+    #[test]
+    fn a_full_disk_is_an_error_from_add_or_finish() {
+        let path = Path::new("full.npz");
+        let data = vec![7u8; 3 << 20];
+        for left in [0, 10, 100, 500, 2 << 20, (6 << 20) + 200] {
+            let mut w = NpzWriter::new(FillsUp { left }, path);
+            let r = w
+                .add("a", DType::U32, &[3 << 18], &data)
+                .and_then(|_| w.add("b", DType::U32, &[3 << 18], &data))
+                .and_then(|_| w.finish().map(|_| ()));
+            let e = r.expect_err("the disk is full");
+            assert!(
+                matches!(e, Error::Io { .. }) && e.to_string().contains("full.npz"),
+                "{left}: {e}"
+            );
+        }
+        #[cfg(target_os = "linux")]
+        {
+            let dev_full = Path::new("/dev/full");
+            if let Ok(f) = std::fs::OpenOptions::new().write(true).open(dev_full) {
+                let mut w = NpzWriter::new(f, dev_full);
+                w.add("a", DType::F32, &[1], &[0; 4]).unwrap(); // buffered
+                let e = w.finish().err().expect("/dev/full refuses the data");
+                assert!(e.to_string().contains("/dev/full"), "{e}");
+            }
+        }
+    }
+}

@@ -276,6 +276,82 @@ fn version_1_checkpoints_still_load_and_are_replaced_cleanly() {
     assert_eq!(loaded_number(&path), 3);
 }
 
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Writes `npz` as the checkpoint's npz and records its hash (and `shape` for tensor "w") in the
+/// json, so that only the npz's inner consistency can catch the lie; returns load's error.
+fn load_crafted(path: &Path, npz: &[u8], shape: &[usize]) -> Error {
+    let file = npz_path(path).unwrap();
+    std::fs::write(&file, npz).unwrap();
+    let mut v: Value = serde_json::from_slice(&std::fs::read(json_path(path)).unwrap()).unwrap();
+    v["npz_sha256"] = json!(sha256_hex(npz));
+    v["tensors"][0]["shape"] = json!(shape);
+    std::fs::write(json_path(path), serde_json::to_vec(&v).unwrap()).unwrap();
+    let t0 = Instant::now();
+    let e = load(path).unwrap_err();
+    assert!(t0.elapsed().as_secs_f64() < 2.0, "{:?}", t0.elapsed());
+    let msg = e.to_string();
+    assert!(matches!(e, Error::Format { .. }), "{msg}");
+    assert!(
+        msg.contains(&file.display().to_string()) && msg.contains("'w'"),
+        "{msg}"
+    );
+    e
+}
+
+/// Crafted npz files that declare far more data than they hold are refused before anything of
+/// the declared size is allocated (a 16 GiB or 3 GB allocation would abort this test process).
+#[test]
+fn crafted_npz_claiming_huge_arrays_is_refused_without_allocating() {
+    let dir = test_dir("crafted");
+    let path = dir.join("ckpt");
+    let host = Device::host();
+    let w = Tensor::from_vec(vec![1.5f32; 6], &[6], &host).unwrap();
+    save(&path, &CheckpointInfo::default(), &[("w", &w)]).unwrap();
+    let good = std::fs::read(npz_path(&path).unwrap()).unwrap();
+    let find =
+        |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).position(|w| w == needle).unwrap();
+
+    // The npy header (and the json) claim shape [2^30, 4]: 16 GiB in a 24-byte entry.
+    let at = find(&good, b"(6, ), }");
+    let mut bad = good.clone();
+    let claim = b"(1073741824, 4), }";
+    bad[at..at + claim.len()].copy_from_slice(claim);
+    let msg = load_crafted(&path, &bad, &[1 << 30, 4]).to_string();
+    assert!(msg.contains("24 data bytes, 17179869184 expected"), "{msg}");
+
+    // The zip directory claims a 3 GB stored entry in a file of a few hundred bytes.
+    let cd = find(&good, b"PK\x01\x02");
+    let mut bad = good.clone();
+    for off in [20, 24] {
+        bad[cd + off..cd + off + 4].copy_from_slice(&3_000_000_000u32.to_le_bytes());
+    }
+    let msg = load_crafted(&path, &bad, &[6]).to_string();
+    assert!(
+        msg.contains("declares 3000000000 bytes") && msg.contains("beyond"),
+        "{msg}"
+    );
+
+    // A compressed (deflate) entry, e.g. a zip bomb: refused whatever it would expand to.
+    let mut bad = good.clone();
+    bad[cd + 10] = 8;
+    let msg = load_crafted(&path, &bad, &[6]).to_string();
+    assert!(msg.contains("compressed"), "{msg}");
+
+    // The json alone claiming more than the file holds: the entry's size gives it away.
+    let msg = load_crafted(&path, &good, &[1 << 40]).to_string();
+    assert!(
+        msg.contains("[6] in the npz but [1099511627776] in the json"),
+        "{msg}"
+    );
+}
+
 /// Times saving and loading ~200 MB of f32 tensors on the host (run with `--ignored --nocapture`).
 #[test]
 #[ignore]
