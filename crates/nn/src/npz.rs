@@ -375,7 +375,7 @@ impl<'p> NpzReader<'p> {
         }
         let size = entry.size();
         let ends = entry.data_start().checked_add(size);
-        if entry.compressed_size() != size || ends.map_or(true, |end| end > file_len) {
+        if entry.compressed_size() != size || ends.is_none_or(|end| end > file_len) {
             return Err(err(format!(
                 "array '{name}': zip entry declares {size} bytes ({} stored) from offset {}, \
                  beyond the {file_len}-byte file",
@@ -578,7 +578,7 @@ mod tests {
             if let Ok(f) = std::fs::OpenOptions::new().write(true).open(dev_full) {
                 let mut w = NpzWriter::new(f, dev_full);
                 w.add("a", DType::F32, &[1], &[0; 4]).unwrap(); // buffered
-                let e = w.finish().err().expect("/dev/full refuses the data");
+                let e = w.finish().expect_err("/dev/full refuses the data");
                 assert!(e.to_string().contains("/dev/full"), "{e}");
             }
         }

@@ -211,7 +211,7 @@ fn keep_last_keeps_that_many_loadable_saves() {
     let host = Device::host();
     let t = Tensor::from_vec(vec![6.0f32], &[1], &host).unwrap();
     save(&path, &CheckpointInfo::default(), &[("w", &t)]).unwrap();
-    assert_eq!(checkpoints(&path).unwrap(), [path.clone()]);
+    assert_eq!(checkpoints(&path).unwrap(), vec![path.clone()]);
     assert_eq!(listing(&dir).len(), 2);
     let e = save_with(
         &path,
