@@ -7,7 +7,8 @@
 //!
 //! Data: $NETCL_DATA, ./data/fashion-mnist, /usr/share/datasets/fashion-mnist (Debian package
 //! dataset-fashion-mnist), else the 2,000/500-image subset shipped in crates/data.
-//! Writes runs/mlp/checkpoint.{json,npz} and runs/mlp/history.png.
+//! Writes runs/mlp/checkpoint.json (naming its checkpoint.<hash>.npz) and runs/mlp/history.png
+//! after each epoch; with `--epochs 0` it trains nothing and saves nothing (and says so).
 use netcl::data::{Batches, ImageLayout, Progress};
 use netcl::prelude::*;
 use serde_json::json;

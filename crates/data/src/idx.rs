@@ -2,6 +2,10 @@
 //!
 //! Layout: a 4-byte magic `0x00 0x00 TYPE NDIM`, then `NDIM` big-endian u32 dimensions, then the
 //! elements in row-major order, big-endian. Every error names the file.
+//!
+//! What is read is bounded by the header: a header declaring more than [`MAX_IDX_DATA_BYTES`], or
+//! more than the input could hold (its length, or 1032 times it when gzip-compressed: deflate's
+//! largest ratio), is refused before any data is read, so a gzip bomb costs no memory.
 use flate2::bufread::MultiGzDecoder;
 use flate2::write::GzEncoder;
 use flate2::Compression;
@@ -9,6 +13,14 @@ use netcl_core_devices::{Error, Result};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
+
+/// The most data bytes an IDX header may declare (2 GiB; Fashion-MNIST's largest file has 47 MB).
+pub const MAX_IDX_DATA_BYTES: u64 = 1 << 31;
+/// Deflate's largest compression ratio (about 1032:1): a gzip stream of `n` bytes cannot
+/// decompress to more than `n * GZIP_MAX_RATIO` bytes.
+const GZIP_MAX_RATIO: u64 = 1032;
+/// Trailing bytes after the data are counted up to this many, then reported as "at least".
+const TRAILING_COUNTED: u64 = 1 << 20;
 
 /// The element type of an IDX file: the third byte of the magic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -157,20 +169,23 @@ pub fn read_idx(path: impl AsRef<Path>) -> Result<IdxArray> {
     let path = path.as_ref();
     let name = path.display().to_string();
     let file = File::open(path).map_err(|e| Error::io(&name, e))?;
-    parse_reader(BufReader::new(file), &name)
+    let len = file.metadata().map_err(|e| Error::io(&name, e))?.len();
+    parse_reader(BufReader::new(file), &name, len)
 }
 
 /// Parse IDX bytes held in memory (gzip-compressed or plain); `name` names them in errors.
 pub fn parse_idx(bytes: &[u8], name: &str) -> Result<IdxArray> {
-    parse_reader(bytes, name)
+    parse_reader(bytes, name, bytes.len() as u64)
 }
 
-fn parse_reader<R: BufRead>(mut input: R, name: &str) -> Result<IdxArray> {
+/// `input_len`: the input's length in bytes, which bounds what its header may declare.
+fn parse_reader<R: BufRead>(mut input: R, name: &str, input_len: u64) -> Result<IdxArray> {
     let head = input.fill_buf().map_err(|e| Error::io(name, e))?;
     if head.starts_with(&[0x1f, 0x8b]) {
-        parse_stream(&mut MultiGzDecoder::new(input), name, true)
+        let most = input_len.saturating_mul(GZIP_MAX_RATIO);
+        parse_stream(&mut MultiGzDecoder::new(input), name, true, most)
     } else {
-        parse_stream(&mut input, name, false)
+        parse_stream(&mut input, name, false, input_len)
     }
 }
 
@@ -191,7 +206,8 @@ fn stream_error(name: &str, gz: bool, e: std::io::Error) -> Error {
     }
 }
 
-fn parse_stream(r: &mut dyn Read, name: &str, gz: bool) -> Result<IdxArray> {
+/// `most`: the most bytes the (decompressed) stream can hold.
+fn parse_stream(r: &mut dyn Read, name: &str, gz: bool, most: u64) -> Result<IdxArray> {
     let what = if gz {
         "decompressed IDX data"
     } else {
@@ -258,6 +274,34 @@ fn parse_stream(r: &mut dyn Read, name: &str, gz: bool) -> Result<IdxArray> {
                 ),
             )
         })?;
+    let header = 4 + 4 * ndim as u64;
+    if expected as u64 > MAX_IDX_DATA_BYTES {
+        return Err(Error::format(
+            name,
+            format!(
+                "IDX dimensions {dims:?} of {} declare {expected} data bytes, more than the \
+                 {MAX_IDX_DATA_BYTES} read at most",
+                ty.name()
+            ),
+        ));
+    }
+    if header + expected as u64 > most {
+        let found = if gz {
+            format!(
+                "but its {} compressed bytes hold at most {most} bytes in all",
+                most / GZIP_MAX_RATIO
+            )
+        } else {
+            format!("found {}", most.saturating_sub(header))
+        };
+        return Err(Error::format(
+            name,
+            format!(
+                "truncated: dimensions {dims:?} of {} need {expected} data bytes, {found}",
+                ty.name()
+            ),
+        ));
+    }
     let raw = read_up_to(r, expected, name, gz)?;
     if raw.len() < expected {
         return Err(Error::format(
@@ -269,12 +313,18 @@ fn parse_stream(r: &mut dyn Read, name: &str, gz: bool) -> Result<IdxArray> {
             ),
         ));
     }
-    let trailing = std::io::copy(r, &mut std::io::sink()).map_err(|e| stream_error(name, gz, e))?;
+    let trailing = std::io::copy(&mut r.take(TRAILING_COUNTED), &mut std::io::sink())
+        .map_err(|e| stream_error(name, gz, e))?;
     if trailing > 0 {
+        let count = if trailing == TRAILING_COUNTED {
+            format!("at least {trailing}")
+        } else {
+            trailing.to_string()
+        };
         return Err(Error::format(
             name,
             format!(
-                "{trailing} trailing bytes after the {expected} data bytes of dimensions {dims:?} \
+                "{count} trailing bytes after the {expected} data bytes of dimensions {dims:?} \
                  ({} elements)",
                 ty.name()
             ),

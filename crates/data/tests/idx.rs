@@ -3,7 +3,9 @@ mod common;
 use common::TempDir;
 use flate2::write::GzEncoder;
 use flate2::Compression;
-use netcl_data::idx::{encode_idx_u8, parse_idx, read_idx, write_idx_u8, IdxData, IdxType};
+use netcl_data::idx::{
+    encode_idx_u8, parse_idx, read_idx, write_idx_u8, IdxData, IdxType, MAX_IDX_DATA_BYTES,
+};
 use std::io::Write;
 
 fn gzip(bytes: &[u8]) -> Vec<u8> {
@@ -190,4 +192,47 @@ fn encode_rejects_bad_input() {
         encode_idx_u8(&[0], &[]).unwrap(),
         vec![0, 0, 8, 1, 0, 0, 0, 0]
     );
+}
+
+/// A gzip bomb: a small header declaring a huge array, then a long run of zeros that compresses
+/// to almost nothing. Refused from the header alone, before any data is decompressed, in a small
+/// fraction of a second; and a run of zeros after valid data is counted only so far.
+#[test]
+fn gzip_bombs_are_refused_from_the_header() {
+    let dir = TempDir::new("bomb");
+    let zeros = vec![0u8; 8 << 20];
+    let started = std::time::Instant::now();
+    // 1 GiB declared (under the maximum), 8 MiB of zeros in a few KiB of gzip.
+    let mut bomb = vec![0u8, 0, 0x08, 1];
+    bomb.extend_from_slice(&(1u32 << 30).to_be_bytes());
+    bomb.extend_from_slice(&zeros);
+    let gz = gzip(&bomb);
+    assert!(gz.len() < 64 << 10, "{}", gz.len());
+    let msg = read_err(&dir, "bomb.gz", &gz);
+    assert!(
+        msg.contains("need 1073741824 data bytes") && msg.contains("compressed bytes hold at most"),
+        "{msg}"
+    );
+    assert!(parse_idx(&gz, "bomb").is_err());
+    // More than the stated maximum, whatever the file's size.
+    let mut big = vec![0u8, 0, 0x0D, 2];
+    big.extend_from_slice(&(1u32 << 16).to_be_bytes());
+    big.extend_from_slice(&(1u32 << 15).to_be_bytes());
+    let msg = read_err(&dir, "big.gz", &gzip(&big));
+    assert!(
+        msg.contains("8589934592 data bytes") && msg.contains(&MAX_IDX_DATA_BYTES.to_string()),
+        "{msg}"
+    );
+    // A plain file declaring more than it holds is refused before reading.
+    let msg = read_err(&dir, "short", &bomb[..1000]);
+    assert!(
+        msg.contains("need 1073741824 data bytes, found 992"),
+        "{msg}"
+    );
+    // Valid data followed by 8 MiB of zeros inside the gzip stream.
+    let (dims, data) = sample();
+    let long = [encode_idx_u8(&dims, &data).unwrap(), zeros].concat();
+    let msg = read_err(&dir, "trailing-bomb.gz", &gzip(&long));
+    assert!(msg.contains("at least 1048576 trailing bytes"), "{msg}");
+    assert!(started.elapsed().as_secs() < 5, "{:?}", started.elapsed());
 }

@@ -144,7 +144,7 @@ pub fn fashion_mnist_on(
 }
 
 /// What a run leaves in its folder `out` after every epoch: the metrics history drawn as
-/// `history.png` and a checkpoint `checkpoint.{json,npz}` of the model and optimizer (its JSON
+/// `history.png` and a checkpoint `checkpoint.json` (+ the npz it names) of the model and optimizer (its JSON
 /// `extra` holds the epoch, its test accuracy and the run's `info`). The checkpoint is replaced
 /// atomically each epoch, so an interrupted run keeps the last finished epoch.
 pub struct RunLog {
@@ -195,14 +195,18 @@ impl RunLog {
         &self.history
     }
 
-    /// Prints where the checkpoint and plot are and, as the last line, `final
-    /// test_accuracy=0.XXXX` (the last epoch's).
+    /// Prints where the checkpoint and plot are (or, when no epoch ran, that nothing was saved)
+    /// and, as the last line, `final test_accuracy=0.XXXX` (the last epoch's).
     pub fn finish(&self) {
-        println!(
-            "saved {} and {}",
-            self.out.join("checkpoint.json").display(),
-            self.out.join("history.png").display()
-        );
+        if self.history.test_acc.is_empty() {
+            println!("no epoch ran: no checkpoint or plot saved");
+        } else {
+            println!(
+                "saved {} and {}",
+                self.out.join("checkpoint.json").display(),
+                self.out.join("history.png").display()
+            );
+        }
         let acc = self.history.test_acc.last().copied().unwrap_or(0.0);
         println!("final test_accuracy={acc:.4}");
     }

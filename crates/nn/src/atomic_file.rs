@@ -1,9 +1,40 @@
-//! Crash-safe file replacement: write a temporary file beside the target, fsync it, rename it over the target.
+//! Crash-safe file replacement: write a temporary file beside the target, fsync it, rename it over the target; plus a fault-injection hook that kills a save before a chosen file-system step.
 use netcl_ops::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// The environment variable of the fault-injection hook: `NETCL_CHECKPOINT_CRASH_AT=k` makes
+/// every checkpoint save of the process abort it right before its k-th file-system step (each
+/// write, fsync, rename or removal; counted from 1 in each save). Read once. For crash tests only.
+#[doc(hidden)]
+pub const CRASH_AT_ENV: &str = "NETCL_CHECKPOINT_CRASH_AT";
+
+fn crash_at() -> Option<u64> {
+    static AT: OnceLock<Option<u64>> = OnceLock::new();
+    *AT.get_or_init(|| std::env::var(CRASH_AT_ENV).ok()?.trim().parse().ok())
+}
+
+/// Counts one save's file-system steps and applies the [`CRASH_AT_ENV`] hook.
+pub(crate) struct FsSteps {
+    done: u64,
+}
+
+impl FsSteps {
+    pub(crate) fn new() -> FsSteps {
+        FsSteps { done: 0 }
+    }
+
+    /// Called right before each file-system step; aborts the process when the hook names it.
+    pub(crate) fn step(&mut self) {
+        self.done += 1;
+        if crash_at() == Some(self.done) {
+            std::process::abort();
+        }
+    }
+}
 
 /// A temporary file in the target's directory. Dropping it without [`TempFile::persist`] removes
 /// it, so a failed write leaves the target untouched.
@@ -32,9 +63,7 @@ impl TempFile {
             COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
         let path = target.with_file_name(name);
-        // Readable too: the checkpoint hashes the npz it just wrote.
         let file = OpenOptions::new()
-            .read(true)
             .write(true)
             .create_new(true)
             .open(&path)
@@ -52,8 +81,14 @@ impl TempFile {
     }
 
     /// Renames the temporary file over the target (atomic on POSIX file systems).
-    pub(crate) fn persist(mut self) -> io::Result<()> {
-        std::fs::rename(&self.path, &self.target)?;
+    pub(crate) fn persist(self) -> io::Result<()> {
+        let target = self.target.clone();
+        self.persist_as(&target)
+    }
+
+    /// Renames the temporary file over `target` (in the same directory) instead.
+    pub(crate) fn persist_as(mut self, target: &Path) -> io::Result<()> {
+        std::fs::rename(&self.path, target)?;
         self.persisted = true;
         Ok(())
     }

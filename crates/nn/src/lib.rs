@@ -24,4 +24,4 @@ pub use loss::{cross_entropy, cross_entropy_with, mse_loss, nll_loss, CrossEntro
 pub use module::{in_layer, type_name, Module, Sequential};
 pub use norm::{BatchNorm2d, LayerNorm, RmsNorm};
 pub use pool::{AvgPool2d, Flatten, MaxPool2d};
-pub use state::{load_checkpoint, save_checkpoint};
+pub use state::{load_checkpoint, save_checkpoint, save_checkpoint_with};

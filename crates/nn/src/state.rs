@@ -1,5 +1,5 @@
 //! Save and restore a model's parameters and buffers (and an optimizer's state) through the checkpoint format.
-use crate::checkpoint::{self, Checkpoint, CheckpointInfo};
+use crate::checkpoint::{self, Checkpoint, CheckpointInfo, SaveOptions};
 use crate::module::{type_name, Module};
 use netcl_ops::{fused_into, Error, Expr, Result, Tensor};
 use netcl_optim::Optimizer;
@@ -10,7 +10,7 @@ const MODEL: &str = "model.";
 const OPTIM: &str = "optim.";
 
 /// Save `model` (parameters and buffers as `model.<name>`), the optimizer's state (as
-/// `optim.<name>`, hyper-parameters in the json) and `step` to `path.json` + `path.npz`,
+/// `optim.<name>`, hyper-parameters in the json) and `step` to `path.json` + its npz,
 /// atomically. `extra` is stored as is (epoch, metrics, RNG seeds, ...).
 pub fn save_checkpoint(
     path: impl AsRef<Path>,
@@ -18,6 +18,19 @@ pub fn save_checkpoint(
     optimizer: Option<&dyn Optimizer>,
     step: u64,
     extra: Value,
+) -> Result<Checkpoint> {
+    save_checkpoint_with(path, model, optimizer, step, extra, &SaveOptions::default())
+}
+
+/// [`save_checkpoint`] with [`SaveOptions`], e.g. `keep_last: 3` to keep the last three saves
+/// loadable (see [`checkpoint::checkpoints`]).
+pub fn save_checkpoint_with(
+    path: impl AsRef<Path>,
+    model: &dyn Module,
+    optimizer: Option<&dyn Optimizer>,
+    step: u64,
+    extra: Value,
+    options: &SaveOptions,
 ) -> Result<Checkpoint> {
     let mut tensors: Vec<(String, Tensor)> = model
         .named_parameters()
@@ -44,7 +57,7 @@ pub fn save_checkpoint(
         step,
         extra,
     };
-    checkpoint::save(path, &info, &refs)
+    checkpoint::save_with(path, &info, &refs, options)
 }
 
 /// Restore what [`save_checkpoint`] wrote into `model` (and `optimizer`): every name, shape
