@@ -8,7 +8,7 @@
 //!
 //! Data: $NETCL_DATA, ./data/fashion-mnist, /usr/share/datasets/fashion-mnist (Debian package
 //! dataset-fashion-mnist), else the 2,000/500-image subset shipped in crates/data.
-//! Writes runs/cnn/checkpoint.{json,npz} and runs/cnn/history.png.
+//! Writes runs/cnn/checkpoint.json (naming its checkpoint.<hash>.npz) and runs/cnn/history.png.
 use netcl::data::{Batches, ImageLayout, Progress};
 use netcl::prelude::*;
 use serde_json::json;
