@@ -74,7 +74,10 @@ fn integer_leaves_have_no_gradient() {
     for dev in test_devices().unwrap() {
         let ids = Tensor::from_vec(vec![1i32, 2], &[2], &dev).unwrap();
         let err = Tape::new().leaf(&ids).unwrap_err().to_string();
-        assert!(err.contains("i32") && err.contains("floating-point"), "{err}");
+        assert!(
+            err.contains("i32") && err.contains("floating-point"),
+            "{err}"
+        );
         let f = ids.to_dtype(DType::F32).unwrap();
         assert!(Tape::new().leaf(&f).unwrap().is_tracked());
     }

@@ -22,10 +22,10 @@ pub mod prelude {
     pub use crate::{DType, Device, Error, Generator, Pool, Result, Tensor};
     pub use netcl_autograd::{gradcheck, GradcheckOptions, Parameter, Tape, Var};
     pub use netcl_nn::{
-        cross_entropy, cross_entropy_with, load_checkpoint, mse_loss, nll_loss, save_checkpoint,
-        AvgPool2d, BatchNorm2d, Conv2d, CrossEntropyOptions, Dropout, Embedding, Flatten, Init,
-        LayerNorm, LeakyReLU, Linear, MaxPool2d, Module, ReLU, RmsNorm, Sequential, SiLU, Sigmoid,
-        Tanh, GELU,
+        checkpoint::SaveOptions, cross_entropy, cross_entropy_with, load_checkpoint, mse_loss,
+        nll_loss, save_checkpoint, save_checkpoint_with, AvgPool2d, BatchNorm2d, Conv2d,
+        CrossEntropyOptions, Dropout, Embedding, Flatten, Init, LayerNorm, LeakyReLU, Linear,
+        MaxPool2d, Module, ReLU, RmsNorm, Sequential, SiLU, Sigmoid, Tanh, GELU,
     };
     pub use netcl_ops::{Activation, Conv2dParams, Pool2dParams};
     pub use netcl_optim::{

@@ -38,7 +38,9 @@ thread_local! {
 
 /// The op code kernels write for `op` (0 for ops not in the table: reported as "an index kernel").
 pub(crate) fn code_of(op: &str) -> i32 {
-    OPS.iter().position(|&o| o == op).map_or(0, |i| i as i32 + 1)
+    OPS.iter()
+        .position(|&o| o == op)
+        .map_or(0, |i| i as i32 + 1)
 }
 
 /// The error record of `device` as a kernel argument (`__global int* err`, 4 ints), made and

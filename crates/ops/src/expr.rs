@@ -207,9 +207,9 @@ impl BinaryOp {
             BinaryOp::Div if c.is_float() => format!("({a} / {b})"),
             // Integer division by zero gives 0 on every device (as the host does), and INT_MIN / -1
             // wraps to INT_MIN: C leaves both undefined.
-            BinaryOp::Div if c == Class::I32 => format!(
-                "(({b}) == 0 ? 0 : ({b}) == -1 ? (int)(0u - (uint)({a})) : ({a}) / ({b}))"
-            ),
+            BinaryOp::Div if c == Class::I32 => {
+                format!("(({b}) == 0 ? 0 : ({b}) == -1 ? (int)(0u - (uint)({a})) : ({a}) / ({b}))")
+            }
             BinaryOp::Div => format!("(({b}) == 0 ? 0 : ({a}) / ({b}))"),
             BinaryOp::Pow => format!("pow({a}, {b})"),
             // NaN in either operand propagates (as in PyTorch).

@@ -558,7 +558,11 @@ fn run_host(
             vals.clear();
             with_host!(&*h, v => vals.extend(pos.by_ref().take(len).map(|p| v[p].to_f64())));
         }
-        for ((t, pos), v) in outs.iter().zip(&mut writes).zip(eval_host(plan, &values, len)) {
+        for ((t, pos), v) in outs
+            .iter()
+            .zip(&mut writes)
+            .zip(eval_host(plan, &values, len))
+        {
             let Storage::Host(lock) = &t.storage.data else {
                 return Err(no_host());
             };

@@ -19,8 +19,8 @@
 //! (gather_backward, scatter_add, index ops along other dims) run one work-item per output
 //! element scanning the index entries along the indexed dim: `numel(out) * idx.shape[dim]`
 //! index reads.
-use crate::device_errors::{code_of, record_arg};
 use crate::checks::{need_i32, same_device, same_dtype, u32_arg};
+use crate::device_errors::{code_of, record_arg};
 use crate::element::{Element, HostData};
 use crate::launch::{launch_1d, program_for};
 use crate::layout::check_reach;

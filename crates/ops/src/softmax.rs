@@ -1,6 +1,6 @@
 //! softmax and log_softmax over any axis of strided views, and fused cross-entropy (forward, mean, backward).
-use crate::device_errors::{code_of, record_arg};
 use crate::checks::{check_device, check_dtype, check_float, u32_arg};
+use crate::device_errors::{code_of, record_arg};
 use crate::element::HostData;
 use crate::expr::Expr;
 use crate::fused::fused;

@@ -51,7 +51,11 @@ pub struct VersionWatch {
 
 impl std::fmt::Debug for Stored {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Stored(version {})", self.version.load(Ordering::Relaxed))
+        write!(
+            f,
+            "Stored(version {})",
+            self.version.load(Ordering::Relaxed)
+        )
     }
 }
 

@@ -4,7 +4,9 @@ use netcl_ops::{DType, Device, Result, Tensor, INDEX_CHECK_LIMIT};
 
 /// `n` ids in [0, v) with `bad` at position `at`.
 fn ids(n: usize, v: i32, at: usize, bad: i32, dev: &Device) -> Tensor {
-    let data: Vec<i32> = (0..n).map(|i| if i == at { bad } else { i as i32 % v }).collect();
+    let data: Vec<i32> = (0..n)
+        .map(|i| if i == at { bad } else { i as i32 % v })
+        .collect();
     Tensor::from_vec(data, &[n], dev).unwrap()
 }
 
@@ -31,14 +33,23 @@ fn out_of_range_ids_are_errors_on_every_device() {
             assert_eq!(ok.to_vec::<f32>().unwrap().len(), n * 4, "{dev}");
         }
         let err = error_of(w.index_select(0, &ids(n, 50, 7, 99, &dev)));
-        assert!(err.contains("index_select") && err.contains("index 99"), "{dev}: {err}");
+        assert!(
+            err.contains("index_select") && err.contains("index 99"),
+            "{dev}: {err}"
+        );
         let g = ids(n, 50, 3, 4, &dev).reshape(&[n, 1]).unwrap();
         let x = Tensor::ones(&[n, 4], DType::F32, &dev).unwrap();
         let err = error_of(x.gather(1, &g));
-        assert!(err.contains("gather") && err.contains("index 4"), "{dev}: {err}");
+        assert!(
+            err.contains("gather") && err.contains("index 4"),
+            "{dev}: {err}"
+        );
         let src = Tensor::ones(&[n, 1], DType::F32, &dev).unwrap();
         let err = error_of(x.scatter_add(1, &g, &src));
-        assert!(err.contains("scatter_add") && err.contains("index 4"), "{dev}: {err}");
+        assert!(
+            err.contains("scatter_add") && err.contains("index 4"),
+            "{dev}: {err}"
+        );
     }
 }
 

@@ -475,6 +475,10 @@ fn integer_division_by_zero_is_zero_on_every_device() {
         );
         let a = Tensor::from_vec(vec![7u32, 3], &[2], &dev).unwrap();
         let b = Tensor::from_vec(vec![0u32, 2], &[2], &dev).unwrap();
-        assert_eq!(a.div(&b).unwrap().to_vec::<u32>().unwrap(), vec![0, 1], "{dev}");
+        assert_eq!(
+            a.div(&b).unwrap().to_vec::<u32>().unwrap(),
+            vec![0, 1],
+            "{dev}"
+        );
     }
 }
