@@ -11,6 +11,7 @@
 //! Writes runs/cnn/checkpoint.json (naming its checkpoint.<hash>.npz) and runs/cnn/history.png.
 use netcl::data::{Batches, ImageLayout, Progress};
 use netcl::prelude::*;
+use netcl::train::{evaluate, fashion_mnist_on, Meter, RunLog, TrainArgs};
 use serde_json::json;
 
 fn main() {

@@ -11,6 +11,7 @@
 //! after each epoch; with `--epochs 0` it trains nothing and saves nothing (and says so).
 use netcl::data::{Batches, ImageLayout, Progress};
 use netcl::prelude::*;
+use netcl::train::{evaluate, fashion_mnist_on, Meter, RunLog, TrainArgs};
 use serde_json::json;
 
 fn main() {

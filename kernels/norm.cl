@@ -17,12 +17,12 @@ inline uint norm_offset(const Layout* lr, uint r) {
 // layer_norm (rms == 0) or rms_norm (rms != 0) of row o, one work-group per row:
 // y = (x - mean) * rstd * w + b with rstd = 1 / sqrt(var + eps) (rms: mean 0, var = mean(x^2)).
 __kernel void norm_fwd(__global T* y,            /* (rows, n) contiguous */
-                       __global ACC* mean,       /* (rows), written when rms == 0 */
-                       __global ACC* rstd,       /* (rows) */
+                       __global ACC* mean,       /* (rows), written when save and rms == 0 */
+                       __global ACC* rstd,       /* (rows), written when save */
                        __global const T* x,      /* strided: row o at layout_offsets(lk, o).x, element r at + norm_offset(lr, r) */
                        __global const T* w,      /* (n) when has_w */
                        __global const T* b,      /* (n) when has_b */
-                       Layout lk, Layout lr, uint n, ACC eps, int rms, int has_w, int has_b) {
+                       Layout lk, Layout lr, uint n, ACC eps, int rms, int has_w, int has_b, int save) {
     __local wf_t sh[NORM_GROUP];
     uint o = get_group_id(0), lid = get_local_id(0), L = get_local_size(0);
     uint base = layout_offsets(&lk, o).x;
@@ -43,7 +43,7 @@ __kernel void norm_fwd(__global T* y,            /* (rows, n) contiguous */
         if (has_b) v += LOAD(b, r);
         STORE(y, o * n + r, v);
     }
-    if (lid == 0) {
+    if (lid == 0 && save) {
         if (!rms) mean[o] = mu;
         rstd[o] = rs;
     }
@@ -52,12 +52,13 @@ __kernel void norm_fwd(__global T* y,            /* (rows, n) contiguous */
 #ifdef ROW_NV
 // norm_fwd for contiguous rows held in registers (common.cl): one read and one write per element.
 __kernel void norm_rows(__global T* y,            /* (rows, n) contiguous */
-                        __global ACC* mean,       /* (rows), written when rms == 0 */
-                        __global ACC* rstd,       /* (rows) */
+                        __global ACC* mean,       /* (rows), written when save and rms == 0 */
+                        __global ACC* rstd,       /* (rows), written when save */
                         __global const T* x,      /* row o at layout_offsets(lk, o).x, contiguous */
                         __global const T* w,      /* (n) when has_w */
                         __global const T* b,      /* (n) when has_b */
-                        Layout lk, uint n, uint rows, uint team, ACC eps, int rms, int has_w, int has_b) {
+                        Layout lk, uint n, uint rows, uint team, ACC eps, int rms, int has_w, int has_b,
+                        int save) {
     __local wf_t sh[NORM_GROUP];
     rowpos_t r = row_pos(n, rows, team);
     uint base = layout_offsets(&lk, min(r.row, rows - 1)).x;
@@ -91,7 +92,7 @@ __kernel void norm_rows(__global T* y,            /* (rows, n) contiguous */
         }
     }
     row_store(y, r.row * n, v, r);
-    if (r.lane == 0 && r.row < rows) {
+    if (r.lane == 0 && r.row < rows && save) {
         if (!rms) mean[r.row] = mu;
         rstd[r.row] = rs;
     }

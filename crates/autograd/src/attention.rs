@@ -36,7 +36,7 @@ impl Var {
         if causal {
             let n = s.ndim();
             let (tq, tk) = (s.shape()[n - 2], s.shape()[n - 1]);
-            let m = Tensor::triu_mask(tq, tk, 1 + tk as i64 - tq as i64, s.dtype(), s.device())?;
+            let m = Tensor::causal_hidden_mask(tq, tk, s.dtype(), s.device())?;
             s = s.masked_fill(&m, f64::NEG_INFINITY)?;
         }
         let p = s.softmax(s.ndim() - 1)?;

@@ -68,11 +68,25 @@ fn record_binary(
     y: Tensor,
     grads: Option<(Expr, Expr)>,
 ) -> Result<Var> {
-    let (av, bv, yv) = (a.value().clone(), b.value().clone(), y.clone());
+    // Keep only the values the derivatives read (add and sub keep none): inputs 0, 1, 2 of the
+    // derivative expressions are a, b, y and input 3 is the output gradient.
+    let reads = |i: usize| {
+        grads
+            .as_ref()
+            .is_some_and(|(da, db)| da.reads_input(i) || db.reads_input(i))
+    };
+    let (a_shape, b_shape) = (a.shape().to_vec(), b.shape().to_vec());
+    let [av, bv, yv] = [
+        reads(0).then(|| a.value().clone()),
+        reads(1).then(|| b.value().clone()),
+        reads(2).then(|| y.clone()),
+    ];
     record(op, &[a, b], y, move |g, need| {
         let Some((da, db)) = grads else {
             return Ok(vec![None, None]);
         };
+        // An unread slot is filled with g, which the expressions never read there.
+        let (av, bv, yv) = (av.as_ref().unwrap_or(g), bv.as_ref().unwrap_or(g), yv.as_ref().unwrap_or(g));
         let mut exprs = Vec::new();
         if need[0] {
             exprs.push(da);
@@ -80,15 +94,15 @@ fn record_binary(
         if need[1] {
             exprs.push(db);
         }
-        let mut outs = fused(&[&av, &bv, &yv, g], &exprs)?.into_iter();
+        let mut outs = fused(&[av, bv, yv, g], &exprs)?.into_iter();
         let mut take = |needed: bool, shape: &[usize]| -> Result<Option<Tensor>> {
             match (needed, outs.next()) {
                 (true, Some(t)) => Ok(Some(sum_to(&t, shape)?)),
                 _ => Ok(None),
             }
         };
-        let ga = take(need[0], av.shape())?;
-        let gb = take(need[1], bv.shape())?;
+        let ga = take(need[0], &a_shape)?;
+        let gb = take(need[1], &b_shape)?;
         Ok(vec![ga, gb])
     })
 }

@@ -18,5 +18,5 @@ mod unary;
 mod views;
 
 pub use gradcheck::{gradcheck, GradcheckOptions, GradcheckReport};
-pub use param::Parameter;
+pub use param::{GradBuffers, Parameter};
 pub use tape::{Gradients, Tape, Var};

@@ -31,17 +31,18 @@ impl Var {
         bias: Option<&Var>,
         eps: f64,
     ) -> Result<Var> {
-        let (y, mean, rstd) = self.value().layer_norm(
-            normalized_shape,
-            weight.map(|w| w.value()),
-            bias.map(|b| b.value()),
-            eps,
-        )?;
+        let (w, b) = (weight.map(|w| w.value()), bias.map(|b| b.value()));
+        let all = inputs(self, weight, bias);
+        if !any_tracked(&all) {
+            let y = self.value().layer_norm_inference(normalized_shape, w, b, eps)?;
+            return Ok(Var::constant(y));
+        }
+        let (y, mean, rstd) = self.value().layer_norm(normalized_shape, w, b, eps)?;
         let x = self.value().clone();
         let w = weight.map(|w| w.value().clone());
         let ns = normalized_shape.to_vec();
         let has_bias = bias.is_some();
-        record("layer_norm", &inputs(self, weight, bias), y, move |g, _| {
+        record("layer_norm", &all, y, move |g, _| {
             let grads = x.layer_norm_backward(g, &mean, &rstd, &ns, w.as_ref(), has_bias)?;
             Ok(norm_grads(grads, w.is_some(), has_bias))
         })
@@ -54,9 +55,12 @@ impl Var {
         weight: Option<&Var>,
         eps: f64,
     ) -> Result<Var> {
-        let (y, rstd) = self
-            .value()
-            .rms_norm(normalized_shape, weight.map(|w| w.value()), eps)?;
+        let w = weight.map(|w| w.value());
+        if !any_tracked(&inputs(self, weight, None)) {
+            let y = self.value().rms_norm_inference(normalized_shape, w, eps)?;
+            return Ok(Var::constant(y));
+        }
+        let (y, rstd) = self.value().rms_norm(normalized_shape, w, eps)?;
         let x = self.value().clone();
         let w = weight.map(|w| w.value().clone());
         let ns = normalized_shape.to_vec();

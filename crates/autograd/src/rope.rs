@@ -1,13 +1,18 @@
 //! Backward rule of the rotary position embedding (the inverse rotation).
 use crate::tape::{record, Var};
-use netcl_ops::Result;
+use netcl_ops::{Result, RopePositions, RopeStyle};
 
 impl Var {
-    /// Rotary position embedding of x: (B, T, H, Dh) for positions `pos_offset + t`.
+    /// Rotary position embedding of x: (B, T, H, Dh) for positions `pos_offset + t`, interleaved pairs.
     pub fn rope(&self, pos_offset: usize, theta: f64) -> Result<Var> {
-        let y = self.value().rope(pos_offset, theta)?;
+        self.rope_with(RopeStyle::Interleaved, RopePositions::Offset(pos_offset), theta)
+    }
+
+    /// Rotary position embedding in either pairing `style`, at `positions` (see `Tensor::rope_with`).
+    pub fn rope_with(&self, style: RopeStyle, positions: RopePositions, theta: f64) -> Result<Var> {
+        let y = self.value().rope_with(style, &positions, theta)?;
         record("rope", &[self], y, move |g, _| {
-            Ok(vec![Some(g.rope_backward(pos_offset, theta)?)])
+            Ok(vec![Some(g.rope_backward_with(style, &positions, theta)?)])
         })
     }
 }

@@ -384,8 +384,13 @@ impl Tape {
             .iter()
             .map(|(p, g)| p.accumulated(g))
             .collect::<Result<Vec<_>>>()?;
-        for ((p, _), total) in param_grads.iter().zip(totals) {
-            p.put_grad(total);
+        for ((p, g), total) in param_grads.iter().zip(totals) {
+            match total {
+                Some(t) => p.put_grad(t),
+                // A gradient buffer view: added in place, the one step that can still fail
+                // (a kernel error) after other parameters were updated.
+                None => p.add_into_view(g)?,
+            }
         }
         Ok(Gradients {
             generation,

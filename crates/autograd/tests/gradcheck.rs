@@ -3,7 +3,8 @@ use netcl_autograd::{gradcheck, GradcheckOptions, Var};
 use netcl_core_devices::test_devices;
 use netcl_ops::testing::random_tensor;
 use netcl_ops::{
-    Activation, Conv2dParams, DType, Device, Generator, Pool2dParams, Result, Tensor, UnaryOp,
+    Activation, Conv2dParams, DType, Device, Generator, Pool2dParams, Result, RopePositions,
+    RopeStyle, Tensor, UnaryOp,
 };
 
 fn opts() -> GradcheckOptions {
@@ -471,6 +472,14 @@ fn rope_attention_dropout() {
         "rope",
         |d| vec![signed(d, &[1, 3, 2, 4], 100)],
         |v| v[0].rope(2, 10000.0),
+    );
+    check(
+        "rope halves with position ids",
+        |d| vec![signed(d, &[2, 3, 2, 4], 102)],
+        |v| {
+            let ids = Tensor::from_vec(vec![5i32, 0, 9, 1, 1, 30], &[2, 3], v[0].device())?;
+            v[0].rope_with(RopeStyle::Halves, RopePositions::Ids(ids), 500.0)
+        },
     );
     for causal in [false, true] {
         check(

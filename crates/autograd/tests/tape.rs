@@ -105,3 +105,44 @@ fn vars_print_their_values() {
         );
     }
 }
+
+#[test]
+fn gradient_buffers_hold_every_gradient_in_one_tensor() {
+    use netcl_autograd::GradBuffers;
+    for dev in test_devices().unwrap() {
+        let a = Parameter::new(t(&dev, &[1.0, 2.0], &[2])).unwrap();
+        let b = Parameter::new(t(&dev, &[3.0, 4.0, 5.0, 6.0], &[2, 2])).unwrap();
+        let c = Parameter::new(t(&dev, &[7.0], &[1])).unwrap();
+        // loss = sum(a^2) + sum(b) * 3: da = 2a, db = 3, c unused.
+        let step = || {
+            let tape = Tape::new();
+            let la = tape.param(&a).square().unwrap().sum_all().unwrap();
+            let lb = tape.param(&b).sum_all().unwrap().mul_scalar(3.0).unwrap();
+            tape.backward(&la.add(&lb).unwrap()).unwrap();
+        };
+        step(); // an owned gradient before the buffers exist is kept
+        let bufs = GradBuffers::new(&[a.clone(), b.clone(), c.clone(), a.clone()]).unwrap();
+        assert_eq!(bufs.buffers().len(), 1);
+        let flat = || bufs.buffers()[0].to_vec_f64().unwrap();
+        assert_eq!(flat(), vec![2.0, 4.0, 3.0, 3.0, 3.0, 3.0, 0.0], "{dev}");
+        step(); // accumulates in place
+        assert_eq!(flat(), vec![4.0, 8.0, 6.0, 6.0, 6.0, 6.0, 0.0], "{dev}");
+        assert!(c.grad().is_none(), "c was never reached");
+        assert_eq!(a.grad().unwrap().to_vec_f64().unwrap(), vec![4.0, 8.0]);
+        // zero_grad runs no kernel: the next gradient overwrites the stale view.
+        a.zero_grad();
+        b.zero_grad();
+        assert!(a.grad().is_none());
+        step();
+        assert_eq!(flat(), vec![2.0, 4.0, 3.0, 3.0, 3.0, 3.0, 0.0], "{dev}");
+        // One fill zeroes everything and every view is live (zeros).
+        bufs.zero().unwrap();
+        assert_eq!(flat(), vec![0.0; 7], "{dev}");
+        assert_eq!(c.grad().unwrap().to_vec_f64().unwrap(), vec![0.0]);
+        step();
+        assert_eq!(flat(), vec![2.0, 4.0, 3.0, 3.0, 3.0, 3.0, 0.0], "{dev}");
+        // set_grad writes into the view (what an all-reduce does).
+        a.set_grad(Some(t(&dev, &[-1.0, -2.0], &[2]))).unwrap();
+        assert_eq!(flat()[..2], [-1.0, -2.0]);
+    }
+}

@@ -10,6 +10,7 @@ pub use netcl_ops as ops;
 pub use netcl_optim as optim;
 pub use netcl_profiling as profiling;
 
+/// Helpers the Fashion-MNIST examples share (data loading, metering, the per-epoch record); not in the prelude.
 pub mod train;
 
 pub use netcl_core_devices::{DType, Device, DeviceInfo, DeviceKind, Error, Result};
@@ -18,7 +19,6 @@ pub use netcl_ops::{Generator, Tensor};
 
 /// Everything a training script needs: `use netcl::prelude::*`.
 pub mod prelude {
-    pub use crate::train::{evaluate, fashion_mnist_on, Meter, RunLog, TrainArgs};
     pub use crate::{DType, Device, Error, Generator, Pool, Result, Tensor};
     pub use netcl_autograd::{gradcheck, GradcheckOptions, Parameter, Tape, Var};
     pub use netcl_nn::{

@@ -2,7 +2,7 @@
 use crate::init::Init;
 use crate::module::Module;
 use netcl_autograd::{Parameter, Tape, Var};
-use netcl_ops::{DType, Device, Generator, Result};
+use netcl_ops::{DType, Device, Error, Generator, Result, Tensor};
 use serde_json::{json, Value};
 
 pub struct Embedding {
@@ -31,6 +31,19 @@ impl Embedding {
         )?;
         Ok(Embedding {
             weight: Parameter::new(w)?,
+        })
+    }
+
+    /// A table holding the given `weight` `[num_embeddings, dim]`.
+    pub fn from_weights(weight: Tensor) -> Result<Embedding> {
+        if weight.ndim() != 2 {
+            return Err(Error::shape(
+                "Embedding::from_weights",
+                format!("weight {:?} must be [num_embeddings, dim]", weight.shape()),
+            ));
+        }
+        Ok(Embedding {
+            weight: Parameter::new(weight)?,
         })
     }
 }

@@ -13,6 +13,7 @@ mod norm;
 mod npz;
 mod pool;
 mod state;
+mod tensor_io;
 
 pub use activation::{LeakyReLU, ReLU, SiLU, Sigmoid, Tanh, GELU};
 pub use conv::Conv2d;
@@ -21,7 +22,8 @@ pub use embedding::Embedding;
 pub use init::Init;
 pub use linear::Linear;
 pub use loss::{cross_entropy, cross_entropy_with, mse_loss, nll_loss, CrossEntropyOptions};
-pub use module::{in_layer, type_name, Module, Sequential};
+pub use module::{in_layer, type_name, Context, Module, Sequential};
 pub use norm::{BatchNorm2d, LayerNorm, RmsNorm};
 pub use pool::{AvgPool2d, Flatten, MaxPool2d};
+pub use tensor_io::{load_npz, load_safetensors, save_npz, save_safetensors, SafetensorsFile};
 pub use state::{load_checkpoint, save_checkpoint, save_checkpoint_with};

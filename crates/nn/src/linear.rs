@@ -2,7 +2,7 @@
 use crate::init::Init;
 use crate::module::Module;
 use netcl_autograd::{Parameter, Tape, Var};
-use netcl_ops::{Activation, DType, Device, Generator, Result};
+use netcl_ops::{Activation, DType, Device, Error, Generator, Result, Tensor};
 use serde_json::{json, Value};
 
 pub struct Linear {
@@ -29,6 +29,58 @@ impl Linear {
             device,
             gen,
         )
+    }
+
+    /// f32 layer without a bias (as in Llama's projections), PyTorch's default initialisation.
+    pub fn no_bias(
+        in_features: usize,
+        out_features: usize,
+        device: &Device,
+        gen: &mut Generator,
+    ) -> Result<Linear> {
+        Linear::with_init(
+            in_features,
+            out_features,
+            false,
+            Init::Default,
+            DType::F32,
+            device,
+            gen,
+        )
+    }
+
+    /// A layer holding the given `weight` `[out, in]` and optional `bias` `[out]` (same dtype and
+    /// device), e.g. weights imported from another framework.
+    pub fn from_weights(weight: Tensor, bias: Option<Tensor>) -> Result<Linear> {
+        let op = "Linear::from_weights";
+        let [out_features, in_features] = *weight.shape() else {
+            return Err(Error::shape(
+                op,
+                format!("weight {:?} must be [out, in]", weight.shape()),
+            ));
+        };
+        if let Some(b) = &bias {
+            if b.shape() != [out_features] || b.dtype() != weight.dtype() || b.device() != weight.device() {
+                return Err(Error::shape(
+                    op,
+                    format!(
+                        "bias {} {:?} on {} does not fit weight {} {:?} on {} (need [{out_features}])",
+                        b.dtype(),
+                        b.shape(),
+                        b.device(),
+                        weight.dtype(),
+                        weight.shape(),
+                        weight.device()
+                    ),
+                ));
+            }
+        }
+        Ok(Linear {
+            weight: Parameter::new(weight)?,
+            bias: bias.map(Parameter::new).transpose()?,
+            in_features,
+            out_features,
+        })
     }
 
     /// A layer with the weight drawn by `init` (the bias, when present, by PyTorch's default).

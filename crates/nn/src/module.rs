@@ -2,11 +2,60 @@
 use netcl_autograd::{Parameter, Tape, Var};
 use netcl_ops::{Activation, Error, Result, Tensor};
 use serde_json::{json, Value};
+use std::any::Any;
+
+/// What a forward pass may need besides its input: position ids, an attention mask, a KV cache,
+/// further inputs. Values are kept by type (one of each; types that need mutation during a
+/// forward, such as a cache, carry their own lock). [`Sequential`] hands the same context to
+/// every layer, so a layer deep in a model finds what the caller put in.
+#[derive(Default)]
+pub struct Context {
+    items: Vec<Box<dyn Any + Send + Sync>>,
+}
+
+impl Context {
+    pub fn new() -> Context {
+        Context::default()
+    }
+    /// The context with `value` added (replacing a value of the same type).
+    pub fn with<T: Any + Send + Sync>(mut self, value: T) -> Context {
+        self.insert(value);
+        self
+    }
+    /// Adds `value`, replacing a value of the same type.
+    pub fn insert<T: Any + Send + Sync>(&mut self, value: T) {
+        self.items.retain(|v| !v.is::<T>());
+        self.items.push(Box::new(value));
+    }
+    /// The value of type `T`, if the caller gave one.
+    pub fn get<T: Any>(&self) -> Option<&T> {
+        self.items.iter().find_map(|v| v.downcast_ref::<T>())
+    }
+    /// The value of type `T`, or an error naming `op` and what is missing.
+    pub fn require<T: Any>(&self, op: &str) -> Result<&T> {
+        self.get::<T>().ok_or_else(|| {
+            Error::invalid(
+                op,
+                format!(
+                    "the forward context has no {}",
+                    std::any::type_name::<T>()
+                ),
+            )
+        })
+    }
+}
 
 /// A layer or model: a forward pass over Vars, its parameters, buffers and train/eval mode.
-pub trait Module {
+/// Modules are `Send + Sync`, so a model can be built on, moved to, or replicated on a worker
+/// thread per device (tapes and Vars stay on the thread that records them).
+pub trait Module: Send + Sync {
     /// The output for input `x`, recorded on `tape` (use `Tape::no_grad()` for inference).
     fn forward(&self, tape: &Tape, x: &Var) -> Result<Var>;
+    /// `forward` with a [`Context`] (positions, masks, caches, further inputs). Layers that need
+    /// none keep this default, which ignores it.
+    fn forward_with(&self, tape: &Tape, x: &Var, _ctx: &Context) -> Result<Var> {
+        self.forward(tape, x)
+    }
     /// Parameters with dotted names relative to this module (`"weight"`, `"0.bias"`, ...).
     fn named_parameters(&self) -> Vec<(String, Parameter)>;
     /// Non-trainable state saved with the parameters (BatchNorm's running statistics).
@@ -108,22 +157,25 @@ impl Sequential {
 
 impl Module for Sequential {
     fn forward(&self, tape: &Tape, x: &Var) -> Result<Var> {
+        self.forward_with(tape, x, &Context::default())
+    }
+    fn forward_with(&self, tape: &Tape, x: &Var, ctx: &Context) -> Result<Var> {
         let mut h = x.clone();
         let mut i = 0;
         while i < self.layers.len() {
             let layer = &self.layers[i];
             let next_act = self.layers.get(i + 1).and_then(|l| l.as_activation());
             let at = i;
-            let ctx = || format!("layer {at} ({}) of Sequential", type_name(layer.as_ref()));
+            let where_ = || format!("layer {at} ({}) of Sequential", type_name(layer.as_ref()));
             let fused = next_act.and_then(|act| layer.forward_fused(tape, &h, act));
             h = match fused {
                 Some(r) => {
                     i += 1;
                     r
                 }
-                None => layer.forward(tape, &h),
+                None => layer.forward_with(tape, &h, ctx),
             }
-            .map_err(|e| in_layer(e, &ctx()))?;
+            .map_err(|e| in_layer(e, &where_()))?;
             i += 1;
         }
         Ok(h)

@@ -1,7 +1,7 @@
 //! Normalisation layers: LayerNorm, RMSNorm, and BatchNorm2d with running statistics.
 use crate::module::Module;
 use netcl_autograd::{Parameter, Tape, Var};
-use netcl_ops::{DType, Device, Result, Tensor};
+use netcl_ops::{DType, Device, Error, Result, Tensor};
 use serde_json::{json, Value};
 
 fn filled(shape: &[usize], v: f64, device: &Device) -> Result<Parameter> {
@@ -16,12 +16,54 @@ pub struct LayerNorm {
 }
 
 impl LayerNorm {
+    /// f32 weight 1 and bias 0 over `shape`, eps 1e-5 (PyTorch's default).
     pub fn new(shape: &[usize], device: &Device) -> Result<LayerNorm> {
         Ok(LayerNorm {
             weight: filled(shape, 1.0, device)?,
             bias: filled(shape, 0.0, device)?,
             eps: 1e-5,
         })
+    }
+    /// The given weight and bias (same shape, dtype and device) and `eps`.
+    pub fn from_weights(weight: Tensor, bias: Tensor, eps: f64) -> Result<LayerNorm> {
+        if bias.shape() != weight.shape() || bias.dtype() != weight.dtype() || bias.device() != weight.device() {
+            return Err(Error::shape(
+                "LayerNorm::from_weights",
+                format!(
+                    "bias {} {:?} on {} does not match weight {} {:?} on {}",
+                    bias.dtype(),
+                    bias.shape(),
+                    bias.device(),
+                    weight.dtype(),
+                    weight.shape(),
+                    weight.device()
+                ),
+            ));
+        }
+        Ok(LayerNorm {
+            weight: Parameter::new(weight)?,
+            bias: Parameter::new(bias)?,
+            eps: check_eps("LayerNorm", eps)?,
+        })
+    }
+    /// The same layer with epsilon `eps`.
+    pub fn with_eps(self, eps: f64) -> Result<LayerNorm> {
+        Ok(LayerNorm {
+            eps: check_eps("LayerNorm", eps)?,
+            ..self
+        })
+    }
+}
+
+/// `eps` when it is finite and positive; an error naming `layer` otherwise.
+fn check_eps(layer: &str, eps: f64) -> Result<f64> {
+    if eps.is_finite() && eps > 0.0 {
+        Ok(eps)
+    } else {
+        Err(Error::invalid(
+            layer,
+            format!("eps {eps} must be finite and positive"),
+        ))
     }
 }
 
@@ -48,10 +90,25 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
+    /// f32 weight 1 over `shape`, eps 1e-6 (Llama configs use 1e-5 or 1e-6: see [`RmsNorm::with_eps`]).
     pub fn new(shape: &[usize], device: &Device) -> Result<RmsNorm> {
         Ok(RmsNorm {
             weight: filled(shape, 1.0, device)?,
             eps: 1e-6,
+        })
+    }
+    /// The given weight and `eps`.
+    pub fn from_weight(weight: Tensor, eps: f64) -> Result<RmsNorm> {
+        Ok(RmsNorm {
+            weight: Parameter::new(weight)?,
+            eps: check_eps("RmsNorm", eps)?,
+        })
+    }
+    /// The same layer with epsilon `eps`.
+    pub fn with_eps(self, eps: f64) -> Result<RmsNorm> {
+        Ok(RmsNorm {
+            eps: check_eps("RmsNorm", eps)?,
+            ..self
         })
     }
 }

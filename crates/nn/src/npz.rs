@@ -350,6 +350,29 @@ impl<'p> NpzReader<'p> {
         Ok(self.layout(name, dtype, shape)?.data_bytes)
     }
 
+    /// The dtype and shape array `name` is stored with (its npy header; the entry checked as in
+    /// [`NpzReader::check`] except against expectations). `<u2` (numpy has no bfloat16) is read
+    /// as bf16 only when the caller knows it is; here it is an error.
+    pub(crate) fn describe(&mut self, name: &str) -> Result<(DType, Vec<usize>)> {
+        let (npy, _, _) = self.raw_header(name)?;
+        let descr = npy.dtype().descr();
+        let dtype = [DType::F32, DType::F64, DType::F16, DType::I32, DType::U32]
+            .into_iter()
+            .find(|&d| npy_dtype(d).is_ok_and(|t| t == npy.dtype()))
+            .ok_or_else(|| {
+                self.format_err(format!(
+                    "array '{name}' is stored as {descr}; netcl reads <f4, <f8, <f2, <i4 and <u4"
+                ))
+            })?;
+        let shape = npy
+            .shape()
+            .iter()
+            .map(|&d| usize::try_from(d))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|_| self.format_err(format!("array '{name}': shape {:?} is too large", npy.shape())))?;
+        Ok((dtype, shape))
+    }
+
     fn layout(&mut self, name: &str, dtype: DType, shape: &[usize]) -> Result<EntryLayout> {
         let expected = shape
             .iter()
@@ -357,6 +380,43 @@ impl<'p> NpzReader<'p> {
             .ok_or_else(|| {
                 self.format_err(format!("array '{name}': shape {shape:?} is too large"))
             })?;
+        let (npy, header, data_bytes) = self.raw_header(name)?;
+        let err = |msg: String| self.format_err(msg);
+        let want = npy_dtype(dtype)?;
+        if npy.dtype() != want {
+            return Err(err(format!(
+                "array '{name}' is stored as {}, but a {dtype} tensor must be stored as '{}'",
+                npy.dtype().descr(),
+                npy_descr(dtype)
+            )));
+        }
+        if npy.order() != npyz::Order::C {
+            return Err(err(format!(
+                "array '{name}' is in Fortran order; only C order is read"
+            )));
+        }
+        if npy.shape().len() != shape.len()
+            || npy.shape().iter().zip(shape).any(|(&a, &b)| a != b as u64)
+        {
+            return Err(err(format!(
+                "array '{name}' has shape {:?} in the npz but {shape:?} in the json",
+                npy.shape()
+            )));
+        }
+        if data_bytes != expected as u64 {
+            return Err(err(format!(
+                "array '{name}' has {data_bytes} data bytes, {expected} expected for {dtype} {shape:?}"
+            )));
+        }
+        Ok(EntryLayout {
+            header,
+            data_bytes: expected,
+        })
+    }
+
+    /// Array `name`'s parsed npy header, its raw header bytes and its data size, after checking
+    /// that the entry is stored uncompressed inside the file with a header of bounded size.
+    fn raw_header(&mut self, name: &str) -> Result<(npyz::NpyFile<Cursor<Vec<u8>>>, Vec<u8>, u64)> {
         let file_len = self.file_len;
         let path = self.path.display().to_string();
         let err = |msg: String| Error::format(&path, msg);
@@ -425,38 +485,9 @@ impl<'p> NpzReader<'p> {
                     "array '{name}': reading its npy header failed: {e}"
                 ))
             })?;
-        let npy = npyz::NpyFile::new(Cursor::new(&header[..]))
+        let npy = npyz::NpyFile::new(Cursor::new(header.clone()))
             .map_err(|e| err(format!("array '{name}': unreadable npy header: {e}")))?;
-        let want = npy_dtype(dtype)?;
-        if npy.dtype() != want {
-            return Err(err(format!(
-                "array '{name}' is stored as {}, but a {dtype} tensor must be stored as '{}'",
-                npy.dtype().descr(),
-                npy_descr(dtype)
-            )));
-        }
-        if npy.order() != npyz::Order::C {
-            return Err(err(format!(
-                "array '{name}' is in Fortran order; only C order is read"
-            )));
-        }
-        if npy.shape().len() != shape.len()
-            || npy.shape().iter().zip(shape).any(|(&a, &b)| a != b as u64)
-        {
-            return Err(err(format!(
-                "array '{name}' has shape {:?} in the npz but {shape:?} in the json",
-                npy.shape()
-            )));
-        }
-        if data_bytes != expected as u64 {
-            return Err(err(format!(
-                "array '{name}' has {data_bytes} data bytes, {expected} expected for {dtype} {shape:?}"
-            )));
-        }
-        Ok(EntryLayout {
-            header,
-            data_bytes: expected,
-        })
+        Ok((npy, header, data_bytes))
     }
 
     /// The array `name`, which must be stored as `dtype` (see [`npy_descr`]) in C order with

@@ -3,14 +3,24 @@ use crate::checks::check_float;
 use crate::expr::Expr;
 use crate::fused::map;
 use crate::tensor::Tensor;
-use netcl_core_devices::{Error, Result};
+use netcl_core_devices::{DType, Device, Error, Result};
 
-/// Result of `Tensor::attention`: the output and the attention probabilities (what backward needs).
+/// Result of `Tensor::attention`: the output and the attention probabilities.
 pub struct Attention {
     /// (..., Tq, Dv)
     pub out: Tensor,
-    /// (..., Tq, Tk), rows summing to 1
+    /// (..., Tq, Tk), rows summing to 1 (for inspection: `Var::attention` records its own ops
+    /// and keeps what their backward rules need)
     pub probs: Tensor,
+}
+
+impl Tensor {
+    /// The causal mask of attention over `tq` queries and `tk` keys (the queries being the last
+    /// `tq` positions): 1 where query i may not see key j (`j > i + tk - tq`), 0 elsewhere. Both
+    /// `Tensor::attention` and `Var::attention` apply this mask.
+    pub fn causal_hidden_mask(tq: usize, tk: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+        Tensor::triu_mask(tq, tk, 1 + tk as i64 - tq as i64, dtype, device)
+    }
 }
 
 impl Tensor {
@@ -52,11 +62,11 @@ impl Tensor {
             inputs.push(m);
             e = e + Expr::input(inputs.len() - 1);
         }
-        let keep;
+        let hidden;
         if causal {
-            keep = Tensor::tril_mask(tq, tk, tk as i64 - tq as i64, q.dtype, &q.device)?;
-            inputs.push(&keep);
-            e = Expr::select(Expr::input(inputs.len() - 1), e, f64::NEG_INFINITY);
+            hidden = Tensor::causal_hidden_mask(tq, tk, q.dtype, &q.device)?;
+            inputs.push(&hidden);
+            e = Expr::select(Expr::input(inputs.len() - 1), f64::NEG_INFINITY, e);
         }
         let masked = map(op, &inputs, e)?;
         if masked.shape != scores.shape {

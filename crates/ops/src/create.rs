@@ -38,6 +38,24 @@ impl Tensor {
         Ok(out)
     }
 
+    /// Sets every element of this tensor (a view is fine) to `value` in place: one `fill` kernel
+    /// for a dense device tensor that starts at its storage's first element.
+    pub fn fill_(&self, value: f64) -> Result<()> {
+        if self.device.is_host() || !(self.is_contiguous() && self.offset == 0) {
+            let v = Tensor::full(&[], value, self.dtype, &self.device)?;
+            return crate::fused::fused_into(&[&v], &[(crate::expr::Expr::input(0), self)]);
+        }
+        self.mark_modified();
+        if self.numel() == 0 {
+            return Ok(());
+        }
+        let program = program_for(&self.device, &COPY, self.dtype)?;
+        launch_1d(&program, "fill", self.numel(), |k| {
+            k.arg_mem(self.mem()?)?;
+            arg_acc(k, self.dtype, value)
+        })
+    }
+
     pub fn zeros(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
         Tensor::full(shape, 0.0, dtype, device)
     }

@@ -93,11 +93,17 @@ pub(crate) fn check(t: &Tensor) -> Result<()> {
         .copied()
         .unwrap_or("an index kernel");
     let bound = bound as u32;
+    // Worded as the host's check words it, then where it was found.
+    let what = if op == "cross_entropy" {
+        format!("target {value} of row {pos} is outside [0, {bound}) for logits of {bound} classes")
+    } else {
+        format!("index {value} at position {pos} is out of range [0, {bound})")
+    };
     Err(Error::invalid(
         op,
         format!(
-            "index {value} at position {pos} is out of range [0, {bound}) (found on {device} by the \
-             kernel and reported at the next read, so this op's result and later results are invalid)"
+            "{what} (found on {device} by the kernel and reported at the next read, so this op's \
+             result and later results are invalid)"
         ),
     ))
 }

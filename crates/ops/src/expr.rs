@@ -283,6 +283,16 @@ pub(crate) fn erf(x: f64) -> f64 {
 }
 
 impl Expr {
+    /// Whether the expression reads input `i`.
+    pub fn reads_input(&self, i: usize) -> bool {
+        match self {
+            Expr::Input(j) => *j == i,
+            Expr::Scalar(_) => false,
+            Expr::Unary(_, a) | Expr::Cast(_, a) => a.reads_input(i),
+            Expr::Binary(_, a, b) => a.reads_input(i) || b.reads_input(i),
+            Expr::Where(c, a, b) => c.reads_input(i) || a.reads_input(i) || b.reads_input(i),
+        }
+    }
     pub fn input(i: usize) -> Expr {
         Expr::Input(i)
     }

@@ -117,6 +117,20 @@ pub(crate) fn check_eps(op: &str, eps: f64) -> Result<()> {
     Ok(())
 }
 
+/// The statistics a norm forward saves for its backward.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stats {
+    /// None (inference: nothing is allocated for a backward).
+    None,
+    /// The reciprocal standard deviation (rms_norm's backward).
+    Rstd,
+    /// Mean and reciprocal standard deviation (layer_norm's backward).
+    MeanRstd,
+}
+
+/// y and the statistics asked for.
+type NormOut = (Tensor, Option<Tensor>, Option<Tensor>);
+
 impl Tensor {
     #[allow(clippy::too_many_arguments)]
     fn norm_forward(
@@ -127,7 +141,8 @@ impl Tensor {
         weight: Option<&Tensor>,
         bias: Option<&Tensor>,
         eps: f64,
-    ) -> Result<(Tensor, Tensor, Tensor)> {
+        stats: Stats,
+    ) -> Result<NormOut> {
         let (lead, n) = norm_rows(op, self, normalized_shape)?;
         check_param(op, self, weight, "weight", normalized_shape)?;
         check_param(op, self, bias, "bias", normalized_shape)?;
@@ -164,30 +179,33 @@ impl Tensor {
                 }
                 (mean[o], rstd[o]) = (mu, rs);
             }
+            let stat = |v: &[f64]| Tensor::from_host_data(HostData::from_fn(acc, rows, |i| v[i]), &lead);
             return Ok((
                 Tensor::from_host_data(
                     HostData::from_fn(self.dtype, y.len(), |i| y[i]),
                     &self.shape,
                 ),
-                Tensor::from_host_data(HostData::from_fn(acc, rows, |i| mean[i]), &lead),
-                Tensor::from_host_data(HostData::from_fn(acc, rows, |i| rstd[i]), &lead),
+                (stats == Stats::MeanRstd).then(|| stat(&mean)),
+                (stats != Stats::None).then(|| stat(&rstd)),
             ));
         }
         let (lk, lr) = split.layouts(op, self.offset)?;
         let n32 = u32_arg(op, "normalized size", n)?;
         u32_arg(op, "elements", rows * n)?;
         let y = Tensor::alloc(&self.shape, self.dtype, &self.device)?;
-        let mean = Tensor::alloc(&lead, acc, &self.device)?;
-        let rstd = Tensor::alloc(&lead, acc, &self.device)?;
+        let stat = |want: bool| want.then(|| Tensor::alloc(&lead, acc, &self.device)).transpose();
+        let mean = stat(stats == Stats::MeanRstd)?;
+        let rstd = stat(stats != Stats::None)?;
         if rows == 0 {
             return Ok((y, mean, rstd));
         }
         let (w, b) = (weight.map(dense).transpose()?, bias.map(dense).transpose()?);
         // Arguments before and after the kernels' own (rows: n, rows, team; general: lr, n).
         let head = |k: &mut Kernel| -> Result<()> {
+            // Statistics not asked for are never written: y's buffer stands in for them.
             k.arg_mem(y.mem()?)?
-                .arg_mem(mean.mem()?)?
-                .arg_mem(rstd.mem()?)?
+                .arg_mem(mean.as_ref().unwrap_or(&y).mem()?)?
+                .arg_mem(rstd.as_ref().unwrap_or(&y).mem()?)?
                 .arg_mem(self.mem()?)?
                 .arg_mem(w.as_ref().unwrap_or(self).mem()?)?
                 .arg_mem(b.as_ref().unwrap_or(self).mem()?)?
@@ -198,7 +216,8 @@ impl Tensor {
             crate::create::arg_acc(k, self.dtype, eps)?;
             k.arg(&(rms as i32))?
                 .arg(&(w.is_some() as i32))?
-                .arg(&(b.is_some() as i32))?;
+                .arg(&(b.is_some() as i32))?
+                .arg(&((stats != Stats::None) as i32))?;
             Ok(())
         };
         // Contiguous rows: held in registers, one read and one write per element.
@@ -244,7 +263,46 @@ impl Tensor {
         eps: f64,
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let _span = netcl_profiling::span("layer_norm");
-        self.norm_forward("layer_norm", false, normalized_shape, weight, bias, eps)
+        let (y, mean, rstd) = self.norm_forward(
+            "layer_norm",
+            false,
+            normalized_shape,
+            weight,
+            bias,
+            eps,
+            Stats::MeanRstd,
+        )?;
+        let missing = || Error::invalid("layer_norm", "statistics were not computed");
+        Ok((y, mean.ok_or_else(missing)?, rstd.ok_or_else(missing)?))
+    }
+
+    /// [`Tensor::layer_norm`]'s output alone: no statistics are allocated (inference).
+    pub fn layer_norm_inference(
+        &self,
+        normalized_shape: &[usize],
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+    ) -> Result<Tensor> {
+        let _span = netcl_profiling::span("layer_norm");
+        let ns = normalized_shape;
+        Ok(self
+            .norm_forward("layer_norm", false, ns, weight, bias, eps, Stats::None)?
+            .0)
+    }
+
+    /// [`Tensor::rms_norm`]'s output alone: no statistics are allocated (inference).
+    pub fn rms_norm_inference(
+        &self,
+        normalized_shape: &[usize],
+        weight: Option<&Tensor>,
+        eps: f64,
+    ) -> Result<Tensor> {
+        let _span = netcl_profiling::span("rms_norm");
+        let ns = normalized_shape;
+        Ok(self
+            .norm_forward("rms_norm", true, ns, weight, None, eps, Stats::None)?
+            .0)
     }
 
     /// RMS normalisation over the trailing `normalized_shape` dims:
@@ -256,8 +314,16 @@ impl Tensor {
         eps: f64,
     ) -> Result<(Tensor, Tensor)> {
         let _span = netcl_profiling::span("rms_norm");
-        let (y, _, rstd) =
-            self.norm_forward("rms_norm", true, normalized_shape, weight, None, eps)?;
+        let (y, _, rstd) = self.norm_forward(
+            "rms_norm",
+            true,
+            normalized_shape,
+            weight,
+            None,
+            eps,
+            Stats::Rstd,
+        )?;
+        let rstd = rstd.ok_or_else(|| Error::invalid("rms_norm", "statistics were not computed"))?;
         Ok((y, rstd))
     }
 

@@ -1,7 +1,7 @@
-//! Rotary position embeddings (forward, backward, finite-difference gradient check) and Bernoulli/dropout masks on every device.
+//! Rotary position embeddings (both pairings, offsets and position ids; forward, backward, finite-difference gradient check) on every device.
 use netcl_core_devices::test_devices;
 use netcl_ops::testing::{check_close, random_tensor, random_view, sample, tolerance, Cases};
-use netcl_ops::{DType, Generator, Tensor};
+use netcl_ops::{DType, RopePositions, RopeStyle, Tensor};
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 
@@ -170,115 +170,85 @@ fn rope_rejects_bad_input() {
     }
 }
 
-/// The independent mask: rand_philox's stream, 1 where a word is below round(keep * 2^32).
-fn philox_mask(seed: u64, n: usize, keep: f64) -> Vec<f64> {
-    let mut r = rand_philox::Philox::from_u64_seed(seed);
-    let thr = (keep * 4_294_967_296.0).round() as u64;
-    (0..n)
-        .map(|_| ((r.next_u32() as u64) < thr) as u8 as f64)
-        .collect()
+
+/// Hugging Face's convention in f64: pairs (i, i + Dh/2) of `x` row-major [B, T, H, Dh], at
+/// position `pos(b, t)`.
+fn naive_rope_halves(
+    x: &[f64],
+    shape: &[usize],
+    pos: impl Fn(usize, usize) -> usize,
+    theta: f64,
+) -> Vec<f64> {
+    let (t_len, h, dh) = (shape[1], shape[2], shape[3]);
+    let mut y = x.to_vec();
+    for (row, chunk) in y.chunks_mut(dh).enumerate() {
+        let (b, t) = (row / (h * t_len), (row / h) % t_len);
+        for i in 0..dh / 2 {
+            let a = pos(b, t) as f64 * theta.powf(-((2 * i) as f64) / dh as f64);
+            let (c, s) = (a.cos(), a.sin());
+            let (x0, x1) = (chunk[i], chunk[i + dh / 2]);
+            chunk[i] = x0 * c - x1 * s;
+            chunk[i + dh / 2] = x0 * s + x1 * c;
+        }
+    }
+    y
 }
 
 #[test]
-fn bernoulli_and_dropout_masks_are_bit_identical_everywhere() {
-    let devices = test_devices().unwrap();
-    let mut c = Cases::new(0xD80);
-    for case in 0..240 {
-        let dtype = if case % 2 == 0 {
-            FLOATS[(case / 2) % 4]
-        } else {
-            DType::ALL[(case / 2) % 6]
-        };
-        let shape = c.shape(4, 7);
-        let n: usize = shape.iter().product();
-        let p = [0.0, 0.1, 0.5, 0.9, 1.0, 0.37][c.below(6)];
-        let seed = c.next_u64();
-        let what = format!("case {case} {dtype} {shape:?} p {p}");
-        if !dtype.is_float() || case % 3 == 0 {
-            let want = philox_mask(seed, n, p);
-            for dev in &devices {
-                if dtype == DType::F64 && !dev.info().fp64 {
-                    continue;
-                }
-                let mut g = Generator::new(seed);
-                let m = Tensor::bernoulli(p, &shape, dtype, dev, &mut g).unwrap();
-                assert_eq!((m.shape(), m.dtype()), (&shape[..], dtype), "{what}");
-                assert_eq!(m.to_vec_f64().unwrap(), want, "{what} on {dev}");
-                assert_eq!(g.counter(), n.div_ceil(4) as u128, "{what}");
-            }
-            continue;
-        }
-        // dropout of a random view: the mask follows the view's row-major order.
-        let base = sample(dtype, &shape, case as u64);
-        let vseed = c.next_u64();
-        let xh = random_view(&base, &mut Cases(vseed));
-        let m = xh.numel();
-        let mask = philox_mask(seed, m, 1.0 - p);
+fn rope_halves_and_position_ids_match_naive_references_on_every_device() {
+    let shape = [2usize, 5, 3, 8];
+    let mut c = Cases::new(0x4A1F);
+    let ids: Vec<i32> = (0..10).map(|_| c.below(300) as i32).collect();
+    for dtype in [DType::F32, DType::F64] {
+        let xh = sample(dtype, &shape, 7);
         let xv = xh.to_vec_f64().unwrap();
-        let want_y: Vec<f64> = xv
-            .iter()
-            .zip(&mask)
-            .map(|(x, k)| if *k == 1.0 { x / (1.0 - p) } else { 0.0 })
-            .collect();
-        let mut host_y = None;
-        for dev in &devices {
+        let scale = xv.iter().fold(1.0f64, |m, x| m.max(x.abs()));
+        for dev in test_devices().unwrap() {
             if dtype == DType::F64 && !dev.info().fp64 {
                 continue;
             }
-            let x = random_view(&base.to_device(dev).unwrap(), &mut Cases(vseed));
-            let mut g = Generator::new(seed);
-            let (y, mk) = x.dropout(p, &mut g).unwrap();
-            assert_eq!(g.counter(), m.div_ceil(4) as u128, "{what}");
-            assert_eq!((y.shape(), mk.shape()), (xh.shape(), xh.shape()), "{what}");
-            assert_eq!(mk.to_vec_f64().unwrap(), mask, "{what} mask on {dev}");
-            let yv = y.to_vec_f64().unwrap();
-            check_close(
-                &yv,
-                &want_y,
-                tolerance(dtype),
-                0.0,
-                &format!("{what} y on {dev}"),
-            )
-            .unwrap();
-            // y is bit-identical across devices too (one correctly rounded multiply).
-            match &host_y {
-                None => host_y = Some(yv),
-                Some(h) => assert_eq!(&yv, h, "{what} y on {dev} vs host"),
+            let x = xh.to_device(&dev).unwrap();
+            let tol = tolerance(dtype) * 4.0;
+            let per_row = Tensor::from_vec(ids.clone(), &[2, 5], &dev).unwrap();
+            let shared = Tensor::from_vec(ids[..5].to_vec(), &[5], &dev).unwrap();
+            for (pos, name) in [(&per_row, "[B, T] ids"), (&shared, "[T] ids")] {
+                let y = x
+                    .rope_with(RopeStyle::Halves, &RopePositions::Ids(pos.clone()), 10000.0)
+                    .unwrap();
+                let b_rows = pos.shape().len() == 2;
+                let want = naive_rope_halves(
+                    &xv,
+                    &shape,
+                    |b, t| ids[if b_rows { b * 5 + t } else { t }] as usize,
+                    10000.0,
+                );
+                check_close(&y.to_vec_f64().unwrap(), &want, tol, scale, &format!("{dev} {dtype} halves {name}"))
+                    .unwrap();
+                // The backward is the inverse rotation.
+                let back = y
+                    .rope_backward_with(RopeStyle::Halves, &RopePositions::Ids(pos.clone()), 10000.0)
+                    .unwrap();
+                check_close(&back.to_vec_f64().unwrap(), &xv, tol, scale, &format!("{dev} {dtype} inverse {name}"))
+                    .unwrap();
             }
-        }
-    }
-}
-
-#[test]
-fn dropout_keeps_about_one_minus_p_and_checks_arguments() {
-    for dev in test_devices().unwrap() {
-        let x = Tensor::ones(&[100_000], DType::F32, &dev).unwrap();
-        let (y, m) = x.dropout(0.3, &mut Generator::new(5)).unwrap();
-        let kept = m.to_vec::<f32>().unwrap().iter().sum::<f32>() / 100_000.0;
-        assert!((kept - 0.7).abs() < 0.01, "{dev}: kept {kept}");
-        let mean = y.to_vec::<f32>().unwrap().iter().sum::<f32>() / 100_000.0;
-        assert!((mean - 1.0).abs() < 0.02, "{dev}: mean {mean}");
-        for p in [-0.1, 1.5, f64::NAN] {
-            let e = x
-                .dropout(p, &mut Generator::new(1))
+            // Ids equal to offset + t give exactly the offset form, in both pairings.
+            let offset_ids: Vec<i32> = (0..5).map(|t| 40 + t).collect();
+            let pos = RopePositions::Ids(Tensor::from_vec(offset_ids, &[5], &dev).unwrap());
+            for style in [RopeStyle::Interleaved, RopeStyle::Halves] {
+                let a = x.rope_with(style, &pos, 500.0).unwrap().to_vec_f64().unwrap();
+                let b = x
+                    .rope_with(style, &RopePositions::Offset(40), 500.0)
+                    .unwrap()
+                    .to_vec_f64()
+                    .unwrap();
+                assert_eq!(a, b, "{dev} {dtype} {style:?}");
+            }
+            let bad = Tensor::from_vec(vec![0i32; 4], &[4], &dev).unwrap();
+            let err = x
+                .rope_with(RopeStyle::Halves, &RopePositions::Ids(bad), 1e4)
                 .unwrap_err()
                 .to_string();
-            assert!(e.contains("dropout") && e.contains("[100000]"), "{e}");
-            let e = Tensor::bernoulli(p, &[2, 3], DType::F32, &dev, &mut Generator::new(1))
-                .unwrap_err()
-                .to_string();
-            assert!(e.contains("bernoulli") && e.contains("[2, 3]"), "{e}");
+            assert!(err.contains("[4]") && err.contains("[B, T]"), "{err}");
         }
-        let i = Tensor::zeros(&[4], DType::I32, &dev).unwrap();
-        let e = i
-            .dropout(0.5, &mut Generator::new(1))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("dropout") && e.contains("i32"), "{e}");
-        let (y, m) = x.dropout(1.0, &mut Generator::new(2)).unwrap();
-        assert!(y.to_vec::<f32>().unwrap().iter().all(|&v| v == 0.0));
-        assert!(m.to_vec::<f32>().unwrap().iter().all(|&v| v == 0.0));
-        let (y, _) = x.dropout(0.0, &mut Generator::new(2)).unwrap();
-        assert!(y.to_vec::<f32>().unwrap().iter().all(|&v| v == 1.0));
     }
 }
