@@ -1,0 +1,177 @@
+//! One Llama block: RMSNorm, grouped-query attention with RoPE and a causal mask (optionally through a KV cache), SwiGLU feed-forward, residuals.
+use super::cache::KvCache;
+use super::config::LlamaConfig;
+use netcl_autograd::{Parameter, Tape, Var};
+use netcl_nn::{Init, Linear, Module, RmsNorm};
+use netcl_ops::{Device, Generator, Result, RopePositions, Tensor};
+
+/// Llama's weight initialisation (llama2.c, Hugging Face): N(0, 0.02).
+const INIT: Init = Init::Normal {
+    mean: 0.0,
+    std: 0.02,
+};
+
+fn proj(inn: usize, out: usize, cfg: &LlamaConfig, dev: &Device, g: &mut Generator) -> Result<Linear> {
+    Linear::with_init(inn, out, false, INIT, cfg.dtype, dev, g)
+}
+
+fn named(prefix: &str, m: &dyn Module) -> Vec<(String, Parameter)> {
+    m.named_parameters()
+        .into_iter()
+        .map(|(n, p)| (format!("{prefix}.{n}"), p))
+        .collect()
+}
+
+/// Grouped-query self-attention: `n_heads` query heads share `n_kv_heads` key/value heads.
+pub struct Attention {
+    pub wq: Linear,
+    pub wk: Linear,
+    pub wv: Linear,
+    pub wo: Linear,
+    cfg: LlamaConfig,
+}
+
+impl Attention {
+    pub fn new(cfg: &LlamaConfig, dev: &Device, g: &mut Generator) -> Result<Attention> {
+        let (d, kv) = (cfg.dim, cfg.n_kv_heads * cfg.head_dim());
+        Ok(Attention {
+            wq: proj(d, d, cfg, dev, g)?,
+            wk: proj(d, kv, cfg, dev, g)?,
+            wv: proj(d, kv, cfg, dev, g)?,
+            wo: proj(d, d, cfg, dev, g)?,
+            cfg: cfg.clone(),
+        })
+    }
+
+    /// x: [B, T, D] at `positions`; with a cache, this layer's keys and values are written at
+    /// `cache.len()` and attention runs over everything cached. `mask` is added to the scores
+    /// ([B, 1, 1, T, S], padding of batched prompts).
+    pub fn forward(
+        &self,
+        tape: &Tape,
+        x: &Var,
+        positions: &RopePositions,
+        cache: Option<(&KvCache, usize)>,
+        mask: Option<&Tensor>,
+    ) -> Result<Var> {
+        let c = &self.cfg;
+        let (b, t) = (x.shape()[0], x.shape()[1]);
+        let (h, hkv, hd) = (c.n_heads, c.n_kv_heads, c.head_dim());
+        let rope = |v: Var| v.rope_with(c.rope_style, positions.clone(), c.rope_theta);
+        let q = rope(self.wq.forward(tape, x)?.reshape(&[b, t, h, hd])?)?;
+        let k = rope(self.wk.forward(tape, x)?.reshape(&[b, t, hkv, hd])?)?;
+        let v = self.wv.forward(tape, x)?.reshape(&[b, t, hkv, hd])?;
+        // [B, Hkv, S, hd]: this step's keys and values, or all the cache holds after them.
+        let (k, v) = (k.transpose(1, 2)?, v.transpose(1, 2)?);
+        let (k, v) = match cache {
+            Some((cache, layer)) => {
+                let (ka, va) = cache.append(layer, k.value(), v.value())?;
+                (Var::constant(ka), Var::constant(va))
+            }
+            None => (k, v),
+        };
+        let s = k.shape()[2];
+        let rep = h / hkv;
+        // Query head j * rep + r uses key/value head j: group the queries, broadcast the keys.
+        let q = q.transpose(1, 2)?.reshape(&[b, hkv, rep, t, hd])?;
+        let wide = [b, hkv, rep, s, hd];
+        let k = k.unsqueeze(2)?.broadcast_to(&wide)?;
+        let v = v.unsqueeze(2)?.broadcast_to(&wide)?;
+        let o = Var::attention(&q, &k, &v, mask, true, None)?;
+        let o = o.reshape(&[b, h, t, hd])?.transpose(1, 2)?.reshape(&[b, t, c.dim])?;
+        self.wo.forward(tape, &o)
+    }
+
+    pub fn named_parameters(&self) -> Vec<(String, Parameter)> {
+        let mut v = named("wq", &self.wq);
+        v.extend(named("wk", &self.wk));
+        v.extend(named("wv", &self.wv));
+        v.extend(named("wo", &self.wo));
+        v
+    }
+}
+
+/// SwiGLU: `w2(silu(w1 x) * w3 x)`.
+pub struct FeedForward {
+    pub w1: Linear,
+    pub w2: Linear,
+    pub w3: Linear,
+}
+
+impl FeedForward {
+    pub fn new(cfg: &LlamaConfig, dev: &Device, g: &mut Generator) -> Result<FeedForward> {
+        Ok(FeedForward {
+            w1: proj(cfg.dim, cfg.hidden_dim, cfg, dev, g)?,
+            w2: proj(cfg.hidden_dim, cfg.dim, cfg, dev, g)?,
+            w3: proj(cfg.dim, cfg.hidden_dim, cfg, dev, g)?,
+        })
+    }
+
+    pub fn forward(&self, tape: &Tape, x: &Var) -> Result<Var> {
+        let gate = self.w1.forward(tape, x)?.silu()?;
+        let up = self.w3.forward(tape, x)?;
+        self.w2.forward(tape, &gate.mul(&up)?)
+    }
+
+    pub fn named_parameters(&self) -> Vec<(String, Parameter)> {
+        let mut v = named("w1", &self.w1);
+        v.extend(named("w2", &self.w2));
+        v.extend(named("w3", &self.w3));
+        v
+    }
+}
+
+/// `h = x + attention(norm(x))`, `out = h + feed_forward(norm(h))`.
+pub struct Block {
+    pub attention_norm: RmsNorm,
+    pub attention: Attention,
+    pub ffn_norm: RmsNorm,
+    pub feed_forward: FeedForward,
+}
+
+impl Block {
+    pub fn new(cfg: &LlamaConfig, dev: &Device, g: &mut Generator) -> Result<Block> {
+        let norm = || -> Result<RmsNorm> {
+            let w = Tensor::ones(&[cfg.dim], cfg.dtype, dev)?;
+            RmsNorm::from_weight(w, cfg.norm_eps)
+        };
+        Ok(Block {
+            attention_norm: norm()?,
+            attention: Attention::new(cfg, dev, g)?,
+            ffn_norm: norm()?,
+            feed_forward: FeedForward::new(cfg, dev, g)?,
+        })
+    }
+
+    pub fn forward(
+        &self,
+        tape: &Tape,
+        x: &Var,
+        positions: &RopePositions,
+        cache: Option<(&KvCache, usize)>,
+        mask: Option<&Tensor>,
+    ) -> Result<Var> {
+        let a = self.attention_norm.forward(tape, x)?;
+        let h = x.add(&self.attention.forward(tape, &a, positions, cache, mask)?)?;
+        let f = self.ffn_norm.forward(tape, &h)?;
+        h.add(&self.feed_forward.forward(tape, &f)?)
+    }
+
+    pub fn named_parameters(&self) -> Vec<(String, Parameter)> {
+        let mut v = named("attention_norm", &self.attention_norm);
+        v.extend(
+            self.attention
+                .named_parameters()
+                .into_iter()
+                .map(|(n, p)| (format!("attention.{n}"), p)),
+        );
+        v.extend(named("ffn_norm", &self.ffn_norm));
+        v.extend(
+            self.feed_forward
+                .named_parameters()
+                .into_iter()
+                .map(|(n, p)| (format!("feed_forward.{n}"), p)),
+        );
+        v
+    }
+}

@@ -1,0 +1,158 @@
+//! LlamaConfig: the shape of a Llama model (llama2.c's and Hugging Face's fields), checked once.
+use netcl_ops::{DType, Error, Result, RopeStyle};
+use serde::{Deserialize, Serialize};
+
+/// The shape of a Llama model. `hidden_dim` is the SwiGLU width; `n_kv_heads < n_heads` is
+/// grouped-query attention (each key/value head serves `n_heads / n_kv_heads` query heads).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LlamaConfig {
+    pub dim: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub vocab_size: usize,
+    pub hidden_dim: usize,
+    pub norm_eps: f64,
+    pub rope_theta: f64,
+    /// "interleaved" (llama2.c) or "halves" (Hugging Face).
+    #[serde(with = "style_name")]
+    pub rope_style: RopeStyle,
+    pub max_seq_len: usize,
+    /// The output projection shares the token embedding's table.
+    pub tied_embeddings: bool,
+    /// Storage dtype of the weights and activations (f32, f16, bf16, f64).
+    #[serde(with = "dtype_name")]
+    pub dtype: DType,
+}
+
+mod style_name {
+    use netcl_ops::RopeStyle;
+    use serde::{Deserialize, Deserializer, Serializer};
+    pub fn serialize<S: Serializer>(s: &RopeStyle, ser: S) -> Result<S::Ok, S::Error> {
+        ser.serialize_str(s.name())
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<RopeStyle, D::Error> {
+        match String::deserialize(d)?.as_str() {
+            "interleaved" => Ok(RopeStyle::Interleaved),
+            "halves" => Ok(RopeStyle::Halves),
+            other => Err(serde::de::Error::custom(format!(
+                "rope_style {other:?}: use \"interleaved\" or \"halves\""
+            ))),
+        }
+    }
+}
+
+mod dtype_name {
+    use netcl_ops::DType;
+    use serde::{Deserialize, Deserializer, Serializer};
+    pub fn serialize<S: Serializer>(d: &DType, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(d.name())
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DType, D::Error> {
+        DType::parse(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+impl LlamaConfig {
+    /// The llama2.c "stories15M" shape: dim 288, 6 layers, 6 heads, hidden 768, context 256.
+    pub fn llama_15m(vocab_size: usize) -> LlamaConfig {
+        LlamaConfig {
+            dim: 288,
+            n_layers: 6,
+            n_heads: 6,
+            n_kv_heads: 6,
+            vocab_size,
+            hidden_dim: 768,
+            norm_eps: 1e-5,
+            rope_theta: 10000.0,
+            rope_style: RopeStyle::Interleaved,
+            max_seq_len: 256,
+            tied_embeddings: true,
+            dtype: DType::F32,
+        }
+    }
+
+    /// The "stories110M" shape: dim 768, 12 layers, 12 heads, hidden 2048, context 1024.
+    pub fn llama_110m(vocab_size: usize) -> LlamaConfig {
+        LlamaConfig {
+            dim: 768,
+            n_layers: 12,
+            n_heads: 12,
+            n_kv_heads: 12,
+            hidden_dim: 2048,
+            max_seq_len: 1024,
+            ..LlamaConfig::llama_15m(vocab_size)
+        }
+    }
+
+    /// A tiny model for tests: dim 16, 2 layers, 4 query and 2 key/value heads.
+    pub fn tiny(vocab_size: usize) -> LlamaConfig {
+        LlamaConfig {
+            dim: 16,
+            n_layers: 2,
+            n_heads: 4,
+            n_kv_heads: 2,
+            hidden_dim: 40,
+            max_seq_len: 32,
+            ..LlamaConfig::llama_15m(vocab_size)
+        }
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.dim / self.n_heads.max(1)
+    }
+
+    /// Every mismatch in one error naming the values.
+    pub fn validate(&self) -> Result<()> {
+        let mut problems = Vec::new();
+        for (name, v) in [
+            ("dim", self.dim),
+            ("n_layers", self.n_layers),
+            ("n_heads", self.n_heads),
+            ("n_kv_heads", self.n_kv_heads),
+            ("vocab_size", self.vocab_size),
+            ("hidden_dim", self.hidden_dim),
+            ("max_seq_len", self.max_seq_len),
+        ] {
+            if v == 0 {
+                problems.push(format!("{name} is 0"));
+            }
+        }
+        if self.n_heads > 0 && !self.dim.is_multiple_of(self.n_heads) {
+            problems.push(format!("dim {} is not a multiple of n_heads {}", self.dim, self.n_heads));
+        }
+        if self.n_kv_heads > 0 && !self.n_heads.is_multiple_of(self.n_kv_heads) {
+            problems.push(format!(
+                "n_heads {} is not a multiple of n_kv_heads {}",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if self.n_heads > 0 && !self.head_dim().is_multiple_of(2) {
+            problems.push(format!("head dim {} is odd (RoPE rotates pairs)", self.head_dim()));
+        }
+        if !(self.norm_eps.is_finite() && self.norm_eps > 0.0) {
+            problems.push(format!("norm_eps {} must be positive", self.norm_eps));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            problems.push(format!("rope_theta {} must be positive", self.rope_theta));
+        }
+        if !self.dtype.is_float() {
+            problems.push(format!("dtype {} is not a float dtype", self.dtype));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::invalid("LlamaConfig", problems.join("; ")))
+        }
+    }
+
+    /// Trainable parameters of a model of this shape.
+    pub fn num_parameters(&self) -> usize {
+        let (d, hd) = (self.dim, self.head_dim());
+        let attn = d * d * 2 + 2 * d * self.n_kv_heads * hd;
+        let ffn = 3 * d * self.hidden_dim;
+        let per_layer = attn + ffn + 2 * d;
+        let head = if self.tied_embeddings { 0 } else { self.vocab_size * d };
+        self.vocab_size * d + self.n_layers * per_layer + d + head
+    }
+}

@@ -1,0 +1,12 @@
+//! Llama: config, blocks (RMSNorm, grouped-query attention with RoPE, SwiGLU), the model, its KV cache and sampling.
+mod block;
+mod cache;
+mod config;
+mod model;
+mod sample;
+
+pub use block::{Attention, Block, FeedForward};
+pub use cache::KvCache;
+pub use config::LlamaConfig;
+pub use model::{Llama, Positions};
+pub use sample::{generate, Sampler, Sampling};

@@ -1,0 +1,171 @@
+//! The Llama model: token embedding, blocks, final RMSNorm and the output projection (tied or its own); logits, loss, and the Module impl.
+use super::block::Block;
+use super::cache::KvCache;
+use super::config::LlamaConfig;
+use netcl_autograd::{Parameter, Tape, Var};
+use netcl_nn::{Context, Embedding, Init, Linear, Module, RmsNorm};
+use netcl_ops::{Activation, DType, Device, Error, Generator, Result, RopePositions, Tensor};
+use serde_json::Value;
+use std::sync::Arc;
+
+/// Position ids of a forward pass, for [`Module::forward_with`]'s context (default: 0, 1, ...,
+/// or continuing after a cache's length).
+pub struct Positions(pub RopePositions);
+
+/// A Llama-architecture decoder (llama2.c / Meta / Hugging Face layout).
+pub struct Llama {
+    pub config: LlamaConfig,
+    pub tok_embeddings: Embedding,
+    pub layers: Vec<Block>,
+    pub norm: RmsNorm,
+    /// `None` with tied embeddings (the output reuses `tok_embeddings.weight`).
+    pub output: Option<Linear>,
+}
+
+impl Llama {
+    /// A model with Llama's initialisation (N(0, 0.02) weights, unit norms), drawn from `gen`.
+    pub fn new(config: LlamaConfig, device: &Device, gen: &mut Generator) -> Result<Llama> {
+        config.validate()?;
+        let table = Init::Normal { mean: 0.0, std: 0.02 }.tensor(
+            &[config.vocab_size, config.dim],
+            config.dim,
+            config.vocab_size,
+            config.dtype,
+            device,
+            gen,
+        )?;
+        let layers = (0..config.n_layers)
+            .map(|_| Block::new(&config, device, gen))
+            .collect::<Result<Vec<_>>>()?;
+        let output = if config.tied_embeddings {
+            None
+        } else {
+            Some(Linear::with_init(
+                config.dim,
+                config.vocab_size,
+                false,
+                Init::Normal { mean: 0.0, std: 0.02 },
+                config.dtype,
+                device,
+                gen,
+            )?)
+        };
+        let norm = RmsNorm::from_weight(
+            Tensor::ones(&[config.dim], config.dtype, device)?,
+            config.norm_eps,
+        )?;
+        Ok(Llama {
+            tok_embeddings: Embedding::from_weights(table)?,
+            layers,
+            norm,
+            output,
+            config,
+        })
+    }
+
+    pub fn device(&self) -> &Device {
+        self.tok_embeddings.weight.device()
+    }
+
+    /// Logits `[B, T, vocab]` for token ids `[B, T]` (I32 on the model's device). Positions
+    /// default to `0..T`, or to `cache.len()..` with a cache, whose keys and values are
+    /// appended (and its length advanced). `mask` ([B, 1, 1, T, S], added to the attention
+    /// scores) hides padding of batched prompts.
+    pub fn logits(
+        &self,
+        tape: &Tape,
+        ids: &Tensor,
+        positions: Option<&RopePositions>,
+        cache: Option<&KvCache>,
+        mask: Option<&Tensor>,
+    ) -> Result<Var> {
+        let op = "Llama";
+        if ids.ndim() != 2 || ids.dtype() != DType::I32 || ids.numel() == 0 {
+            return Err(Error::shape(
+                op,
+                format!("token ids are {} {:?}; need non-empty I32 [B, T]", ids.dtype(), ids.shape()),
+            ));
+        }
+        let t = ids.shape()[1];
+        let start = cache.map_or(0, |c| c.len());
+        if start + t > self.config.max_seq_len {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "{t} tokens after {start} cached positions exceed max_seq_len {}",
+                    self.config.max_seq_len
+                ),
+            ));
+        }
+        if let Some(c) = cache {
+            if c.batch() != ids.shape()[0] {
+                return Err(Error::shape(
+                    op,
+                    format!("ids {:?} for a cache of batch {}", ids.shape(), c.batch()),
+                ));
+            }
+        }
+        let default = RopePositions::Offset(start);
+        let positions = positions.unwrap_or(&default);
+        let mut h = tape.param(&self.tok_embeddings.weight).embedding(ids)?;
+        for (i, block) in self.layers.iter().enumerate() {
+            h = block
+                .forward(tape, &h, positions, cache.map(|c| (c, i)), mask)
+                .map_err(|e| netcl_nn::in_layer(e, &format!("layer {i} of Llama")))?;
+        }
+        if let Some(c) = cache {
+            c.advance(t)?;
+        }
+        let h = self.norm.forward(tape, &h)?;
+        match &self.output {
+            Some(out) => out.forward(tape, &h),
+            None => h.linear(&tape.param(&self.tok_embeddings.weight), None, Activation::None),
+        }
+    }
+
+    /// Mean cross-entropy of next-token prediction: logits of `ids` [B, T] against `targets` [B, T].
+    pub fn loss(&self, tape: &Tape, ids: &Tensor, targets: &Tensor) -> Result<Var> {
+        if targets.shape() != ids.shape() {
+            return Err(Error::shape(
+                "Llama::loss",
+                format!("targets {:?} for ids {:?}", targets.shape(), ids.shape()),
+            ));
+        }
+        let logits = self.logits(tape, ids, None, None, None)?;
+        let n = ids.numel();
+        logits
+            .reshape(&[n, self.config.vocab_size])?
+            .cross_entropy(&targets.reshape(&[n])?, None)
+    }
+}
+
+impl Module for Llama {
+    /// `x`: token ids [B, T] (a constant); the logits [B, T, vocab].
+    fn forward(&self, tape: &Tape, x: &Var) -> Result<Var> {
+        self.logits(tape, x.value(), None, None, None)
+    }
+    /// Reads [`Positions`] and an `Arc<KvCache>` from the context when present.
+    fn forward_with(&self, tape: &Tape, x: &Var, ctx: &Context) -> Result<Var> {
+        let positions = ctx.get::<Positions>().map(|p| &p.0);
+        let cache = ctx.get::<Arc<KvCache>>().map(|c| c.as_ref());
+        self.logits(tape, x.value(), positions, cache, None)
+    }
+    fn named_parameters(&self) -> Vec<(String, Parameter)> {
+        let mut v = vec![("tok_embeddings.weight".to_string(), self.tok_embeddings.weight.clone())];
+        for (i, b) in self.layers.iter().enumerate() {
+            v.extend(b.named_parameters().into_iter().map(|(n, p)| (format!("layers.{i}.{n}"), p)));
+        }
+        v.push(("norm.weight".to_string(), self.norm.weight.clone()));
+        if let Some(o) = &self.output {
+            v.push(("output.weight".to_string(), o.weight.clone()));
+        }
+        v
+    }
+    fn describe(&self) -> Value {
+        let mut v = serde_json::to_value(&self.config).unwrap_or(Value::Null);
+        if let Value::Object(m) = &mut v {
+            m.insert("type".into(), "Llama".into());
+        }
+        v
+    }
+}

@@ -1,0 +1,193 @@
+//! Generation: prefill of the prompts in one pass, then one token per step through the KV cache; greedy, temperature, top-k and top-p sampling with a seed.
+use super::cache::KvCache;
+use super::model::Llama;
+use netcl_autograd::Tape;
+use netcl_ops::{Error, Result, RopePositions, Tensor};
+
+/// How the next token is chosen from the logits.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Sampling {
+    /// The most likely token (ties: the lowest id).
+    Greedy,
+    /// softmax(logits / temperature), restricted to the `top_k` most likely tokens (0: all) and
+    /// to the smallest set whose probability reaches `top_p` (1.0: all), then drawn.
+    Random {
+        temperature: f64,
+        top_k: usize,
+        top_p: f64,
+    },
+}
+
+/// A [`Sampling`] rule with its own seeded random stream (SplitMix64): the same seed gives the
+/// same tokens on every run and device.
+pub struct Sampler {
+    pub sampling: Sampling,
+    state: u64,
+}
+
+impl Sampler {
+    pub fn new(sampling: Sampling, seed: u64) -> Result<Sampler> {
+        if let Sampling::Random { temperature, top_p, .. } = sampling {
+            if !(temperature.is_finite() && temperature > 0.0) || !(top_p > 0.0 && top_p <= 1.0) {
+                return Err(Error::invalid(
+                    "Sampler",
+                    format!("temperature {temperature} must be > 0 and top_p {top_p} in (0, 1]"),
+                ));
+            }
+        }
+        Ok(Sampler { sampling, state: seed })
+    }
+
+    /// A uniform number in [0, 1).
+    fn uniform(&mut self) -> f64 {
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// The next token for one row of logits.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        let argmax = || {
+            let mut best = 0;
+            for (i, &l) in logits.iter().enumerate() {
+                if l > logits[best] {
+                    best = i;
+                }
+            }
+            best as u32
+        };
+        let Sampling::Random { temperature, top_k, top_p } = self.sampling else {
+            return argmax();
+        };
+        let mut order: Vec<usize> = (0..logits.len()).filter(|&i| !logits[i].is_nan()).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        if top_k > 0 {
+            order.truncate(top_k);
+        }
+        let Some(&first) = order.first() else {
+            return argmax();
+        };
+        let m = logits[first] as f64;
+        let mut probs: Vec<f64> = order
+            .iter()
+            .map(|&i| ((logits[i] as f64 - m) / temperature).exp())
+            .collect();
+        let total: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= total);
+        let mut keep = probs.len();
+        let mut acc = 0.0;
+        for (i, p) in probs.iter().enumerate() {
+            acc += p;
+            if acc >= top_p {
+                keep = i + 1;
+                break;
+            }
+        }
+        let mass: f64 = probs[..keep].iter().sum();
+        let mut r = self.uniform() * mass;
+        for (i, p) in probs[..keep].iter().enumerate() {
+            r -= p;
+            if r < 0.0 {
+                return order[i] as u32;
+            }
+        }
+        order[keep - 1] as u32
+    }
+}
+
+/// Additive attention mask [B, 1, 1, T, S] for rows left-padded by `pads`: query `q` (absolute
+/// position `start + q`) sees key `j` when `j >= pad` (or `j` is itself, so a padding row still
+/// has one finite score); `None` when nothing is padded.
+fn pad_mask(pads: &[usize], start: usize, t: usize, model: &Llama) -> Result<Option<Tensor>> {
+    if pads.iter().all(|&p| p == 0) {
+        return Ok(None);
+    }
+    let s = start + t;
+    let mut m = vec![0f32; pads.len() * t * s];
+    for (b, &pad) in pads.iter().enumerate() {
+        for q in 0..t {
+            for j in 0..s {
+                if j < pad && j != start + q {
+                    m[(b * t + q) * s + j] = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+    let mask = Tensor::from_vec(m, &[pads.len(), 1, 1, t, s], model.device())?;
+    Ok(Some(mask.to_dtype(model.config.dtype)?))
+}
+
+/// Generates up to `max_new` tokens after each of `prompts` (run together as one batch, shorter
+/// prompts left-padded), calling `on_token(row, token)` as each token is chosen. A row stops at
+/// `stop`; generation ends when every row stopped, after `max_new` tokens, or at max_seq_len.
+/// Returns the new tokens of each row.
+pub fn generate(
+    model: &Llama,
+    prompts: &[Vec<u32>],
+    max_new: usize,
+    sampler: &mut Sampler,
+    stop: Option<u32>,
+    mut on_token: impl FnMut(usize, u32) -> Result<()>,
+) -> Result<Vec<Vec<u32>>> {
+    let cfg = &model.config;
+    let op = "generate";
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
+        return Err(Error::invalid(op, "every prompt needs at least one token"));
+    }
+    if longest > cfg.max_seq_len {
+        return Err(Error::invalid(
+            op,
+            format!("a prompt of {longest} tokens is longer than max_seq_len {}", cfg.max_seq_len),
+        ));
+    }
+    if let Some(&bad) = prompts.iter().flatten().find(|&&t| t as usize >= cfg.vocab_size) {
+        return Err(Error::invalid(
+            op,
+            format!("token {bad} is outside the vocabulary of {}", cfg.vocab_size),
+        ));
+    }
+    let (b, dev) = (prompts.len(), model.device());
+    let pads: Vec<usize> = prompts.iter().map(|p| longest - p.len()).collect();
+    let mut ids = Vec::with_capacity(b * longest);
+    let mut pos = Vec::with_capacity(b * longest);
+    for (p, &pad) in prompts.iter().zip(&pads) {
+        ids.extend(std::iter::repeat_n(0, pad).chain(p.iter().map(|&t| t as i32)));
+        pos.extend((0..longest).map(|t| t.saturating_sub(pad) as i32));
+    }
+    let cache = KvCache::new(cfg, b, dev)?;
+    let tape = Tape::no_grad();
+    let steps = max_new.min(cfg.max_seq_len - longest);
+    let mut out = vec![Vec::new(); b];
+    let mut done = vec![false; b];
+    let mut input = Tensor::from_vec(ids, &[b, longest], dev)?;
+    let mut positions = Tensor::from_vec(pos, &[b, longest], dev)?;
+    for step in 0..steps {
+        let t = input.shape()[1];
+        let mask = pad_mask(&pads, cache.len(), t, model)?;
+        let at = RopePositions::Ids(positions.clone());
+        let logits = model.logits(&tape, &input, Some(&at), Some(&cache), mask.as_ref())?;
+        let last = logits.value().narrow(1, t - 1, 1)?;
+        let rows = last.to_dtype(netcl_ops::DType::F32)?.to_vec::<f32>()?;
+        let mut next = Vec::with_capacity(b);
+        for r in 0..b {
+            let tok = sampler.sample(&rows[r * cfg.vocab_size..(r + 1) * cfg.vocab_size]);
+            if !done[r] {
+                out[r].push(tok);
+                on_token(r, tok)?;
+                done[r] = stop == Some(tok);
+            }
+            next.push(tok as i32);
+        }
+        if done.iter().all(|&d| d) || step + 1 == steps {
+            break;
+        }
+        let p: Vec<i32> = pads.iter().map(|&pad| (cache.len() - pad) as i32).collect();
+        input = Tensor::from_vec(next, &[b, 1], dev)?;
+        positions = Tensor::from_vec(p, &[b, 1], dev)?;
+    }
+    Ok(out)
+}
