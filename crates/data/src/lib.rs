@@ -1,4 +1,4 @@
-//! netcl-data: what training loops need around the model: IDX/Fashion-MNIST loading, shuffled mini-batches as tensors, a progress bar, PNG plots.
+//! netcl-data: what training loops need around the model: IDX/Fashion-MNIST loading, shuffled mini-batches as tensors, text corpora, a BPE tokenizer and token batches, a progress bar, PNG plots.
 //!
 //! ```no_run
 //! use netcl_data::{plot_history, Batches, BatchBuilder, DeviceData, FashionMnist, History, ImageLayout, Progress};
@@ -25,16 +25,27 @@
 //! # }
 //! ```
 pub mod batches;
+pub mod bigram;
 pub mod device_data;
 pub mod fashion_mnist;
 pub mod idx;
 pub mod plot;
 pub mod progress;
 mod text_backend;
+pub mod text_corpus;
+pub mod token_batcher;
+pub mod tokenizer;
 
 pub use batches::{labels_i32, BatchBuilder, Batches, ImageLayout};
+pub use bigram::{bigram_baseline, BigramReport};
 pub use device_data::{DeviceBatches, DeviceData};
 pub use fashion_mnist::{DataSource, FashionMnist, CLASS_NAMES};
 pub use idx::{parse_idx, read_idx, write_idx_u8, IdxArray, IdxData, IdxType};
 pub use plot::{plot_history, plot_history_sized, History};
 pub use progress::Progress;
+pub use text_corpus::{
+    encode_documents, split_documents, utf8_bytes, TextCorpus, TextSplit, EMBEDDED_TEXT,
+    FORTUNES_DIR,
+};
+pub use token_batcher::{TokenBatch, TokenBatcher, TransferStats};
+pub use tokenizer::{Tokenizer, ENDOFTEXT};

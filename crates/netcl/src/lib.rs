@@ -21,6 +21,7 @@ pub use netcl_ops::{Generator, Tensor};
 pub mod prelude {
     pub use crate::{DType, Device, Error, Generator, Pool, Result, Tensor};
     pub use netcl_autograd::{gradcheck, GradcheckOptions, Parameter, Tape, Var};
+    pub use netcl_data::{TextCorpus, TokenBatch, TokenBatcher, Tokenizer};
     pub use netcl_nn::{
         checkpoint::SaveOptions, cross_entropy, cross_entropy_with, load_checkpoint, mse_loss,
         nll_loss, save_checkpoint, save_checkpoint_with, AvgPool2d, BatchNorm2d, Conv2d,

@@ -1,0 +1,194 @@
+//! Byte-level BPE tokenizer (GPT-2 style) on HuggingFace's `tokenizers` crate: train, load/save tokenizer.json, encode, decode.
+use netcl_core_devices::{Error, Result};
+use std::path::Path;
+use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+use tokenizers::models::TrainerWrapper;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::AddedToken;
+
+/// The end-of-text token GPT-2 uses; [`Tokenizer::train_bpe`] callers usually pass it as a special token.
+pub const ENDOFTEXT: &str = "<|endoftext|>";
+
+/// A tokenizer.json tokenizer, in practice a byte-level BPE one: every UTF-8 string encodes (no
+/// unknown token: the 256 byte symbols are in the vocabulary) and decodes back to itself.
+///
+/// Trained ones split text with GPT-2's regex (`ByteLevel` pre-tokenizer, no prefix space),
+/// map bytes to printable symbols, and learn merges with `tokenizers`' BPE trainer, which is
+/// deterministic for a fixed input. Files from elsewhere (`from_file`) keep their own pipeline.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    eos: Option<u32>,
+    /// Largest id + 1.
+    vocab: usize,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Tokenizer(vocab {}, eos {:?})",
+            self.vocab_size(),
+            self.eos
+        )
+    }
+}
+
+fn tk_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::format(what, e.to_string())
+}
+
+/// The first of these tokens in the vocabulary is the end-of-sequence token.
+const EOS_CANDIDATES: [&str; 4] = [ENDOFTEXT, "</s>", "<eos>", "<|end_of_text|>"];
+
+impl Tokenizer {
+    fn wrap(inner: tokenizers::Tokenizer) -> Tokenizer {
+        let eos = EOS_CANDIDATES.iter().find_map(|t| inner.token_to_id(t));
+        let vocab = inner
+            .get_vocab(true)
+            .values()
+            .map(|&id| id as usize + 1)
+            .max()
+            .unwrap_or(0);
+        Tokenizer { inner, eos, vocab }
+    }
+
+    /// Train a byte-level BPE of `vocab_size` tokens (256 byte symbols + `special` tokens + merges)
+    /// on `texts`. The first special token is the end-of-sequence token ([`Self::eos_id`]) unless
+    /// one of `<|endoftext|>`, `</s>`, `<eos>` is among them. Special tokens get the first ids.
+    pub fn train_bpe<S: AsRef<str> + Sync>(
+        texts: &[S],
+        vocab_size: usize,
+        special: &[&str],
+    ) -> Result<Tokenizer> {
+        let op = "Tokenizer::train_bpe";
+        let min = 256 + special.len();
+        if vocab_size < min {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "vocab_size {vocab_size} is below the {min} tokens of the byte alphabet and {} special tokens",
+                    special.len()
+                ),
+            ));
+        }
+        if vocab_size > u32::MAX as usize {
+            return Err(Error::invalid(
+                op,
+                format!("vocab_size {vocab_size} too big"),
+            ));
+        }
+        if let Some(s) = special.iter().find(|s| s.is_empty()) {
+            return Err(Error::invalid(op, format!("empty special token {s:?}")));
+        }
+        let byte_level = ByteLevel::new(false, false, true);
+        let trainer = BpeTrainerBuilder::new()
+            .show_progress(false)
+            .vocab_size(vocab_size)
+            .min_frequency(0)
+            .special_tokens(
+                special
+                    .iter()
+                    .map(|s| AddedToken::from(s.to_string(), true))
+                    .collect(),
+            )
+            .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+            .build();
+        let mut trainer = TrainerWrapper::from(trainer);
+        let mut inner = tokenizers::Tokenizer::new(BPE::default());
+        inner
+            .with_pre_tokenizer(Some(byte_level))
+            .with_post_processor(Some(byte_level))
+            .with_decoder(Some(byte_level));
+        inner
+            .train(&mut trainer, texts.iter().map(|t| t.as_ref()))
+            .map_err(|e| tk_err("BPE training", e))?;
+        let mut tok = Tokenizer::wrap(inner);
+        if tok.eos.is_none() {
+            tok.eos = special.first().and_then(|s| tok.inner.token_to_id(s));
+        }
+        Ok(tok)
+    }
+
+    /// Train on the contents of `files` (read as UTF-8, invalid bytes replaced); see [`Self::train_bpe`].
+    pub fn train_bpe_files<P: AsRef<Path>>(
+        files: &[P],
+        vocab_size: usize,
+        special: &[&str],
+    ) -> Result<Tokenizer> {
+        let texts = files
+            .iter()
+            .map(|p| {
+                let p = p.as_ref();
+                std::fs::read(p)
+                    .map(|b| String::from_utf8_lossy(&b).into_owned())
+                    .map_err(|e| Error::io(p.display().to_string(), e))
+            })
+            .collect::<Result<Vec<String>>>()?;
+        Tokenizer::train_bpe(&texts, vocab_size, special)
+    }
+
+    /// Load a tokenizer.json (the file `save` writes, or a HuggingFace model's).
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Tokenizer> {
+        let path = path.as_ref();
+        let what = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|e| Error::io(what.clone(), e))?;
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
+            .map_err(|e| tk_err(&format!("tokenizer file {what}"), e))?;
+        Ok(Tokenizer::wrap(inner))
+    }
+
+    /// Write the tokenizer as tokenizer.json (pretty-printed).
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let what = path.display().to_string();
+        let json = self
+            .inner
+            .to_string(true)
+            .map_err(|e| tk_err(&format!("tokenizer file {what}"), e))?;
+        std::fs::write(path, json).map_err(|e| Error::io(what, e))
+    }
+
+    /// Token ids of `text` (special tokens written in the text, e.g. `<|endoftext|>`, become their id).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| tk_err("Tokenizer::encode", e))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// The text of `ids` (special tokens included). Ids that end inside a multi-byte character
+    /// decode to U+FFFD. An id outside the vocabulary is an error naming it.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        let v = self.vocab_size();
+        if let Some((pos, id)) = ids.iter().enumerate().find(|(_, &i)| i as usize >= v) {
+            return Err(Error::invalid(
+                "Tokenizer::decode",
+                format!("id {id} at position {pos} is outside the vocabulary of {v}"),
+            ));
+        }
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| tk_err("Tokenizer::decode", e))
+    }
+
+    /// Largest id + 1, special tokens included: the embedding table's row count.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
+    /// The end-of-sequence token id, if the vocabulary has one.
+    pub fn eos_id(&self) -> Option<u32> {
+        self.eos
+    }
+
+    /// The id of `token` (a vocabulary entry as stored, e.g. `Ġthe` for " the" in byte-level BPE).
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The underlying `tokenizers` tokenizer, for everything this wrapper does not expose.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}
