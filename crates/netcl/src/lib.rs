@@ -5,6 +5,7 @@ pub use netcl_core_devices as devices;
 pub use netcl_core_memory as memory;
 pub use netcl_data as data;
 pub use netcl_kernels as kernels;
+pub use netcl_models as models;
 pub use netcl_nn as nn;
 pub use netcl_ops as ops;
 pub use netcl_optim as optim;
@@ -22,6 +23,7 @@ pub mod prelude {
     pub use crate::{DType, Device, Error, Generator, Pool, Result, Tensor};
     pub use netcl_autograd::{gradcheck, GradcheckOptions, Parameter, Tape, Var};
     pub use netcl_data::{TextCorpus, TokenBatch, TokenBatcher, Tokenizer};
+    pub use netcl_models::{generate, KvCache, Llama, LlamaConfig, Sampler, Sampling};
     pub use netcl_nn::{
         checkpoint::SaveOptions, cross_entropy, cross_entropy_with, load_checkpoint, mse_loss,
         nll_loss, save_checkpoint, save_checkpoint_with, AvgPool2d, BatchNorm2d, Conv2d,
