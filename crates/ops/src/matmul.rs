@@ -1,13 +1,13 @@
 //! Matrix products: 2-D and batched with broadcast batch dims, any operand strides (transposes cost no copy), bias + activation epilogue (from the unary-op table).
 use crate::checks::same_float;
 use crate::element::HostData;
+use crate::expr::{Class, UnaryOp};
 use crate::layout::{
     broadcast_shapes, broadcast_strides, check_reach, contiguous_strides, numel, KernelLayout,
 };
 use crate::tensor::Tensor;
 use ndarray::{Array2, ArrayView2};
 use netcl_core_devices::{DType, Error, Result};
-use crate::expr::{Class, UnaryOp};
 use netcl_kernels::sources::MATMUL;
 use netcl_kernels::{gemm_tile, program, GemmTile, Kernel, Source};
 use std::collections::HashMap;

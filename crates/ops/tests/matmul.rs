@@ -39,7 +39,12 @@ fn matmul_matches_the_host_over_shapes_strides_and_batches() {
     let mut cases = 0;
     // Every epilogue of the unary-op table (and none).
     let acts = Activation::all();
-    for act in [Activation::Relu, Activation::Gelu, Activation::GeluTanh, Activation::Silu] {
+    for act in [
+        Activation::Relu,
+        Activation::Gelu,
+        Activation::GeluTanh,
+        Activation::Silu,
+    ] {
         assert!(acts.contains(&act), "{act:?}");
     }
     for case in 0..520 {
