@@ -187,6 +187,23 @@ macro_rules! unary_ops {
                 host(x) = erf(x);
                 grad(x, y, g) = Some(g * (x.square() * -1.0).exp() * (2.0 / PI.sqrt()));
             }
+            /// `ln(1 + e^x)`, and `x` where `x > 20` (PyTorch's default threshold); `exp` never
+            /// overflows below the threshold and `log1p` keeps tiny `e^x` exact.
+            softplus Softplus [epilogue] {
+                cl(c, a) = format!("({a} > {} ? {a} : log1p(exp({a})))", lit(c, 20.0));
+                host(x) = if x > 20.0 { x } else { x.exp().ln_1p() };
+                grad(x, y, g) = Some(g * x.sigmoid());
+            }
+            /// Mish: `x tanh(softplus(x))`.
+            mish Mish [epilogue] {
+                cl(c, a) = format!("({a} * tanh({}))", UnaryOp::Softplus.cl(c, a));
+                host(x) = x * UnaryOp::Softplus.host(x).tanh();
+                grad(x, y, g) = {
+                    let t = x.clone().softplus().tanh();
+                    let dt = (Expr::scalar(1.0) - t.clone().square()) * x.clone().sigmoid();
+                    Some(g * (t + x * dt))
+                };
+            }
         }
     };
 }
