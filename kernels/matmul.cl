@@ -1,7 +1,9 @@
 // matmul.cl: batched GEMM C = act(A·B + bias) with local-memory tiles, register blocking and an epilogue; tile sizes come from -D (tuning table).
 // -DBM, -DBN: output tile per work-group; -DBK: depth of one tile step; -DWM, -DWN: outputs per work-item;
 // -DALIGNED: M, N and K are multiples of the tile (no bounds checks);
-// -DACT: 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh), 4 silu.
+// -DMATMUL_KERNEL: the kernel's name (matmul.rs's MATMUL_KERNEL).
+// The epilogue: with an activation, matmul.rs puts a generated `inline ACC activate(ACC v)` (the op's
+// OpenCL text from crates/ops/src/unary_table.rs) and `#define ACTIVATION` before this file; without, it is the identity.
 #ifndef BM
 #define BM 64
 #define BN 64
@@ -9,27 +11,17 @@
 #define WM 4
 #define WN 4
 #endif
-#ifndef ACT
-#define ACT 0
+#ifndef MATMUL_KERNEL
+#error "matmul.cl needs -DMATMUL_KERNEL=<kernel name> (set by matmul.rs)"
 #endif
 #define TX (BN / WN)  // work-items along n
 #define TY (BM / WM)  // work-items along m
 #define NT (TX * TY)
 #define PAD 4          // keeps rows 16-byte aligned and spreads transposed stores over banks
 
-inline ACC activate(ACC v) {
-#if ACT == 1
-    return v < (ACC)0 ? (ACC)0 : v;
-#elif ACT == 2
-    return (ACC)0.5 * v * ((ACC)1 + erf(v * (ACC)0.70710678118654752440));
-#elif ACT == 3
-    return (ACC)0.5 * v * ((ACC)1 + tanh((ACC)0.79788456080286535588 * (v + (ACC)0.044715 * v * v * v)));
-#elif ACT == 4
-    return v / ((ACC)1 + exp(-v));
-#else
-    return v;
+#ifndef ACTIVATION
+inline ACC activate(ACC v) { return v; }
 #endif
-}
 
 // Work-items own register columns in groups of GW contiguous elements (vector-friendly local
 // reads, coalesced stores); groups are strided by the work-group width.
@@ -60,7 +52,7 @@ inline ACC activate(ACC v) {
 #define B_PER ((BN * BK + NT - 1) / NT)
 
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
-void matmul(__global T* c,           /* (batch, M, N) contiguous per batch: c[m * N + n] */
+void MATMUL_KERNEL(__global T* c,           /* (batch, M, N) contiguous per batch: c[m * N + n] */
             __global const T* a,     /* (batch, M, K): a[m * sam + k * sak] */
             __global const T* b,     /* (batch, K, N): b[k * sbk + n * sbn] */
             __global const T* bias,  /* (N), read when has_bias */

@@ -1,49 +1,6 @@
-//! Backward rules of the unary elementwise ops and casts: each derivative is one fused kernel over (x, y, dy).
+//! Backward rules of the unary elementwise ops (from netcl-ops' unary-op table) and casts: each derivative is one fused kernel over (x, y, dy).
 use crate::tape::{record, Var};
 use netcl_ops::{fused, DType, Expr, Result, Tensor, UnaryOp};
-use std::f64::consts::PI;
-
-/// The input gradient as an expression of x = input(0), y = input(1) (the output) and
-/// g = input(2) (the output's gradient); None for ops whose derivative is zero almost everywhere.
-fn unary_grad(op: UnaryOp) -> Option<Expr> {
-    let (x, y, g) = (Expr::input(0), Expr::input(1), Expr::input(2));
-    let sqrt_2_over_pi = (2.0 / PI).sqrt();
-    Some(match op {
-        UnaryOp::Neg => -g,
-        UnaryOp::Abs => g * x.sign(),
-        UnaryOp::Sign | UnaryOp::Floor => return None,
-        UnaryOp::Exp => g * y,
-        UnaryOp::Log => g / x,
-        UnaryOp::Sqrt => g * 0.5 / y,
-        UnaryOp::Rsqrt => g * -0.5 * y.clone() * y.clone() * y,
-        UnaryOp::Sin => g * x.cos(),
-        UnaryOp::Cos => -(g * x.sin()),
-        UnaryOp::Tanh => g * (Expr::scalar(1.0) - y.square()),
-        UnaryOp::Sigmoid => g * y.clone() * (Expr::scalar(1.0) - y),
-        UnaryOp::Relu => Expr::select(x.gt(0.0), g, 0.0),
-        UnaryOp::Gelu => {
-            let cdf =
-                (Expr::scalar(1.0) + (x.clone() * std::f64::consts::FRAC_1_SQRT_2).erf()) * 0.5;
-            let pdf = (x.clone().square() * -0.5).exp() * (1.0 / (2.0 * PI).sqrt());
-            g * (cdf + x * pdf)
-        }
-        UnaryOp::GeluTanh => {
-            let x2 = x.clone().square();
-            let t = ((x.clone() + x.clone() * x2.clone() * 0.044715) * sqrt_2_over_pi).tanh();
-            let dt = (Expr::scalar(1.0) - t.clone().square())
-                * sqrt_2_over_pi
-                * (Expr::scalar(1.0) + x2 * (3.0 * 0.044715));
-            g * ((Expr::scalar(1.0) + t) * 0.5 + x * dt * 0.5)
-        }
-        UnaryOp::Silu => {
-            let s = x.clone().sigmoid();
-            g * s.clone() * (Expr::scalar(1.0) + x * (Expr::scalar(1.0) - s))
-        }
-        UnaryOp::Square => g * x * 2.0,
-        UnaryOp::Reciprocal => -(g * y.square()),
-        UnaryOp::Erf => g * (x.square() * -1.0).exp() * (2.0 / PI.sqrt()),
-    })
-}
 
 /// Record an elementwise op whose input gradient is `dx` over (x, y, dy).
 fn pointwise(op: &'static str, x: &Var, y: Tensor, dx: Option<Expr>) -> Result<Var> {
@@ -57,11 +14,16 @@ fn pointwise(op: &'static str, x: &Var, y: Tensor, dx: Option<Expr>) -> Result<V
     })
 }
 
+/// `Var` methods of every row of netcl-ops' unary-op table.
 macro_rules! unary_vars {
-    ($($fn:ident => $op:ident),* $(,)?) => {
+    ($(
+        $(#[$doc:meta])*
+        $fn:ident $op:ident [$($flag:ident)*] { $($row:tt)* }
+    )*) => {
         impl Var {
             $(
-                #[doc = concat!("`", stringify!($fn), "` of every element (recorded).")]
+                #[doc = concat!("`", stringify!($fn), "` of every element (recorded): ")]
+                $(#[$doc])*
                 pub fn $fn(&self) -> Result<Var> {
                     self.unary(UnaryOp::$op)
                 }
@@ -70,18 +32,13 @@ macro_rules! unary_vars {
     };
 }
 
-unary_vars!(
-    neg => Neg, abs => Abs, sign => Sign, exp => Exp, log => Log, sqrt => Sqrt, rsqrt => Rsqrt,
-    sin => Sin, cos => Cos, tanh => Tanh, sigmoid => Sigmoid, relu => Relu, gelu => Gelu,
-    gelu_tanh => GeluTanh, silu => Silu, square => Square, reciprocal => Reciprocal,
-    floor => Floor, erf => Erf,
-);
+netcl_ops::unary_ops!(unary_vars);
 
 impl Var {
     /// `op` of every element.
     pub fn unary(&self, op: UnaryOp) -> Result<Var> {
         let y = self.value().unary(op)?;
-        pointwise(op.name(), self, y, unary_grad(op))
+        pointwise(op.name(), self, y, op.grad())
     }
 
     /// `x` where positive, `slope * x` elsewhere.

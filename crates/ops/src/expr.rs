@@ -1,4 +1,5 @@
 //! Elementwise expressions: the tree users build, which `fused` compiles into one kernel (and the host evaluates).
+pub use crate::unary_table::UnaryOp;
 use netcl_core_devices::DType;
 use std::ops;
 
@@ -78,16 +79,6 @@ macro_rules! ops_enum {
 }
 
 ops_enum!(
-    /// Elementwise functions of one operand.
-    UnaryOp {
-        Neg => "neg", Abs => "abs", Sign => "sign", Exp => "exp", Log => "log", Sqrt => "sqrt",
-        Rsqrt => "rsqrt", Sin => "sin", Cos => "cos", Tanh => "tanh", Sigmoid => "sigmoid",
-        Relu => "relu", Gelu => "gelu", GeluTanh => "gelu_tanh", Silu => "silu",
-        Square => "square", Reciprocal => "reciprocal", Floor => "floor", Erf => "erf",
-    }
-);
-
-ops_enum!(
     /// Elementwise functions of two operands; comparisons give 1 or 0 in the operands' dtype.
     BinaryOp {
         Add => "add", Sub => "sub", Mul => "mul", Div => "div", Maximum => "maximum",
@@ -97,100 +88,8 @@ ops_enum!(
 );
 
 /// A typed constant in OpenCL C.
-fn lit(class: Class, v: f64) -> String {
+pub(crate) fn lit(class: Class, v: f64) -> String {
     format!("(({}){v:?})", class.cl())
-}
-
-impl UnaryOp {
-    /// Whether the op needs a float operand.
-    pub(crate) fn float_only(self) -> bool {
-        !matches!(
-            self,
-            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign | UnaryOp::Relu | UnaryOp::Square
-        )
-    }
-
-    /// OpenCL C for the op applied to the variable `a` of arithmetic `c`.
-    pub(crate) fn cl(self, c: Class, a: &str) -> String {
-        let one = lit(c, 1.0);
-        let zero = lit(c, 0.0);
-        match self {
-            UnaryOp::Neg => format!("(-{a})"),
-            UnaryOp::Abs => match c {
-                Class::F32 | Class::F64 => format!("fabs({a})"),
-                Class::I32 => format!("((int)abs({a}))"),
-                Class::U32 => a.to_string(),
-            },
-            UnaryOp::Sign => format!("({a} > {zero} ? {one} : ({a} < {zero} ? -{one} : {a}))"),
-            UnaryOp::Relu => format!("({a} < {zero} ? {zero} : {a})"),
-            UnaryOp::Square => format!("({a} * {a})"),
-            UnaryOp::Exp => format!("exp({a})"),
-            UnaryOp::Log => format!("log({a})"),
-            UnaryOp::Sqrt => format!("sqrt({a})"),
-            UnaryOp::Rsqrt => format!("rsqrt({a})"),
-            UnaryOp::Sin => format!("sin({a})"),
-            UnaryOp::Cos => format!("cos({a})"),
-            UnaryOp::Tanh => format!("tanh({a})"),
-            UnaryOp::Floor => format!("floor({a})"),
-            UnaryOp::Erf => format!("erf({a})"),
-            UnaryOp::Sigmoid => format!("({one} / ({one} + exp(-{a})))"),
-            UnaryOp::Silu => format!("({a} / ({one} + exp(-{a})))"),
-            UnaryOp::Reciprocal => format!("({one} / {a})"),
-            UnaryOp::Gelu => format!(
-                "({} * {a} * ({one} + erf({a} * {})))",
-                lit(c, 0.5),
-                lit(c, std::f64::consts::FRAC_1_SQRT_2)
-            ),
-            UnaryOp::GeluTanh => format!(
-                "({} * {a} * ({one} + tanh({} * ({a} + {} * {a} * {a} * {a}))))",
-                lit(c, 0.5),
-                lit(c, (2.0 / std::f64::consts::PI).sqrt()),
-                lit(c, 0.044715)
-            ),
-        }
-    }
-
-    /// The host reference (before rounding to the arithmetic of the dtype).
-    pub(crate) fn host(self, x: f64) -> f64 {
-        match self {
-            UnaryOp::Neg => -x,
-            UnaryOp::Abs => x.abs(),
-            UnaryOp::Sign => {
-                if x > 0.0 {
-                    1.0
-                } else if x < 0.0 {
-                    -1.0
-                } else {
-                    x
-                }
-            }
-            UnaryOp::Relu => {
-                if x < 0.0 {
-                    0.0
-                } else {
-                    x
-                }
-            }
-            UnaryOp::Square => x * x,
-            UnaryOp::Exp => x.exp(),
-            UnaryOp::Log => x.ln(),
-            UnaryOp::Sqrt => x.sqrt(),
-            UnaryOp::Rsqrt => 1.0 / x.sqrt(),
-            UnaryOp::Sin => x.sin(),
-            UnaryOp::Cos => x.cos(),
-            UnaryOp::Tanh => x.tanh(),
-            UnaryOp::Floor => x.floor(),
-            UnaryOp::Erf => erf(x),
-            UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-            UnaryOp::Silu => x / (1.0 + (-x).exp()),
-            UnaryOp::Reciprocal => 1.0 / x,
-            UnaryOp::Gelu => 0.5 * x * (1.0 + erf(x * std::f64::consts::FRAC_1_SQRT_2)),
-            UnaryOp::GeluTanh => {
-                let k = (2.0 / std::f64::consts::PI).sqrt();
-                0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
-            }
-        }
-    }
 }
 
 impl BinaryOp {
@@ -331,18 +230,6 @@ impl Expr {
         Expr::select(x.clone().binary(BinaryOp::Gt, 0.0), x.clone(), x * slope)
     }
 }
-
-macro_rules! expr_methods {
-    ($($fn:ident => $op:ident),* $(,)?) => {
-        impl Expr { $(pub fn $fn(self) -> Expr { self.unary(UnaryOp::$op) })* }
-    };
-}
-expr_methods!(
-    abs => Abs, sign => Sign, exp => Exp, log => Log, sqrt => Sqrt, rsqrt => Rsqrt, sin => Sin,
-    cos => Cos, tanh => Tanh, sigmoid => Sigmoid, relu => Relu, gelu => Gelu,
-    gelu_tanh => GeluTanh, silu => Silu, square => Square, reciprocal => Reciprocal,
-    floor => Floor, erf => Erf,
-);
 
 macro_rules! expr_compare {
     ($($fn:ident => $op:ident),* $(,)?) => {

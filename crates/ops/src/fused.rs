@@ -217,6 +217,10 @@ fn cast_host(from: Class, to: DType, x: f64) -> f64 {
     }
 }
 
+/// The generated kernels' names, used in the generated source and at launch.
+const FUSED_CONTIG: &str = "fused_contig";
+const FUSED_STRIDED: &str = "fused_strided";
+
 /// Elements per work-item of `fused_contig` when every operand offset is a multiple of it.
 pub(crate) const VEC: usize = 4;
 
@@ -389,10 +393,10 @@ fn generate(key: &PlanKey, scalars: &[(f64, Class)], uniform: u64) -> String {
          #ifndef FUSED_VEC\n#define FUSED_VEC 1\n#endif\n\
          typedef struct {{ uint ndim; uint shape[MAX_DIMS]; uint stride[{k}][MAX_DIMS]; uint offset[{k}]; }} FusedLayout;\n\
          // Outputs o*, inputs i* [n elements from off*]; n elements in all.\n\
-         __kernel void fused_contig({params}{offsets}{scalar_params}uint n) {{\n\
+         __kernel void {FUSED_CONTIG}({params}{offsets}{scalar_params}uint n) {{\n\
          \x20   uint base = get_global_id(0) * FUSED_VEC;\n    if (base >= n) return;\n{contig}}}\n\
          // Outputs o*, inputs i* [strided by l]; n elements in all.\n\
-         __kernel void fused_strided({params}FusedLayout l, {scalar_params}uint n) {{\n\
+         __kernel void {FUSED_STRIDED}({params}FusedLayout l, {scalar_params}uint n) {{\n\
          \x20   uint gid = get_global_id(0);\n    if (gid >= n) return;\n{start}\
          \x20   uint r = gid;\n    for (int d = (int)l.ndim - 1; d >= 0; --d) {{\n\
          \x20       uint e = l.shape[d];\n        uint idx = r % e;\n        r /= e;\n{step}    }}\n{scalar_strided}}}\n",
@@ -731,7 +735,7 @@ pub(crate) fn run(
             1
         };
         let program = program(&device, &plan, vec, &Form::Single { uniform })?;
-        launch_1d_over(&program, "fused_contig", n.div_ceil(vec), n, |k| {
+        launch_1d_over(&program, FUSED_CONTIG, n.div_ceil(vec), n, |k| {
             k.declare(work.0, work.1);
             set_buffers(k)?;
             for (_, off) in &operands {
@@ -753,7 +757,7 @@ pub(crate) fn run(
             words[1 + crate::layout::MAX_DIMS * (1 + k) + j] = *off as u32;
         }
         let program = program(&device, &plan, 1, &Form::Single { uniform: 0 })?;
-        launch_1d(&program, "fused_strided", n, |k| {
+        launch_1d(&program, FUSED_STRIDED, n, |k| {
             k.declare(work.0, work.1);
             set_buffers(k)?;
             k.arg_bytes(bytemuck::cast_slice(&words))?;

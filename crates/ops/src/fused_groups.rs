@@ -331,7 +331,7 @@ fn launch(
         bytes as u64,
         (elements * arithmetic_nodes(&plan.key)) as u64,
     );
-    launch_1d_over(&program, "fused_groups", items, items, |kern| {
+    launch_1d_over(&program, FUSED_GROUPS, items, items, |kern| {
         kern.declare(work.0, work.1);
         for g in 0..k {
             // Groups past the chunk take the last group's buffers (and no work-items).
@@ -344,6 +344,9 @@ fn launch(
         set_scalars(kern, &plan.scalars)
     })
 }
+
+/// The generated kernel's name, used in the generated source and at launch.
+const FUSED_GROUPS: &str = "fused_groups";
 
 /// OpenCL C of `fused_groups` for a plan over `groups` operand groups, operand `j` (outputs
 /// first) in buffer slot `slots[j]`: group g's slot s is the argument `b{s}_{g}`. A work-item
@@ -400,7 +403,7 @@ pub(crate) fn generate(
          typedef struct {{ uint start[{groups1}]; uint n[{groups}]; uint off[{nslots}][{groups}]; }} FusedGroups;\n\
          // Group g: buffers b*_g [t.n[g] elements from t.off[*][g]], work-items t.start[g] to\n\
          // t.start[g + 1]; items work-items in all.\n\
-         __kernel void fused_groups({params}FusedGroups t, {scalars}uint items) {{\n\
+         __kernel void {FUSED_GROUPS}({params}FusedGroups t, {scalars}uint items) {{\n\
          \x20   uint gid = get_global_id(0);\n    if (gid >= items) return;\n\
          \x20   uint g = 0;\n\
          \x20   #pragma unroll\n    for (uint k = 1; k < {groups}; ++k) g += gid >= t.start[k] ? 1u : 0u;\n\

@@ -30,6 +30,7 @@ mod sorted_rows;
 mod tensor;
 pub mod testing;
 mod unary;
+mod unary_table;
 mod views;
 mod window;
 

@@ -1,28 +1,8 @@
-//! Unary elementwise ops (neg, exp, relu, gelu, ..., clamp, leaky_relu, powf) and dtype casts, through the fused-kernel generator.
+//! Unary elementwise ops through the fused-kernel generator: `Tensor::unary` (the named methods come from unary_table.rs), clamp, leaky_relu, powf and dtype casts.
 use crate::expr::{Expr, UnaryOp};
 use crate::fused::map;
 use crate::tensor::Tensor;
 use netcl_core_devices::{DType, Result};
-
-macro_rules! unary_methods {
-    ($($fn:ident => $op:ident),* $(,)?) => {
-        impl Tensor {
-            $(
-                #[doc = concat!("`", stringify!($fn), "` of every element.")]
-                pub fn $fn(&self) -> Result<Tensor> {
-                    self.unary(UnaryOp::$op)
-                }
-            )*
-        }
-    };
-}
-
-unary_methods!(
-    neg => Neg, abs => Abs, sign => Sign, exp => Exp, log => Log, sqrt => Sqrt, rsqrt => Rsqrt,
-    sin => Sin, cos => Cos, tanh => Tanh, sigmoid => Sigmoid, relu => Relu, gelu => Gelu,
-    gelu_tanh => GeluTanh, silu => Silu, square => Square, reciprocal => Reciprocal,
-    floor => Floor, erf => Erf,
-);
 
 impl Tensor {
     /// `op` of every element (into a new contiguous tensor of the same dtype).

@@ -4,13 +4,6 @@ use netcl_ops::testing::{check_close, random_tensor, tolerance, Cases};
 use netcl_ops::{Activation, DType, Device, Error, GemmTile, MatmulOptions, Tensor};
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
-const ACTS: [Activation; 5] = [
-    Activation::None,
-    Activation::Relu,
-    Activation::Gelu,
-    Activation::GeluTanh,
-    Activation::Silu,
-];
 
 /// A (rows, cols) operand, stored transposed (and so viewed through swapped strides) when `t`.
 fn operand(dtype: DType, batch: &[usize], rows: usize, cols: usize, t: bool, seed: u64) -> Tensor {
@@ -44,6 +37,16 @@ fn matmul_matches_the_host_over_shapes_strides_and_batches() {
     let devices = test_devices().unwrap();
     let mut c = Cases::new(0x6E44);
     let mut cases = 0;
+    // Every epilogue of the unary-op table (and none).
+    let acts = Activation::all();
+    for act in [
+        Activation::Relu,
+        Activation::Gelu,
+        Activation::GeluTanh,
+        Activation::Silu,
+    ] {
+        assert!(acts.contains(&act), "{act:?}");
+    }
     for case in 0..520 {
         let dtype = FLOATS[case % 4];
         let big = case % 50 == 0;
@@ -61,7 +64,7 @@ fn matmul_matches_the_host_over_shapes_strides_and_batches() {
         let b = operand(dtype, &batch_b, k, n, tb, case as u64 + 7);
         let bias =
             (c.below(2) == 0).then(|| random_tensor(dtype, &[n], -1.0, 1.0, case as u64 + 9));
-        let act = ACTS[c.below(5)];
+        let act = acts[c.below(acts.len())];
         fn opts(bias: Option<&Tensor>, activation: Activation) -> MatmulOptions<'_> {
             MatmulOptions {
                 bias,
