@@ -22,7 +22,8 @@ fn run() -> Result<()> {
     let (mut prompts, mut n, mut dir) = (Vec::new(), 32usize, PathBuf::from("runs/llama"));
     let (mut temperature, mut top_k, mut top_p, mut seed) = (0.8f64, 40usize, 0.95f64, 1u64);
     let mut it = std::env::args().skip(1);
-    let bad = |f: &str, v: &str| Error::invalid("llama_generate", format!("{f} {v:?} is not valid"));
+    let bad =
+        |f: &str, v: &str| Error::invalid("llama_generate", format!("{f} {v:?} is not valid"));
     while let Some(flag) = it.next() {
         let v = it.next().ok_or_else(|| bad(&flag, "<missing>"))?;
         match flag.as_str() {
@@ -33,7 +34,12 @@ fn run() -> Result<()> {
             "--top-k" => top_k = v.parse().map_err(|_| bad(&flag, &v))?,
             "--top-p" => top_p = v.parse().map_err(|_| bad(&flag, &v))?,
             "--seed" => seed = v.parse().map_err(|_| bad(&flag, &v))?,
-            _ => return Err(Error::invalid("llama_generate", format!("unknown flag {flag}"))),
+            _ => {
+                return Err(Error::invalid(
+                    "llama_generate",
+                    format!("unknown flag {flag}"),
+                ))
+            }
         }
     }
     if prompts.is_empty() {
@@ -43,33 +49,54 @@ fn run() -> Result<()> {
     let ckpt = dir.join("checkpoint");
     let meta = read_meta(&ckpt)?;
     let cfg: LlamaConfig = serde_json::from_value(meta.model.clone()).map_err(|e| {
-        Error::format(ckpt.display().to_string(), format!("not a Llama checkpoint: {e}"))
+        Error::format(
+            ckpt.display().to_string(),
+            format!("not a Llama checkpoint: {e}"),
+        )
     })?;
     let model = Llama::new(cfg, &dev, &mut Generator::new(0))?;
     load_checkpoint(&ckpt, &model, None)?;
     let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))?;
-    let ids: Vec<Vec<u32>> = prompts.iter().map(|p| tokenizer.encode(p)).collect::<Result<_>>()?;
+    let ids: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| tokenizer.encode(p))
+        .collect::<Result<_>>()?;
     let sampling = if temperature == 0.0 {
         Sampling::Greedy
     } else {
-        Sampling::Random { temperature, top_k, top_p }
+        Sampling::Random {
+            temperature,
+            top_k,
+            top_p,
+        }
     };
     let mut sampler = Sampler::new(sampling, seed)?;
-    eprintln!("{dev}: {} parameters, step {}", model.num_parameters(), meta.step);
+    eprintln!(
+        "{dev}: {} parameters, step {}",
+        model.num_parameters(),
+        meta.step
+    );
     let one = prompts.len() == 1;
     if one {
         print!("{}", prompts[0]);
     }
     let start = Instant::now();
     let mut count = 0;
-    let out = generate(&model, &ids, n, &mut sampler, tokenizer.eos_id(), |_, tok| {
-        count += 1;
-        if one {
-            print!("{}", tokenizer.decode(&[tok])?);
-            let _ = std::io::stdout().flush();
-        }
-        Ok(())
-    })?;
+    let out = generate(
+        &model,
+        &ids,
+        n,
+        &mut sampler,
+        tokenizer.eos_id(),
+        |_, tok| {
+            count += 1;
+            if one {
+                print!("{}", tokenizer.decode(&[tok])?);
+                let _ = std::io::stdout().flush();
+            }
+            Ok(())
+        },
+    )?;
     let secs = start.elapsed().as_secs_f64();
     println!();
     if !one {
@@ -77,6 +104,9 @@ fn run() -> Result<()> {
             println!("{p}{}", tokenizer.decode(o)?);
         }
     }
-    eprintln!("{count} tokens in {secs:.2}s ({:.1} tokens/s, prefill included)", count as f64 / secs);
+    eprintln!(
+        "{count} tokens in {secs:.2}s ({:.1} tokens/s, prefill included)",
+        count as f64 / secs
+    );
     Ok(())
 }

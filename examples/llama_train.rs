@@ -80,7 +80,12 @@ fn parse() -> Result<Args> {
             "--seed" => a.seed = n()? as u64,
             "--lr" => a.lr = v.parse().map_err(|_| bad(&flag, &v))?,
             "--out" => a.out = v.clone().into(),
-            _ => return Err(Error::invalid("llama_train", format!("unknown flag {flag}"))),
+            _ => {
+                return Err(Error::invalid(
+                    "llama_train",
+                    format!("unknown flag {flag}"),
+                ))
+            }
         }
     }
     if a.cfg.n_kv_heads == 0 {
@@ -127,9 +132,15 @@ fn run() -> Result<()> {
     args.cfg.vocab_size = tokenizer.vocab_size();
     let t = args.cfg.max_seq_len;
     let model = Llama::new(args.cfg.clone(), &dev, &mut Generator::new(args.seed))?;
-    println!("model: {} parameters, {:?}", model.num_parameters(), args.cfg);
-    let (matrices, norms): (Vec<_>, Vec<_>) =
-        model.parameters().into_iter().partition(|p| p.shape().len() > 1);
+    println!(
+        "model: {} parameters, {:?}",
+        model.num_parameters(),
+        args.cfg
+    );
+    let (matrices, norms): (Vec<_>, Vec<_>) = model
+        .parameters()
+        .into_iter()
+        .partition(|p| p.shape().len() > 1);
     let mut opt = AdamW::new(matrices, args.lr)
         .weight_decay(0.1)
         .add_group(norms, ParamGroup::new().weight_decay(0.0));
@@ -145,7 +156,8 @@ fn run() -> Result<()> {
     if args.resume {
         let meta = load_checkpoint(&ckpt, &model, Some(&mut opt))?;
         step = meta.step as usize;
-        if let Ok(h) = serde_json::from_value::<(Vec<f32>, Vec<f32>)>(meta.extra["history"].clone()) {
+        if let Ok(h) = serde_json::from_value::<(Vec<f32>, Vec<f32>)>(meta.extra["history"].clone())
+        {
             (history.train_loss, history.test_loss) = h;
         }
         println!("resumed at step {step} from {}", ckpt.display());
@@ -153,7 +165,9 @@ fn run() -> Result<()> {
 
     // Validation batches: fixed windows of the validation stream.
     let mut val_batches = TokenBatcher::new(val.clone(), args.batch, t, 12345, &dev)?;
-    let val_sets: Vec<TokenBatch> = (0..4).map(|_| val_batches.next_batch()).collect::<Result<_>>()?;
+    let val_sets: Vec<TokenBatch> = (0..4)
+        .map(|_| val_batches.next_batch())
+        .collect::<Result<_>>()?;
     let mut progress_loss = Vec::new();
     let mut last_val = f64::NAN;
     let tokens_per_step = args.batch * t * args.accum;
@@ -163,9 +177,19 @@ fn run() -> Result<()> {
         // One batcher per evaluation block, seeded by the block: resuming at a checkpoint
         // (always a block boundary) sees exactly the batches an uninterrupted run would.
         let block = step / args.eval_every;
-        let mut batches = TokenBatcher::new(train.clone(), args.batch, t, args.seed * 1_000_003 + block as u64, &dev)?;
+        let mut batches = TokenBatcher::new(
+            train.clone(),
+            args.batch,
+            t,
+            args.seed * 1_000_003 + block as u64,
+            &dev,
+        )?;
         let block_end = ((block + 1) * args.eval_every).min(args.steps);
-        let mut progress = Progress::new(block + 1, args.steps.div_ceil(args.eval_every), block_end - step);
+        let mut progress = Progress::new(
+            block + 1,
+            args.steps.div_ceil(args.eval_every),
+            block_end - step,
+        );
         let mut losses = Vec::new();
         while step < block_end {
             schedule.apply(&mut opt, step);
@@ -173,7 +197,9 @@ fn run() -> Result<()> {
             for _ in 0..args.accum {
                 let b = batches.next_batch()?;
                 let tape = Tape::new();
-                let loss = model.loss(&tape, &b.inputs, &b.targets)?.mul_scalar(1.0 / args.accum as f64)?;
+                let loss = model
+                    .loss(&tape, &b.inputs, &b.targets)?
+                    .mul_scalar(1.0 / args.accum as f64)?;
                 tape.backward(&loss)?;
                 let l = loss.into_value();
                 loss_sum = Some(match loss_sum {
@@ -189,7 +215,11 @@ fn run() -> Result<()> {
                 losses.push(l);
             }
             if step % 50 == 0 || step == block_end {
-                let l = losses.last().map(|l| l.to_vec_f64()).transpose()?.map_or(f64::NAN, |v| v[0]);
+                let l = losses
+                    .last()
+                    .map(|l| l.to_vec_f64())
+                    .transpose()?
+                    .map_or(f64::NAN, |v| v[0]);
                 progress_loss.push(l as f32);
                 let done = (step - first_step) as f64;
                 let secs = start.elapsed().as_secs_f64();
@@ -216,12 +246,33 @@ fn run() -> Result<()> {
         history.train_loss.push(train_loss);
         history.test_loss.push(last_val as f32);
         let prompt = tokenizer.encode("The ")?;
-        let mut sampler = Sampler::new(Sampling::Random { temperature: 0.8, top_k: 40, top_p: 0.95 }, args.seed)?;
-        let sample = generate(&model, &[prompt.clone()], 48, &mut sampler, tokenizer.eos_id(), |_, _| Ok(()))?;
+        let mut sampler = Sampler::new(
+            Sampling::Random {
+                temperature: 0.8,
+                top_k: 40,
+                top_p: 0.95,
+            },
+            args.seed,
+        )?;
+        let sample = generate(
+            &model,
+            std::slice::from_ref(&prompt),
+            48,
+            &mut sampler,
+            tokenizer.eos_id(),
+            |_, _| Ok(()),
+        )?;
         let text = tokenizer.decode(&[prompt, sample[0].clone()].concat())?;
-        progress.finish(&format!("val loss {last_val:.4} ({bpb:.4} bits/byte; bigram {:.4})", bigram.bits_per_byte));
+        progress.finish(&format!(
+            "val loss {last_val:.4} ({bpb:.4} bits/byte; bigram {:.4})",
+            bigram.bits_per_byte
+        ));
         println!("sample: {}", text.replace('\n', " "));
-        plot_history(args.out.join("loss.png"), "Llama: train / val loss", &history)?;
+        plot_history(
+            args.out.join("loss.png"),
+            "Llama: train / val loss",
+            &history,
+        )?;
         let extra = json!({"history": (&history.train_loss, &history.test_loss), "val_loss": last_val, "bits_per_byte": bpb});
         save_checkpoint(&ckpt, &model, Some(&opt), step as u64, extra)?;
     }

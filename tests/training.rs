@@ -1,8 +1,8 @@
 //! End-to-end training: the MLP learns the shipped Fashion-MNIST subset on an OpenCL device (PoCL in CI), and a profiled training step gives a valid Chrome trace.
 use netcl::data::{BatchBuilder, Batches, DeviceData, FashionMnist, ImageLayout};
 use netcl::prelude::*;
-use netcl::train::{evaluate, Meter};
 use netcl::profiling::Profiler;
+use netcl::train::{evaluate, Meter};
 use netcl_core_devices::opencl_test_devices;
 
 #[path = "../crates/profiling/tests/common/trace_check.rs"]

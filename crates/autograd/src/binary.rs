@@ -86,7 +86,11 @@ fn record_binary(
             return Ok(vec![None, None]);
         };
         // An unread slot is filled with g, which the expressions never read there.
-        let (av, bv, yv) = (av.as_ref().unwrap_or(g), bv.as_ref().unwrap_or(g), yv.as_ref().unwrap_or(g));
+        let (av, bv, yv) = (
+            av.as_ref().unwrap_or(g),
+            bv.as_ref().unwrap_or(g),
+            yv.as_ref().unwrap_or(g),
+        );
         let mut exprs = Vec::new();
         if need[0] {
             exprs.push(da);

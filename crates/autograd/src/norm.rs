@@ -34,7 +34,9 @@ impl Var {
         let (w, b) = (weight.map(|w| w.value()), bias.map(|b| b.value()));
         let all = inputs(self, weight, bias);
         if !any_tracked(&all) {
-            let y = self.value().layer_norm_inference(normalized_shape, w, b, eps)?;
+            let y = self
+                .value()
+                .layer_norm_inference(normalized_shape, w, b, eps)?;
             return Ok(Var::constant(y));
         }
         let (y, mean, rstd) = self.value().layer_norm(normalized_shape, w, b, eps)?;

@@ -162,7 +162,10 @@ impl Parameter {
     pub(crate) fn add_into_view(&self, g: &Tensor) -> Result<()> {
         let mut slot = self.slot();
         let GradSlot::View { view, live } = &mut *slot else {
-            return Err(Error::invalid("Parameter::add_into_view", "the parameter has no gradient buffer"));
+            return Err(Error::invalid(
+                "Parameter::add_into_view",
+                "the parameter has no gradient buffer",
+            ));
         };
         let expr = if *live {
             Expr::input(0) + Expr::input(1)
@@ -178,9 +181,10 @@ impl Parameter {
         let mut slot = self.slot();
         let live = match &*slot {
             GradSlot::Owned(old) => fused_into(&[old], &[(Expr::input(0), &view)]).is_ok(),
-            GradSlot::View { view: old, live: true } => {
-                fused_into(&[old], &[(Expr::input(0), &view)]).is_ok()
-            }
+            GradSlot::View {
+                view: old,
+                live: true,
+            } => fused_into(&[old], &[(Expr::input(0), &view)]).is_ok(),
             _ => false,
         };
         *slot = GradSlot::View { view, live };
@@ -245,10 +249,17 @@ impl GradBuffers {
     /// parameter already had is copied into its view.
     pub fn new(params: &[Parameter]) -> Result<GradBuffers> {
         let mut seen = std::collections::HashSet::new();
-        let params: Vec<Parameter> = params.iter().filter(|p| seen.insert(p.id())).cloned().collect();
+        let params: Vec<Parameter> = params
+            .iter()
+            .filter(|p| seen.insert(p.id()))
+            .cloned()
+            .collect();
         let mut groups: Vec<(Device, DType, Vec<&Parameter>)> = Vec::new();
         for p in &params {
-            match groups.iter_mut().find(|(d, t, _)| d == p.device() && *t == p.dtype()) {
+            match groups
+                .iter_mut()
+                .find(|(d, t, _)| d == p.device() && *t == p.dtype())
+            {
                 Some((_, _, v)) => v.push(p),
                 None => groups.push((p.device().clone(), p.dtype(), vec![p])),
             }

@@ -5,7 +5,11 @@ use netcl_ops::{Result, RopePositions, RopeStyle};
 impl Var {
     /// Rotary position embedding of x: (B, T, H, Dh) for positions `pos_offset + t`, interleaved pairs.
     pub fn rope(&self, pos_offset: usize, theta: f64) -> Result<Var> {
-        self.rope_with(RopeStyle::Interleaved, RopePositions::Offset(pos_offset), theta)
+        self.rope_with(
+            RopeStyle::Interleaved,
+            RopePositions::Offset(pos_offset),
+            theta,
+        )
     }
 
     /// Rotary position embedding in either pairing `style`, at `positions` (see `Tensor::rope_with`).

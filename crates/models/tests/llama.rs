@@ -11,7 +11,9 @@ fn ids(v: &[i32], b: usize, dev: &Device) -> Tensor {
 }
 
 fn tokens(n: usize, vocab: usize, seed: usize) -> Vec<i32> {
-    (0..n).map(|i| ((i * 7 + seed * 13 + i * i) % vocab) as i32).collect()
+    (0..n)
+        .map(|i| ((i * 7 + seed * 13 + i * i) % vocab) as i32)
+        .collect()
 }
 
 #[test]
@@ -25,15 +27,21 @@ fn cache_decoding_gives_the_full_forward_logits() {
             let model = Llama::new(cfg.clone(), &dev, &mut Generator::new(1)).unwrap();
             let seq = tokens(2 * 10, 50, 3);
             let tape = Tape::no_grad();
-            let full = model.logits(&tape, &ids(&seq, 2, &dev), None, None, None).unwrap();
+            let full = model
+                .logits(&tape, &ids(&seq, 2, &dev), None, None, None)
+                .unwrap();
             let full = full.value().to_vec::<f32>().unwrap();
             let cache = KvCache::new(&cfg, 2, &dev).unwrap();
             // Prefill 4 positions, then one at a time.
             let mut got = vec![0f32; full.len()];
             let mut at = 0;
             for len in [4, 1, 1, 1, 1, 1, 1] {
-                let step: Vec<i32> = (0..2).flat_map(|b| seq[b * 10 + at..b * 10 + at + len].to_vec()).collect();
-                let l = model.logits(&tape, &ids(&step, 2, &dev), None, Some(&cache), None).unwrap();
+                let step: Vec<i32> = (0..2)
+                    .flat_map(|b| seq[b * 10 + at..b * 10 + at + len].to_vec())
+                    .collect();
+                let l = model
+                    .logits(&tape, &ids(&step, 2, &dev), None, Some(&cache), None)
+                    .unwrap();
                 let l = l.value().to_vec::<f32>().unwrap();
                 for b in 0..2 {
                     for p in 0..len {
@@ -49,7 +57,12 @@ fn cache_decoding_gives_the_full_forward_logits() {
                 for p in 0..at {
                     for v in 0..50 {
                         let i = (b * 10 + p) * 50 + v;
-                        assert!((got[i] - full[i]).abs() <= 1e-4 * (1.0 + full[i].abs()), "{dev} {style:?} row {b} pos {p}: {} vs {}", got[i], full[i]);
+                        assert!(
+                            (got[i] - full[i]).abs() <= 1e-4 * (1.0 + full[i].abs()),
+                            "{dev} {style:?} row {b} pos {p}: {} vs {}",
+                            got[i],
+                            full[i]
+                        );
                     }
                 }
             }
@@ -67,7 +80,11 @@ fn batched_padded_generation_equals_one_prompt_at_a_time() {
             .iter()
             .map(|p| {
                 let mut s = Sampler::new(Sampling::Greedy, 0).unwrap();
-                generate(&model, std::slice::from_ref(p), 6, &mut s, None, |_, _| Ok(())).unwrap().remove(0)
+                generate(&model, std::slice::from_ref(p), 6, &mut s, None, |_, _| {
+                    Ok(())
+                })
+                .unwrap()
+                .remove(0)
             })
             .collect();
         let mut streamed = vec![Vec::new(); 2];
@@ -80,7 +97,11 @@ fn batched_padded_generation_equals_one_prompt_at_a_time() {
         assert_eq!(both, alone, "{dev}");
         assert_eq!(streamed, both, "{dev}: tokens are streamed as they come");
         // Seeded sampling is reproducible.
-        let sampling = Sampling::Random { temperature: 0.9, top_k: 10, top_p: 0.9 };
+        let sampling = Sampling::Random {
+            temperature: 0.9,
+            top_k: 10,
+            top_p: 0.9,
+        };
         let run = |seed| {
             let mut s = Sampler::new(sampling, seed).unwrap();
             generate(&model, &prompts, 8, &mut s, None, |_, _| Ok(())).unwrap()
@@ -91,13 +112,18 @@ fn batched_padded_generation_equals_one_prompt_at_a_time() {
 
 #[test]
 fn a_tiny_llama_learns_a_sequence() {
-    let cfg = LlamaConfig { max_seq_len: 16, ..LlamaConfig::tiny(16) };
+    let cfg = LlamaConfig {
+        max_seq_len: 16,
+        ..LlamaConfig::tiny(16)
+    };
     for dev in test_devices().unwrap() {
         let model = Llama::new(cfg.clone(), &dev, &mut Generator::new(3)).unwrap();
         let mut opt = AdamW::new(model.parameters(), 1e-2).weight_decay(0.0);
         // A fixed permutation of the vocabulary, repeated: each token predicts the next.
         let perm = [3, 11, 0, 7, 14, 2, 9, 5, 12, 1, 15, 6, 10, 4, 13, 8];
-        let seq: Vec<i32> = (0..4 * 13).map(|i| perm[(i % 4 * 3 + i / 4) % 16]).collect();
+        let seq: Vec<i32> = (0..4 * 13)
+            .map(|i| perm[(i % 4 * 3 + i / 4) % 16])
+            .collect();
         let (x, y): (Vec<i32>, Vec<i32>) = (0..4)
             .flat_map(|b| (0..12).map(move |t| (b, t)))
             .map(|(b, t)| (seq[b * 13 + t], seq[b * 13 + t + 1]))
@@ -113,7 +139,10 @@ fn a_tiny_llama_learns_a_sequence() {
             opt.zero_grad();
         }
         let (first, last) = (losses[0], *losses.last().unwrap());
-        assert!((first - (16f64).ln()).abs() < 0.3, "{dev}: starts near ln(16): {first}");
+        assert!(
+            (first - (16f64).ln()).abs() < 0.3,
+            "{dev}: starts near ln(16): {first}"
+        );
         assert!(last < 0.25 * first, "{dev}: loss {first} -> {last}");
     }
 }
@@ -144,7 +173,13 @@ fn parameter_gradients_match_finite_differences_in_f64() {
         let y = ids(&[5, 9, 2, 7, 3, 10], 2, &dev);
         let tape = Tape::new();
         tape.backward(&model.loss(&tape, &x, &y).unwrap()).unwrap();
-        let loss_at = || model.loss(&Tape::no_grad(), &x, &y).unwrap().item().unwrap();
+        let loss_at = || {
+            model
+                .loss(&Tape::no_grad(), &x, &y)
+                .unwrap()
+                .item()
+                .unwrap()
+        };
         let mut checked = 0;
         for (name, p) in model.named_parameters() {
             let g = p.grad().unwrap().to_vec_f64().unwrap();
@@ -154,7 +189,8 @@ fn parameter_gradients_match_finite_differences_in_f64() {
                 let set = |d: f64| {
                     let mut w = v.clone();
                     w[i] += d;
-                    p.assign(&Tensor::from_vec(w, p.shape(), &dev).unwrap()).unwrap();
+                    p.assign(&Tensor::from_vec(w, p.shape(), &dev).unwrap())
+                        .unwrap();
                 };
                 set(h);
                 let up = loss_at();
@@ -162,7 +198,11 @@ fn parameter_gradients_match_finite_differences_in_f64() {
                 let down = loss_at();
                 set(0.0);
                 let fd = (up - down) / (2.0 * h);
-                assert!((fd - g[i]).abs() <= 1e-6 + 1e-4 * fd.abs(), "{dev} {name}[{i}]: backward {} vs finite difference {fd}", g[i]);
+                assert!(
+                    (fd - g[i]).abs() <= 1e-6 + 1e-4 * fd.abs(),
+                    "{dev} {name}[{i}]: backward {} vs finite difference {fd}",
+                    g[i]
+                );
                 checked += 1;
             }
         }
@@ -179,23 +219,63 @@ fn bad_input_is_an_error_naming_the_value() {
     let err = |r: netcl_ops::Result<Vec<Vec<u32>>>| r.unwrap_err().to_string();
     let long = vec![vec![1u32; 33]];
     assert!(err(generate(&model, &long, 1, &mut s, None, |_, _| Ok(()))).contains("33"));
-    assert!(err(generate(&model, &[vec![]], 1, &mut s, None, |_, _| Ok(()))).contains("at least one token"));
-    assert!(err(generate(&model, &[vec![3, 20]], 1, &mut s, None, |_, _| Ok(()))).contains("token 20"));
-    let e = model.logits(&Tape::no_grad(), &ids(&[1, 25], 1, &dev), None, None, None).unwrap_err();
+    assert!(
+        err(generate(&model, &[vec![]], 1, &mut s, None, |_, _| Ok(())))
+            .contains("at least one token")
+    );
+    assert!(err(generate(
+        &model,
+        &[vec![3, 20]],
+        1,
+        &mut s,
+        None,
+        |_, _| Ok(())
+    ))
+    .contains("token 20"));
+    let e = model
+        .logits(&Tape::no_grad(), &ids(&[1, 25], 1, &dev), None, None, None)
+        .unwrap_err();
     assert!(e.to_string().contains("25"), "{e}");
     let cache = KvCache::new(&cfg, 1, &dev).unwrap();
-    let e = model.logits(&Tape::no_grad(), &ids(&[1; 40], 1, &dev), None, Some(&cache), None).unwrap_err();
+    let e = model
+        .logits(
+            &Tape::no_grad(),
+            &ids(&[1; 40], 1, &dev),
+            None,
+            Some(&cache),
+            None,
+        )
+        .unwrap_err();
     assert!(e.to_string().contains("max_seq_len 32"), "{e}");
-    assert!(Sampler::new(Sampling::Random { temperature: 0.0, top_k: 0, top_p: 1.0 }, 0).is_err());
-    let bad = LlamaConfig { n_kv_heads: 3, ..cfg.clone() };
-    let e = Llama::new(bad, &dev, &mut Generator::new(0)).err().unwrap().to_string();
+    assert!(Sampler::new(
+        Sampling::Random {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0
+        },
+        0
+    )
+    .is_err());
+    let bad = LlamaConfig {
+        n_kv_heads: 3,
+        ..cfg.clone()
+    };
+    let e = Llama::new(bad, &dev, &mut Generator::new(0))
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("n_kv_heads 3"), "{e}");
     // A checkpoint of another config.
     let dir = std::env::temp_dir().join(format!("netcl-llama-{}", std::process::id()));
     save_checkpoint(dir.join("a"), &model, None, 0, serde_json::json!({})).unwrap();
     let other = Llama::new(LlamaConfig { dim: 24, ..cfg }, &dev, &mut Generator::new(0)).unwrap();
-    let e = load_checkpoint(dir.join("a"), &other, None).unwrap_err().to_string();
-    assert!(e.contains("tok_embeddings.weight") && e.contains("[20, 16]"), "{e}");
+    let e = load_checkpoint(dir.join("a"), &other, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("tok_embeddings.weight") && e.contains("[20, 16]"),
+        "{e}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
     let _: Option<&dyn Optimizer> = None;
 }

@@ -60,7 +60,10 @@ impl Linear {
             ));
         };
         if let Some(b) = &bias {
-            if b.shape() != [out_features] || b.dtype() != weight.dtype() || b.device() != weight.device() {
+            if b.shape() != [out_features]
+                || b.dtype() != weight.dtype()
+                || b.device() != weight.device()
+            {
                 return Err(Error::shape(
                     op,
                     format!(

@@ -36,10 +36,7 @@ impl Context {
         self.get::<T>().ok_or_else(|| {
             Error::invalid(
                 op,
-                format!(
-                    "the forward context has no {}",
-                    std::any::type_name::<T>()
-                ),
+                format!("the forward context has no {}", std::any::type_name::<T>()),
             )
         })
     }

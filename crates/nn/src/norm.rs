@@ -26,7 +26,10 @@ impl LayerNorm {
     }
     /// The given weight and bias (same shape, dtype and device) and `eps`.
     pub fn from_weights(weight: Tensor, bias: Tensor, eps: f64) -> Result<LayerNorm> {
-        if bias.shape() != weight.shape() || bias.dtype() != weight.dtype() || bias.device() != weight.device() {
+        if bias.shape() != weight.shape()
+            || bias.dtype() != weight.dtype()
+            || bias.device() != weight.device()
+        {
             return Err(Error::shape(
                 "LayerNorm::from_weights",
                 format!(

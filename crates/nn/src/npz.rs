@@ -310,6 +310,9 @@ pub(crate) struct NpzReader<'p> {
     file_len: u64,
 }
 
+/// An entry's parsed npy header, its raw header bytes and its data size.
+type RawHeader = (npyz::NpyFile<Cursor<Vec<u8>>>, Vec<u8>, u64);
+
 /// The checked layout of one entry: its npy header bytes and its data size.
 struct EntryLayout {
     header: Vec<u8>,
@@ -369,7 +372,12 @@ impl<'p> NpzReader<'p> {
             .iter()
             .map(|&d| usize::try_from(d))
             .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|_| self.format_err(format!("array '{name}': shape {:?} is too large", npy.shape())))?;
+            .map_err(|_| {
+                self.format_err(format!(
+                    "array '{name}': shape {:?} is too large",
+                    npy.shape()
+                ))
+            })?;
         Ok((dtype, shape))
     }
 
@@ -416,7 +424,7 @@ impl<'p> NpzReader<'p> {
 
     /// Array `name`'s parsed npy header, its raw header bytes and its data size, after checking
     /// that the entry is stored uncompressed inside the file with a header of bounded size.
-    fn raw_header(&mut self, name: &str) -> Result<(npyz::NpyFile<Cursor<Vec<u8>>>, Vec<u8>, u64)> {
+    fn raw_header(&mut self, name: &str) -> Result<RawHeader> {
         let file_len = self.file_len;
         let path = self.path.display().to_string();
         let err = |msg: String| Error::format(&path, msg);

@@ -31,7 +31,11 @@ pub fn save_npz<S: AsRef<str>>(path: impl AsRef<Path>, tensors: &[(S, &Tensor)])
     sync_file(&file, temp.path())?;
     drop(file);
     temp.persist().map_err(|e| Error::io(shown(path), e))?;
-    sync_dir(path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")))
+    sync_dir(
+        path.parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new(".")),
+    )
 }
 
 /// Reads every array of an uncompressed npz (`np.savez`, or [`save_npz`]) as host tensors, in
@@ -87,7 +91,14 @@ pub fn save_safetensors<S: AsRef<str>>(
     let op = "save_safetensors";
     let data: Vec<(String, DType, Vec<usize>, HostData)> = tensors
         .iter()
-        .map(|(n, t)| Ok((n.as_ref().to_string(), t.dtype(), t.shape().to_vec(), t.to_host_data()?)))
+        .map(|(n, t)| {
+            Ok((
+                n.as_ref().to_string(),
+                t.dtype(),
+                t.shape().to_vec(),
+                t.to_host_data()?,
+            ))
+        })
         .collect::<Result<_>>()?;
     let views = data
         .iter()
@@ -104,7 +115,11 @@ pub fn save_safetensors<S: AsRef<str>>(
     sync_file(&file, temp.path())?;
     drop(file);
     temp.persist().map_err(|e| Error::io(shown(path), e))?;
-    sync_dir(path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")))
+    sync_dir(
+        path.parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new(".")),
+    )
 }
 
 /// A `.safetensors` file, memory-mapped: its header is parsed and checked once (offsets inside
@@ -137,7 +152,12 @@ impl SafetensorsFile {
 
     /// The tensor names, sorted.
     pub fn names(&self) -> Result<Vec<String>> {
-        let mut names: Vec<String> = self.parsed()?.names().into_iter().map(str::to_string).collect();
+        let mut names: Vec<String> = self
+            .parsed()?
+            .names()
+            .into_iter()
+            .map(str::to_string)
+            .collect();
         names.sort();
         Ok(names)
     }
@@ -149,7 +169,10 @@ impl SafetensorsFile {
         let dtype = netcl_dtype(v.dtype()).ok_or_else(|| {
             Error::format(
                 &self.path,
-                format!("tensor '{name}' is {:?}; netcl reads F32, F64, F16, BF16, I32, U32", v.dtype()),
+                format!(
+                    "tensor '{name}' is {:?}; netcl reads F32, F64, F16, BF16, I32, U32",
+                    v.dtype()
+                ),
             )
         })?;
         Ok((dtype, v.shape().to_vec()))

@@ -20,8 +20,17 @@ fn layers_from_given_weights_compute_with_them() {
         let x = rnd(&dev, DType::F32, &[2, 4], 3);
         let tape = Tape::no_grad();
         let lin = Linear::from_weights(w.clone(), Some(b.clone())).unwrap();
-        let y = lin.forward(&tape, &Var::from(&x)).unwrap().value().to_vec_f64().unwrap();
-        let (wv, bv, xv) = (w.to_vec_f64().unwrap(), b.to_vec_f64().unwrap(), x.to_vec_f64().unwrap());
+        let y = lin
+            .forward(&tape, &Var::from(&x))
+            .unwrap()
+            .value()
+            .to_vec_f64()
+            .unwrap();
+        let (wv, bv, xv) = (
+            w.to_vec_f64().unwrap(),
+            b.to_vec_f64().unwrap(),
+            x.to_vec_f64().unwrap(),
+        );
         for r in 0..2 {
             for o in 0..3 {
                 let want: f64 = (0..4).map(|i| xv[r * 4 + i] * wv[o * 4 + i]).sum::<f64>() + bv[o];
@@ -42,7 +51,12 @@ fn layers_from_given_weights_compute_with_them() {
         let table = rnd(&dev, DType::F32, &[5, 2], 6);
         let emb = Embedding::from_weights(table.clone()).unwrap();
         let ids = Tensor::from_vec(vec![4i32, 0], &[2], &dev).unwrap();
-        let e = emb.forward(&tape, &Var::from(&ids)).unwrap().value().to_vec_f64().unwrap();
+        let e = emb
+            .forward(&tape, &Var::from(&ids))
+            .unwrap()
+            .value()
+            .to_vec_f64()
+            .unwrap();
         let tv = table.to_vec_f64().unwrap();
         assert_eq!(e, [tv[8], tv[9], tv[0], tv[1]], "{dev}");
 
@@ -51,7 +65,12 @@ fn layers_from_given_weights_compute_with_them() {
         assert!(RmsNorm::new(&[4], &dev).unwrap().with_eps(-1.0).is_err());
         let nw = rnd(&dev, DType::F32, &[4], 7);
         let norm = RmsNorm::from_weight(nw.clone(), 1e-5).unwrap();
-        let y = norm.forward(&tape, &Var::from(&x)).unwrap().value().to_vec_f64().unwrap();
+        let y = norm
+            .forward(&tape, &Var::from(&x))
+            .unwrap()
+            .value()
+            .to_vec_f64()
+            .unwrap();
         let nwv = nw.to_vec_f64().unwrap();
         for r in 0..2 {
             let ms: f64 = (0..4).map(|i| xv[r * 4 + i].powi(2)).sum::<f64>() / 4.0;
@@ -92,11 +111,20 @@ fn sequential_hands_the_context_to_every_layer() {
     for dev in test_devices().unwrap() {
         let model = Sequential::new().with(ReLU).with(AddFromContext);
         let x = Tensor::from_vec(vec![-1.0f32, 2.0], &[2], &dev).unwrap();
-        let ctx = Context::new().with(Shift(Tensor::from_vec(vec![10.0f32, 20.0], &[2], &dev).unwrap()));
+        let ctx = Context::new().with(Shift(
+            Tensor::from_vec(vec![10.0f32, 20.0], &[2], &dev).unwrap(),
+        ));
         let tape = Tape::no_grad();
         let y = model.forward_with(&tape, &Var::from(&x), &ctx).unwrap();
-        assert_eq!(y.value().to_vec::<f32>().unwrap(), vec![10.0, 22.0], "{dev}");
-        let err = model.forward(&tape, &Var::from(&x)).unwrap_err().to_string();
+        assert_eq!(
+            y.value().to_vec::<f32>().unwrap(),
+            vec![10.0, 22.0],
+            "{dev}"
+        );
+        let err = model
+            .forward(&tape, &Var::from(&x))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("layer 1") && err.contains("Shift"), "{err}");
     }
 }
@@ -112,18 +140,38 @@ fn models_move_to_and_run_on_other_threads() {
             .with(Linear::new(4, 3, &dev, &mut g).unwrap())
             .with(ReLU);
         let x = rnd(&dev, DType::F32, &[2, 4], 9);
-        let here = model.forward(&Tape::no_grad(), &Var::from(&x)).unwrap().value().to_vec_f64().unwrap();
+        let here = model
+            .forward(&Tape::no_grad(), &Var::from(&x))
+            .unwrap()
+            .value()
+            .to_vec_f64()
+            .unwrap();
         let there = std::thread::spawn(move || {
             let tape = Tape::new();
-            let y = model.forward(&tape, &Var::from(&x)).unwrap().sum_all().unwrap();
+            let y = model
+                .forward(&tape, &Var::from(&x))
+                .unwrap()
+                .sum_all()
+                .unwrap();
             tape.backward(&y).unwrap();
             let grads = model.parameters().iter().all(|p| p.grad().is_some());
-            (model.forward(&Tape::no_grad(), &Var::from(&x)).unwrap().value().to_vec_f64().unwrap(), grads)
+            (
+                model
+                    .forward(&Tape::no_grad(), &Var::from(&x))
+                    .unwrap()
+                    .value()
+                    .to_vec_f64()
+                    .unwrap(),
+                grads,
+            )
         })
         .join()
         .unwrap();
         assert_eq!(here, there.0, "{dev}");
-        assert!(there.1, "{dev}: backward on the worker thread reached every parameter");
+        assert!(
+            there.1,
+            "{dev}: backward on the worker thread reached every parameter"
+        );
     }
 }
 
@@ -135,7 +183,14 @@ fn npz_and_safetensors_round_trip_every_dtype() {
         let tensors: Vec<(String, Tensor)> = DType::ALL
             .iter()
             .enumerate()
-            .map(|(i, &d)| (format!("t{i}.{}", d.name()), random_tensor(d, &[2, 3], -5.0, 5.0, i as u64).to_device(&dev).unwrap()))
+            .map(|(i, &d)| {
+                (
+                    format!("t{i}.{}", d.name()),
+                    random_tensor(d, &[2, 3], -5.0, 5.0, i as u64)
+                        .to_device(&dev)
+                        .unwrap(),
+                )
+            })
             .collect();
         let refs: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
         let st = dir.join("model.safetensors");
@@ -144,22 +199,38 @@ fn npz_and_safetensors_round_trip_every_dtype() {
         assert_eq!(back.len(), tensors.len());
         for ((n, t), (bn, bt)) in tensors.iter().zip(&back) {
             assert_eq!((n, t.dtype(), t.shape()), (bn, bt.dtype(), bt.shape()));
-            assert_eq!(t.to_host_data().unwrap(), bt.to_host_data().unwrap(), "{dev} {n}");
+            assert_eq!(
+                t.to_host_data().unwrap(),
+                bt.to_host_data().unwrap(),
+                "{dev} {n}"
+            );
         }
         let f = SafetensorsFile::open(&st).unwrap();
         assert_eq!(f.info("t0.f32").unwrap(), (DType::F32, vec![2, 3]));
         assert_eq!(f.tensor("t1.f64", &dev).unwrap().device(), &dev);
-        assert!(f.tensor("missing", &dev).unwrap_err().to_string().contains("missing"));
+        assert!(f
+            .tensor("missing", &dev)
+            .unwrap_err()
+            .to_string()
+            .contains("missing"));
 
         // npz: every dtype numpy has (bf16 has no numpy dtype).
         let npz = dir.join("arrays.npz");
-        let no_bf16: Vec<(&str, &Tensor)> = refs.iter().copied().filter(|(_, t)| t.dtype() != DType::BF16).collect();
+        let no_bf16: Vec<(&str, &Tensor)> = refs
+            .iter()
+            .copied()
+            .filter(|(_, t)| t.dtype() != DType::BF16)
+            .collect();
         save_npz(&npz, &no_bf16).unwrap();
         let back = load_npz(&npz).unwrap();
         assert_eq!(back.len(), no_bf16.len());
         for (n, t) in &no_bf16 {
             let (_, bt) = back.iter().find(|(bn, _)| bn == n).unwrap();
-            assert_eq!(t.to_host_data().unwrap(), bt.to_host_data().unwrap(), "{dev} {n}");
+            assert_eq!(
+                t.to_host_data().unwrap(),
+                bt.to_host_data().unwrap(),
+                "{dev} {n}"
+            );
         }
     }
     // Corrupt files are errors naming the file.

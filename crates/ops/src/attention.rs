@@ -18,7 +18,12 @@ impl Tensor {
     /// The causal mask of attention over `tq` queries and `tk` keys (the queries being the last
     /// `tq` positions): 1 where query i may not see key j (`j > i + tk - tq`), 0 elsewhere. Both
     /// `Tensor::attention` and `Var::attention` apply this mask.
-    pub fn causal_hidden_mask(tq: usize, tk: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+    pub fn causal_hidden_mask(
+        tq: usize,
+        tk: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
         Tensor::triu_mask(tq, tk, 1 + tk as i64 - tq as i64, dtype, device)
     }
 }

@@ -179,7 +179,8 @@ impl Tensor {
                 }
                 (mean[o], rstd[o]) = (mu, rs);
             }
-            let stat = |v: &[f64]| Tensor::from_host_data(HostData::from_fn(acc, rows, |i| v[i]), &lead);
+            let stat =
+                |v: &[f64]| Tensor::from_host_data(HostData::from_fn(acc, rows, |i| v[i]), &lead);
             return Ok((
                 Tensor::from_host_data(
                     HostData::from_fn(self.dtype, y.len(), |i| y[i]),
@@ -193,7 +194,10 @@ impl Tensor {
         let n32 = u32_arg(op, "normalized size", n)?;
         u32_arg(op, "elements", rows * n)?;
         let y = Tensor::alloc(&self.shape, self.dtype, &self.device)?;
-        let stat = |want: bool| want.then(|| Tensor::alloc(&lead, acc, &self.device)).transpose();
+        let stat = |want: bool| {
+            want.then(|| Tensor::alloc(&lead, acc, &self.device))
+                .transpose()
+        };
         let mean = stat(stats == Stats::MeanRstd)?;
         let rstd = stat(stats != Stats::None)?;
         if rows == 0 {
@@ -323,7 +327,8 @@ impl Tensor {
             eps,
             Stats::Rstd,
         )?;
-        let rstd = rstd.ok_or_else(|| Error::invalid("rms_norm", "statistics were not computed"))?;
+        let rstd =
+            rstd.ok_or_else(|| Error::invalid("rms_norm", "statistics were not computed"))?;
         Ok((y, rstd))
     }
 

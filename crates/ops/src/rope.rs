@@ -99,13 +99,21 @@ impl Tensor {
     /// `pos_offset + t`, interleaved pairs, with frequency base `theta` (Llama: 10000). See the
     /// module docs; [`Tensor::rope_with`] takes the other convention and position ids. One kernel.
     pub fn rope(&self, pos_offset: usize, theta: f64) -> Result<Tensor> {
-        self.rope_with(RopeStyle::Interleaved, &RopePositions::Offset(pos_offset), theta)
+        self.rope_with(
+            RopeStyle::Interleaved,
+            &RopePositions::Offset(pos_offset),
+            theta,
+        )
     }
 
     /// The backward of [`Tensor::rope`]: the gradient w.r.t. its input given `self`, the gradient
     /// w.r.t. its output (the inverse rotation). One kernel.
     pub fn rope_backward(&self, pos_offset: usize, theta: f64) -> Result<Tensor> {
-        self.rope_backward_with(RopeStyle::Interleaved, &RopePositions::Offset(pos_offset), theta)
+        self.rope_backward_with(
+            RopeStyle::Interleaved,
+            &RopePositions::Offset(pos_offset),
+            theta,
+        )
     }
 
     /// Rotary position embedding in either pairing `style`, at `positions`. One kernel.
@@ -159,7 +167,9 @@ impl Tensor {
         if let Some(x) = self.host_view(&self.shape, &self.strides) {
             let pos: Vec<u32> = match &ids {
                 Some(ids) => ids.to_vec::<i32>()?.iter().map(|&p| p as u32).collect(),
-                None => (0..self.shape[1]).map(|t| (pos_offset + t) as u32).collect(),
+                None => (0..self.shape[1])
+                    .map(|t| (pos_offset + t) as u32)
+                    .collect(),
             };
             let x = x.to_f64();
             let data = host_rope(&x, &self.shape, style, &pos, theta, sign, self.dtype)?;
@@ -256,7 +266,11 @@ impl Tensor {
                 if ids.device() != self.device() {
                     return Err(Error::device(
                         op,
-                        format!("position ids are on {}, x on {}", ids.device(), self.device()),
+                        format!(
+                            "position ids are on {}, x on {}",
+                            ids.device(),
+                            self.device()
+                        ),
                     ));
                 }
                 Ok((0, Some(ids.contiguous()?)))

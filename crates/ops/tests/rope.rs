@@ -170,7 +170,6 @@ fn rope_rejects_bad_input() {
     }
 }
 
-
 /// Hugging Face's convention in f64: pairs (i, i + Dh/2) of `x` row-major [B, T, H, Dh], at
 /// position `pos(b, t)`.
 fn naive_rope_halves(
@@ -222,20 +221,40 @@ fn rope_halves_and_position_ids_match_naive_references_on_every_device() {
                     |b, t| ids[if b_rows { b * 5 + t } else { t }] as usize,
                     10000.0,
                 );
-                check_close(&y.to_vec_f64().unwrap(), &want, tol, scale, &format!("{dev} {dtype} halves {name}"))
-                    .unwrap();
+                check_close(
+                    &y.to_vec_f64().unwrap(),
+                    &want,
+                    tol,
+                    scale,
+                    &format!("{dev} {dtype} halves {name}"),
+                )
+                .unwrap();
                 // The backward is the inverse rotation.
                 let back = y
-                    .rope_backward_with(RopeStyle::Halves, &RopePositions::Ids(pos.clone()), 10000.0)
+                    .rope_backward_with(
+                        RopeStyle::Halves,
+                        &RopePositions::Ids(pos.clone()),
+                        10000.0,
+                    )
                     .unwrap();
-                check_close(&back.to_vec_f64().unwrap(), &xv, tol, scale, &format!("{dev} {dtype} inverse {name}"))
-                    .unwrap();
+                check_close(
+                    &back.to_vec_f64().unwrap(),
+                    &xv,
+                    tol,
+                    scale,
+                    &format!("{dev} {dtype} inverse {name}"),
+                )
+                .unwrap();
             }
             // Ids equal to offset + t give exactly the offset form, in both pairings.
             let offset_ids: Vec<i32> = (0..5).map(|t| 40 + t).collect();
             let pos = RopePositions::Ids(Tensor::from_vec(offset_ids, &[5], &dev).unwrap());
             for style in [RopeStyle::Interleaved, RopeStyle::Halves] {
-                let a = x.rope_with(style, &pos, 500.0).unwrap().to_vec_f64().unwrap();
+                let a = x
+                    .rope_with(style, &pos, 500.0)
+                    .unwrap()
+                    .to_vec_f64()
+                    .unwrap();
                 let b = x
                     .rope_with(style, &RopePositions::Offset(40), 500.0)
                     .unwrap()

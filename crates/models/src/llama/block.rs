@@ -11,7 +11,13 @@ const INIT: Init = Init::Normal {
     std: 0.02,
 };
 
-fn proj(inn: usize, out: usize, cfg: &LlamaConfig, dev: &Device, g: &mut Generator) -> Result<Linear> {
+fn proj(
+    inn: usize,
+    out: usize,
+    cfg: &LlamaConfig,
+    dev: &Device,
+    g: &mut Generator,
+) -> Result<Linear> {
     Linear::with_init(inn, out, false, INIT, cfg.dtype, dev, g)
 }
 
@@ -78,7 +84,10 @@ impl Attention {
         let k = k.unsqueeze(2)?.broadcast_to(&wide)?;
         let v = v.unsqueeze(2)?.broadcast_to(&wide)?;
         let o = Var::attention(&q, &k, &v, mask, true, None)?;
-        let o = o.reshape(&[b, h, t, hd])?.transpose(1, 2)?.reshape(&[b, t, c.dim])?;
+        let o = o
+            .reshape(&[b, h, t, hd])?
+            .transpose(1, 2)?
+            .reshape(&[b, t, c.dim])?;
         self.wo.forward(tape, &o)
     }
 

@@ -119,7 +119,10 @@ impl LlamaConfig {
             }
         }
         if self.n_heads > 0 && !self.dim.is_multiple_of(self.n_heads) {
-            problems.push(format!("dim {} is not a multiple of n_heads {}", self.dim, self.n_heads));
+            problems.push(format!(
+                "dim {} is not a multiple of n_heads {}",
+                self.dim, self.n_heads
+            ));
         }
         if self.n_kv_heads > 0 && !self.n_heads.is_multiple_of(self.n_kv_heads) {
             problems.push(format!(
@@ -128,7 +131,10 @@ impl LlamaConfig {
             ));
         }
         if self.n_heads > 0 && !self.head_dim().is_multiple_of(2) {
-            problems.push(format!("head dim {} is odd (RoPE rotates pairs)", self.head_dim()));
+            problems.push(format!(
+                "head dim {} is odd (RoPE rotates pairs)",
+                self.head_dim()
+            ));
         }
         if !(self.norm_eps.is_finite() && self.norm_eps > 0.0) {
             problems.push(format!("norm_eps {} must be positive", self.norm_eps));
@@ -152,7 +158,11 @@ impl LlamaConfig {
         let attn = d * d * 2 + 2 * d * self.n_kv_heads * hd;
         let ffn = 3 * d * self.hidden_dim;
         let per_layer = attn + ffn + 2 * d;
-        let head = if self.tied_embeddings { 0 } else { self.vocab_size * d };
+        let head = if self.tied_embeddings {
+            0
+        } else {
+            self.vocab_size * d
+        };
         self.vocab_size * d + self.n_layers * per_layer + d + head
     }
 }

@@ -26,7 +26,11 @@ impl Llama {
     /// A model with Llama's initialisation (N(0, 0.02) weights, unit norms), drawn from `gen`.
     pub fn new(config: LlamaConfig, device: &Device, gen: &mut Generator) -> Result<Llama> {
         config.validate()?;
-        let table = Init::Normal { mean: 0.0, std: 0.02 }.tensor(
+        let table = Init::Normal {
+            mean: 0.0,
+            std: 0.02,
+        }
+        .tensor(
             &[config.vocab_size, config.dim],
             config.dim,
             config.vocab_size,
@@ -44,7 +48,10 @@ impl Llama {
                 config.dim,
                 config.vocab_size,
                 false,
-                Init::Normal { mean: 0.0, std: 0.02 },
+                Init::Normal {
+                    mean: 0.0,
+                    std: 0.02,
+                },
                 config.dtype,
                 device,
                 gen,
@@ -83,7 +90,11 @@ impl Llama {
         if ids.ndim() != 2 || ids.dtype() != DType::I32 || ids.numel() == 0 {
             return Err(Error::shape(
                 op,
-                format!("token ids are {} {:?}; need non-empty I32 [B, T]", ids.dtype(), ids.shape()),
+                format!(
+                    "token ids are {} {:?}; need non-empty I32 [B, T]",
+                    ids.dtype(),
+                    ids.shape()
+                ),
             ));
         }
         let t = ids.shape()[1];
@@ -119,7 +130,11 @@ impl Llama {
         let h = self.norm.forward(tape, &h)?;
         match &self.output {
             Some(out) => out.forward(tape, &h),
-            None => h.linear(&tape.param(&self.tok_embeddings.weight), None, Activation::None),
+            None => h.linear(
+                &tape.param(&self.tok_embeddings.weight),
+                None,
+                Activation::None,
+            ),
         }
     }
 
@@ -151,9 +166,16 @@ impl Module for Llama {
         self.logits(tape, x.value(), positions, cache, None)
     }
     fn named_parameters(&self) -> Vec<(String, Parameter)> {
-        let mut v = vec![("tok_embeddings.weight".to_string(), self.tok_embeddings.weight.clone())];
+        let mut v = vec![(
+            "tok_embeddings.weight".to_string(),
+            self.tok_embeddings.weight.clone(),
+        )];
         for (i, b) in self.layers.iter().enumerate() {
-            v.extend(b.named_parameters().into_iter().map(|(n, p)| (format!("layers.{i}.{n}"), p)));
+            v.extend(
+                b.named_parameters()
+                    .into_iter()
+                    .map(|(n, p)| (format!("layers.{i}.{n}"), p)),
+            );
         }
         v.push(("norm.weight".to_string(), self.norm.weight.clone()));
         if let Some(o) = &self.output {

@@ -27,15 +27,22 @@ pub struct Sampler {
 
 impl Sampler {
     pub fn new(sampling: Sampling, seed: u64) -> Result<Sampler> {
-        if let Sampling::Random { temperature, top_p, .. } = sampling {
-            if !(temperature.is_finite() && temperature > 0.0) || !(top_p > 0.0 && top_p <= 1.0) {
+        if let Sampling::Random {
+            temperature, top_p, ..
+        } = sampling
+        {
+            let valid = temperature.is_finite() && temperature > 0.0 && top_p > 0.0 && top_p <= 1.0;
+            if !valid {
                 return Err(Error::invalid(
                     "Sampler",
                     format!("temperature {temperature} must be > 0 and top_p {top_p} in (0, 1]"),
                 ));
             }
         }
-        Ok(Sampler { sampling, state: seed })
+        Ok(Sampler {
+            sampling,
+            state: seed,
+        })
     }
 
     /// A uniform number in [0, 1).
@@ -59,7 +66,12 @@ impl Sampler {
             }
             best as u32
         };
-        let Sampling::Random { temperature, top_k, top_p } = self.sampling else {
+        let Sampling::Random {
+            temperature,
+            top_k,
+            top_p,
+        } = self.sampling
+        else {
             return argmax();
         };
         let mut order: Vec<usize> = (0..logits.len()).filter(|&i| !logits[i].is_nan()).collect();
@@ -141,13 +153,23 @@ pub fn generate(
     if longest > cfg.max_seq_len {
         return Err(Error::invalid(
             op,
-            format!("a prompt of {longest} tokens is longer than max_seq_len {}", cfg.max_seq_len),
+            format!(
+                "a prompt of {longest} tokens is longer than max_seq_len {}",
+                cfg.max_seq_len
+            ),
         ));
     }
-    if let Some(&bad) = prompts.iter().flatten().find(|&&t| t as usize >= cfg.vocab_size) {
+    if let Some(&bad) = prompts
+        .iter()
+        .flatten()
+        .find(|&&t| t as usize >= cfg.vocab_size)
+    {
         return Err(Error::invalid(
             op,
-            format!("token {bad} is outside the vocabulary of {}", cfg.vocab_size),
+            format!(
+                "token {bad} is outside the vocabulary of {}",
+                cfg.vocab_size
+            ),
         ));
     }
     let (b, dev) = (prompts.len(), model.device());
