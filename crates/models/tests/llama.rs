@@ -279,3 +279,43 @@ fn bad_input_is_an_error_naming_the_value() {
     let _ = std::fs::remove_dir_all(&dir);
     let _: Option<&dyn Optimizer> = None;
 }
+
+#[test]
+fn training_resumed_from_a_checkpoint_follows_the_same_losses() {
+    let cfg = LlamaConfig { max_seq_len: 8, ..LlamaConfig::tiny(16) };
+    let dir = std::env::temp_dir().join(format!("netcl-llama-resume-{}", std::process::id()));
+    for dev in test_devices().unwrap() {
+        let x = ids(&tokens(16, 16, 1), 2, &dev);
+        let y = ids(&tokens(16, 16, 2), 2, &dev);
+        let fresh = || {
+            let m = Llama::new(cfg.clone(), &dev, &mut Generator::new(9)).unwrap();
+            let o = AdamW::new(m.parameters(), 3e-3).weight_decay(0.1);
+            (m, o)
+        };
+        let step = |m: &Llama, o: &mut AdamW| {
+            let tape = Tape::new();
+            let loss = m.loss(&tape, &x, &y).unwrap();
+            let l = loss.item().unwrap();
+            tape.backward(&loss).unwrap();
+            o.step().unwrap();
+            o.zero_grad();
+            l
+        };
+        let (m, mut o) = fresh();
+        let straight: Vec<f64> = (0..6).map(|_| step(&m, &mut o)).collect();
+        let (m, mut o) = fresh();
+        let mut resumed: Vec<f64> = (0..3).map(|_| step(&m, &mut o)).collect();
+        save_checkpoint(dir.join("c"), &m, Some(&o), 3, serde_json::json!({})).unwrap();
+        drop((m, o));
+        let (m, mut o) = Llama::new(cfg.clone(), &dev, &mut Generator::new(77))
+            .map(|m| {
+                let o = AdamW::new(m.parameters(), 3e-3).weight_decay(0.1);
+                (m, o)
+            })
+            .unwrap();
+        load_checkpoint(dir.join("c"), &m, Some(&mut o)).unwrap();
+        resumed.extend((0..3).map(|_| step(&m, &mut o)));
+        assert_eq!(straight, resumed, "{dev}: bit-identical losses after resume");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
