@@ -16,9 +16,54 @@ def timed(fn, warmup=3, iters=10, reps=5):
         samples.append(start.elapsed_time(end) / iters)
     return sorted(samples)[len(samples) // 2]
 
+class Llama(torch.nn.Module):
+    """llama2.c's model.py shape: RMSNorm, RoPE (interleaved), causal SDPA, SwiGLU, tied embeddings."""
+    def __init__(self, vocab, dim, layers, heads, hidden, max_seq=1024):
+        super().__init__()
+        nn = torch.nn
+        self.heads, self.hd = heads, dim // heads
+        self.emb = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList()
+        for _ in range(layers):
+            blk = nn.Module()
+            blk.n1, blk.n2 = nn.RMSNorm(dim, eps=1e-5), nn.RMSNorm(dim, eps=1e-5)
+            blk.wq, blk.wk, blk.wv, blk.wo = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+            blk.w1, blk.w3 = nn.Linear(dim, hidden, bias=False), nn.Linear(dim, hidden, bias=False)
+            blk.w2 = nn.Linear(hidden, dim, bias=False)
+            self.layers.append(blk)
+        self.norm = nn.RMSNorm(dim, eps=1e-5)
+        self.out = nn.Linear(dim, vocab, bias=False)
+        self.out.weight = self.emb.weight
+        freqs = 1.0 / (10000.0 ** (torch.arange(0, self.hd, 2).float() / self.hd))
+        ang = torch.outer(torch.arange(max_seq).float(), freqs)
+        self.register_buffer("cos", ang.cos(), persistent=False)
+        self.register_buffer("sin", ang.sin(), persistent=False)
+
+    def rope(self, x):
+        b, t, h, d = x.shape
+        x = x.float().reshape(b, t, h, d // 2, 2)
+        c, s = self.cos[:t].view(1, t, 1, d // 2), self.sin[:t].view(1, t, 1, d // 2)
+        x0, x1 = x[..., 0], x[..., 1]
+        return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), -1).flatten(3)
+
+    def forward(self, ids):
+        F = torch.nn.functional
+        h = self.emb(ids)
+        b, t, _ = h.shape
+        for blk in self.layers:
+            a = blk.n1(h)
+            q = self.rope(blk.wq(a).view(b, t, self.heads, self.hd)).transpose(1, 2)
+            k = self.rope(blk.wk(a).view(b, t, self.heads, self.hd)).transpose(1, 2)
+            v = blk.wv(a).view(b, t, self.heads, self.hd).transpose(1, 2)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            h = h + blk.wo(o.transpose(1, 2).reshape(b, t, -1))
+            f = blk.n2(h)
+            h = h + blk.w2(F.silu(blk.w1(f)) * blk.w3(f))
+        return self.out(self.norm(h))
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--suite", default="all")
+    p.add_argument("--suite", default="all")  # gemm,elementwise,softmax,norm,embedding,train,llama
     p.add_argument("--json")
     p.add_argument("--netcl", help="netcl-bench --json output to compare against")
     a = p.parse_args()
@@ -116,6 +161,26 @@ def main():
                 opt.step()
                 opt.zero_grad()
             rec("train", name, timed(step))
+    if want("llama"):
+        for name, (d, layers, hidden, b, t) in (("llama15m_step_B32_T256", (288, 6, 768, 32, 256)),
+                                                 ("llama110m_step_B16_T512", (768, 12, 2048, 16, 512))):
+            torch.manual_seed(0)
+            model = Llama(32000, d, layers, d // 64 if d == 768 else 6, hidden).to(dev)
+            decay = [p for p in model.parameters() if p.dim() > 1]
+            rest = [p for p in model.parameters() if p.dim() <= 1]
+            opt = torch.optim.AdamW([dict(params=decay), dict(params=rest, weight_decay=0.0)], lr=3e-4, weight_decay=0.1)
+            x = torch.randint(0, 32000, (b, t), device=dev)
+            y = torch.randint(0, 32000, (b, t), device=dev)
+            def step():
+                loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            torch.cuda.reset_peak_memory_stats()
+            ms = timed(step, warmup=2, iters=5, reps=3)
+            rec("llama", name, ms)
+            print(f"torch {name}: {b * t / ms * 1e3:.0f} tokens/s, max_memory_allocated {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
+            del model, opt
     out = dict(framework="pytorch " + torch.__version__, device=torch.cuda.get_device_name(), records=records)
     if a.json:
         json.dump(out, open(a.json, "w"), indent=2)

@@ -1,4 +1,4 @@
-//! The training-step workloads of the bench runner: MLP 784-1024-1024-10 and a small CNN, each one Adam step (benches/reference/torch_bench.py builds the same models).
+//! The training-step workloads of the bench runner: MLP 784-1024-1024-10 and a small CNN (one Adam step each) and Llama shapes (one AdamW step, and KV-cache generation); benches/reference/torch_bench.py builds the same models.
 use netcl_autograd::{Tape, Var};
 use netcl_core_devices::{DType, Device, Result};
 use netcl_core_memory::Pool;
@@ -83,5 +83,54 @@ impl TrainStep {
         }
         dev.synchronize()?;
         Ok((pool.stats().driver_allocations - before) as f64 / steps as f64)
+    }
+}
+
+/// A Llama of a given shape with AdamW and one fixed batch of random tokens.
+pub struct LlamaStep {
+    pub model: netcl_models::Llama,
+    pub opt: netcl_optim::AdamW,
+    pub x: Tensor,
+    pub y: Tensor,
+}
+
+impl LlamaStep {
+    /// `cfg` (vocab, dims) with batch `b` of context `t` (= cfg.max_seq_len), AdamW lr 3e-4.
+    pub fn new(
+        cfg: netcl_models::LlamaConfig,
+        b: usize,
+        dev: &Device,
+        gen: &mut Generator,
+    ) -> Result<LlamaStep> {
+        let t = cfg.max_seq_len;
+        let v = cfg.vocab_size as u64;
+        let mut s = 11u64;
+        let mut next = || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 33) % v) as i32
+        };
+        let tokens: Vec<i32> = (0..b * (t + 1)).map(|_| next()).collect();
+        let x: Vec<i32> = (0..b).flat_map(|r| tokens[r * (t + 1)..r * (t + 1) + t].to_vec()).collect();
+        let y: Vec<i32> = (0..b).flat_map(|r| tokens[r * (t + 1) + 1..(r + 1) * (t + 1)].to_vec()).collect();
+        let model = netcl_models::Llama::new(cfg, dev, gen)?;
+        let opt = netcl_optim::AdamW::new(model.parameters(), 3e-4).weight_decay(0.1);
+        Ok(LlamaStep {
+            x: Tensor::from_vec(x, &[b, t], dev)?,
+            y: Tensor::from_vec(y, &[b, t], dev)?,
+            model,
+            opt,
+        })
+    }
+
+    /// forward, loss, backward, AdamW update, zero_grad (nothing read back).
+    pub fn step(&mut self) -> Result<()> {
+        let tape = Tape::new();
+        let loss = self.model.loss(&tape, &self.x, &self.y)?;
+        tape.backward(&loss)?;
+        self.opt.step()?;
+        self.opt.zero_grad();
+        Ok(())
     }
 }

@@ -1,6 +1,6 @@
 //! netcl-bench: runs the benchmark workloads on one device and prints/writes their times (benches/reference/torch_bench.py runs the same with PyTorch).
 use netcl_bench::clblast::{max_abs_diff, ClBlast};
-use netcl_bench::train::TrainStep;
+use netcl_bench::train::{LlamaStep, TrainStep};
 use netcl_bench::{check_flags, device_from_args, flag_value, time_per_call};
 use netcl_core_devices::{DType, Device, Result};
 use netcl_ops::{fused, Expr, Generator, Tensor};
@@ -272,7 +272,65 @@ impl Runner {
     }
 }
 
-const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train] [--sizes 1024,2048,4096] [--json FILE]
+impl Runner {
+    /// One AdamW step of the Llama-15M shape (dim 288, 6 layers, vocab 32000, B 32, T 256) and
+    /// of the 110M shape (dim 768, 12 layers, hidden 2048, B 16, T 512), f32; and greedy KV-cache
+    /// generation of 256 tokens, batch 1, with the 110M shape (ms per token).
+    fn llama(&mut self) -> Result<()> {
+        use netcl_models::{generate, LlamaConfig, Sampler, Sampling};
+        let shapes = [
+            ("llama15m_step_B32_T256", LlamaConfig { max_seq_len: 256, ..LlamaConfig::llama_15m(32000) }, 32),
+            ("llama110m_step_B16_T512", LlamaConfig { max_seq_len: 512, ..LlamaConfig::llama_110m(32000) }, 16),
+        ];
+        for (name, cfg, b) in shapes {
+            let tokens = b * cfg.max_seq_len;
+            let mut t = LlamaStep::new(cfg, b, &self.dev, &mut self.gen)?;
+            self.measure("llama", name.into(), (0.0, 0.0, 0), || t.step())?;
+            let ms = self.records.last().map_or(f64::NAN, |r| r.ms);
+            self.dev.synchronize()?;
+            let k0 = netcl_kernels::thread_launches_total();
+            t.step()?;
+            let kernels = netcl_kernels::thread_launches_total() - k0;
+            self.dev.synchronize()?;
+            let peak = if self.dev.is_host() { 0 } else { netcl_core_memory::Pool::of(&self.dev)?.stats().peak };
+            println!(
+                "{:<12} {name:<28} {:.0} tokens/s, {kernels} kernels per step, pool peak {:.2} GiB",
+                "",
+                tokens as f64 / ms * 1e3,
+                peak as f64 / (1u64 << 30) as f64
+            );
+        }
+        let cfg = LlamaConfig { max_seq_len: 512, ..LlamaConfig::llama_110m(32000) };
+        let model = netcl_models::Llama::new(cfg, &self.dev, &mut self.gen)?;
+        let prompt = vec![vec![1u32, 50, 300, 7]];
+        let run = |n: usize| -> Result<f64> {
+            let mut s = Sampler::new(Sampling::Greedy, 0)?;
+            let t0 = Instant::now();
+            generate(&model, &prompt, n, &mut s, None, |_, _| Ok(()))?;
+            Ok(t0.elapsed().as_secs_f64())
+        };
+        run(8)?;
+        let k0 = netcl_kernels::thread_launches_total();
+        let secs = run(256)?;
+        let kernels = (netcl_kernels::thread_launches_total() - k0) / 256;
+        println!(
+            "{:<12} {:<28} {:.0} tokens/s (256 new tokens, batch 1, prefill included), {kernels} kernels per token",
+            "", "llama110m_generate", 256.0 / secs
+        );
+        self.records.push(Record {
+            suite: "llama",
+            name: "llama110m_generate_per_token".into(),
+            ms: secs * 1e3 / 256.0,
+            gbps: None,
+            tflops: None,
+            kernels: kernels as usize,
+            driver_allocs_per_step: None,
+        });
+        Ok(())
+    }
+}
+
+const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama] [--sizes 1024,2048,4096] [--json FILE]
   Times each workload (median of 5 batches, device synchronised around each) and prints
   one line per workload; --json writes the records for benches/reference/torch_bench.py --netcl.
   NETCL_CLBLAST=/path/libclblast.so adds CLBlast as the OpenCL GEMM peer.";
@@ -292,6 +350,7 @@ fn main() -> Result<()> {
         "norm",
         "embedding",
         "train",
+        "llama",
     ];
     if let Some(bad) = suite
         .split(',')
@@ -341,6 +400,9 @@ fn main() -> Result<()> {
     }
     if want("train") {
         r.train()?;
+    }
+    if want("llama") {
+        r.llama()?;
     }
     if let Some(path) = flag_value(&args, "--json") {
         let json = serde_json::json!({
