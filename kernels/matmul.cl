@@ -124,3 +124,50 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, N) contiguous per batc
         }
     }
 }
+
+// Skinny products (decoding one token: M <= GEMV_ROWS rows of A) against a B whose K dim is
+// contiguous (a row-major weight W (N, K) used as B = Wᵀ): c[r, j] = act(sum_k a[r, k] b[k, j] +
+// bias[j]). A team of GEMV_TEAM work-items per output column j strides over K, so each team reads
+// 128 contiguous bytes of W per step and every weight is read once; then a tree sum in local memory.
+#ifndef GEMV_KERNEL
+#error "matmul.cl needs -DGEMV_KERNEL=<kernel name> (set by matmul.rs)"
+#endif
+#define GEMV_ROWS 4
+#define GEMV_TEAM 32
+#define GEMV_GROUP 256
+__kernel __attribute__((reqd_work_group_size(GEMV_GROUP, 1, 1)))
+void GEMV_KERNEL(__global T* c,           /* (M, N) contiguous */
+                 __global const T* a,     /* (M, K): a[a_off + r * sam + k * sak] */
+                 __global const T* b,     /* (K, N): b[b_off + k + j * sbn] (K stride 1) */
+                 __global const T* bias,  /* (N), read when has_bias */
+                 uint M, uint N, uint K, uint sam, uint sak, uint sbn, uint a_off, uint b_off,
+                 uint has_bias) {
+    __local ACC part[GEMV_ROWS][GEMV_GROUP];
+    uint lid = get_local_id(0), lane = lid % GEMV_TEAM;
+    uint j = get_group_id(0) * (GEMV_GROUP / GEMV_TEAM) + lid / GEMV_TEAM;
+    ACC acc[GEMV_ROWS];
+    for (uint r = 0; r < GEMV_ROWS; ++r) acc[r] = (ACC)0;
+    if (j < N) {
+        for (uint k = lane; k < K; k += GEMV_TEAM) {
+            ACC w = LOAD(b, b_off + k + j * sbn);
+            for (uint r = 0; r < GEMV_ROWS; ++r)
+                if (r < M) acc[r] += LOAD(a, a_off + r * sam + k * sak) * w;
+        }
+    }
+    for (uint r = 0; r < GEMV_ROWS; ++r) part[r][lid] = acc[r];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint s = GEMV_TEAM / 2; s > 0; s >>= 1) {
+        if (lane < s)
+            for (uint r = 0; r < GEMV_ROWS; ++r) part[r][lid] += part[r][lid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lane == 0 && j < N) {
+        for (uint r = 0; r < GEMV_ROWS; ++r) {
+            if (r < M) {
+                ACC v = part[r][lid];
+                if (has_bias) v += LOAD(bias, j);
+                STORE(c, r * N + j, activate(v));
+            }
+        }
+    }
+}

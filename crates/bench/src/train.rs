@@ -112,8 +112,12 @@ impl LlamaStep {
             ((s >> 33) % v) as i32
         };
         let tokens: Vec<i32> = (0..b * (t + 1)).map(|_| next()).collect();
-        let x: Vec<i32> = (0..b).flat_map(|r| tokens[r * (t + 1)..r * (t + 1) + t].to_vec()).collect();
-        let y: Vec<i32> = (0..b).flat_map(|r| tokens[r * (t + 1) + 1..(r + 1) * (t + 1)].to_vec()).collect();
+        let x: Vec<i32> = (0..b)
+            .flat_map(|r| tokens[r * (t + 1)..r * (t + 1) + t].to_vec())
+            .collect();
+        let y: Vec<i32> = (0..b)
+            .flat_map(|r| tokens[r * (t + 1) + 1..(r + 1) * (t + 1)].to_vec())
+            .collect();
         let model = netcl_models::Llama::new(cfg, dev, gen)?;
         let opt = netcl_optim::AdamW::new(model.parameters(), 3e-4).weight_decay(0.1);
         Ok(LlamaStep {

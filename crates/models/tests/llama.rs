@@ -282,7 +282,10 @@ fn bad_input_is_an_error_naming_the_value() {
 
 #[test]
 fn training_resumed_from_a_checkpoint_follows_the_same_losses() {
-    let cfg = LlamaConfig { max_seq_len: 8, ..LlamaConfig::tiny(16) };
+    let cfg = LlamaConfig {
+        max_seq_len: 8,
+        ..LlamaConfig::tiny(16)
+    };
     let dir = std::env::temp_dir().join(format!("netcl-llama-resume-{}", std::process::id()));
     for dev in test_devices().unwrap() {
         let x = ids(&tokens(16, 16, 1), 2, &dev);
@@ -315,7 +318,10 @@ fn training_resumed_from_a_checkpoint_follows_the_same_losses() {
             .unwrap();
         load_checkpoint(dir.join("c"), &m, Some(&mut o)).unwrap();
         resumed.extend((0..3).map(|_| step(&m, &mut o)));
-        assert_eq!(straight, resumed, "{dev}: bit-identical losses after resume");
+        assert_eq!(
+            straight, resumed,
+            "{dev}: bit-identical losses after resume"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -65,6 +65,13 @@ impl std::fmt::Debug for Activation {
 
 /// The name of matmul.cl's kernel, passed to its build as `-DMATMUL_KERNEL`.
 const MATMUL_KERNEL: &str = "matmul";
+/// The name of matmul.cl's skinny-product kernel, passed as `-DGEMV_KERNEL`.
+const GEMV_KERNEL: &str = "gemv";
+/// Most rows of A the skinny-product kernel takes (`GEMV_ROWS` in matmul.cl), and its work-group.
+const GEMV_ROWS: usize = 4;
+const GEMV_GROUP: usize = 256;
+/// Output columns per work-group of the skinny-product kernel (work-group / team of 32).
+const GEMV_COLS: usize = GEMV_GROUP / 32;
 
 /// matmul.cl for `act` in arithmetic `class`: the plain file without an activation, else the file
 /// after a generated `activate(v)` from the op's table row (built once per op and arithmetic).
@@ -228,6 +235,38 @@ impl Tensor {
             .tile
             .unwrap_or_else(|| gemm_tile(&self.device).fit(m, n, numel(&batch), cus));
         let groups = m.div_ceil(tile.bm as usize) * n.div_ceil(tile.bn as usize) * numel(&batch);
+        let acc_bytes = if self.dtype == DType::F64 { 8 } else { 4 };
+        tile.check(&self.device, acc_bytes)?;
+        let aligned =
+            m % tile.bm as usize == 0 && n % tile.bn as usize == 0 && k % tile.bk as usize == 0;
+        let options = format!(
+            "{} {} -DMATMUL_KERNEL={MATMUL_KERNEL} -DGEMV_KERNEL={GEMV_KERNEL}{}",
+            self.dtype.build_option(),
+            tile.options(),
+            if aligned { " -DALIGNED" } else { "" }
+        );
+        let source = matmul_source(opts.activation, Class::of(self.dtype));
+        let program = program(&self.device, &source, &options)?;
+        let u = |x: usize| x as u32;
+        if numel(&batch) == 1 && m <= GEMV_ROWS && sbk == 1 {
+            // A few rows against a transposed weight (one decoding step): every weight read once.
+            let mut kern = Kernel::new(&program, GEMV_KERNEL)?;
+            if kern.max_work_group_size() >= GEMV_GROUP {
+                kern.arg_mem(out.mem()?)?
+                    .arg_mem(a.mem()?)?
+                    .arg_mem(b.mem()?)?
+                    .arg_mem(opts.bias.map_or_else(|| out.mem(), |t| t.mem())?)?;
+                for v in [m, n, k, sam, sak, sbn, a.offset, b.offset] {
+                    kern.arg(&u(v))?;
+                }
+                kern.arg(&u(opts.bias.is_some() as usize))?;
+                let elems = m * k + k * n + m * n + opts.bias.map_or(0, |_| n);
+                kern.declare((elems * self.dtype.size()) as u64, 2 * (m * n * k) as u64);
+                let groups = n.div_ceil(GEMV_COLS);
+                kern.launch(&[groups * GEMV_GROUP], &[GEMV_GROUP])?;
+                return out.reshape(&result_shape);
+            }
+        }
         let plain = opts.bias.is_none() && opts.activation == Activation::None;
         if let (true, Some(s)) = (plain && numel(&batch) == 1, split_k(groups, cus, k)) {
             // Too few output tiles for the device and a long K (weight gradients): S partial
@@ -237,22 +276,9 @@ impl Tensor {
             let bv = b.view_of(vec![s, kc, n], vec![kc * sbk, sbk, sbn], b.offset);
             return av.matmul(&bv)?.sum(&[0], false)?.reshape(&result_shape);
         }
-        let acc_bytes = if self.dtype == DType::F64 { 8 } else { 4 };
-        tile.check(&self.device, acc_bytes)?;
-        let aligned =
-            m % tile.bm as usize == 0 && n % tile.bn as usize == 0 && k % tile.bk as usize == 0;
-        let options = format!(
-            "{} {} -DMATMUL_KERNEL={MATMUL_KERNEL}{}",
-            self.dtype.build_option(),
-            tile.options(),
-            if aligned { " -DALIGNED" } else { "" }
-        );
-        let source = matmul_source(opts.activation, Class::of(self.dtype));
-        let program = program(&self.device, &source, &options)?;
         let [tx, ty] = tile.local();
         let groups_n = n.div_ceil(tile.bn as usize);
         let groups_m = m.div_ceil(tile.bm as usize);
-        let u = |x: usize| x as u32;
         let mut kern = Kernel::new(&program, MATMUL_KERNEL)?;
         kern.arg_mem(out.mem()?)?
             .arg_mem(a.mem()?)?

@@ -276,13 +276,30 @@ impl Runner {
     /// One AdamW step of the Llama-15M shape (dim 288, 6 layers, vocab 32000, B 32, T 256) and
     /// of the 110M shape (dim 768, 12 layers, hidden 2048, B 16, T 512), f32; and greedy KV-cache
     /// generation of 256 tokens, batch 1, with the 110M shape (ms per token).
-    fn llama(&mut self) -> Result<()> {
+    fn llama(&mut self, which: &str) -> Result<()> {
         use netcl_models::{generate, LlamaConfig, Sampler, Sampling};
+        let on = |w: &str| which == "all" || which.split(',').any(|x| x == w);
         let shapes = [
-            ("llama15m_step_B32_T256", LlamaConfig { max_seq_len: 256, ..LlamaConfig::llama_15m(32000) }, 32),
-            ("llama110m_step_B16_T512", LlamaConfig { max_seq_len: 512, ..LlamaConfig::llama_110m(32000) }, 16),
+            (
+                "15m",
+                "llama15m_step_B32_T256",
+                LlamaConfig {
+                    max_seq_len: 256,
+                    ..LlamaConfig::llama_15m(32000)
+                },
+                32,
+            ),
+            (
+                "110m",
+                "llama110m_step_B16_T512",
+                LlamaConfig {
+                    max_seq_len: 512,
+                    ..LlamaConfig::llama_110m(32000)
+                },
+                16,
+            ),
         ];
-        for (name, cfg, b) in shapes {
+        for (_, name, cfg, b) in shapes.into_iter().filter(|s| on(s.0)) {
             let tokens = b * cfg.max_seq_len;
             let mut t = LlamaStep::new(cfg, b, &self.dev, &mut self.gen)?;
             self.measure("llama", name.into(), (0.0, 0.0, 0), || t.step())?;
@@ -292,7 +309,11 @@ impl Runner {
             t.step()?;
             let kernels = netcl_kernels::thread_launches_total() - k0;
             self.dev.synchronize()?;
-            let peak = if self.dev.is_host() { 0 } else { netcl_core_memory::Pool::of(&self.dev)?.stats().peak };
+            let peak = if self.dev.is_host() {
+                0
+            } else {
+                netcl_core_memory::Pool::of(&self.dev)?.stats().peak
+            };
             println!(
                 "{:<12} {name:<28} {:.0} tokens/s, {kernels} kernels per step, pool peak {:.2} GiB",
                 "",
@@ -300,7 +321,13 @@ impl Runner {
                 peak as f64 / (1u64 << 30) as f64
             );
         }
-        let cfg = LlamaConfig { max_seq_len: 512, ..LlamaConfig::llama_110m(32000) };
+        if !on("generate") {
+            return Ok(());
+        }
+        let cfg = LlamaConfig {
+            max_seq_len: 512,
+            ..LlamaConfig::llama_110m(32000)
+        };
         let model = netcl_models::Llama::new(cfg, &self.dev, &mut self.gen)?;
         let prompt = vec![vec![1u32, 50, 300, 7]];
         let run = |n: usize| -> Result<f64> {
@@ -309,7 +336,9 @@ impl Runner {
             generate(&model, &prompt, n, &mut s, None, |_, _| Ok(()))?;
             Ok(t0.elapsed().as_secs_f64())
         };
-        run(8)?;
+        // Warm-up over the whole length: every row length's kernels are built once (a program
+        // per register layout of the growing attention rows), as in any later generation.
+        run(256)?;
         let k0 = netcl_kernels::thread_launches_total();
         let secs = run(256)?;
         let kernels = (netcl_kernels::thread_launches_total() - k0) / 256;
@@ -330,14 +359,14 @@ impl Runner {
     }
 }
 
-const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama] [--sizes 1024,2048,4096] [--json FILE]
+const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama] [--sizes 1024,2048,4096] [--llama 15m,110m,generate] [--json FILE]
   Times each workload (median of 5 batches, device synchronised around each) and prints
   one line per workload; --json writes the records for benches/reference/torch_bench.py --netcl.
   NETCL_CLBLAST=/path/libclblast.so adds CLBlast as the OpenCL GEMM peer.";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let flags = ["--device", "--suite", "--sizes", "--json"];
+    let flags = ["--device", "--suite", "--sizes", "--json", "--llama"];
     if !check_flags(&args, "netcl-bench", &flags, USAGE)? {
         return Ok(());
     }
@@ -402,7 +431,7 @@ fn main() -> Result<()> {
         r.train()?;
     }
     if want("llama") {
-        r.llama()?;
+        r.llama(flag_value(&args, "--llama").unwrap_or("all"))?;
     }
     if let Some(path) = flag_value(&args, "--json") {
         let json = serde_json::json!({
