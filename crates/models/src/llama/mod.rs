@@ -2,6 +2,7 @@
 mod block;
 mod cache;
 mod config;
+mod hf;
 mod model;
 mod sample;
 

@@ -1,0 +1,223 @@
+//! Hugging Face interchange against transformers' own numbers (fixtures/hf_tiny, made by make_fixture.py): logits, 5 AdamW losses, export round trip, the tokenizer, and bad directories.
+use netcl_autograd::Tape;
+use netcl_core_devices::test_devices;
+use netcl_data::Tokenizer;
+use netcl_models::{Llama, LlamaConfig};
+use netcl_nn::{load_safetensors, save_safetensors, Module};
+use netcl_ops::{Device, Tensor};
+use netcl_optim::{AdamW, Optimizer};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf_tiny")
+}
+
+fn expected() -> Value {
+    serde_json::from_slice(&std::fs::read(fixture().join("expected.json")).unwrap()).unwrap()
+}
+
+fn ids(v: &Value, dev: &Device) -> Tensor {
+    let rows: Vec<Vec<i32>> = serde_json::from_value(v["ids"].clone()).unwrap();
+    let (b, t) = (rows.len(), rows[0].len());
+    Tensor::from_vec(rows.concat(), &[b, t], dev).unwrap()
+}
+
+fn logits(model: &Llama, ids: &Tensor) -> Vec<f64> {
+    let l = model
+        .logits(&Tape::no_grad(), ids, None, None, None)
+        .unwrap();
+    l.value().to_vec_f64().unwrap()
+}
+
+#[test]
+fn imported_logits_and_adamw_losses_match_transformers() {
+    let want = expected();
+    let ref_logits: Vec<f64> = serde_json::from_value(want["logits"].clone()).unwrap();
+    let ref_losses: Vec<f64> = serde_json::from_value(want["losses"].clone()).unwrap();
+    for dev in test_devices().unwrap() {
+        let model = Llama::from_hf(fixture(), &dev, None).unwrap();
+        assert_eq!(model.config.n_kv_heads, 2);
+        let x = ids(&want, &dev);
+        let got = logits(&model, &x);
+        assert_eq!(got.len(), ref_logits.len());
+        for (i, (g, w)) in got.iter().zip(&ref_logits).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+                "{dev}: logit {i}: {g} vs transformers {w}"
+            );
+        }
+        // 5 AdamW steps of next-token loss, as make_fixture.py takes them.
+        let t = x.shape()[1];
+        let (inp, tgt) = (
+            x.narrow(1, 0, t - 1).unwrap().contiguous().unwrap(),
+            x.narrow(1, 1, t - 1).unwrap().contiguous().unwrap(),
+        );
+        let mut opt = AdamW::new(model.parameters(), 1e-3).weight_decay(0.01);
+        for (step, w) in ref_losses.iter().enumerate() {
+            let tape = Tape::new();
+            let loss = model.loss(&tape, &inp, &tgt).unwrap();
+            let l = loss.item().unwrap();
+            assert!(
+                (l - w).abs() <= 1e-4 * w.abs(),
+                "{dev}: step {step}: loss {l} vs transformers {w}"
+            );
+            tape.backward(&loss).unwrap();
+            opt.step().unwrap();
+            opt.zero_grad();
+        }
+    }
+}
+
+#[test]
+fn an_export_reloads_with_identical_logits_and_tensors() {
+    let want = expected();
+    let dir = std::env::temp_dir().join(format!("netcl-hf-export-{}", std::process::id()));
+    for dev in test_devices().unwrap() {
+        let model = Llama::from_hf(fixture(), &dev, None).unwrap();
+        model.save_hf(&dir).unwrap();
+        let back = Llama::from_hf(&dir, &dev, None).unwrap();
+        let x = ids(&want, &dev);
+        assert_eq!(logits(&model, &x), logits(&back, &x), "{dev}");
+        // The same tensors under the same names as the original file.
+        let a = load_safetensors(fixture().join("model.safetensors")).unwrap();
+        let b = load_safetensors(dir.join("model.safetensors")).unwrap();
+        assert_eq!(a.len(), b.len());
+        for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
+            assert_eq!(na, nb);
+            assert_eq!(
+                ta.to_host_data().unwrap(),
+                tb.to_host_data().unwrap(),
+                "{na}"
+            );
+        }
+        let cfg: Value =
+            serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+        assert_eq!(LlamaConfig::from_hf(&cfg, "export").unwrap(), model.config);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_fixture_tokenizer_encodes_the_fixture_ids() {
+    let want = expected();
+    let rows: Vec<Vec<u32>> = serde_json::from_value(want["ids"].clone()).unwrap();
+    let tok = Tokenizer::from_file(fixture().join("tokenizer.json")).unwrap();
+    let text = [
+        "The quick brown fox jumps over the lazy dog.",
+        "What's Oxygen? A gas that we breathe.",
+    ];
+    for (row, t) in rows.iter().zip(text) {
+        let enc = tok.encode(t).unwrap();
+        assert_eq!(&enc[..row.len()], &row[..]);
+        assert_eq!(tok.decode(&enc).unwrap(), t);
+    }
+}
+
+#[test]
+fn bad_directories_are_errors_naming_the_file_and_tensor() {
+    let dev = Device::host();
+    let base = std::env::temp_dir().join(format!("netcl-hf-bad-{}", std::process::id()));
+    let fresh = |name: &str| {
+        let d = base.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::copy(fixture().join("config.json"), d.join("config.json")).unwrap();
+        d
+    };
+    let tensors = load_safetensors(fixture().join("model.safetensors")).unwrap();
+    let write = |d: &Path, t: &[(String, Tensor)]| {
+        let refs: Vec<(&str, &Tensor)> = t.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        save_safetensors(d.join("model.safetensors"), &refs, None).unwrap();
+    };
+    let err = |d: &Path| Llama::from_hf(d, &dev, None).err().unwrap().to_string();
+
+    let d = fresh("missing");
+    write(&d, &tensors[1..]);
+    let e = err(&d);
+    assert!(
+        e.contains("missing tensors") && e.contains(&tensors[0].0),
+        "{e}"
+    );
+
+    let d = fresh("misshapen");
+    let mut t = tensors.clone();
+    let w = t
+        .iter()
+        .position(|(n, _)| n.ends_with("q_proj.weight"))
+        .unwrap();
+    t[w].1 = Tensor::zeros(&[64, 32], t[w].1.dtype(), &dev).unwrap();
+    write(&d, &t);
+    let e = err(&d);
+    assert!(
+        e.contains(&t[w].0) && e.contains("[64, 32]") && e.contains("model.safetensors"),
+        "{e}"
+    );
+
+    let d = fresh("unknown");
+    let mut t = tensors.clone();
+    t.push((
+        "model.layers.0.self_attn.q_norm.weight".into(),
+        Tensor::zeros(&[16], t[0].1.dtype(), &dev).unwrap(),
+    ));
+    write(&d, &t);
+    assert!(err(&d).contains("unknown tensor 'model.layers.0.self_attn.q_norm.weight'"));
+
+    let d = fresh("truncated");
+    let bytes = std::fs::read(fixture().join("model.safetensors")).unwrap();
+    std::fs::write(d.join("model.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
+    let e = err(&d);
+    assert!(e.contains("model.safetensors"), "{e}");
+
+    let cfg: Value =
+        serde_json::from_slice(&std::fs::read(fixture().join("config.json")).unwrap()).unwrap();
+    let mut scaled = cfg.clone();
+    scaled["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0});
+    assert!(LlamaConfig::from_hf(&scaled, "config.json")
+        .unwrap_err()
+        .to_string()
+        .contains("llama3"));
+    let mut int8 = cfg.clone();
+    int8["dtype"] = "int8".into();
+    assert!(LlamaConfig::from_hf(&int8, "config.json")
+        .unwrap_err()
+        .to_string()
+        .contains("int8"));
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn sharded_checkpoints_and_dtype_conversion_load() {
+    let want = expected();
+    let dir = std::env::temp_dir().join(format!("netcl-hf-shards-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(fixture().join("config.json"), dir.join("config.json")).unwrap();
+    let tensors = load_safetensors(fixture().join("model.safetensors")).unwrap();
+    let half = tensors.len() / 2;
+    let mut map = serde_json::Map::new();
+    for (i, part) in [&tensors[..half], &tensors[half..]].into_iter().enumerate() {
+        let file = format!("model-0000{}-of-00002.safetensors", i + 1);
+        let refs: Vec<(&str, &Tensor)> = part.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        save_safetensors(dir.join(&file), &refs, None).unwrap();
+        for (n, _) in part {
+            map.insert(n.clone(), file.clone().into());
+        }
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let dev = Device::host();
+    let x = ids(&want, &dev);
+    let whole = Llama::from_hf(fixture(), &dev, None).unwrap();
+    let sharded = Llama::from_hf(&dir, &dev, None).unwrap();
+    assert_eq!(logits(&whole, &x), logits(&sharded, &x));
+    // Converted on request: bf16 storage, logits within bf16 rounding.
+    let bf = Llama::from_hf(&dir, &dev, Some(netcl_ops::DType::BF16)).unwrap();
+    assert_eq!(bf.config.dtype, netcl_ops::DType::BF16);
+    let (a, b) = (logits(&whole, &x), logits(&bf, &x));
+    let worst = a
+        .iter()
+        .zip(&b)
+        .map(|(p, q)| (p - q).abs())
+        .fold(0.0, f64::max);
+    assert!(worst < 0.05, "bf16 logits differ by {worst}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

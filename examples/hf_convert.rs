@@ -1,0 +1,43 @@
+//! Convert a Hugging Face Llama directory through netcl: import (config.json + safetensors) and export it again, printing the logits' checksum for a few tokens (used to check that transformers loads netcl's export).
+//!
+//! `cargo run --release --example hf_convert -- IN_DIR OUT_DIR [ID ID ...]`
+use netcl::prelude::*;
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [input, output, ids @ ..] = args.as_slice() else {
+        return Err(Error::invalid(
+            "hf_convert",
+            "usage: hf_convert IN_DIR OUT_DIR [ID ...]",
+        ));
+    };
+    let dev = Device::best()?;
+    let model = Llama::from_hf(input, &dev, None)?;
+    println!(
+        "imported {input}: {} parameters on {dev}",
+        model.num_parameters()
+    );
+    model.save_hf(output)?;
+    println!("exported {output}");
+    if !ids.is_empty() {
+        let ids: Vec<i32> = ids
+            .iter()
+            .map(|s| {
+                s.parse()
+                    .map_err(|_| Error::invalid("hf_convert", format!("id {s:?}")))
+            })
+            .collect::<Result<_>>()?;
+        let t = Tensor::from_vec(ids.clone(), &[1, ids.len()], &dev)?;
+        let logits = model.logits(&Tape::no_grad(), &t, None, None, None)?;
+        let v = logits.value().to_vec_f64()?;
+        println!("logits sum {:.6} first {:.6}", v.iter().sum::<f64>(), v[0]);
+    }
+    Ok(())
+}
