@@ -1,5 +1,6 @@
 //! Linear layer: y = x·Wᵀ + b as one GEMM with the bias (and a following ReLU) in its epilogue.
 use crate::init::Init;
+use crate::lora::{LoraAdapter, LoraConfig};
 use crate::module::Module;
 use netcl_autograd::{Parameter, Tape, Var};
 use netcl_ops::{Activation, DType, Device, Error, Generator, Result, Tensor};
@@ -8,6 +9,8 @@ use serde_json::{json, Value};
 pub struct Linear {
     pub weight: Parameter,
     pub bias: Option<Parameter>,
+    /// A LoRA adapter added to the output (see [`Linear::add_lora`]).
+    pub lora: Option<LoraAdapter>,
     in_features: usize,
     out_features: usize,
 }
@@ -81,6 +84,7 @@ impl Linear {
         Ok(Linear {
             weight: Parameter::new(weight)?,
             bias: bias.map(Parameter::new).transpose()?,
+            lora: None,
             in_features,
             out_features,
         })
@@ -120,6 +124,7 @@ impl Linear {
         Ok(Linear {
             weight: Parameter::new(w)?,
             bias: b,
+            lora: None,
             in_features,
             out_features,
         })
@@ -127,7 +132,35 @@ impl Linear {
 
     fn run(&self, tape: &Tape, x: &Var, act: Activation) -> Result<Var> {
         let b = self.bias.as_ref().map(|b| tape.param(b));
-        x.linear(&tape.param(&self.weight), b.as_ref(), act)
+        let y = x.linear(&tape.param(&self.weight), b.as_ref(), act)?;
+        match &self.lora {
+            Some(l) => y.add(&l.forward(tape, x)?),
+            None => Ok(y),
+        }
+    }
+
+    /// Adds a LoRA adapter and freezes the weight and bias (no gradient, so no optimizer state
+    /// and no gradient memory for them): only the adapter trains.
+    pub fn add_lora(&mut self, cfg: &LoraConfig, gen: &mut Generator) -> Result<()> {
+        self.lora = Some(LoraAdapter::new(self.weight.value(), cfg, gen)?);
+        self.weight.set_requires_grad(false);
+        if let Some(b) = &self.bias {
+            b.set_requires_grad(false);
+        }
+        Ok(())
+    }
+
+    /// Folds the adapter into the weight (`W += scale·B·A`) and removes it; the weight trains again.
+    pub fn merge_lora(&mut self) -> Result<()> {
+        if let Some(l) = self.lora.take() {
+            let w = self.weight.value().add(&l.delta()?)?;
+            self.weight.assign(&w)?;
+            self.weight.set_requires_grad(true);
+            if let Some(b) = &self.bias {
+                b.set_requires_grad(true);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -136,12 +169,21 @@ impl Module for Linear {
         self.run(tape, x, Activation::None)
     }
     fn forward_fused(&self, tape: &Tape, x: &Var, act: Activation) -> Option<Result<Var>> {
-        matches!(act, Activation::Relu).then(|| self.run(tape, x, act))
+        (matches!(act, Activation::Relu) && self.lora.is_none()).then(|| self.run(tape, x, act))
     }
     fn named_parameters(&self) -> Vec<(String, Parameter)> {
         let mut v = vec![("weight".to_string(), self.weight.clone())];
         v.extend(self.bias.iter().map(|b| ("bias".to_string(), b.clone())));
+        if let Some(l) = &self.lora {
+            v.push(("lora_a".to_string(), l.a.clone()));
+            v.push(("lora_b".to_string(), l.b.clone()));
+        }
         v
+    }
+    fn set_training(&mut self, on: bool) {
+        if let Some(l) = &mut self.lora {
+            l.set_training(on);
+        }
     }
     fn describe(&self) -> Value {
         json!({"type": "Linear", "in": self.in_features, "out": self.out_features, "bias": self.bias.is_some()})

@@ -65,6 +65,13 @@ pub trait Module: Send + Sync {
             .map(|(_, p)| p)
             .collect()
     }
+    /// The parameters that train (not frozen): what an optimizer should get.
+    fn trainable_parameters(&self) -> Vec<Parameter> {
+        self.parameters()
+            .into_iter()
+            .filter(|p| p.requires_grad())
+            .collect()
+    }
     /// Total number of trainable elements.
     fn num_parameters(&self) -> usize {
         self.parameters().iter().map(|p| p.numel()).sum()

@@ -3,6 +3,7 @@ mod block;
 mod cache;
 mod config;
 mod hf;
+mod lora;
 mod model;
 mod sample;
 

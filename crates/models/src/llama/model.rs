@@ -183,6 +183,17 @@ impl Module for Llama {
         }
         v
     }
+    fn set_training(&mut self, on: bool) {
+        for b in &mut self.layers {
+            let a = &mut b.attention;
+            let f = &mut b.feed_forward;
+            for lin in [
+                &mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo, &mut f.w1, &mut f.w2, &mut f.w3,
+            ] {
+                lin.set_training(on);
+            }
+        }
+    }
     fn describe(&self) -> Value {
         let mut v = serde_json::to_value(&self.config).unwrap_or(Value::Null);
         if let Value::Object(m) = &mut v {

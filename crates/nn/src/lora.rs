@@ -1,0 +1,98 @@
+//! LoRA: a low-rank adapter on a Linear layer (y = x·Wᵀ + b + scale · dropout(x)·Aᵀ·Bᵀ, W frozen), trained alone, saved alone, and merged into W.
+use crate::dropout::Dropout;
+use crate::init::Init;
+use crate::module::Module;
+use netcl_autograd::{Parameter, Tape, Var};
+use netcl_ops::{Activation, Error, Generator, Result, Tensor};
+
+/// Settings of LoRA adapters (Hu et al. 2021; the defaults of Hugging Face PEFT's `LoraConfig`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoraConfig {
+    /// Rank r of the update `B·A`.
+    pub rank: usize,
+    /// The update is scaled by `alpha / rank`.
+    pub alpha: f64,
+    /// Dropout on the adapter's input (training mode only).
+    pub dropout: f64,
+    /// Which projections get an adapter (a model's own names, e.g. "q", "v" for a Llama).
+    pub targets: Vec<String>,
+}
+
+impl Default for LoraConfig {
+    fn default() -> LoraConfig {
+        LoraConfig {
+            rank: 8,
+            alpha: 8.0,
+            dropout: 0.0,
+            targets: vec!["q".into(), "v".into()],
+        }
+    }
+}
+
+/// The trainable part of a LoRA layer: `A` `[rank, in]` (PyTorch's default Linear init, as PEFT
+/// does) and `B` `[out, rank]` (zeros, so a new adapter changes nothing).
+pub struct LoraAdapter {
+    pub a: Parameter,
+    pub b: Parameter,
+    pub scale: f64,
+    dropout: Option<Dropout>,
+}
+
+impl LoraAdapter {
+    /// An adapter for a weight `[out, in]` (of `weight`'s dtype and device).
+    pub fn new(weight: &Tensor, cfg: &LoraConfig, gen: &mut Generator) -> Result<LoraAdapter> {
+        let [out, inn] = *weight.shape() else {
+            return Err(Error::shape(
+                "LoRA",
+                format!("weight {:?} is not [out, in]", weight.shape()),
+            ));
+        };
+        if cfg.rank == 0 || cfg.rank > inn.min(out) || !(cfg.alpha.is_finite() && cfg.alpha > 0.0) {
+            return Err(Error::invalid(
+                "LoRA",
+                format!(
+                    "rank {} must be in 1..={} and alpha {} positive for a [{out}, {inn}] weight",
+                    cfg.rank,
+                    inn.min(out),
+                    cfg.alpha
+                ),
+            ));
+        }
+        let (dt, dev) = (weight.dtype(), weight.device());
+        let a = Init::Default.tensor(&[cfg.rank, inn], inn, cfg.rank, dt, dev, gen)?;
+        let dropout = (cfg.dropout > 0.0)
+            .then(|| Dropout::new(cfg.dropout, gen.counter() as u64 ^ 0x4C6F_5241))
+            .transpose()?;
+        Ok(LoraAdapter {
+            a: Parameter::new(a)?,
+            b: Parameter::new(Tensor::zeros(&[out, cfg.rank], dt, dev)?)?,
+            scale: cfg.alpha / cfg.rank as f64,
+            dropout,
+        })
+    }
+
+    /// `scale · dropout(x)·Aᵀ·Bᵀ` for x `(..., in)`.
+    pub fn forward(&self, tape: &Tape, x: &Var) -> Result<Var> {
+        let x = match &self.dropout {
+            Some(d) => d.forward(tape, x)?,
+            None => x.clone(),
+        };
+        let h = x.linear(&tape.param(&self.a), None, Activation::None)?;
+        h.linear(&tape.param(&self.b), None, Activation::None)?
+            .mul_scalar(self.scale)
+    }
+
+    /// The weight update `scale · B·A` `[out, in]`.
+    pub fn delta(&self) -> Result<Tensor> {
+        self.b
+            .value()
+            .matmul(self.a.value())?
+            .mul_scalar(self.scale)
+    }
+
+    pub fn set_training(&mut self, on: bool) {
+        if let Some(d) = &mut self.dropout {
+            d.set_training(on);
+        }
+    }
+}
