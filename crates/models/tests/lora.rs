@@ -33,8 +33,8 @@ fn lora_trains_only_adapters_and_merges_into_the_weights() {
     let dir = std::env::temp_dir().join(format!("netcl-lora-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     for dev in test_devices().unwrap() {
-        let x = ids((0..16).map(|i| (i * 5 % 24) as i32).collect(), &dev);
-        let y = ids((0..16).map(|i| ((i * 5 + 3) % 24) as i32).collect(), &dev);
+        let x = ids((0..16i32).map(|i| i * 5 % 24).collect(), &dev);
+        let y = ids((0..16i32).map(|i| (i * 5 + 3) % 24).collect(), &dev);
         let mut model = Llama::new(cfg.clone(), &dev, &mut Generator::new(1)).unwrap();
         let base = logits(&model, &x);
         let frozen: Vec<(String, Vec<f64>)> = model
