@@ -2,10 +2,17 @@
 //!
 //! `cargo run --release --example llama_train -- [--data PATH] [--steps N] [--resume]`
 //! Flags: --data PATH (text file or folder; default /usr/share/games/fortunes, else the shipped
-//! text), --vocab N (4096), --dim N (384), --layers N (8), --heads N (8), --kv-heads N (heads),
-//! --hidden N (1024), --context N (256), --batch N (32), --accum N (1), --steps N (2000),
-//! --lr X (1e-3), --eval-every N (200), --seed N (1), --out DIR (runs/llama), --resume.
-//! Defaults: a 15.7M-parameter model. The last line is `final val_loss=X.XXXX`.
+//! text), --vocab N (512), --dim N (384), --layers N (8), --heads N (8), --kv-heads N (heads),
+//! --hidden N (1024), --context N (256), --batch N (32), --accum N (1), --steps N (800),
+//! --lr X (1e-3), --eval-every N (100), --seed N (1), --out DIR (runs/llama), --resume.
+//! The last line is `final val_loss=X.XXXX`.
+//!
+//! Defaults: a 14.4M-parameter model (dim 384, 8 layers, 8 heads, SwiGLU 1024, BPE vocabulary 512,
+//! context 256, batch 32). On the fortunes corpus (2.5 MB; 1.2M train / 136k validation tokens)
+//! it reaches val loss 2.679 nats/token = 2.039 bits/byte against the bigram baseline's 2.939
+//! (31% better), in 800 steps and 46 s on an NVIDIA H100 (OpenCL, 144k tokens/s; measured
+//! 2026-11-23). A larger vocabulary or longer runs overfit this small corpus: with vocabulary
+//! 4096 the best was 15% better than its bigram, at step 800 of 2000.
 //!
 //! Data path (post-mortem 004): the token stream stays on the host, each step uploads only its
 //! B*T*8 bytes of ids through pinned buffers queued one batch ahead, the embedding runs on the
@@ -37,7 +44,7 @@ struct Args {
 fn parse() -> Result<Args> {
     let mut a = Args {
         data: None,
-        vocab: 4096,
+        vocab: 512,
         cfg: LlamaConfig {
             dim: 384,
             n_layers: 8,
@@ -48,9 +55,9 @@ fn parse() -> Result<Args> {
         },
         batch: 32,
         accum: 1,
-        steps: 2000,
+        steps: 800,
         lr: 1e-3,
-        eval_every: 200,
+        eval_every: 100,
         seed: 1,
         out: "runs/llama".into(),
         resume: false,

@@ -95,10 +95,12 @@ pub struct LlamaStep {
 }
 
 impl LlamaStep {
-    /// `cfg` (vocab, dims) with batch `b` of context `t` (= cfg.max_seq_len), AdamW lr 3e-4.
+    /// `cfg` (vocab, dims) with batch `b` of context `t` (= cfg.max_seq_len), AdamW lr 3e-4 over
+    /// every parameter, or over LoRA adapters only when `lora` is given.
     pub fn new(
         cfg: netcl_models::LlamaConfig,
         b: usize,
+        lora: Option<&netcl_nn::LoraConfig>,
         dev: &Device,
         gen: &mut Generator,
     ) -> Result<LlamaStep> {
@@ -118,8 +120,11 @@ impl LlamaStep {
         let y: Vec<i32> = (0..b)
             .flat_map(|r| tokens[r * (t + 1) + 1..(r + 1) * (t + 1)].to_vec())
             .collect();
-        let model = netcl_models::Llama::new(cfg, dev, gen)?;
-        let opt = netcl_optim::AdamW::new(model.parameters(), 3e-4).weight_decay(0.1);
+        let mut model = netcl_models::Llama::new(cfg, dev, gen)?;
+        if let Some(l) = lora {
+            model.add_lora(l, gen)?;
+        }
+        let opt = netcl_optim::AdamW::new(model.trainable_parameters(), 3e-4).weight_decay(0.1);
         Ok(LlamaStep {
             x: Tensor::from_vec(x, &[b, t], dev)?,
             y: Tensor::from_vec(y, &[b, t], dev)?,

@@ -221,6 +221,12 @@ impl Pool {
         self.shared.lock().limit = limit;
     }
 
+    /// Starts the peak over: `stats().peak` becomes what is in use now.
+    pub fn reset_peak(&self) {
+        let mut st = self.shared.lock();
+        st.stats.peak = st.stats.in_use;
+    }
+
     /// Release every cached block and every slab with no live block back to the driver.
     pub fn empty_cache(&self) {
         release_cached(&mut self.shared.lock());

@@ -279,29 +279,35 @@ impl Runner {
     fn llama(&mut self, which: &str) -> Result<()> {
         use netcl_models::{generate, LlamaConfig, Sampler, Sampling};
         let on = |w: &str| which == "all" || which.split(',').any(|x| x == w);
+        let c15 = LlamaConfig {
+            max_seq_len: 256,
+            ..LlamaConfig::llama_15m(32000)
+        };
+        let c110 = LlamaConfig {
+            max_seq_len: 512,
+            ..LlamaConfig::llama_110m(32000)
+        };
+        let lora = netcl_nn::LoraConfig::default();
         let shapes = [
+            ("15m", "llama15m_step_B32_T256", c15, 32, None),
+            ("110m", "llama110m_step_B16_T512", c110.clone(), 16, None),
             (
-                "15m",
-                "llama15m_step_B32_T256",
-                LlamaConfig {
-                    max_seq_len: 256,
-                    ..LlamaConfig::llama_15m(32000)
-                },
-                32,
-            ),
-            (
-                "110m",
-                "llama110m_step_B16_T512",
-                LlamaConfig {
-                    max_seq_len: 512,
-                    ..LlamaConfig::llama_110m(32000)
-                },
+                "110m_lora",
+                "llama110m_lora_qv_r8_B16_T512",
+                c110,
                 16,
+                Some(&lora),
             ),
         ];
-        for (_, name, cfg, b) in shapes.into_iter().filter(|s| on(s.0)) {
+        for (_, name, cfg, b, lora) in shapes.into_iter().filter(|s| on(s.0)) {
             let tokens = b * cfg.max_seq_len;
-            let mut t = LlamaStep::new(cfg, b, &self.dev, &mut self.gen)?;
+            if !self.dev.is_host() {
+                // Each workload's own peak: nothing of the previous one stays cached.
+                let pool = netcl_core_memory::Pool::of(&self.dev)?;
+                pool.empty_cache();
+                pool.reset_peak();
+            }
+            let mut t = LlamaStep::new(cfg, b, lora, &self.dev, &mut self.gen)?;
             self.measure("llama", name.into(), (0.0, 0.0, 0), || t.step())?;
             let ms = self.records.last().map_or(f64::NAN, |r| r.ms);
             self.dev.synchronize()?;
@@ -359,7 +365,7 @@ impl Runner {
     }
 }
 
-const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama] [--sizes 1024,2048,4096] [--llama 15m,110m,generate] [--json FILE]
+const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama] [--sizes 1024,2048,4096] [--llama 15m,110m,110m_lora,generate] [--json FILE]
   Times each workload (median of 5 batches, device synchronised around each) and prints
   one line per workload; --json writes the records for benches/reference/torch_bench.py --netcl.
   NETCL_CLBLAST=/path/libclblast.so adds CLBlast as the OpenCL GEMM peer.";
