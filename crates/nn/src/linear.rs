@@ -17,39 +17,13 @@ pub struct Linear {
 
 impl Linear {
     /// f32 layer with PyTorch's default initialisation and a bias.
-    pub fn new(
-        in_features: usize,
-        out_features: usize,
-        device: &Device,
-        gen: &mut Generator,
-    ) -> Result<Linear> {
-        Linear::with_init(
-            in_features,
-            out_features,
-            true,
-            Init::Default,
-            DType::F32,
-            device,
-            gen,
-        )
+    pub fn new(inn: usize, out: usize, device: &Device, gen: &mut Generator) -> Result<Linear> {
+        Linear::with_init(inn, out, true, Init::Default, DType::F32, device, gen)
     }
 
     /// f32 layer without a bias (as in Llama's projections), PyTorch's default initialisation.
-    pub fn no_bias(
-        in_features: usize,
-        out_features: usize,
-        device: &Device,
-        gen: &mut Generator,
-    ) -> Result<Linear> {
-        Linear::with_init(
-            in_features,
-            out_features,
-            false,
-            Init::Default,
-            DType::F32,
-            device,
-            gen,
-        )
+    pub fn no_bias(inn: usize, out: usize, device: &Device, gen: &mut Generator) -> Result<Linear> {
+        Linear::with_init(inn, out, false, Init::Default, DType::F32, device, gen)
     }
 
     /// A layer holding the given `weight` `[out, in]` and optional `bias` `[out]` (same dtype and

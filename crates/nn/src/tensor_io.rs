@@ -20,14 +20,22 @@ fn host_tensor(data: HostData, shape: &[usize]) -> Result<Tensor> {
 /// `<name>.npy` entry each (bf16 as its raw bits, `<u2`, as numpy has no bfloat16). The file is
 /// replaced atomically: a failed or interrupted save leaves the old one.
 pub fn save_npz<S: AsRef<str>>(path: impl AsRef<Path>, tensors: &[(S, &Tensor)]) -> Result<()> {
-    let path = path.as_ref();
+    write_atomically(path.as_ref(), |file, temp| {
+        let mut writer = NpzWriter::new(file, temp);
+        for (name, t) in tensors {
+            let data = t.to_host_data()?;
+            writer.add(name.as_ref(), t.dtype(), t.shape(), data.as_bytes())?;
+        }
+        Ok(writer.finish()?.0)
+    })
+}
+
+/// Writes `path` through a temporary beside it (`write` gets the open file and the temporary's
+/// path and returns the file written), synced, renamed over `path`, the directory synced: a
+/// failed or interrupted write leaves the old file.
+fn write_atomically(path: &Path, write: impl FnOnce(File, &Path) -> Result<File>) -> Result<()> {
     let (temp, file) = TempFile::create(path)?;
-    let mut writer = NpzWriter::new(file, temp.path());
-    for (name, t) in tensors {
-        let data = t.to_host_data()?;
-        writer.add(name.as_ref(), t.dtype(), t.shape(), data.as_bytes())?;
-    }
-    let (file, _) = writer.finish()?;
+    let file = write(file, temp.path())?;
     sync_file(&file, temp.path())?;
     drop(file);
     temp.persist().map_err(|e| Error::io(shown(path), e))?;
@@ -110,16 +118,10 @@ pub fn save_safetensors<S: AsRef<str>>(
         .collect::<Result<Vec<_>>>()?;
     let bytes = safetensors::tensor::serialize(views, metadata)
         .map_err(|e| Error::invalid(op, format!("{}: {e}", shown(path))))?;
-    let (temp, mut file) = TempFile::create(path)?;
-    std::io::Write::write_all(&mut file, &bytes).map_err(|e| Error::io(shown(temp.path()), e))?;
-    sync_file(&file, temp.path())?;
-    drop(file);
-    temp.persist().map_err(|e| Error::io(shown(path), e))?;
-    sync_dir(
-        path.parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(Path::new(".")),
-    )
+    write_atomically(path, |mut file, temp| {
+        std::io::Write::write_all(&mut file, &bytes).map_err(|e| Error::io(shown(temp), e))?;
+        Ok(file)
+    })
 }
 
 /// A `.safetensors` file, memory-mapped: its header is parsed and checked once (offsets inside

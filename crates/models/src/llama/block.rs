@@ -21,10 +21,15 @@ fn proj(
     Linear::with_init(inn, out, false, INIT, cfg.dtype, dev, g)
 }
 
-fn named(prefix: &str, m: &dyn Module) -> Vec<(String, Parameter)> {
-    m.named_parameters()
-        .into_iter()
-        .map(|(n, p)| (format!("{prefix}.{n}"), p))
+/// The parameters of `parts`, each name prefixed by its part's.
+fn named(parts: &[(&str, &dyn Module)]) -> Vec<(String, Parameter)> {
+    parts
+        .iter()
+        .flat_map(|(prefix, m)| {
+            m.named_parameters()
+                .into_iter()
+                .map(move |(n, p)| (format!("{prefix}.{n}"), p))
+        })
         .collect()
 }
 
@@ -92,11 +97,12 @@ impl Attention {
     }
 
     pub fn named_parameters(&self) -> Vec<(String, Parameter)> {
-        let mut v = named("wq", &self.wq);
-        v.extend(named("wk", &self.wk));
-        v.extend(named("wv", &self.wv));
-        v.extend(named("wo", &self.wo));
-        v
+        named(&[
+            ("wq", &self.wq),
+            ("wk", &self.wk),
+            ("wv", &self.wv),
+            ("wo", &self.wo),
+        ])
     }
 }
 
@@ -123,10 +129,7 @@ impl FeedForward {
     }
 
     pub fn named_parameters(&self) -> Vec<(String, Parameter)> {
-        let mut v = named("w1", &self.w1);
-        v.extend(named("w2", &self.w2));
-        v.extend(named("w3", &self.w3));
-        v
+        named(&[("w1", &self.w1), ("w2", &self.w2), ("w3", &self.w3)])
     }
 }
 
@@ -167,20 +170,18 @@ impl Block {
     }
 
     pub fn named_parameters(&self) -> Vec<(String, Parameter)> {
-        let mut v = named("attention_norm", &self.attention_norm);
-        v.extend(
-            self.attention
-                .named_parameters()
-                .into_iter()
-                .map(|(n, p)| (format!("attention.{n}"), p)),
-        );
-        v.extend(named("ffn_norm", &self.ffn_norm));
-        v.extend(
-            self.feed_forward
-                .named_parameters()
-                .into_iter()
-                .map(|(n, p)| (format!("feed_forward.{n}"), p)),
-        );
+        let prefixed = |prefix: &str, v: Vec<(String, Parameter)>| {
+            v.into_iter()
+                .map(|(n, p)| (format!("{prefix}.{n}"), p))
+                .collect::<Vec<_>>()
+        };
+        let mut v = named(&[("attention_norm", &self.attention_norm)]);
+        v.extend(prefixed("attention", self.attention.named_parameters()));
+        v.extend(named(&[("ffn_norm", &self.ffn_norm)]));
+        v.extend(prefixed(
+            "feed_forward",
+            self.feed_forward.named_parameters(),
+        ));
         v
     }
 }
