@@ -2,13 +2,15 @@
 
 #if !defined(DT_I32) && !defined(DT_U32)  // float dtypes only (rope.rs rejects the others)
 
-// One work-item per pair: a = pos / theta^(2i / Dh) (computed in ACC, as llama2.c does in float),
+// One work-item per pair: a = pos * inv_freq[i] with a table, else pos / theta^(2i / Dh) (computed in ACC, as llama2.c does in float),
 // y0 = x0 cos a - x1 sin a, y1 = x0 sin a + x1 cos a for the pair (x0, x1) = x[first], x[first + second].
 // pos = pos0 + t, or ids[t] / ids[b * T + t] with use_ids (per_row: ids are [B, T]).
 // sign = -1 rotates by -a: the inverse rotation, which is rope's backward (its transpose).
 __kernel void rope(__global T* out,              /* layout operand 0: (B, T, H, Dh/2) pair starts of a contiguous (B, T, H, Dh) */
                    __global const T* x,          /* layout operand 1: (B, T, H, Dh/2) pair starts of x */
                    __global const int* ids,      /* (T) or (B, T) position ids, read only with use_ids */
+                   __global const ACC* inv_freq, /* (Dh/2) pair frequencies, read only with use_table */
+                   uint use_table,
                    uint x_second,                /* x's offset from a pair's first element to its second */
                    uint out_second,              /* the same in out: 1 (interleaved) or Dh/2 (halves) */
                    uint seq, uint heads, uint half_dim, uint pos0, uint use_ids, uint per_row,
@@ -20,7 +22,7 @@ __kernel void rope(__global T* out,              /* layout operand 0: (B, T, H, 
     uint bt = i / (half_dim * heads);
     uint t = bt % seq;
     uint pos = use_ids ? (uint)ids[per_row ? bt : t] : pos0 + t;
-    ACC freq = (ACC)1 / pow(theta, (ACC)(2 * p) / (ACC)(2 * half_dim));
+    ACC freq = use_table ? inv_freq[p] : (ACC)1 / pow(theta, (ACC)(2 * p) / (ACC)(2 * half_dim));
     ACC a = (ACC)pos * freq;
     ACC c = cos(a), s = sign * sin(a);
     ACC x0 = LOAD(x, o.y), x1 = LOAD(x, o.y + x_second);

@@ -5,4 +5,4 @@
 //! every model uses.
 pub mod llama;
 
-pub use llama::{generate, KvCache, Llama, LlamaConfig, Positions, Sampler, Sampling};
+pub use llama::{generate, KvCache, Llama, LlamaConfig, Positions, RopeScaling, Sampler, Sampling};

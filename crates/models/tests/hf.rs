@@ -171,11 +171,16 @@ fn bad_directories_are_errors_naming_the_file_and_tensor() {
     let cfg: Value =
         serde_json::from_slice(&std::fs::read(fixture().join("config.json")).unwrap()).unwrap();
     let mut scaled = cfg.clone();
-    scaled["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0});
-    assert!(LlamaConfig::from_hf(&scaled, "config.json")
+    scaled["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 8.0});
+    let e = LlamaConfig::from_hf(&scaled, "config.json")
         .unwrap_err()
-        .to_string()
-        .contains("llama3"));
+        .to_string();
+    assert!(e.contains("yarn") && e.contains("config.json"), "{e}");
+    scaled["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0});
+    let e = LlamaConfig::from_hf(&scaled, "config.json")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("low_freq_factor"), "{e}");
     let mut int8 = cfg.clone();
     int8["dtype"] = "int8".into();
     assert!(LlamaConfig::from_hf(&int8, "config.json")
@@ -220,4 +225,62 @@ fn sharded_checkpoints_and_dtype_conversion_load() {
         .fold(0.0, f64::max);
     assert!(worst < 0.05, "bf16 logits differ by {worst}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn llama3_rope_scaling_matches_transformers() {
+    let dir = fixture().with_file_name("hf_tiny_llama3");
+    let want: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap();
+    let ref_logits: Vec<f64> = serde_json::from_value(want["logits"].clone()).unwrap();
+    for dev in test_devices().unwrap() {
+        let model = Llama::from_hf(&dir, &dev, None).unwrap();
+        let scaling = model
+            .config
+            .rope_scaling
+            .clone()
+            .expect("llama3 scaling read");
+        assert_eq!(scaling.factor, 8.0);
+        let got = logits(&model, &ids(&want, &dev));
+        assert_eq!(got.len(), ref_logits.len());
+        for (i, (g, w)) in got.iter().zip(&ref_logits).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+                "{dev}: logit {i}: {g} vs transformers {w}"
+            );
+        }
+        // The same weights with plain RoPE give other logits: the scaling is what matches.
+        let plain = std::env::temp_dir().join(format!("netcl-hf-plain-{}", std::process::id()));
+        std::fs::create_dir_all(&plain).unwrap();
+        std::fs::copy(
+            dir.join("model.safetensors"),
+            plain.join("model.safetensors"),
+        )
+        .unwrap();
+        let mut cfg: Value =
+            serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+        cfg["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": 10000.0});
+        std::fs::write(plain.join("config.json"), cfg.to_string()).unwrap();
+        let unscaled = logits(
+            &Llama::from_hf(&plain, &dev, None).unwrap(),
+            &ids(&want, &dev),
+        );
+        let worst = unscaled
+            .iter()
+            .zip(&ref_logits)
+            .map(|(g, w)| (g - w).abs())
+            .fold(0.0, f64::max);
+        assert!(
+            worst > 1e-3,
+            "{dev}: plain RoPE is {worst} from the scaled logits"
+        );
+        let _ = std::fs::remove_dir_all(&plain);
+        // The export writes the scaling back.
+        let out = std::env::temp_dir().join(format!("netcl-hf-l3-{}", std::process::id()));
+        model.save_hf(&out).unwrap();
+        let back = Llama::from_hf(&out, &dev, None).unwrap();
+        assert_eq!(back.config, model.config);
+        assert_eq!(logits(&back, &ids(&want, &dev)), got);
+        let _ = std::fs::remove_dir_all(&out);
+    }
 }

@@ -49,6 +49,6 @@ pub use norm::NormGrads;
 pub use pool::Pool2dParams;
 pub use random::Generator;
 pub use reduce::ReduceOp;
-pub use rope::{RopePositions, RopeStyle};
+pub use rope::{RopeFreqs, RopePositions, RopeStyle};
 pub use softmax::{acc_dtype, CrossEntropy};
 pub use tensor::{Storage, Tensor, VersionWatch};

@@ -47,6 +47,15 @@ pub enum RopePositions {
     Ids(Tensor),
 }
 
+/// The rotation frequency of each pair: `theta^(-2i / Dh)`, or a table of Dh/2 inverse
+/// frequencies (`[Dh/2]`, in x's accumulator dtype (f32, or f64 for f64 x), on x's device) for
+/// scaled RoPE variants such as Llama 3's.
+#[derive(Clone, Debug)]
+pub enum RopeFreqs {
+    Theta(f64),
+    Table(Tensor),
+}
+
 /// Element offsets of pair `p`'s two elements within a head of `dh` elements (head-dim stride 1).
 fn pair_elements(style: RopeStyle, p: usize, dh: usize) -> (usize, usize) {
     match style {
@@ -61,10 +70,11 @@ fn host_rope(
     shape: &[usize],
     style: RopeStyle,
     pos: &[u32],
-    theta: f64,
+    freqs: (f64, Option<&[f64]>),
     sign: f64,
     dtype: DType,
 ) -> Result<HostData> {
+    let (theta, table) = freqs;
     let (t_len, heads, dh) = (shape[1], shape[2], shape[3]);
     let half = dh / 2;
     let mut y = vec![0.0f64; x.len()];
@@ -76,12 +86,15 @@ fn host_rope(
         let (e0, e1) = pair_elements(style, p, dh);
         let (x0, x1) = (x[head + e0], x[head + e1]);
         let (y0, y1) = if dtype == DType::F64 {
-            let freq = 1.0 / theta.powf((2 * p) as f64 / dh as f64);
+            let freq = table.map_or_else(|| 1.0 / theta.powf((2 * p) as f64 / dh as f64), |t| t[p]);
             let a = pos as f64 * freq;
             let (c, s) = (a.cos(), sign * a.sin());
             (x0 * c - x1 * s, x0 * s + x1 * c)
         } else {
-            let freq = 1.0f32 / (theta as f32).powf((2 * p) as f32 / dh as f32);
+            let freq = table.map_or_else(
+                || 1.0f32 / (theta as f32).powf((2 * p) as f32 / dh as f32),
+                |t| t[p] as f32,
+            );
             let a = pos as f32 * freq;
             let (c, s) = (a.cos(), sign as f32 * a.sin());
             let (x0, x1) = (x0 as f32, x1 as f32);
@@ -123,7 +136,7 @@ impl Tensor {
         positions: &RopePositions,
         theta: f64,
     ) -> Result<Tensor> {
-        self.rope_impl("rope", style, positions, theta, 1.0)
+        self.rope_with_freqs(style, positions, &RopeFreqs::Theta(theta))
     }
 
     /// The backward of [`Tensor::rope_with`] (the inverse rotation of the gradient `self`).
@@ -133,7 +146,27 @@ impl Tensor {
         positions: &RopePositions,
         theta: f64,
     ) -> Result<Tensor> {
-        self.rope_impl("rope_backward", style, positions, theta, -1.0)
+        self.rope_backward_with_freqs(style, positions, &RopeFreqs::Theta(theta))
+    }
+
+    /// Rotary position embedding with the pair frequencies `freqs` (a base or a table). One kernel.
+    pub fn rope_with_freqs(
+        &self,
+        style: RopeStyle,
+        positions: &RopePositions,
+        freqs: &RopeFreqs,
+    ) -> Result<Tensor> {
+        self.rope_impl("rope", style, positions, freqs, 1.0)
+    }
+
+    /// The backward of [`Tensor::rope_with_freqs`].
+    pub fn rope_backward_with_freqs(
+        &self,
+        style: RopeStyle,
+        positions: &RopePositions,
+        freqs: &RopeFreqs,
+    ) -> Result<Tensor> {
+        self.rope_impl("rope_backward", style, positions, freqs, -1.0)
     }
 
     fn rope_impl(
@@ -141,7 +174,7 @@ impl Tensor {
         op: &str,
         style: RopeStyle,
         positions: &RopePositions,
-        theta: f64,
+        freqs: &RopeFreqs,
         sign: f64,
     ) -> Result<Tensor> {
         if self.ndim() != 4 || !self.shape[3].is_multiple_of(2) {
@@ -154,6 +187,7 @@ impl Tensor {
             ));
         }
         check_float(op, self, "input")?;
+        let (theta, table) = self.rope_table(op, freqs)?;
         if !(theta.is_finite() && theta > 0.0) {
             return Err(Error::invalid(
                 op,
@@ -172,7 +206,9 @@ impl Tensor {
                     .collect(),
             };
             let x = x.to_f64();
-            let data = host_rope(&x, &self.shape, style, &pos, theta, sign, self.dtype)?;
+            let tv = table.as_ref().map(|t| t.to_vec_f64()).transpose()?;
+            let f = (theta, tv.as_deref());
+            let data = host_rope(&x, &self.shape, style, &pos, f, sign, self.dtype)?;
             return Ok(Tensor::from_host_data(data, &self.shape));
         }
         let out = Tensor::alloc(&self.shape, self.dtype, &self.device)?;
@@ -213,11 +249,17 @@ impl Tensor {
             Some(ids) => ids.mem()?,
             None => out.mem()?,
         };
+        let table_mem = match &table {
+            Some(t) => t.mem()?,
+            None => out.mem()?,
+        };
         let program = program_for(&self.device, &ROPE, self.dtype)?;
         launch_1d(&program, "rope", n, |k| {
             k.arg_mem(out.mem()?)?
                 .arg_mem(self.mem()?)?
-                .arg_mem(pos_mem)?;
+                .arg_mem(pos_mem)?
+                .arg_mem(table_mem)?
+                .arg(&u32::from(table.is_some()))?;
             for a in &args {
                 k.arg(a)?;
             }
@@ -227,6 +269,31 @@ impl Tensor {
             Ok(())
         })?;
         Ok(out)
+    }
+
+    /// The base (1 with a table) and the checked contiguous frequency table, if any.
+    fn rope_table(&self, op: &str, freqs: &RopeFreqs) -> Result<(f64, Option<Tensor>)> {
+        match freqs {
+            RopeFreqs::Theta(t) => Ok((*t, None)),
+            RopeFreqs::Table(t) => {
+                let acc = crate::softmax::acc_dtype(self.dtype);
+                let half = self.shape[3] / 2;
+                if t.shape() != [half] || t.dtype() != acc || t.device() != self.device() {
+                    return Err(Error::shape(
+                        op,
+                        format!(
+                            "frequency table is {} {:?} on {}; x {:?} needs {acc} [{half}] on {}",
+                            t.dtype(),
+                            t.shape(),
+                            t.device(),
+                            self.shape,
+                            self.device()
+                        ),
+                    ));
+                }
+                Ok((1.0, Some(t.contiguous()?)))
+            }
+        }
     }
 
     /// The offset, or the checked contiguous I32 ids `[T]` / `[B, T]` on this tensor's device.

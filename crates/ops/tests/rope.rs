@@ -1,7 +1,7 @@
 //! Rotary position embeddings (both pairings, offsets and position ids; forward, backward, finite-difference gradient check) on every device.
 use netcl_core_devices::test_devices;
 use netcl_ops::testing::{check_close, random_tensor, random_view, sample, tolerance, Cases};
-use netcl_ops::{DType, RopePositions, RopeStyle, Tensor};
+use netcl_ops::{DType, RopeFreqs, RopePositions, RopeStyle, Tensor};
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 
@@ -268,6 +268,63 @@ fn rope_halves_and_position_ids_match_naive_references_on_every_device() {
                 .unwrap_err()
                 .to_string();
             assert!(err.contains("[4]") && err.contains("[B, T]"), "{err}");
+        }
+    }
+}
+
+#[test]
+fn a_frequency_table_rotates_by_its_frequencies() {
+    let shape = [2usize, 5, 3, 8];
+    for dtype in [DType::F32, DType::F64] {
+        let xh = sample(dtype, &shape, 11);
+        let xv = xh.to_vec_f64().unwrap();
+        let scale = xv.iter().fold(1.0f64, |m, x| m.max(x.abs()));
+        // Halved frequencies: position p with freq f/2 is position p/2 with f, for even p.
+        let half: Vec<f64> = (0..4)
+            .map(|i| 0.5 * 500f64.powf(-((2 * i) as f64) / 8.0))
+            .collect();
+        for dev in test_devices().unwrap() {
+            if dtype == DType::F64 && !dev.info().fp64 {
+                continue;
+            }
+            let x = xh.to_device(&dev).unwrap();
+            let table = Tensor::from_vec(half.clone(), &[4], &dev)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let freqs = RopeFreqs::Table(table);
+            let even =
+                RopePositions::Ids(Tensor::from_vec(vec![0i32, 2, 4, 6, 8], &[5], &dev).unwrap());
+            let y = x.rope_with_freqs(RopeStyle::Halves, &even, &freqs).unwrap();
+            let want = x
+                .rope_with(RopeStyle::Halves, &RopePositions::Offset(0), 500.0)
+                .unwrap();
+            let tol = tolerance(dtype) * 4.0;
+            check_close(
+                &y.to_vec_f64().unwrap(),
+                &want.to_vec_f64().unwrap(),
+                tol,
+                scale,
+                &format!("{dev} {dtype}"),
+            )
+            .unwrap();
+            let back = y
+                .rope_backward_with_freqs(RopeStyle::Halves, &even, &freqs)
+                .unwrap();
+            check_close(
+                &back.to_vec_f64().unwrap(),
+                &xv,
+                tol,
+                scale,
+                &format!("{dev} {dtype} inverse"),
+            )
+            .unwrap();
+            let bad = RopeFreqs::Table(Tensor::zeros(&[3], dtype, &dev).unwrap());
+            let e = x
+                .rope_with_freqs(RopeStyle::Halves, &even, &bad)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("[3]") && e.contains("[4]"), "{e}");
         }
     }
 }

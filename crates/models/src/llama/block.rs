@@ -3,7 +3,7 @@ use super::cache::KvCache;
 use super::config::LlamaConfig;
 use netcl_autograd::{Parameter, Tape, Var};
 use netcl_nn::{Init, Linear, Module, RmsNorm};
-use netcl_ops::{Device, Generator, Result, RopePositions, Tensor};
+use netcl_ops::{Device, Generator, Result, RopeFreqs, RopePositions, Tensor};
 
 /// Llama's weight initialisation (llama2.c, Hugging Face): N(0, 0.02).
 const INIT: Init = Init::Normal {
@@ -40,17 +40,31 @@ pub struct Attention {
     pub wv: Linear,
     pub wo: Linear,
     cfg: LlamaConfig,
+    /// The pair frequencies: the base, or Llama 3's scaled table (on the device).
+    freqs: RopeFreqs,
 }
 
 impl Attention {
     pub fn new(cfg: &LlamaConfig, dev: &Device, g: &mut Generator) -> Result<Attention> {
         let (d, kv) = (cfg.dim, cfg.n_kv_heads * cfg.head_dim());
+        let freqs = match &cfg.rope_scaling {
+            None => RopeFreqs::Theta(cfg.rope_theta),
+            Some(r) => {
+                let t = Tensor::from_vec(
+                    r.inv_freq(cfg.rope_theta, cfg.head_dim()),
+                    &[cfg.head_dim() / 2],
+                    dev,
+                )?;
+                RopeFreqs::Table(t.to_dtype(netcl_ops::acc_dtype(cfg.dtype))?)
+            }
+        };
         Ok(Attention {
             wq: proj(d, d, cfg, dev, g)?,
             wk: proj(d, kv, cfg, dev, g)?,
             wv: proj(d, kv, cfg, dev, g)?,
             wo: proj(d, d, cfg, dev, g)?,
             cfg: cfg.clone(),
+            freqs,
         })
     }
 
@@ -68,7 +82,7 @@ impl Attention {
         let c = &self.cfg;
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let (h, hkv, hd) = (c.n_heads, c.n_kv_heads, c.head_dim());
-        let rope = |v: Var| v.rope_with(c.rope_style, positions.clone(), c.rope_theta);
+        let rope = |v: Var| v.rope_with_freqs(c.rope_style, positions.clone(), self.freqs.clone());
         let q = rope(self.wq.forward(tape, x)?.reshape(&[b, t, h, hd])?)?;
         let k = rope(self.wk.forward(tape, x)?.reshape(&[b, t, hkv, hd])?)?;
         let v = self.wv.forward(tape, x)?.reshape(&[b, t, hkv, hd])?;

@@ -23,6 +23,43 @@ pub struct LlamaConfig {
     /// Storage dtype of the weights and activations (f32, f16, bf16, f64).
     #[serde(with = "dtype_name")]
     pub dtype: DType,
+    /// Llama 3's frequency scaling of RoPE (none: plain RoPE).
+    #[serde(default)]
+    pub rope_scaling: Option<RopeScaling>,
+}
+
+/// Llama 3's RoPE scaling (Hugging Face `rope_type: "llama3"`): long wavelengths are divided by
+/// `factor`, short ones kept, and those between blended smoothly.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RopeScaling {
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_max_position_embeddings: usize,
+}
+
+impl RopeScaling {
+    /// The `head_dim / 2` inverse frequencies for base `theta` (transformers'
+    /// `_compute_llama3_parameters`).
+    pub fn inv_freq(&self, theta: f64, head_dim: usize) -> Vec<f64> {
+        let old = self.original_max_position_embeddings as f64;
+        let (low_wavelen, high_wavelen) = (old / self.low_freq_factor, old / self.high_freq_factor);
+        (0..head_dim / 2)
+            .map(|i| {
+                let f = 1.0 / theta.powf((2 * i) as f64 / head_dim as f64);
+                let wavelen = 2.0 * std::f64::consts::PI / f;
+                if wavelen < high_wavelen {
+                    f
+                } else if wavelen > low_wavelen {
+                    f / self.factor
+                } else {
+                    let smooth = (old / wavelen - self.low_freq_factor)
+                        / (self.high_freq_factor - self.low_freq_factor);
+                    (1.0 - smooth) * f / self.factor + smooth * f
+                }
+            })
+            .collect()
+    }
 }
 
 mod style_name {
@@ -69,6 +106,7 @@ impl LlamaConfig {
             max_seq_len: 256,
             tied_embeddings: true,
             dtype: DType::F32,
+            rope_scaling: None,
         }
     }
 
@@ -141,6 +179,15 @@ impl LlamaConfig {
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             problems.push(format!("rope_theta {} must be positive", self.rope_theta));
+        }
+        if let Some(r) = &self.rope_scaling {
+            if !(r.factor > 0.0
+                && r.low_freq_factor > 0.0
+                && r.high_freq_factor > r.low_freq_factor)
+                || r.original_max_position_embeddings == 0
+            {
+                problems.push(format!("rope_scaling {r:?} needs factor > 0 and high_freq_factor > low_freq_factor > 0"));
+            }
         }
         if !self.dtype.is_float() {
             problems.push(format!("dtype {} is not a float dtype", self.dtype));

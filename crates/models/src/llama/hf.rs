@@ -1,5 +1,5 @@
 //! Hugging Face interchange: a `LlamaForCausalLM` directory (config.json + model.safetensors, or shards with model.safetensors.index.json) read into a netcl Llama, and a netcl Llama written back in that layout.
-use super::config::LlamaConfig;
+use super::config::{LlamaConfig, RopeScaling};
 use super::model::Llama;
 use netcl_autograd::Parameter;
 use netcl_nn::{save_safetensors, Module, SafetensorsFile};
@@ -87,8 +87,8 @@ fn torch_name(d: DType) -> &'static str {
 
 impl LlamaConfig {
     /// The config of a Hugging Face `config.json` (`LlamaConfig` fields; `what` names the file in
-    /// errors). RoPE pairs split halves, as transformers rotates them. `rope_scaling` other than
-    /// none is an error naming it.
+    /// errors). RoPE pairs split halves, as transformers rotates them. `rope_scaling` may be none or
+    /// "llama3"; others are an error naming them.
     pub fn from_hf(v: &Value, what: &str) -> Result<LlamaConfig> {
         let err = |msg: String| Error::format(what, msg);
         let int = |key: &str| -> Result<usize> {
@@ -107,16 +107,33 @@ impl LlamaConfig {
                     .is_some_and(|t| t != "default")
             })
         });
-        if let Some(s) = scaling {
-            let kind = s
-                .get("rope_type")
-                .or_else(|| s.get("type"))
-                .cloned()
-                .unwrap_or(Value::Null);
-            return Err(err(format!(
-                "rope_scaling {kind} is not supported (only none): its frequencies differ from plain RoPE"
-            )));
-        }
+        let rope_scaling = match scaling {
+            None => None,
+            Some(s) => {
+                let kind = s
+                    .get("rope_type")
+                    .or_else(|| s.get("type"))
+                    .and_then(Value::as_str);
+                if kind != Some("llama3") {
+                    return Err(err(format!(
+                        "rope_scaling {:?} is not supported (none and \"llama3\" are)",
+                        kind.unwrap_or("?")
+                    )));
+                }
+                let f = |k: &str| {
+                    s.get(k)
+                        .and_then(Value::as_f64)
+                        .ok_or_else(|| err(format!("rope_scaling llama3 lacks \"{k}\"")))
+                };
+                Some(RopeScaling {
+                    factor: f("factor")?,
+                    low_freq_factor: f("low_freq_factor")?,
+                    high_freq_factor: f("high_freq_factor")?,
+                    original_max_position_embeddings: f("original_max_position_embeddings")?
+                        as usize,
+                })
+            }
+        };
         let theta = v
             .get("rope_theta")
             .or_else(|| params.and_then(|p| p.get("rope_theta")))
@@ -162,6 +179,7 @@ impl LlamaConfig {
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
             dtype,
+            rope_scaling,
         };
         cfg.validate().map_err(|e| err(e.to_string()))?;
         Ok(cfg)
@@ -187,7 +205,13 @@ impl LlamaConfig {
             "vocab_size": self.vocab_size,
             "rms_norm_eps": self.norm_eps,
             "rope_theta": self.rope_theta,
-            "rope_scaling": null,
+            "rope_scaling": self.rope_scaling.as_ref().map(|r| json!({
+                "rope_type": "llama3",
+                "factor": r.factor,
+                "low_freq_factor": r.low_freq_factor,
+                "high_freq_factor": r.high_freq_factor,
+                "original_max_position_embeddings": r.original_max_position_embeddings,
+            })),
             "max_position_embeddings": self.max_seq_len,
             "tie_word_embeddings": self.tied_embeddings,
             "torch_dtype": torch_name(self.dtype),
@@ -259,6 +283,9 @@ impl Llama {
             for name in f.names()? {
                 if name.ends_with("rotary_emb.inv_freq") {
                     continue; // a buffer older exports carry; netcl computes the frequencies
+                }
+                if name == "lm_head.weight" && model.config.tied_embeddings {
+                    continue; // tied: the embedding table is the output projection
                 }
                 let ours = netcl_name(&name)
                     .filter(|n| params.contains_key(n))

@@ -9,6 +9,6 @@ mod sample;
 
 pub use block::{Attention, Block, FeedForward};
 pub use cache::KvCache;
-pub use config::LlamaConfig;
+pub use config::{LlamaConfig, RopeScaling};
 pub use model::{Llama, Positions};
 pub use sample::{generate, Sampler, Sampling};
