@@ -246,11 +246,12 @@ impl Tensor {
             if aligned { " -DALIGNED" } else { "" }
         );
         let source = matmul_source(opts.activation, Class::of(self.dtype));
-        let program = program(&self.device, &source, &options)?;
+        // Looked up only on the paths that launch from it (split-K recurses instead).
+        let build = || program(&self.device, &source, &options);
         let u = |x: usize| x as u32;
         if numel(&batch) == 1 && m <= GEMV_ROWS && sbk == 1 {
             // A few rows against a transposed weight (one decoding step): every weight read once.
-            let mut kern = Kernel::new(&program, GEMV_KERNEL)?;
+            let mut kern = Kernel::new(&build()?, GEMV_KERNEL)?;
             if kern.max_work_group_size() >= GEMV_GROUP {
                 kern.arg_mem(out.mem()?)?
                     .arg_mem(a.mem()?)?
@@ -279,7 +280,7 @@ impl Tensor {
         let [tx, ty] = tile.local();
         let groups_n = n.div_ceil(tile.bn as usize);
         let groups_m = m.div_ceil(tile.bm as usize);
-        let mut kern = Kernel::new(&program, MATMUL_KERNEL)?;
+        let mut kern = Kernel::new(&build()?, MATMUL_KERNEL)?;
         kern.arg_mem(out.mem()?)?
             .arg_mem(a.mem()?)?
             .arg_mem(b.mem()?)?
