@@ -80,6 +80,12 @@ def main():
         for n in (1024, 2048, 4096):
             x, y = torch.randn(n, n, device=dev), torch.randn(n, n, device=dev)
             rec("gemm", f"sgemm_{n}", timed(lambda: x @ y), flops=2 * n**3)
+            torch.backends.cuda.matmul.allow_tf32 = True
+            rec("gemm", f"tf32_{n}", timed(lambda: x @ y), flops=2 * n**3)
+            torch.backends.cuda.matmul.allow_tf32 = False
+            for name, dt in (("bf16", torch.bfloat16), ("f16", torch.float16)):
+                xh, yh = x.to(dt), y.to(dt)
+                rec("gemm", f"{name}_{n}", timed(lambda: xh @ yh), flops=2 * n**3)
     if want("elementwise"):
         n = 1 << 26
         x, y = torch.randn(n, device=dev), torch.randn(n, device=dev)

@@ -21,6 +21,8 @@ source!(COMMON, "common.cl");
 source!(COPY, "copy.cl");
 source!(RANDOM, "random.cl");
 source!(MATMUL, "matmul.cl");
+// Tensor-core GEMM (inline NVIDIA PTX): built only where its probe passes, so not in `ALL`.
+source!(MATMUL_TC, "matmul_tc.cl");
 source!(INDEX, "index.cl");
 source!(SHAPE, "shape.cl");
 source!(ROPE, "rope.cl");

@@ -30,7 +30,9 @@ pub mod prelude {
         CrossEntropyOptions, Dropout, Embedding, Flatten, Init, LayerNorm, LeakyReLU, Linear,
         MaxPool2d, Module, ReLU, RmsNorm, Sequential, SiLU, Sigmoid, Tanh, GELU,
     };
-    pub use netcl_ops::{Activation, Conv2dParams, Pool2dParams};
+    pub use netcl_ops::{
+        set_float32_matmul_precision, Activation, Conv2dParams, MatmulPrecision, Pool2dParams,
+    };
     pub use netcl_optim::{
         clip_grad_norm, Adam, AdamW, ConstantLr, CosineWithWarmup, LrSchedule, Optimizer,
         ParamGroup, Sgd, StepLr,

@@ -17,6 +17,7 @@ mod index;
 mod launch;
 pub mod layout;
 mod matmul;
+mod matmul_tc;
 mod norm;
 mod pool;
 mod random;
@@ -43,6 +44,11 @@ pub use fused::{fused, fused_into};
 pub use fused_groups::{fused_into_groups, FusedGroup, FUSED_MAX_GROUPS};
 pub use index::INDEX_CHECK_LIMIT;
 pub use matmul::{Activation, MatmulOptions};
+pub use matmul_tc::{
+    device_float32_matmul_precision, float32_matmul_precision, has_tensor_cores,
+    set_device_float32_matmul_precision, set_float32_matmul_precision, MatmulPrecision,
+    TensorCoreKind,
+};
 pub use netcl_core_devices::{DType, Device, Error, Result};
 pub use netcl_kernels::GemmTile;
 pub use norm::NormGrads;

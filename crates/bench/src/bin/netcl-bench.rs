@@ -3,7 +3,9 @@ use netcl_bench::clblast::{max_abs_diff, ClBlast};
 use netcl_bench::train::{LlamaStep, TrainStep};
 use netcl_bench::{check_flags, device_from_args, flag_value, time_per_call};
 use netcl_core_devices::{DType, Device, Result};
-use netcl_ops::{fused, Expr, Generator, Tensor};
+use netcl_ops::{
+    fused, set_device_float32_matmul_precision, Expr, Generator, MatmulPrecision, Tensor,
+};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -85,6 +87,20 @@ impl Runner {
             self.measure("gemm", format!("sgemm_{n}"), (0.0, flops, 1), || {
                 a.matmul(&b).map(|_| ())
             })?;
+            // Tensor cores (where the device has them; the portable kernels elsewhere): TF32
+            // under the "high" f32 precision, and bf16/f16 inputs.
+            set_device_float32_matmul_precision(&self.dev, Some(MatmulPrecision::High));
+            let tf32 = self.measure("gemm", format!("tf32_{n}"), (0.0, flops, 1), || {
+                a.matmul(&b).map(|_| ())
+            });
+            set_device_float32_matmul_precision(&self.dev, None);
+            tf32?;
+            for dtype in [DType::BF16, DType::F16] {
+                let (ah, bh) = (a.to_dtype(dtype)?, b.to_dtype(dtype)?);
+                self.measure("gemm", format!("{dtype}_{n}"), (0.0, flops, 1), || {
+                    ah.matmul(&bh).map(|_| ())
+                })?;
+            }
             if let Some(blas) = &blas {
                 let c = Tensor::zeros(&[n, n], DType::F32, &self.dev)?;
                 blas.sgemm(&a, &b, &c)?;

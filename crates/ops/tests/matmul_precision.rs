@@ -1,0 +1,121 @@
+//! The f32 matmul precision policy and the tensor-core GEMM: TF32 results within TF32 tolerance of the host (and visibly TF32 only where the probe found tensor cores), 16-bit products through tensor cores, global and per-device settings.
+use netcl_core_devices::test_devices;
+use netcl_ops::testing::{check_close, random_tensor};
+use netcl_ops::{
+    device_float32_matmul_precision, has_tensor_cores, set_device_float32_matmul_precision,
+    Activation, DType, Device, MatmulOptions, MatmulPrecision, Tensor, TensorCoreKind,
+};
+
+/// (batch, M, N, K, A stored transposed, B stored transposed, with a bias).
+type Case = (Vec<usize>, usize, usize, usize, bool, bool, bool);
+
+/// `(M, K) x (K, N)` cases: ragged over the 128 x 128 tile and its K step, transposed operands
+/// (A stored (K, M), B stored (N, K)), a broadcast batch, bias and an activation.
+fn cases() -> Vec<Case> {
+    vec![
+        (vec![], 130, 70, 100, false, false, true),
+        (vec![], 64, 256, 96, true, false, false),
+        (vec![], 33, 129, 200, false, true, true),
+        (vec![2], 40, 24, 70, true, true, false),
+    ]
+}
+
+fn operand(dtype: DType, batch: &[usize], r: usize, c: usize, t: bool, seed: u64) -> Tensor {
+    let mut shape = batch.to_vec();
+    shape.extend(if t { [c, r] } else { [r, c] });
+    let x = random_tensor(dtype, &shape, -1.0, 1.0, seed);
+    let nd = shape.len();
+    if t {
+        x.transpose(nd - 2, nd - 1).unwrap()
+    } else {
+        x
+    }
+}
+
+/// Runs every case on `dev` in `dtype` (with precision `p` for f32) and compares with the host's
+/// f64 product of the same (rounded) inputs; returns whether any result differed from the exact
+/// f32 kernel's by a bit.
+fn run(dev: &Device, dtype: DType, tol: f64) -> bool {
+    let mut differs = false;
+    for (i, (batch, m, n, k, ta, tb, bias)) in cases().into_iter().enumerate() {
+        let seed = 100 * i as u64;
+        let a = operand(dtype, &batch, m, k, ta, seed);
+        let b = operand(dtype, &[], k, n, tb, seed + 1);
+        let bias_t = bias.then(|| random_tensor(dtype, &[n], -1.0, 1.0, seed + 2));
+        let opts = |bias| MatmulOptions {
+            bias,
+            activation: Activation::Relu,
+            tile: None,
+        };
+        let to64 = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
+        let bias64 = bias_t.as_ref().map(to64);
+        let want = to64(&a)
+            .matmul_with(&to64(&b), opts(bias64.as_ref()))
+            .unwrap();
+        let (ad, bd) = (a.to_device(dev).unwrap(), b.to_device(dev).unwrap());
+        let biasd = bias_t.as_ref().map(|t| t.to_device(dev).unwrap());
+        let got = ad.matmul_with(&bd, opts(biasd.as_ref())).unwrap();
+        let what = format!("{dtype} {batch:?} {m}x{k}x{n} (ta {ta}, tb {tb}) on {dev}");
+        assert_eq!(got.shape(), want.shape(), "{what}");
+        let g = got.to_vec_f64().unwrap();
+        check_close(&g, &want.to_vec_f64().unwrap(), tol, 1.0, &what).unwrap();
+        if dtype == DType::F32 {
+            set_device_float32_matmul_precision(dev, Some(MatmulPrecision::Highest));
+            let exact = ad.matmul_with(&bd, opts(biasd.as_ref())).unwrap();
+            set_device_float32_matmul_precision(dev, Some(MatmulPrecision::High));
+            differs |= exact.to_vec_f64().unwrap() != g;
+        }
+    }
+    differs
+}
+
+#[test]
+fn tf32_and_16_bit_products_match_the_host_on_every_device() {
+    assert!(!has_tensor_cores(&Device::host(), TensorCoreKind::Tf32));
+    for dev in test_devices().unwrap() {
+        set_device_float32_matmul_precision(&dev, Some(MatmulPrecision::High));
+        assert_eq!(device_float32_matmul_precision(&dev), MatmulPrecision::High);
+        // TF32 keeps 10 mantissa bits: |error| <= about 2^-11 * sum |a||b| (K <= 200 of [-1, 1]).
+        let tf32 = has_tensor_cores(&dev, TensorCoreKind::Tf32);
+        let differs = run(&dev, DType::F32, 2e-2);
+        // "high" uses TF32 exactly where tensor cores were found, and exact f32 elsewhere.
+        assert_eq!(differs, tf32, "TF32 in use on {dev}: {tf32}");
+        set_device_float32_matmul_precision(&dev, None);
+        // bf16 and f16 inputs (through tensor cores where present): the output's rounding
+        // dominates, plus f32 accumulation.
+        run(&dev, DType::BF16, 6e-2);
+        run(&dev, DType::F16, 1e-2);
+    }
+}
+
+#[test]
+fn precision_settings_parse_and_layer() {
+    assert_eq!(
+        "High".parse::<MatmulPrecision>().unwrap(),
+        MatmulPrecision::High
+    );
+    assert_eq!(
+        " highest".parse::<MatmulPrecision>().unwrap(),
+        MatmulPrecision::Highest
+    );
+    let e = "medium".parse::<MatmulPrecision>().unwrap_err().to_string();
+    assert!(e.contains("medium"), "{e}");
+    // A device's own setting wins over the process-wide one and can be cleared. (The process-wide
+    // setting is left alone: tests in this binary run in parallel.)
+    let h = Device::host();
+    set_device_float32_matmul_precision(&h, Some(MatmulPrecision::High));
+    assert_eq!(device_float32_matmul_precision(&h), MatmulPrecision::High);
+    set_device_float32_matmul_precision(&h, None);
+    assert_eq!(
+        device_float32_matmul_precision(&h),
+        netcl_ops::float32_matmul_precision()
+    );
+    // With "high" the host stays exact f32: bit-identical to "highest".
+    let a = random_tensor(DType::F32, &[9, 17], -1.0, 1.0, 5);
+    let b = random_tensor(DType::F32, &[17, 3], -1.0, 1.0, 6);
+    let exact = a.matmul(&b).unwrap().to_vec::<f32>().unwrap();
+    set_device_float32_matmul_precision(&h, Some(MatmulPrecision::High));
+    let high = a.matmul(&b).unwrap().to_vec::<f32>().unwrap();
+    set_device_float32_matmul_precision(&h, None);
+    assert_eq!(exact, high);
+}
