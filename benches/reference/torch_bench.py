@@ -186,6 +186,15 @@ def main():
             ms = timed(step, warmup=2, iters=5, reps=3)
             rec("llama", name, ms)
             print(f"torch {name}: {b * t / ms * 1e3:.0f} tokens/s, max_memory_allocated {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
+            def step_bf16():
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            ms = timed(step_bf16, warmup=2, iters=5, reps=3)
+            rec("llama", name + "_bf16_autocast", ms)
+            print(f"torch {name} bf16 autocast: {b * t / ms * 1e3:.0f} tokens/s")
             del model, opt
     out = dict(framework="pytorch " + torch.__version__, device=torch.cuda.get_device_name(), records=records)
     if a.json:

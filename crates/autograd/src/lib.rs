@@ -1,5 +1,6 @@
 //! netcl-autograd: tape autograd (Var ops record backward rules, laid out file for file like netcl-ops), parameters, and gradcheck.
 mod attention;
+mod autocast;
 mod binary;
 mod conv;
 mod dropout;
@@ -17,6 +18,7 @@ mod tape;
 mod unary;
 mod views;
 
+pub use autocast::{autocast, autocast_dtype};
 pub use gradcheck::{gradcheck, GradcheckOptions, GradcheckReport};
 pub use param::{GradBuffers, Parameter};
 pub use tape::{Gradients, Tape, Var};

@@ -1,7 +1,8 @@
-//! Backward rules of matmul (batched, broadcast, 1-D operands) and the fused linear layer (x·Wᵀ + b, optional ReLU).
+//! Backward rules of matmul (batched, broadcast, 1-D operands) and the fused linear layer (x·Wᵀ + b, optional ReLU); both follow the autocast policy.
+use crate::autocast::product_dtype;
 use crate::binary::sum_to;
 use crate::tape::{record, Var};
-use netcl_ops::{Activation, Error, Expr, MatmulOptions, Result, Tensor};
+use netcl_ops::{Activation, DType, Error, Expr, MatmulOptions, Result, Tensor};
 
 /// The last two dims swapped (a view; matmul reads it without a copy).
 fn t(x: &Tensor) -> Result<Tensor> {
@@ -45,6 +46,10 @@ impl Var {
     }
 
     fn matmul_nd(&self, other: &Var) -> Result<Var> {
+        if let (Some(dt), DType::F32) = (product_dtype(self.dtype()), other.dtype()) {
+            let (a, b) = (self.to_dtype(dt)?, other.to_dtype(dt)?);
+            return a.matmul_nd(&b)?.to_dtype(DType::F32);
+        }
         let y = self.value().matmul(other.value())?;
         let (a, b) = (self.value().clone(), other.value().clone());
         record("matmul", &[self, other], y, move |g, need| {
@@ -85,6 +90,12 @@ impl Var {
                     weight.shape()
                 ),
             ));
+        }
+        let all_f32 = weight.dtype() == DType::F32 && bias.is_none_or(|b| b.dtype() == DType::F32);
+        if let (Some(dt), true) = (product_dtype(self.dtype()), all_f32) {
+            let (x, w) = (self.to_dtype(dt)?, weight.to_dtype(dt)?);
+            let b = bias.map(|b| b.to_dtype(dt)).transpose()?;
+            return x.linear(&w, b.as_ref(), activation)?.to_dtype(DType::F32);
         }
         let x_shape = self.shape().to_vec();
         let (inn, out) = (weight.shape()[1], weight.shape()[0]);

@@ -92,6 +92,8 @@ pub struct LlamaStep {
     pub opt: netcl_optim::AdamW,
     pub x: Tensor,
     pub y: Tensor,
+    /// Forward under `autocast` to this dtype (mixed precision; f32 master weights), if set.
+    pub autocast: Option<DType>,
 }
 
 impl LlamaStep {
@@ -130,13 +132,18 @@ impl LlamaStep {
             y: Tensor::from_vec(y, &[b, t], dev)?,
             model,
             opt,
+            autocast: None,
         })
     }
 
-    /// forward, loss, backward, AdamW update, zero_grad (nothing read back).
+    /// forward (under autocast when set), loss, backward, AdamW update, zero_grad (nothing read
+    /// back).
     pub fn step(&mut self) -> Result<()> {
         let tape = Tape::new();
-        let loss = self.model.loss(&tape, &self.x, &self.y)?;
+        let loss = match self.autocast {
+            Some(dt) => netcl_autograd::autocast(dt, || self.model.loss(&tape, &self.x, &self.y))??,
+            None => self.model.loss(&tape, &self.x, &self.y)?,
+        };
         tape.backward(&loss)?;
         self.opt.step()?;
         self.opt.zero_grad();

@@ -21,7 +21,7 @@ pub use netcl_ops::{Generator, Tensor};
 /// Everything a training script needs: `use netcl::prelude::*`.
 pub mod prelude {
     pub use crate::{DType, Device, Error, Generator, Pool, Result, Tensor};
-    pub use netcl_autograd::{gradcheck, GradcheckOptions, Parameter, Tape, Var};
+    pub use netcl_autograd::{autocast, gradcheck, GradcheckOptions, Parameter, Tape, Var};
     pub use netcl_data::{TextCorpus, TokenBatch, TokenBatcher, Tokenizer};
     pub use netcl_models::{generate, KvCache, Llama, LlamaConfig, Sampler, Sampling};
     pub use netcl_nn::{
@@ -34,7 +34,7 @@ pub mod prelude {
         set_float32_matmul_precision, Activation, Conv2dParams, MatmulPrecision, Pool2dParams,
     };
     pub use netcl_optim::{
-        clip_grad_norm, Adam, AdamW, ConstantLr, CosineWithWarmup, LrSchedule, Optimizer,
-        ParamGroup, Sgd, StepLr,
+        clip_grad_norm, Adam, AdamW, ConstantLr, CosineWithWarmup, GradScaler, LrSchedule,
+        Optimizer, ParamGroup, Sgd, StepLr,
     };
 }

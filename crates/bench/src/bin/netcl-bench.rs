@@ -304,18 +304,36 @@ impl Runner {
             ..LlamaConfig::llama_110m(32000)
         };
         let lora = netcl_nn::LoraConfig::default();
+        let bf16 = Some(DType::BF16);
         let shapes = [
-            ("15m", "llama15m_step_B32_T256", c15, 32, None),
-            ("110m", "llama110m_step_B16_T512", c110.clone(), 16, None),
+            ("15m", "llama15m_step_B32_T256", c15.clone(), 32, None, None),
+            (
+                "110m",
+                "llama110m_step_B16_T512",
+                c110.clone(),
+                16,
+                None,
+                None,
+            ),
+            ("15m_bf16", "llama15m_bf16_autocast", c15, 32, None, bf16),
+            (
+                "110m_bf16",
+                "llama110m_bf16_autocast",
+                c110.clone(),
+                16,
+                None,
+                bf16,
+            ),
             (
                 "110m_lora",
                 "llama110m_lora_qv_r8_B16_T512",
                 c110,
                 16,
                 Some(&lora),
+                None,
             ),
         ];
-        for (_, name, cfg, b, lora) in shapes.into_iter().filter(|s| on(s.0)) {
+        for (_, name, cfg, b, lora, cast) in shapes.into_iter().filter(|s| on(s.0)) {
             let tokens = b * cfg.max_seq_len;
             if !self.dev.is_host() {
                 // Each workload's own peak: nothing of the previous one stays cached.
@@ -324,6 +342,7 @@ impl Runner {
                 pool.reset_peak();
             }
             let mut t = LlamaStep::new(cfg, b, lora, &self.dev, &mut self.gen)?;
+            t.autocast = cast;
             self.measure("llama", name.into(), (0.0, 0.0, 0), || t.step())?;
             let ms = self.records.last().map_or(f64::NAN, |r| r.ms);
             self.dev.synchronize()?;
@@ -381,7 +400,7 @@ impl Runner {
     }
 }
 
-const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama] [--sizes 1024,2048,4096] [--llama 15m,110m,110m_lora,generate] [--json FILE]
+const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama] [--sizes 1024,2048,4096] [--llama 15m,110m,15m_bf16,110m_bf16,110m_lora,generate] [--json FILE]
   Times each workload (median of 5 batches, device synchronised around each) and prints
   one line per workload; --json writes the records for benches/reference/torch_bench.py --netcl.
   NETCL_CLBLAST=/path/libclblast.so adds CLBlast as the OpenCL GEMM peer.";

@@ -1,0 +1,161 @@
+//! Mixed precision on every device: autocast (bf16, f16) training of an MLP and a tiny Llama tracks f32, GradScaler skips an overflowing step without touching the parameters, and its state survives a checkpoint.
+use netcl::autograd::autocast;
+use netcl::optim::GradScaler;
+use netcl::prelude::*;
+use netcl_core_devices::test_devices;
+
+fn mlp(dev: &Device) -> Sequential {
+    let mut g = Generator::new(11);
+    Sequential::new()
+        .with(Linear::new(16, 32, dev, &mut g).unwrap())
+        .with(ReLU)
+        .with(Linear::new(32, 4, dev, &mut g).unwrap())
+}
+
+/// Losses of `steps` Adam steps on a fixed batch, with the forward inside autocast to `cast`
+/// (None: plain f32) and, when `scaler` is given, through loss scaling.
+fn mlp_losses(
+    dev: &Device,
+    cast: Option<DType>,
+    mut scaler: Option<&mut GradScaler>,
+    steps: usize,
+) -> Vec<f64> {
+    let mut g = Generator::new(5);
+    let x = Tensor::randn(&[24, 16], DType::F32, dev, &mut g).unwrap();
+    let y = Tensor::from_vec((0..24).map(|i| i % 4).collect(), &[24], dev).unwrap();
+    let model = mlp(dev);
+    let mut opt = Adam::new(model.parameters(), 1e-2);
+    let mut losses = Vec::new();
+    for _ in 0..steps {
+        let tape = Tape::new();
+        let forward = || cross_entropy(&model.forward(&tape, &Var::from(x.clone()))?, &y);
+        let loss = match cast {
+            Some(dt) => autocast(dt, forward).unwrap().unwrap(),
+            None => forward().unwrap(),
+        };
+        losses.push(loss.value().to_vec_f64().unwrap()[0]);
+        match scaler.as_deref_mut() {
+            Some(s) => {
+                tape.backward(&s.scale(&loss).unwrap()).unwrap();
+                assert!(s.step(&mut opt).unwrap(), "step skipped on {dev}");
+            }
+            None => {
+                tape.backward(&loss).unwrap();
+                opt.step().unwrap();
+            }
+        }
+        opt.zero_grad();
+    }
+    losses
+}
+
+fn assert_tracks(got: &[f64], want: &[f64], tol: f64, what: &str) {
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tol * w.abs().max(1.0),
+            "{what}: step {i}: {g} vs f32 {w}\n{got:?}\n{want:?}"
+        );
+    }
+    // And it learns: the last loss is well below the first.
+    assert!(got[got.len() - 1] < 0.7 * got[0], "{what}: {got:?}");
+}
+
+#[test]
+fn autocast_mlp_tracks_f32_and_f16_needs_no_skip_at_a_sane_scale() {
+    for dev in test_devices().unwrap() {
+        let f32_losses = mlp_losses(&dev, None, None, 20);
+        // bf16 keeps 8 significant bits, f16 11: the loss trajectories stay within a few percent.
+        let bf16 = mlp_losses(&dev, Some(DType::BF16), None, 20);
+        assert_tracks(&bf16, &f32_losses, 0.05, &format!("bf16 on {dev}"));
+        let mut scaler = GradScaler::new(1024.0).unwrap();
+        let f16 = mlp_losses(&dev, Some(DType::F16), Some(&mut scaler), 20);
+        assert_tracks(&f16, &f32_losses, 0.02, &format!("f16 on {dev}"));
+        assert_eq!(scaler.skipped_steps(), 0);
+        // Outside the region products are f32 again.
+        assert_eq!(netcl::autograd::autocast_dtype(), None);
+    }
+}
+
+#[test]
+fn an_overflowing_f16_step_is_skipped_and_the_scale_backs_off() {
+    for dev in test_devices().unwrap() {
+        let model = mlp(&dev);
+        let mut opt = Adam::new(model.parameters(), 1e-2);
+        let before: Vec<Vec<f64>> = model
+            .parameters()
+            .iter()
+            .map(|p| p.value().to_vec_f64().unwrap())
+            .collect();
+        let mut g = Generator::new(2);
+        let x = Tensor::randn(&[8, 16], DType::F32, &dev, &mut g).unwrap();
+        let y = Tensor::from_vec(vec![0i32, 1, 2, 3, 0, 1, 2, 3], &[8], &dev).unwrap();
+        // 2^40 x the loss: the gradients reaching the f16 products overflow f16 (max 65504).
+        let mut scaler = GradScaler::new(2f64.powi(40)).unwrap();
+        let tape = Tape::new();
+        let loss = autocast(DType::F16, || {
+            cross_entropy(&model.forward(&tape, &Var::from(x.clone()))?, &y)
+        })
+        .unwrap()
+        .unwrap();
+        tape.backward(&scaler.scale(&loss).unwrap()).unwrap();
+        assert!(
+            !scaler.step(&mut opt).unwrap(),
+            "overflow not seen on {dev}"
+        );
+        assert_eq!(scaler.scale_factor(), 2f64.powi(39));
+        assert_eq!(scaler.skipped_steps(), 1);
+        for (p, b) in model.parameters().iter().zip(&before) {
+            assert_eq!(&p.value().to_vec_f64().unwrap(), b, "updated on {dev}");
+            assert!(p.grad().is_none());
+        }
+        // The state goes through a checkpoint's `extra` and comes back equal.
+        let dir = std::env::temp_dir().join(format!("netcl-scaler-{}", std::process::id()));
+        let path = dir.join(format!("ckpt-{}", dev.ordinal()));
+        std::fs::create_dir_all(&dir).unwrap();
+        save_checkpoint(&path, &model, Some(&opt), 1, scaler.state()).unwrap();
+        let ckpt = load_checkpoint(&path, &model, Some(&mut opt)).unwrap();
+        let mut restored = GradScaler::default();
+        restored.load_state(&ckpt.extra).unwrap();
+        assert_eq!(restored, scaler);
+        let bad = serde_json::json!({"scale": -1.0});
+        assert!(restored.load_state(&bad).is_err());
+        assert_eq!(restored, scaler);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
+#[test]
+fn autocast_tiny_llama_tracks_f32() {
+    for dev in test_devices().unwrap() {
+        let run = |cast: Option<DType>| -> Vec<f64> {
+            let mut g = Generator::new(7);
+            let model = Llama::new(LlamaConfig::tiny(32), &dev, &mut g).unwrap();
+            let ids: Vec<i32> = (0..2 * 12).map(|i| i * 7 % 32).collect();
+            let targets: Vec<i32> = (0..2 * 12).map(|i| (i * 7 + 7) % 32).collect();
+            let ids = Tensor::from_vec(ids, &[2, 12], &dev).unwrap();
+            let targets = Tensor::from_vec(targets, &[2, 12], &dev).unwrap();
+            let mut opt = AdamW::new(model.parameters(), 1e-2);
+            (0..10)
+                .map(|_| {
+                    let tape = Tape::new();
+                    let f = || model.loss(&tape, &ids, &targets);
+                    let loss = match cast {
+                        Some(dt) => autocast(dt, f).unwrap().unwrap(),
+                        None => f().unwrap(),
+                    };
+                    tape.backward(&loss).unwrap();
+                    opt.step().unwrap();
+                    opt.zero_grad();
+                    loss.value().to_vec_f64().unwrap()[0]
+                })
+                .collect()
+        };
+        let want = run(None);
+        assert_tracks(
+            &run(Some(DType::BF16)),
+            &want,
+            0.05,
+            &format!("llama bf16 on {dev}"),
+        );
+    }
+}
