@@ -2,6 +2,8 @@
 #![doc = include_str!("../../../README.md")]
 pub use netcl_autograd as autograd;
 pub use netcl_core_devices as devices;
+/// The debug mode: `NETCL_DEBUG=nan|sync`, [`debug::detect_anomaly`] and [`debug::DebugGuard`].
+pub use netcl_core_devices::debug;
 pub use netcl_core_memory as memory;
 pub use netcl_data as data;
 pub use netcl_kernels as kernels;
