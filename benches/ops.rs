@@ -281,6 +281,21 @@ fn autograd_dispatch(c: &mut Criterion) {
             )
         })
     });
+    // The same op checked for NaN/Inf (one sum and a scalar read) and its site captured.
+    g.bench_function("var_add_recorded_debug_nan", |bch| {
+        let _on = netcl::debug::DebugGuard::anomaly();
+        let tape = Tape::new();
+        let x = tape.leaf(&a).unwrap();
+        let y = Var::constant(b.clone());
+        bch.iter(|| drop(x.add(&y).unwrap()))
+    });
+    // The debug hooks alone, off: what every recorded op and every launch pays.
+    g.bench_function("debug_hooks_off_per_op", |bch| {
+        bch.iter(|| {
+            black_box(netcl::debug::nan_checks().unwrap());
+            black_box(netcl::debug::sync_launches().unwrap());
+        })
+    });
     g.finish();
 }
 
