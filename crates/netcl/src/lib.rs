@@ -300,13 +300,15 @@ pub mod prelude {
     /// ```
     pub use netcl_optim::Optimizer;
 
-    /// SGD (PyTorch's `torch.optim.SGD`); example on [`Optimizer`].
-    pub use netcl_optim::Sgd;
     /// Adam; example on [`Optimizer`].
     pub use netcl_optim::Adam;
     /// AdamW; example on [`Optimizer`].
     pub use netcl_optim::AdamW;
+    /// SGD (PyTorch's `torch.optim.SGD`); example on [`Optimizer`].
+    pub use netcl_optim::Sgd;
 
+    /// Restores what [`save_checkpoint`] saved; example there.
+    pub use netcl_nn::load_checkpoint;
     /// # Example
     ///
     /// ```
@@ -328,9 +330,9 @@ pub mod prelude {
     /// # Ok::<(), Error>(())
     /// ```
     pub use netcl_nn::save_checkpoint;
-    /// Restores what [`save_checkpoint`] saved; example there.
-    pub use netcl_nn::load_checkpoint;
 
+    /// Generation with a KV cache; example on [`Llama`].
+    pub use netcl_models::generate;
     /// # Example
     ///
     /// A tiny Llama: next-token loss and a gradient step, then greedy generation through the
@@ -367,6 +369,4 @@ pub mod prelude {
     pub use netcl_models::Llama;
     /// The shape of a [`Llama`] (example there).
     pub use netcl_models::LlamaConfig;
-    /// Generation with a KV cache; example on [`Llama`].
-    pub use netcl_models::generate;
 }
