@@ -105,24 +105,31 @@ impl Var {
     pub fn constant(value: Tensor) -> Var {
         Var { value, node: None }
     }
+    /// The value this Var holds (no copy).
     pub fn value(&self) -> &Tensor {
         &self.value
     }
+    /// The value, consuming the Var.
     pub fn into_value(self) -> Tensor {
         self.value
     }
+    /// The value's shape.
     pub fn shape(&self) -> &[usize] {
         self.value.shape()
     }
+    /// The value's dtype.
     pub fn dtype(&self) -> DType {
         self.value.dtype()
     }
+    /// The device the value lives on.
     pub fn device(&self) -> &Device {
         self.value.device()
     }
+    /// Number of dims.
     pub fn ndim(&self) -> usize {
         self.value.ndim()
     }
+    /// Number of elements.
     pub fn numel(&self) -> usize {
         self.value.numel()
     }
@@ -194,6 +201,7 @@ impl Tape {
             params: RefCell::new(HashMap::new()),
         }))
     }
+    /// False for [`Tape::no_grad`] tapes.
     pub fn is_recording(&self) -> bool {
         self.0.enabled
     }
@@ -201,6 +209,7 @@ impl Tape {
     pub fn len(&self) -> usize {
         self.0.nodes.borrow().len()
     }
+    /// Nothing recorded since the last backward.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
