@@ -257,6 +257,48 @@ fn dispatch(c: &mut Criterion) {
     g.finish();
 }
 
+/// What a recorded op pays for the debug mode when it is off: one small `Var` add recorded on a
+/// tape (the tape is replaced, untimed, after every batch), on any device.
+fn autograd_dispatch(c: &mut Criterion) {
+    let dev = device();
+    let (a, b) = (full(&[SMALL], 1.0, &dev), full(&[SMALL], 2.0, &dev));
+    let mut g = c.benchmark_group(format!("autograd_dispatch/{}", dev.spec()));
+    g.measurement_time(Duration::from_secs(3));
+    g.bench_function("var_add_recorded", |bch| {
+        bch.iter_custom(|n| {
+            let fresh = || {
+                let tape = Tape::new();
+                let x = tape.leaf(&a).unwrap();
+                (tape, x)
+            };
+            let graph = std::cell::RefCell::new(fresh());
+            let y = Var::constant(b.clone());
+            host_cost(
+                &dev,
+                n,
+                || drop(graph.borrow().1.add(&y).unwrap()),
+                || *graph.borrow_mut() = fresh(),
+            )
+        })
+    });
+    // The same op checked for NaN/Inf (one sum and a scalar read) and its site captured.
+    g.bench_function("var_add_recorded_debug_nan", |bch| {
+        let _on = netcl::debug::DebugGuard::anomaly();
+        let tape = Tape::new();
+        let x = tape.leaf(&a).unwrap();
+        let y = Var::constant(b.clone());
+        bch.iter(|| drop(x.add(&y).unwrap()))
+    });
+    // The debug hooks alone, off: what every recorded op and every launch pays.
+    g.bench_function("debug_hooks_off_per_op", |bch| {
+        bch.iter(|| {
+            black_box(netcl::debug::nan_checks().unwrap());
+            black_box(netcl::debug::sync_launches().unwrap());
+        })
+    });
+    g.finish();
+}
+
 /// (c) Throughput of the main ops.
 fn ops(c: &mut Criterion) {
     let dev = device();
@@ -334,5 +376,5 @@ fn ops(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, dispatch, ops);
+criterion_group!(benches, dispatch, autograd_dispatch, ops);
 criterion_main!(benches);

@@ -1,4 +1,5 @@
 //! netcl-autograd: tape autograd (Var ops record backward rules, laid out file for file like netcl-ops), parameters, and gradcheck.
+mod anomaly;
 mod attention;
 mod autocast;
 mod binary;

@@ -64,21 +64,27 @@ impl Parameter {
     pub fn id(&self) -> usize {
         self.0.id
     }
+    /// The current value (optimizers and [`Parameter::assign`] write into its storage).
     pub fn value(&self) -> &Tensor {
         &self.0.value
     }
+    /// The value's shape.
     pub fn shape(&self) -> &[usize] {
         self.0.value.shape()
     }
+    /// The value's dtype.
     pub fn dtype(&self) -> DType {
         self.0.value.dtype()
     }
+    /// The device the value lives on.
     pub fn device(&self) -> &Device {
         self.0.value.device()
     }
+    /// Number of elements.
     pub fn numel(&self) -> usize {
         self.0.value.numel()
     }
+    /// Whether the parameter trains (false once frozen with [`Parameter::set_requires_grad`]).
     pub fn requires_grad(&self) -> bool {
         self.0.requires_grad.load(Ordering::Relaxed)
     }

@@ -1,4 +1,5 @@
 //! Tape and Var: ops on Vars record a backward closure on the tape; `backward` runs them in reverse.
+use crate::anomaly::{self, Site};
 use crate::param::Parameter;
 use netcl_ops::{DType, Device, Error, Result, Tensor, VersionWatch};
 use std::cell::{Cell, RefCell};
@@ -22,6 +23,8 @@ struct Node {
     /// The versions of the op's input values and output when it was recorded: a backward rule
     /// may read any of them, so backward refuses to run if one was written in place since.
     watched: Vec<Watched>,
+    /// Where the op was recorded, kept only while anomaly detection is on (`NETCL_DEBUG=nan`).
+    site: Option<Site>,
 }
 
 /// One value a node's backward rule may read: input `index` (None: the output) and its version.
@@ -102,24 +105,31 @@ impl Var {
     pub fn constant(value: Tensor) -> Var {
         Var { value, node: None }
     }
+    /// The value this Var holds (no copy).
     pub fn value(&self) -> &Tensor {
         &self.value
     }
+    /// The value, consuming the Var.
     pub fn into_value(self) -> Tensor {
         self.value
     }
+    /// The value's shape.
     pub fn shape(&self) -> &[usize] {
         self.value.shape()
     }
+    /// The value's dtype.
     pub fn dtype(&self) -> DType {
         self.value.dtype()
     }
+    /// The device the value lives on.
     pub fn device(&self) -> &Device {
         self.value.device()
     }
+    /// Number of dims.
     pub fn ndim(&self) -> usize {
         self.value.ndim()
     }
+    /// Number of elements.
     pub fn numel(&self) -> usize {
         self.value.numel()
     }
@@ -191,6 +201,7 @@ impl Tape {
             params: RefCell::new(HashMap::new()),
         }))
     }
+    /// False for [`Tape::no_grad`] tapes.
     pub fn is_recording(&self) -> bool {
         self.0.enabled
     }
@@ -198,6 +209,7 @@ impl Tape {
     pub fn len(&self) -> usize {
         self.0.nodes.borrow().len()
     }
+    /// Nothing recorded since the last backward.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -222,6 +234,7 @@ impl Tape {
             shape: value.shape().to_vec(),
             dtype: value.dtype(),
             watched: Vec::new(),
+            site: None,
         }
     }
 
@@ -324,6 +337,7 @@ impl Tape {
         self.0.generation.set(generation + 1);
 
         check_versions(&nodes, root.id)?;
+        let check_grads = netcl_core_devices::debug::nan_checks()?;
         let mut grads: Vec<Option<Tensor>> = (0..nodes.len()).map(|_| None).collect();
         grads[root.id] = Some(seed);
         let mut leaf_grads = HashMap::new();
@@ -344,6 +358,9 @@ impl Tape {
             let rule = netcl_profiling::span_in("backward", node.op);
             let input_grads = backward(&g, &node.tracked)?;
             drop(rule);
+            if check_grads {
+                check_rule_grads(node, &input_grads, &g)?;
+            }
             drop(g);
             if input_grads.len() != node.inputs.len() {
                 return Err(Error::invalid(
@@ -454,6 +471,26 @@ fn check_versions(nodes: &[Node], root: usize) -> Result<()> {
     Ok(())
 }
 
+/// Anomaly detection: the gradients a node's rule returned, checked for NaN/Inf.
+#[cold]
+fn check_rule_grads(node: &Node, grads: &[Option<Tensor>], output_grad: &Tensor) -> Result<()> {
+    let inputs = node
+        .watched
+        .iter()
+        .filter_map(|w| {
+            w.index
+                .map(|i| format!("input {i} {} {:?}", w.dtype, w.shape))
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    for (i, grad) in grads.iter().enumerate() {
+        if let Some(grad) = grad.as_ref().filter(|_| node.tracked.get(i) == Some(&true)) {
+            anomaly::check_backward(node.op, i, grad, output_grad, &inputs, node.site.as_ref())?;
+        }
+    }
+    Ok(())
+}
+
 /// Record `value = op(inputs)` with its backward rule. When no input is tracked the result is a
 /// constant and the rule (with whatever it saved) is dropped at once.
 pub(crate) fn record(
@@ -462,6 +499,11 @@ pub(crate) fn record(
     value: Tensor,
     backward: impl FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + 'static,
 ) -> Result<Var> {
+    let checked = netcl_core_devices::debug::nan_checks()?;
+    if checked {
+        let values: Vec<&Tensor> = inputs.iter().map(|v| &v.value).collect();
+        anomaly::check_forward(op, &values, &value)?;
+    }
     let mut tape: Option<&Tape> = None;
     for v in inputs {
         if let Some(n) = &v.node {
@@ -510,6 +552,7 @@ pub(crate) fn record(
         shape: value.shape().to_vec(),
         dtype: value.dtype(),
         watched,
+        site: checked.then(Site::here),
     };
     let r = tape.clone().push(node);
     Ok(Var {

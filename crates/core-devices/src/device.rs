@@ -221,18 +221,22 @@ impl Device {
         self.0.ordinal
     }
 
+    /// What the device reports (name, memory, work-group limits, fp64, ...).
     pub fn info(&self) -> &DeviceInfo {
         &self.0.info
     }
 
+    /// Host, CPU, GPU or accelerator.
     pub fn kind(&self) -> DeviceKind {
         self.0.info.kind
     }
 
+    /// The host device (ndarray), not OpenCL.
     pub fn is_host(&self) -> bool {
         matches!(self.0.backend, Backend::Host)
     }
 
+    /// An OpenCL device.
     pub fn is_opencl(&self) -> bool {
         !self.is_host()
     }

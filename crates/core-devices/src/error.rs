@@ -43,6 +43,10 @@ pub enum Error {
     },
     /// A file or buffer whose contents are corrupt or do not match what was expected.
     Format { what: String, msg: String },
+    /// The debug mode (`NETCL_DEBUG=nan`, `debug::detect_anomaly`) found a NaN or an infinity:
+    /// `op` produced it (`backward of op` for a gradient); `msg` names its inputs' shapes, the
+    /// first bad element and where the value was created.
+    NonFinite { op: String, msg: String },
 }
 
 impl Error {
@@ -163,6 +167,7 @@ impl fmt::Display for Error {
             Error::Invalid { op, msg } => write!(f, "{op}: {msg}"),
             Error::Io { path, source } => write!(f, "{path}: {source}"),
             Error::Format { what, msg } => write!(f, "{what}: {msg}"),
+            Error::NonFinite { op, msg } => write!(f, "{op}: non-finite value: {msg}"),
         }
     }
 }

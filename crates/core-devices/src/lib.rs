@@ -1,4 +1,5 @@
 //! netcl-core-devices: OpenCL device discovery, capabilities, selection, and netcl's one error type.
+pub mod debug;
 mod device;
 mod dtype;
 mod error;

@@ -395,7 +395,7 @@ pub fn write(dst: &Block, offset: usize, data: &[u8]) -> Result<()> {
     })
 }
 
-/// Copy `out.len()` bytes of `src` at `offset` into `out` and wait (staged like [`write`]).
+/// Copy `out.len()` bytes of `src` at `offset` into `out` and wait (staged like [`write()`]).
 pub fn read(src: &Block, offset: usize, out: &mut [u8]) -> Result<()> {
     check_range("read", src, offset, out.len())?;
     if out.is_empty() {

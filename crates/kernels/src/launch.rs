@@ -291,8 +291,42 @@ impl Kernel {
             // SAFETY: `event` is the enqueue's new event (or null); its reference passes over.
             unsafe { probe.finish(launch, event) };
         }
+        if netcl_core_devices::debug::sync_launches()? {
+            self.finish_now(device)?;
+        }
         Ok(())
     }
+
+    /// `NETCL_DEBUG=sync`: waits for the kernel just enqueued, so a failure on the device is
+    /// reported by this launch (naming the kernel), then runs the after-sync check (`netcl-ops`'
+    /// index-error record).
+    #[cold]
+    fn finish_now(&self, device: &Device) -> Result<()> {
+        let cl = device.cl(&self.entry().name)?;
+        cl.queue.finish().map_err(|e| Error::Launch {
+            kernel: self.entry().name.clone(),
+            msg: format!(
+                "the kernel failed on {device}: clFinish returned {} ({}) right after the launch \
+                 (NETCL_DEBUG=sync)",
+                netcl_core_devices::cl_code_name(e.0),
+                e.0
+            ),
+        })?;
+        match AFTER_SYNC.get() {
+            Some(check) => check(device),
+            None => Ok(()),
+        }
+    }
+}
+
+/// What runs after a synchronised launch (`NETCL_DEBUG=sync`), set once by a higher layer.
+static AFTER_SYNC: std::sync::OnceLock<fn(&Device) -> Result<()>> = std::sync::OnceLock::new();
+
+/// Sets the check that runs after every synchronised launch (`NETCL_DEBUG=sync`): `netcl-ops`
+/// reads the device's index-error record there, so an out-of-range index is reported by the op
+/// whose kernel found it. Only the first call sets it.
+pub fn set_after_sync_check(check: fn(&Device) -> Result<()>) {
+    let _ = AFTER_SYNC.set(check);
 }
 
 /// `clEnqueueNDRangeKernel` with no wait list, writing the command's event to `event` unless it

@@ -6,7 +6,7 @@ pub mod sources;
 pub mod tuning;
 
 pub use disk_cache::default_dir as cache_dir;
-pub use launch::{thread_launches, thread_launches_total, Kernel};
+pub use launch::{set_after_sync_check, thread_launches, thread_launches_total, Kernel};
 pub use program::{build, program, Origin, Program};
 pub use sources::Source;
 pub use tuning::{gemm_tile, GemmTile};

@@ -5,6 +5,9 @@ use netcl_autograd::{Parameter, Tape, Var};
 use netcl_ops::{Conv2dParams, DType, Device, Error, Generator, Result};
 use serde_json::{json, Value};
 
+/// A 2-D convolution layer over NCHW input: weight `[cout, cin / groups, kh, kw]`, an optional
+/// bias `[cout]`, and [`Conv2dParams`] (stride, padding, dilation, groups). It runs as im2col and
+/// a batched GEMM plus a channel-bias add (a direct GEMM for 1x1 kernels of stride 1).
 pub struct Conv2d {
     pub weight: Parameter,
     pub bias: Option<Parameter>,
@@ -34,6 +37,8 @@ impl Conv2d {
         )
     }
 
+    /// A convolution with a `(kh, kw)` kernel, an optional bias, the weight initialisation
+    /// `init` and storage `dtype`.
     #[allow(clippy::too_many_arguments)]
     pub fn with_init(
         cin: usize,

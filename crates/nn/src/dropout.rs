@@ -5,6 +5,9 @@ use netcl_ops::{Error, Generator, Result};
 use serde_json::{json, Value};
 use std::sync::Mutex;
 
+/// Dropout as a layer: in training mode it zeroes each element with probability `p` and scales
+/// the rest by `1 / (1 - p)`, drawing from its own seeded generator (so a run is reproducible);
+/// in evaluation mode ([`Module::eval`]) it is the identity.
 pub struct Dropout {
     pub p: f64,
     gen: Mutex<Generator>,
@@ -12,6 +15,7 @@ pub struct Dropout {
 }
 
 impl Dropout {
+    /// Drop probability `p` in [0, 1], masks drawn from a generator seeded with `seed`.
     pub fn new(p: f64, seed: u64) -> Result<Dropout> {
         if !(0.0..=1.0).contains(&p) {
             return Err(Error::invalid(

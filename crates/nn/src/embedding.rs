@@ -5,6 +5,9 @@ use netcl_autograd::{Parameter, Tape, Var};
 use netcl_ops::{DType, Device, Error, Generator, Result, Tensor};
 use serde_json::{json, Value};
 
+/// A lookup table as a layer: integer ids of any shape (I32) in, the rows of its
+/// `[num_embeddings, dim]` weight out (shape `[..., dim]`). Its backward sums each row's
+/// gradients in a fixed order (no float atomics), so reruns are bit-identical.
 pub struct Embedding {
     pub weight: Parameter,
 }

@@ -6,6 +6,10 @@ use netcl_autograd::{Parameter, Tape, Var};
 use netcl_ops::{Activation, DType, Device, Error, Generator, Result, Tensor};
 use serde_json::{json, Value};
 
+/// A fully connected layer `y = x Wᵀ + b` over the last dim: weight `[out, in]`, optional bias
+/// `[out]`. One GEMM with the bias in its epilogue; inside a `Sequential` a following ReLU runs
+/// in the same kernel (and its backward masks by the output). Optionally carries a LoRA adapter
+/// ([`Linear::add_lora`]).
 pub struct Linear {
     pub weight: Parameter,
     pub bias: Option<Parameter>,

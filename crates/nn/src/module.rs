@@ -14,6 +14,7 @@ pub struct Context {
 }
 
 impl Context {
+    /// An empty context.
     pub fn new() -> Context {
         Context::default()
     }
@@ -59,6 +60,7 @@ pub trait Module: Send + Sync {
     fn named_buffers(&self) -> Vec<(String, Tensor)> {
         Vec::new()
     }
+    /// The parameters without their names, in `named_parameters` order.
     fn parameters(&self) -> Vec<Parameter> {
         self.named_parameters()
             .into_iter()
@@ -78,9 +80,11 @@ pub trait Module: Send + Sync {
     }
     /// Training mode (dropout active, batch statistics) or evaluation mode.
     fn set_training(&mut self, _on: bool) {}
+    /// Training mode: `set_training(true)`.
     fn train(&mut self) {
         self.set_training(true)
     }
+    /// Evaluation mode: `set_training(false)`.
     fn eval(&mut self) {
         self.set_training(false)
     }
@@ -137,6 +141,7 @@ pub struct Sequential {
 }
 
 impl Sequential {
+    /// No layers yet: add them with [`Sequential::with`] or [`Sequential::push`].
     pub fn new() -> Sequential {
         Sequential::default()
     }
@@ -145,15 +150,19 @@ impl Sequential {
         self.layers.push(Box::new(layer));
         self
     }
+    /// Appends a boxed layer.
     pub fn push(&mut self, layer: Box<dyn Module>) {
         self.layers.push(layer);
     }
+    /// Number of layers.
     pub fn len(&self) -> usize {
         self.layers.len()
     }
+    /// No layers.
     pub fn is_empty(&self) -> bool {
         self.layers.is_empty()
     }
+    /// Layer `i` (its parameters are named `"{i}.…"`).
     pub fn layer(&self, i: usize) -> Option<&dyn Module> {
         self.layers.get(i).map(|l| l.as_ref())
     }

@@ -11,7 +11,7 @@ use netcl_core_devices::{Error, Result};
 use netcl_kernels::sources::NORM;
 use netcl_kernels::Kernel;
 
-/// Outputs of [`Tensor::batch_norm_train`]: the result and the saved batch statistics ([C], in
+/// Outputs of [`Tensor::batch_norm_train`]: the result and the saved batch statistics (`[C]`, in
 /// [`acc_dtype`]) that the backward needs.
 #[derive(Clone, Debug)]
 pub struct BatchNorm {
@@ -85,7 +85,7 @@ impl Tensor {
 
     /// Batch normalisation in training mode for NC or NCHW (any trailing spatial dims, any
     /// strides): per-channel batch statistics over N and the spatial dims,
-    /// `y = (x - mean) * invstd * weight + bias` with the biased variance. When running stats are given ([C], in
+    /// `y = (x - mean) * invstd * weight + bias` with the biased variance. When running stats are given (`[C]`, in
     /// [`acc_dtype`], updated in place): `running = (1 - momentum) * running + momentum * stat`,
     /// with the unbiased variance. One kernel (one work-group per channel). Errors when a channel
     /// has fewer than 2 values.
@@ -217,7 +217,7 @@ impl Tensor {
         })
     }
 
-    /// Batch normalisation in eval mode with running statistics ([C], [`acc_dtype`]):
+    /// Batch normalisation in eval mode with running statistics (`[C]`, [`acc_dtype`]):
     /// `y = (x - running_mean) / sqrt(running_var + eps) * weight + bias`. One kernel.
     pub fn batch_norm_eval(
         &self,
@@ -281,7 +281,7 @@ impl Tensor {
     }
 
     /// Gradients of [`Tensor::batch_norm_train`] for input `self` (N, C, ...) given `dy` (same
-    /// shape) and the forward's `save_mean` and `save_invstd` ([C], [`acc_dtype`]): with
+    /// shape) and the forward's `save_mean` and `save_invstd` (`[C]`, [`acc_dtype`]): with
     /// xhat = (x - mean) * invstd over each channel's N * spatial values,
     /// `dx = weight * invstd * (dy - mean(dy) - xhat * mean(dy * xhat))`, dweight = sum(dy * xhat)
     /// when `weight` is given, and dbias = sum(dy) always. Any strides; dx is contiguous, all in

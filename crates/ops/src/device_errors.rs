@@ -6,7 +6,9 @@
 //! is read back at the thread's next read of any tensor of that device ([`Tensor::to_host_data`] and everything built on it), and
 //! only when an index kernel ran since the last check. That read then returns the error, naming
 //! the op, the index and the bound, as the host reports at once. Everything the bad op and later
-//! ops computed is suspect; the record is cleared so the device stays usable.
+//! ops computed is suspect; the record is cleared so the device stays usable. With
+//! `NETCL_DEBUG=sync` the record is read right after each launch instead, so the op whose kernel
+//! found the index returns the error.
 use crate::tensor::Tensor;
 use netcl_core_devices::opencl3::types::cl_mem;
 use netcl_core_devices::{Device, Error, Result};
@@ -46,6 +48,7 @@ pub(crate) fn code_of(op: &str) -> i32 {
 /// The error record of `device` as a kernel argument (`__global int* err`, 4 ints), made and
 /// zeroed on the thread's first use; marks it to be checked at the thread's next read.
 pub(crate) fn record_arg(device: &Device) -> Result<cl_mem> {
+    netcl_kernels::set_after_sync_check(check_after_launch);
     RECORDS.with_borrow_mut(|records| {
         let r = match records.entry(device.ordinal()) {
             Entry::Occupied(e) => e.into_mut(),
@@ -66,7 +69,23 @@ pub(crate) fn record_arg(device: &Device) -> Result<cl_mem> {
 /// Reads the thread's error record of `t`'s device if an index kernel ran since the last read:
 /// the error it holds, once (the record is cleared).
 pub(crate) fn check(t: &Tensor) -> Result<()> {
-    let device = t.device();
+    check_device(
+        t.device(),
+        "at the next read, so this op's result and later results are invalid",
+    )
+}
+
+/// `NETCL_DEBUG=sync`: the check after every launch (set through `netcl_kernels`).
+fn check_after_launch(device: &Device) -> Result<()> {
+    check_device(
+        device,
+        "right after its launch (NETCL_DEBUG=sync), so this op's result is invalid",
+    )
+}
+
+/// The error in `device`'s record for this thread, if an index kernel ran since the last check;
+/// `when` says when it was reported.
+fn check_device(device: &Device, when: &str) -> Result<()> {
     if device.is_host() {
         return Ok(());
     }
@@ -101,9 +120,6 @@ pub(crate) fn check(t: &Tensor) -> Result<()> {
     };
     Err(Error::invalid(
         op,
-        format!(
-            "{what} (found on {device} by the kernel and reported at the next read, so this op's \
-             result and later results are invalid)"
-        ),
+        format!("{what} (found on {device} by the kernel and reported {when})"),
     ))
 }

@@ -376,8 +376,8 @@ impl Tensor {
         self.softmax_backward_impl(dy, dim, true)
     }
 
-    /// Per-row cross-entropy of logits [N, C] (this tensor, any strides) against I32 targets [N]:
-    /// returns (losses [N], lse [N]) in [`acc_dtype`], one kernel. Rows whose target equals
+    /// Per-row cross-entropy of logits `[N, C]` (this tensor, any strides) against I32 targets `[N]`:
+    /// returns (losses `[N]`, lse `[N]`) in [`acc_dtype`], one kernel. Rows whose target equals
     /// `ignore_index` get loss 0. A target outside [0, C) is an error: at once for host tensors; on
     /// a device the kernel records it and the next read from that device returns the error
     /// (see `device_errors.rs`), and that row's loss and gradient are NaN.
@@ -501,8 +501,8 @@ impl Tensor {
     }
 
     /// Gradient of cross-entropy w.r.t. these logits [N, C]: `(softmax - onehot(target)) *
-    /// grad[i] / count`, contiguous, in the logits' dtype. `lse` [N] is the forward's, `grad` the
-    /// upstream gradient ([] or [1] broadcast, or [N] per row), `count` ([] or [1]) divides when
+    /// grad[i] / count`, contiguous, in the logits' dtype. `lse` `[N]` is the forward's, `grad` the
+    /// upstream gradient (`[]` or `[1]` broadcast, or `[N]` per row), `count` (`[]` or `[1]`) divides when
     /// given (the mean loss); all three in [`acc_dtype`]. Ignored rows get 0, rows with an
     /// out-of-range target NaN on devices (an error on the host). One kernel.
     pub fn cross_entropy_backward(

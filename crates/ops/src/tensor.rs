@@ -126,6 +126,7 @@ impl Tensor {
         })
     }
 
+    /// The shape (empty for a 0-dim tensor).
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
@@ -137,18 +138,23 @@ impl Tensor {
     pub fn offset(&self) -> usize {
         self.offset
     }
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    /// The device the storage lives on.
     pub fn device(&self) -> &Device {
         &self.device
     }
+    /// Number of dims.
     pub fn ndim(&self) -> usize {
         self.shape.len()
     }
+    /// Number of elements.
     pub fn numel(&self) -> usize {
         numel(&self.shape)
     }
+    /// Row-major and dense (strides of a fresh tensor of this shape).
     pub fn is_contiguous(&self) -> bool {
         is_contiguous(&self.shape, &self.strides)
     }

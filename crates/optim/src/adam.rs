@@ -299,14 +299,17 @@ macro_rules! adam_type {
             pub fn new(params: Vec<Parameter>, lr: f64) -> $ty {
                 $ty(AdamCore::new($name, $decay, params, lr, $wd))
             }
+            /// Decay rates of the first and second moment estimates.
             pub fn betas(mut self, beta1: f64, beta2: f64) -> $ty {
                 self.0.betas = (beta1, beta2);
                 self
             }
+            /// Added to the denominator for numerical stability.
             pub fn eps(mut self, eps: f64) -> $ty {
                 self.0.eps = eps;
                 self
             }
+            /// Weight decay (L2 for Adam, decoupled for AdamW).
             pub fn weight_decay(mut self, weight_decay: f64) -> $ty {
                 self.0.weight_decay = weight_decay;
                 self

@@ -19,6 +19,7 @@ pub trait Optimizer {
     }
     /// The learning rate the next `step` uses.
     fn lr(&self) -> f64;
+    /// Set the learning rate of later steps (parameter groups scale it by their `lr_scale`).
     fn set_lr(&mut self, lr: f64);
     /// The parameters, in the order the optimizer was built with (state tensors are numbered by
     /// this position).

@@ -50,10 +50,12 @@ impl Sgd {
             steps: 0,
         }
     }
+    /// Momentum factor (0: plain SGD).
     pub fn momentum(mut self, momentum: f64) -> Sgd {
         self.momentum = momentum;
         self
     }
+    /// Dampening of the momentum buffer's update (PyTorch's `dampening`).
     pub fn dampening(mut self, dampening: f64) -> Sgd {
         self.dampening = dampening;
         self

@@ -70,6 +70,7 @@ impl Llama {
         })
     }
 
+    /// The device the weights live on.
     pub fn device(&self) -> &Device {
         self.tok_embeddings.weight.device()
     }
