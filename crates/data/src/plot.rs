@@ -1,4 +1,4 @@
-//! PNG plots of a training run: per-epoch loss (left panel) and train/test accuracy (right panel).
+//! PNG plots of a training run: per-epoch loss (left panel) and train/test accuracy (right panel; the loss fills the image when there are no accuracies).
 //!
 //! Drawn with plotters into an RGB buffer, text with an embedded DejaVu Sans subset (ab_glyph,
 //! no system font libraries), encoded with the png crate.
@@ -140,7 +140,9 @@ fn draw(
     let root = TextBackend::new(BitMapBackend::with_buffer(rgb, size), font).into_drawing_area();
     root.fill(&WHITE)?;
     let root = root.titled(title, (FAMILY, 22))?;
-    let (left, right) = root.split_horizontally(size.0 / 2);
+    // Without accuracies (a language model's run) the loss panel takes the whole width.
+    let has_acc = !(h.train_acc.is_empty() && h.test_acc.is_empty());
+    let (left, right) = root.split_horizontally(if has_acc { size.0 / 2 } else { size.0 });
     panel(
         &left,
         "loss",
@@ -153,6 +155,10 @@ fn draw(
         1.0,
         SeriesLabelPosition::UpperRight,
     )?;
+    if !has_acc {
+        root.present()?;
+        return Ok(());
+    }
     panel(
         &right,
         "accuracy",

@@ -147,6 +147,23 @@ fn short_and_partial_histories() {
         ..History::default()
     };
     plot_history(dir.join("one.png"), "one", &one).unwrap();
+
+    // Losses only (a language model): the loss curves span the whole width, no empty panel.
+    let lm = History {
+        train_loss: vec![3.0, 2.5, 2.2, 2.0],
+        test_loss: vec![3.1, 2.7, 2.4, 2.3],
+        ..History::default()
+    };
+    let path = dir.join("lm.png");
+    plot_history(&path, "lm", &lm).unwrap();
+    let img = Image::read(&path);
+    let pts = img.find(rgb(TRAIN_COLOR), 0, img.w);
+    let xmax = pts.iter().map(|p| p.0).max().unwrap();
+    assert!(
+        xmax > img.w * 3 / 4,
+        "loss curve ends at x = {xmax} of {}",
+        img.w
+    );
 }
 
 #[test]
