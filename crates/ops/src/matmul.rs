@@ -330,6 +330,9 @@ trait HostGemm: Copy {
         cb: usize,
         c: *mut Self,
     );
+    fn widen(self) -> f64;
+    /// Rounds an f64 to this arithmetic.
+    fn narrow(x: f64) -> Self;
 }
 
 macro_rules! host_gemm {
@@ -364,6 +367,12 @@ macro_rules! host_gemm {
                     i(n),
                     1,
                 )
+            }
+            fn widen(self) -> f64 {
+                self as f64
+            }
+            fn narrow(x: f64) -> $t {
+                x as $t
             }
         }
     };
@@ -403,7 +412,7 @@ impl<'a, T> HostOperand<'a, T> {
 }
 
 /// Every batch's product into `c` (batches of m x n, row-major), then `c = act(c + bias)` in the
-/// arithmetic (`round` rounds an f64 to it).
+/// arithmetic.
 fn host_gemm<T: HostGemm + Send>(
     a: &HostOperand<'_, T>,
     b: &HostOperand<'_, T>,
@@ -411,8 +420,6 @@ fn host_gemm<T: HostGemm + Send>(
     c: &mut [T],
     bias: Option<&[f64]>,
     act: Activation,
-    to_f64: impl Fn(T) -> f64 + Sync,
-    from_f64: impl Fn(f64) -> T + Sync,
 ) {
     for (z, cz) in c.chunks_mut(m * n).enumerate() {
         // SAFETY: the offsets and strides are those of valid views of `a.data` and `b.data`
@@ -437,8 +444,8 @@ fn host_gemm<T: HostGemm + Send>(
     }
     c.par_chunks_mut(n).for_each(|row| {
         for (j, v) in row.iter_mut().enumerate() {
-            let x = from_f64(to_f64(*v) + bias.map_or(0.0, |b| b[j]));
-            *v = from_f64(act.host(to_f64(x)));
+            let x = T::narrow(v.widen() + bias.map_or(0.0, |b| b[j]));
+            *v = T::narrow(act.host(x.widen()));
         }
     });
 }
@@ -482,7 +489,7 @@ fn host_matmul(
                 HostOperand::of(x, a, batch, sa),
                 HostOperand::of(y, b, batch, sb),
             );
-            host_gemm(&x, &y, dims, c, bias, act, |v| v as f64, |v| v as f32);
+            host_gemm(&x, &y, dims, c, bias, act);
         }
         HostData::F64(c) => {
             let ga = a.host().ok_or_else(no_host)?;
@@ -498,7 +505,7 @@ fn host_matmul(
                 HostOperand::of(x, a, batch, sa),
                 HostOperand::of(y, b, batch, sb),
             );
-            host_gemm(&x, &y, dims, c, bias, act, |v| v, |v| v);
+            host_gemm(&x, &y, dims, c, bias, act);
         }
         half => {
             // f16/bf16: the operands packed as f32, the product in f32, rounded once at the end.
@@ -517,16 +524,7 @@ fn host_matmul(
                 HostOperand::packed(&ys, z, k, n),
             );
             let mut c = vec![0f32; z * m * n];
-            host_gemm(
-                &x,
-                &y,
-                dims,
-                &mut c,
-                bias,
-                Activation::None,
-                |v| v as f64,
-                |v| v as f32,
-            );
+            host_gemm(&x, &y, dims, &mut c, bias, Activation::None);
             with_host!(half, dst => {
                 for (d, &v) in dst.iter_mut().zip(&c) {
                     *d = Element::from_f64(act.host(v as f64));
