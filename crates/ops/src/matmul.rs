@@ -450,6 +450,34 @@ fn host_gemm<T: HostGemm + Send>(
     });
 }
 
+/// `host_gemm` reading both operands (tensor, batch strides) in their storage (f32 or f64).
+fn gemm_in_place<T: HostGemm + Element + Send>(
+    c: &mut [T],
+    [(a, sa), (b, sb)]: [(&Tensor, &[usize]); 2],
+    batch: &[usize],
+    dims: (usize, usize, usize),
+    bias: Option<&[f64]>,
+    act: Activation,
+) -> Result<()> {
+    let no_host = || Error::device("matmul", "host tensor without host storage");
+    let ga = a.host().ok_or_else(no_host)?;
+    // One lock when both operands view one storage (x.matmul(x.t())).
+    let gb = if b.shares_storage(a) {
+        None
+    } else {
+        Some(b.host().ok_or_else(no_host)?)
+    };
+    let (Some(x), Some(y)) = (T::unwrap(&ga), T::unwrap(gb.as_deref().unwrap_or(&ga))) else {
+        return Err(Error::dtype("matmul", "host operands of another dtype"));
+    };
+    let (x, y) = (
+        HostOperand::of(x, a, batch, sa),
+        HostOperand::of(y, b, batch, sb),
+    );
+    host_gemm(&x, &y, dims, c, bias, act);
+    Ok(())
+}
+
 /// Host reference: per batch, matrixmultiply's GEMM (threaded) in f32 (f32 directly, f16/bf16
 /// through packed f32 copies) or f64, reading the operands at their strides, then the epilogue
 /// (bias added and rounded, then the activation) in place.
@@ -475,38 +503,8 @@ fn host_matmul(
     // The output is new, so its lock is not one of the operands'.
     let mut g = lock.write().unwrap_or_else(|p| p.into_inner());
     match &mut *g {
-        HostData::F32(c) => {
-            let ga = a.host().ok_or_else(no_host)?;
-            let gb = if b.shares_storage(a) {
-                None
-            } else {
-                Some(b.host().ok_or_else(no_host)?)
-            };
-            let (HostData::F32(x), HostData::F32(y)) = (&*ga, gb.as_deref().unwrap_or(&ga)) else {
-                return Err(Error::dtype("matmul", "host operands are not f32"));
-            };
-            let (x, y) = (
-                HostOperand::of(x, a, batch, sa),
-                HostOperand::of(y, b, batch, sb),
-            );
-            host_gemm(&x, &y, dims, c, bias, act);
-        }
-        HostData::F64(c) => {
-            let ga = a.host().ok_or_else(no_host)?;
-            let gb = if b.shares_storage(a) {
-                None
-            } else {
-                Some(b.host().ok_or_else(no_host)?)
-            };
-            let (HostData::F64(x), HostData::F64(y)) = (&*ga, gb.as_deref().unwrap_or(&ga)) else {
-                return Err(Error::dtype("matmul", "host operands are not f64"));
-            };
-            let (x, y) = (
-                HostOperand::of(x, a, batch, sa),
-                HostOperand::of(y, b, batch, sb),
-            );
-            host_gemm(&x, &y, dims, c, bias, act);
-        }
+        HostData::F32(c) => gemm_in_place(c, [(a, sa), (b, sb)], batch, dims, bias, act)?,
+        HostData::F64(c) => gemm_in_place(c, [(a, sa), (b, sb)], batch, dims, bias, act)?,
         half => {
             // f16/bf16: the operands packed as f32, the product in f32, rounded once at the end.
             let packed = |t: &Tensor, s: &[usize], rows: usize, cols: usize| -> Result<Vec<f32>> {
