@@ -158,12 +158,13 @@ pub fn gemm_tile(device: &Device) -> GemmTile {
                     wm: 4,
                     wn: 4,
                 },
+                // CPUs (PoCL): 16 work-items of 8x8 outputs (netcl-autotune's best on PoCL 3.1).
                 _ => GemmTile {
                     bm: 32,
                     bn: 32,
                     bk: 16,
-                    wm: 4,
-                    wn: 4,
+                    wm: 8,
+                    wn: 8,
                 },
             })
     })

@@ -24,6 +24,7 @@ use crate::tensor::Tensor;
 use crate::window::{View4, Window, Window2};
 use netcl_core_devices::{Error, Result};
 use netcl_kernels::sources::CONV;
+use rayon::prelude::*;
 
 /// Geometry of `conv2d`: (height, width) pairs, and the number of channel groups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -194,7 +195,7 @@ fn im2col(op: &str, x: &Tensor, g: &Geom, batch_inner: bool) -> Result<Tensor> {
         let xv = host_f64(op, x)?;
         let mut cols = vec![0.0; n * gr * k * l];
         let taps = w.kernel.0 * w.kernel.1;
-        for (i, col) in cols.iter_mut().enumerate() {
+        cols.par_iter_mut().enumerate().for_each(|(i, col)| {
             let (li, rest) = (i % l, i / l);
             let (kk, rest) = (rest % k, rest / k);
             let (gi, b) = (rest % gr, rest / gr);
@@ -205,7 +206,7 @@ fn im2col(op: &str, x: &Tensor, g: &Geom, batch_inner: bool) -> Result<Tensor> {
                 let c = gi * g.cg() + ci;
                 *col = xv[((b * w.c + c) * w.h + hh) * w.w + ww];
             }
-        }
+        });
         let t = Tensor::from_host_data(
             HostData::from_fn(x.dtype, cols.len(), |i| cols[i]),
             &[n, gr, k, l],

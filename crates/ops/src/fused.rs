@@ -1,9 +1,8 @@
 //! Fused elementwise kernels: expressions typed and compiled into one OpenCL kernel (cached by structure), or evaluated on the host.
-use crate::element::Element;
 use crate::expr::{BinaryOp, Class, Expr, UnaryOp};
 use crate::launch::{launch_1d, launch_1d_over};
-use crate::layout::{broadcast_shapes, broadcast_strides, merged_dims, numel, strided_positions};
-use crate::tensor::{Storage, Tensor};
+use crate::layout::{broadcast_shapes, broadcast_strides, merged_dims, numel};
+use crate::tensor::Tensor;
 use half::{bf16, f16};
 use netcl_core_devices::{DType, Device, Error, Result};
 use netcl_kernels::{Kernel, Program, Source};
@@ -198,7 +197,7 @@ fn cast_cl(from: Class, to: DType, a: &str) -> String {
 
 /// Host conversion matching `cast_cl`: f16/bf16 round through f32; float to integer truncates
 /// and saturates (NaN gives 0); integer to integer wraps.
-fn cast_host(from: Class, to: DType, x: f64) -> f64 {
+pub(crate) fn cast_host(from: Class, to: DType, x: f64) -> f64 {
     let sat = |lo: f64, hi: f64| {
         if x.is_nan() {
             0.0
@@ -491,97 +490,6 @@ pub(crate) fn arithmetic_nodes(key: &PlanKey) -> usize {
         .count()
 }
 
-/// Node values over all elements, computed on the host in each node's arithmetic.
-fn eval_host(plan: &Plan, inputs: &[Vec<f64>], n: usize) -> Vec<Vec<f64>> {
-    let nodes = &plan.key.nodes;
-    let mut vals: Vec<Vec<f64>> = Vec::with_capacity(nodes.len());
-    for (kind, d) in nodes {
-        let c = Class::of(*d);
-        let class_of = |i: &usize| Class::of(nodes[*i].1);
-        let v: Vec<f64> = match kind {
-            Kind::Input(i) => inputs[*i].clone(),
-            Kind::Scalar(s) => vec![c.round(plan.scalars[*s].0); n],
-            Kind::Unary(u, a) => vals[*a].iter().map(|&x| c.round(u.host(x))).collect(),
-            Kind::Binary(b, x, y) => vals[*x]
-                .iter()
-                .zip(&vals[*y])
-                .map(|(&x, &y)| c.round(b.host(c, x, y)))
-                .collect(),
-            Kind::Where(cond, x, y) => (0..n)
-                .map(|j| {
-                    if vals[*cond][j] != 0.0 {
-                        vals[*x][j]
-                    } else {
-                        vals[*y][j]
-                    }
-                })
-                .collect(),
-            Kind::Cast(a) => vals[*a]
-                .iter()
-                .map(|&x| cast_host(class_of(a), *d, x))
-                .collect(),
-        };
-        vals.push(v);
-    }
-    plan.key.outputs.iter().map(|&o| vals[o].clone()).collect()
-}
-
-/// Elements the host evaluates at a time: each expression node holds one chunk of f64s, so
-/// memory stays bounded whatever the tensors' size.
-const HOST_CHUNK: usize = 1 << 14;
-
-/// Host evaluation of `plan` over `inputs` (seen through `bstrides` as `shape`) into `outs`, one
-/// chunk of row-major positions at a time: read every input's chunk, evaluate, write every
-/// output's chunk. Inputs alias destinations only element for element, so a chunk's reads come
-/// before any write that could touch them.
-fn run_host(
-    op: &str,
-    plan: &Plan,
-    inputs: &[&Tensor],
-    bstrides: &[Vec<usize>],
-    shape: &[usize],
-    outs: &[Tensor],
-) -> Result<()> {
-    let no_host = || Error::device(op, "host evaluation of a tensor without host storage");
-    let mut reads: Vec<_> = inputs
-        .iter()
-        .zip(bstrides)
-        .map(|(t, s)| strided_positions(shape, s, t.offset))
-        .collect();
-    let mut writes: Vec<_> = outs
-        .iter()
-        .map(|t| strided_positions(&t.shape, &t.strides, t.offset))
-        .collect();
-    let n = numel(shape);
-    let mut values: Vec<Vec<f64>> = vec![Vec::with_capacity(HOST_CHUNK.min(n)); inputs.len()];
-    let mut start = 0;
-    while start < n {
-        let len = HOST_CHUNK.min(n - start);
-        for ((t, pos), vals) in inputs.iter().zip(&mut reads).zip(&mut values) {
-            let h = t.host().ok_or_else(no_host)?;
-            vals.clear();
-            with_host!(&*h, v => vals.extend(pos.by_ref().take(len).map(|p| v[p].to_f64())));
-        }
-        for ((t, pos), v) in outs
-            .iter()
-            .zip(&mut writes)
-            .zip(eval_host(plan, &values, len))
-        {
-            let Storage::Host(lock) = &t.storage.data else {
-                return Err(no_host());
-            };
-            let mut g = lock.write().unwrap_or_else(|p| p.into_inner());
-            with_host!(&mut *g, dst => {
-                for (p, x) in pos.by_ref().take(len).zip(v) {
-                    dst[p] = Element::from_f64(x);
-                }
-            });
-        }
-        start += len;
-    }
-    Ok(())
-}
-
 /// Evaluate `outputs` elementwise over `inputs` (broadcast together) in one kernel; each output
 /// is written to its destination when one is given, else to a new contiguous tensor. `op` names
 /// the operation in errors.
@@ -682,7 +590,7 @@ pub(crate) fn run(
         d.mark_modified();
     }
     if device.is_host() {
-        run_host(op, &plan, inputs, &bstrides, &shape, &out_tensors)?;
+        crate::host_eval::run_host(op, &plan, inputs, &bstrides, &shape, &out_tensors)?;
         return Ok(out_tensors);
     }
     // Each input read once and each output written once; a flop per arithmetic node per element.

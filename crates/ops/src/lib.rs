@@ -13,6 +13,7 @@ mod dropout;
 mod expr;
 mod fused;
 mod fused_groups;
+mod host_eval;
 mod index;
 mod launch;
 pub mod layout;

@@ -8,6 +8,7 @@ use crate::tensor::Tensor;
 use netcl_core_devices::{DType, Device, Error, Result};
 use netcl_kernels::sources::REDUCE;
 use netcl_kernels::Kernel;
+use rayon::prelude::*;
 
 /// A reduction. Its name is the kernel prefix (`sum_wg`, `sum_merge`, `sum_col`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -298,6 +299,7 @@ impl Tensor {
         let out_dtype = op.out_dtype(self.dtype);
         if let Some(rows) = split.host_rows(self) {
             let vals: Vec<f64> = (0..nout)
+                .into_par_iter()
                 .map(|o| host_reduce(op, &rows[o * nred..(o + 1) * nred]))
                 .collect();
             return Ok(Tensor::from_host_data(

@@ -12,6 +12,7 @@ use crate::tensor::Tensor;
 use netcl_core_devices::{DType, Error, Result};
 use netcl_kernels::sources::SOFTMAX;
 use netcl_kernels::Kernel;
+use rayon::prelude::*;
 
 /// The dtype kernels accumulate in for a float `dtype` (f32 for f32/f16/bf16, f64 for f64); row
 /// statistics (logsumexp, mean, rstd) and losses are returned in it.
@@ -177,7 +178,8 @@ impl Tensor {
         let (rows, n) = (split.nout(), split.nred());
         if let Some(x) = split.host_rows(self) {
             let mut out = vec![0.0; rows * n];
-            for (row, out) in x.chunks(n.max(1)).zip(out.chunks_mut(n.max(1))) {
+            let rows = x.par_chunks(n.max(1)).zip(out.par_chunks_mut(n.max(1)));
+            rows.for_each(|(row, out)| {
                 let (m, s) = host_ms(row);
                 for (o, &v) in out.iter_mut().zip(row) {
                     *o = if log_out {
@@ -186,7 +188,7 @@ impl Tensor {
                         (v - m).exp() / s
                     };
                 }
-            }
+            });
             return from_rows(self.dtype, &out, &self.shape, dim);
         }
         let cs = contiguous_strides(&self.shape);

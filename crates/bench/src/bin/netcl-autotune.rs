@@ -1,6 +1,6 @@
 //! netcl-autotune: measures GEMM tile candidates on the chosen device and writes the best into the user's tuning table.
 use netcl_bench::{check_flags, device_from_args, flag_value, time_per_call};
-use netcl_core_devices::{DType, Result};
+use netcl_core_devices::{DType, DeviceKind, Result};
 use netcl_kernels::tuning::{builtin_table, user_table_path, TuningEntry, TuningTable};
 use netcl_kernels::GemmTile;
 use netcl_ops::{Generator, MatmulOptions, Tensor};
@@ -22,14 +22,29 @@ fn main() -> Result<()> {
     let b = Tensor::randn(&[n, n], DType::F32, &dev, &mut gen)?;
     let mut best: Option<(f64, GemmTile)> = None;
     println!("autotuning f32 GEMM {n}^3 on {dev}");
-    for bm in [64u32, 128] {
-        for bn in [64u32, 128] {
+    // GPUs: large tiles over 64..256 work-items. CPUs (PoCL runs a work-group as a loop on one
+    // thread): smaller tiles and work-groups, so that both cores get several groups.
+    let cpu = dev.info().kind == DeviceKind::Cpu;
+    let (tiles, items, blocks): (&[u32], std::ops::RangeInclusive<u32>, &[u32]) = if cpu {
+        (&[16, 32, 64], 4..=64, &[2, 4, 8])
+    } else {
+        (&[64, 128], 64..=256, &[4, 8])
+    };
+    for &bm in tiles {
+        for &bn in tiles {
             for bk in [8u32, 16, 32] {
-                for wm in [4u32, 8] {
-                    for wn in [4u32, 8] {
+                for &wm in blocks {
+                    for &wn in blocks {
                         let tile = GemmTile { bm, bn, bk, wm, wn };
+                        if bm % wm != 0 || bn % wn != 0 {
+                            continue;
+                        }
                         let threads = (bm / wm) * (bn / wn);
-                        if tile.check(&dev, 4).is_err() || !(64..=256).contains(&threads) {
+                        if tile.check(&dev, 4).is_err() || !items.contains(&threads) {
+                            continue;
+                        }
+                        if cpu && (bm != bn || wm != wn) {
+                            // Square tiles only on CPUs: each build costs PoCL about a second.
                             continue;
                         }
                         let opts = MatmulOptions {
@@ -45,7 +60,7 @@ fn main() -> Result<()> {
                             }
                         };
                         let tflops = 2.0 * (n as f64).powi(3) / secs / 1e12;
-                        println!("  {tile:?}: {tflops:.2} TFLOP/s");
+                        println!("  {tile:?}: {tflops:.3} TFLOP/s");
                         if best.is_none_or(|(t, _)| tflops > t) {
                             best = Some((tflops, tile));
                         }
