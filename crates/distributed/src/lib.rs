@@ -1,5 +1,7 @@
 //! netcl-distributed: collectives across devices (one thread per device, host staging) and data-parallel training.
+mod bucket;
 mod collectives;
+mod ddp;
 mod group;
 mod hub;
 mod reduce;
@@ -8,3 +10,5 @@ mod staging;
 pub use collectives::CHUNK_ELEMS;
 pub use group::{Comm, Group, DEFAULT_TIMEOUT};
 pub use reduce::{proportional_split, split_range, ReduceOp};
+pub use bucket::CopyRecord;
+pub use ddp::{DataParallel, DdpOptions};
