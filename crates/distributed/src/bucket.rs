@@ -1,7 +1,7 @@
 //! The communication thread of data-parallel training: reduces gradient buckets across ranks as backward hands them over, and copies them back on the copy queue.
 use crate::group::Comm;
 use crate::reduce::ReduceOp;
-use crate::staging::{queue, write, Queue};
+use crate::staging::{queue, read, write, Queue};
 use netcl_core_devices::opencl3::event::Event;
 use netcl_core_devices::{ClResultExt, Error, Result};
 use netcl_core_memory::PinnedBuffer;
@@ -25,7 +25,7 @@ pub(crate) struct Bucket {
 pub(crate) enum Job {
     /// The values, copied on the host device.
     Host(Vec<f32>),
-    /// The device-to-pinned copy in flight on the copy queue.
+    /// A marker on the compute queue after the kernels that produced the bucket.
     Device(Event),
 }
 
@@ -182,17 +182,23 @@ impl Worker {
                 self.comm.all_reduce_host(&mut data, ReduceOp::WeightedSum, share)?;
                 done.host.push((index, data));
             }
-            Job::Device(read) => {
+            Job::Device(produced) => {
+                let dev = self.flat.device();
+                let mem = self.flat.mem()?;
+                let at = (self.flat.offset() + b.start) * 4;
+                // The copy queue holds only this bucket's copies: a read queued there for a
+                // later bucket (waiting for its kernels) would hold up this bucket's write back.
+                // SAFETY: the pinned buffer is this bucket's and outlives the copies (the worker
+                // finishes the copy queue before freeing it); nothing touches it meanwhile.
+                let read = unsafe { read(dev, Queue::Copy, mem, at, b.pinned as *mut u8, b.len * 4, &[&produced])? };
+                queue(dev, Queue::Copy)?.flush().cl("clFlush")?;
                 read.wait().cl("clWaitForEvents")?;
                 // SAFETY: the pinned buffer holds the bucket (the read completed) and nothing
                 // else touches it until the write below has completed.
                 let data = unsafe { std::slice::from_raw_parts_mut(b.pinned as *mut f32, b.len) };
                 self.comm.all_reduce_host(data, ReduceOp::WeightedSum, share)?;
-                let dev = self.flat.device();
                 // SAFETY: as above; `timings` waits for the write before the step ends.
-                let w = unsafe {
-                    write(dev, Queue::Copy, self.flat.mem()?, (self.flat.offset() + b.start) * 4, b.pinned as *const u8, b.len * 4, &[])?
-                };
+                let w = unsafe { write(dev, Queue::Copy, mem, at, b.pinned as *const u8, b.len * 4, &[])? };
                 queue(dev, Queue::Copy)?.flush().cl("clFlush")?;
                 done.copies.push(CopyRecord {
                     bucket: index,

@@ -343,28 +343,15 @@ fn check_weights(op: &str, w: &[f64], size: usize) -> Result<()> {
     Ok(())
 }
 
-/// Start moving bucket `b` off the device: on an OpenCL device, a marker after the kernels that
-/// wrote it and a read on the copy queue that waits for the marker; on the host, a copy.
+/// Hand bucket `b` over: on an OpenCL device, a marker after the kernels that wrote it (the
+/// communication thread reads the bucket on the copy queue once the marker has passed); on the
+/// host, a copy of its values.
 fn launch(flat: &Tensor, b: &Bucket) -> Result<Job> {
     if flat.device().is_host() {
         return Ok(Job::Host(flat.narrow(0, b.start, b.len)?.to_vec::<f32>()?));
     }
-    let dev = flat.device();
-    let produced = marker(dev, Queue::Compute, &[])?;
-    // SAFETY: the pinned buffer belongs to the worker, which touches it only after this read's
-    // event completes, and lives as long as the DataParallel.
-    let read = unsafe {
-        crate::staging::read(
-            dev,
-            Queue::Copy,
-            flat.mem()?,
-            (flat.offset() + b.start) * 4,
-            b.pinned as *mut u8,
-            b.len * 4,
-            &[&produced],
-        )?
-    };
-    // Start the copy now rather than when the driver next looks at the queue.
-    crate::staging::queue(dev, Queue::Copy)?.flush().cl("clFlush")?;
-    Ok(Job::Device(read))
+    let produced = marker(flat.device(), Queue::Compute, &[])?;
+    // Make the driver start the queued kernels now rather than when it next looks at the queue.
+    crate::staging::queue(flat.device(), Queue::Compute)?.flush().cl("clFlush")?;
+    Ok(Job::Device(produced))
 }
