@@ -49,9 +49,8 @@ impl Default for DdpOptions {
 /// the rest of backward. The reduction weights each rank's gradient by its share of the batch, so
 /// every replica ends with the gradient of the whole batch's mean loss and the optimizer, run on
 /// every rank, keeps the replicas identical.
-pub struct DataParallel<'c, M: Module> {
+pub struct DataParallel<'c> {
     comm: &'c Comm,
-    module: M,
     grads: GradBuffers,
     flat: Tensor,
     buckets: Arc<Vec<Bucket>>,
@@ -68,9 +67,11 @@ pub struct DataParallel<'c, M: Module> {
     copies: Vec<CopyRecord>,
 }
 
-impl<'c, M: Module> DataParallel<'c, M> {
-    /// Wrap this rank's replica. Collective: every rank calls it with an equal model.
-    pub fn new(comm: &'c Comm, module: M, options: DdpOptions) -> Result<DataParallel<'c, M>> {
+impl<'c> DataParallel<'c> {
+    /// Take over gradient communication for this rank's replica `module` (the model stays the
+    /// caller's: forward it as usual, then call [`DataParallel::backward`]). Collective: every
+    /// rank calls it with a model of the same architecture.
+    pub fn new(comm: &'c Comm, module: &dyn Module, options: DdpOptions) -> Result<DataParallel<'c>> {
         let op = "DataParallel::new";
         let weights = options.weights.unwrap_or_else(|| vec![1.0; comm.size()]);
         check_weights(op, &weights, comm.size())?;
@@ -137,7 +138,6 @@ impl<'c, M: Module> DataParallel<'c, M> {
         let worker = BucketWorker::start(comm.duplicate()?, flat.clone(), buckets.clone(), pinned)?;
         Ok(DataParallel {
             comm,
-            module,
             grads,
             flat,
             buckets,
@@ -152,12 +152,6 @@ impl<'c, M: Module> DataParallel<'c, M> {
         })
     }
 
-    pub fn module(&self) -> &M {
-        &self.module
-    }
-    pub fn module_mut(&mut self) -> &mut M {
-        &mut self.module
-    }
     pub fn comm(&self) -> &Comm {
         self.comm
     }
@@ -315,13 +309,14 @@ impl<'c, M: Module> DataParallel<'c, M> {
     pub fn save_checkpoint(
         &self,
         path: impl AsRef<Path>,
+        module: &dyn Module,
         optimizer: Option<&dyn netcl_optim::Optimizer>,
         step: u64,
         extra: serde_json::Value,
     ) -> Result<()> {
         self.comm.barrier()?;
         let saved = if self.comm.rank() == 0 {
-            netcl_nn::save_checkpoint(path, &self.module, optimizer, step, extra).map(|_| ())
+            netcl_nn::save_checkpoint(path, module, optimizer, step, extra).map(|_| ())
         } else {
             Ok(())
         };

@@ -55,10 +55,10 @@ fn train_single(device: &Device) -> Result<Vec<Vec<f32>>> {
 }
 
 /// One data-parallel step: this rank's rows of `(x, y)`, forward, overlapped backward.
-fn ddp_step(ddp: &mut DataParallel<'_, Sequential>, x: &Tensor, y: &Tensor) -> Result<()> {
+fn ddp_step(ddp: &mut DataParallel<'_>, model: &Sequential, x: &Tensor, y: &Tensor) -> Result<()> {
     let (xs, ys) = (ddp.shard(x)?, ddp.shard(y)?);
     let tape = Tape::new();
-    let pred = ddp.module().forward(&tape, &Var::from(xs))?;
+    let pred = model.forward(&tape, &Var::from(xs))?;
     let loss = mse_loss(&pred, &Var::from(ys))?;
     ddp.backward(&tape, &loss)
 }
@@ -70,31 +70,31 @@ fn train_parallel(group: &Group, weights: Option<Vec<f64>>, accumulate: bool) ->
         let model = mlp(comm.device(), 7 + comm.rank() as u64)?;
         // Small buckets: several per step, sent while backward runs.
         let options = DdpOptions { bucket_bytes: 512, weights: weights.clone(), ..Default::default() };
-        let mut ddp = DataParallel::new(comm, model, options)?;
+        let mut ddp = DataParallel::new(comm, &model, options)?;
         assert!(ddp.bucket_sizes().len() >= 3, "{:?}", ddp.bucket_sizes());
-        let mut opt = Sgd::new(ddp.module().parameters(), 0.1).momentum(0.9);
+        let mut opt = Sgd::new(model.parameters(), 0.1).momentum(0.9);
         for s in 0..STEPS {
             let (x, y) = batch(s, BATCH)?;
             if accumulate {
                 let half = |t: &Tensor, i: usize| t.narrow(0, i * BATCH / 2, BATCH / 2)?.contiguous();
                 let (x0, y0, x1, y1) = (half(&x, 0)?, half(&y, 0)?, half(&x, 1)?, half(&y, 1)?);
-                ddp.no_sync(|d| half_step(d, &x0, &y0))?;
-                half_step(&mut ddp, &x1, &y1)?;
+                ddp.no_sync(|d| half_step(d, &model, &x0, &y0))?;
+                half_step(&mut ddp, &model, &x1, &y1)?;
             } else {
-                ddp_step(&mut ddp, &x, &y)?;
+                ddp_step(&mut ddp, &model, &x, &y)?;
             }
             opt.step()?;
             opt.zero_grad();
         }
-        params(ddp.module())
+        params(&model)
     })
 }
 
 /// Half a batch with its loss scaled by one half.
-fn half_step(ddp: &mut DataParallel<'_, Sequential>, x: &Tensor, y: &Tensor) -> Result<()> {
+fn half_step(ddp: &mut DataParallel<'_>, model: &Sequential, x: &Tensor, y: &Tensor) -> Result<()> {
     let (xs, ys) = (ddp.shard(x)?, ddp.shard(y)?);
     let tape = Tape::new();
-    let pred = ddp.module().forward(&tape, &Var::from(xs))?;
+    let pred = model.forward(&tape, &Var::from(xs))?;
     let loss = mse_loss(&pred, &Var::from(ys))?.mul_scalar(0.5)?;
     ddp.backward(&tape, &loss)
 }
@@ -156,7 +156,7 @@ fn bucket_copies_overlap_backward_kernels() -> Result<()> {
             model = model.with(ReLU).with(Linear::new(256, 256, d, &mut gen)?);
         }
         let options = DdpOptions { bucket_bytes: 64 << 10, ..Default::default() };
-        let mut ddp = DataParallel::new(comm, model, options)?;
+        let mut ddp = DataParallel::new(comm, &model, options)?;
         let x = Tensor::from_vec((0..128 * 64).map(|i| (i % 13) as f32 / 13.0).collect(), &[128, 64], &Device::host())?;
         let y = Tensor::zeros(&[128, 256], netcl_core_devices::DType::F32, &Device::host())?;
         let mut profiler = None;
@@ -166,7 +166,7 @@ fn bucket_copies_overlap_backward_kernels() -> Result<()> {
                 profiler = Some(Profiler::start());
             }
             comm.barrier()?;
-            ddp_step(&mut ddp, &x, &y)?;
+            ddp_step(&mut ddp, &model, &x, &y)?;
             d.synchronize()?;
             ddp.gradients().zero()?;
         }
@@ -241,20 +241,21 @@ fn a_failing_rank_fails_every_rank() -> Result<()> {
     let started = Instant::now();
     let result = group.run(|comm| {
         let run = || -> Result<()> {
-            let mut ddp = DataParallel::new(comm, mlp(comm.device(), 7)?, DdpOptions { bucket_bytes: 512, ..Default::default() })?;
-            let mut opt = Sgd::new(ddp.module().parameters(), 0.1);
+            let model = mlp(comm.device(), 7)?;
+            let mut ddp = DataParallel::new(comm, &model, DdpOptions { bucket_bytes: 512, ..Default::default() })?;
+            let mut opt = Sgd::new(model.parameters(), 0.1);
             for step in 0..5u64 {
                 let (x, y) = batch(step as usize, BATCH)?;
                 let (xs, ys) = (ddp.shard(&x)?, ddp.shard(&y)?);
                 let tape = Tape::new();
-                let loss = mse_loss(&ddp.module().forward(&tape, &Var::from(xs))?, &Var::from(ys))?;
+                let loss = mse_loss(&model.forward(&tape, &Var::from(xs))?, &Var::from(ys))?;
                 if step == 3 && comm.rank() == 1 {
                     return Err(Error::invalid("test", "injected failure in step 3"));
                 }
                 ddp.backward(&tape, &loss)?;
                 opt.step()?;
                 opt.zero_grad();
-                ddp.save_checkpoint(&path, Some(&opt), step, serde_json::json!({}))?;
+                ddp.save_checkpoint(&path, &model, Some(&opt), step, serde_json::json!({}))?;
             }
             Ok(())
         };
