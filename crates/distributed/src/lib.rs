@@ -2,6 +2,7 @@
 mod bucket;
 mod collectives;
 mod ddp;
+mod devices;
 mod group;
 mod hub;
 mod reduce;
@@ -12,3 +13,4 @@ pub use group::{Comm, Group, DEFAULT_TIMEOUT};
 pub use reduce::{proportional_split, split_range, ReduceOp};
 pub use bucket::CopyRecord;
 pub use ddp::{DataParallel, DdpOptions};
+pub use devices::{parse_devices, take_devices_flag};

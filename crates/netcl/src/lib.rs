@@ -4,6 +4,7 @@ pub use netcl_autograd as autograd;
 pub use netcl_core_devices as devices;
 pub use netcl_core_memory as memory;
 pub use netcl_data as data;
+pub use netcl_distributed as distributed;
 pub use netcl_kernels as kernels;
 pub use netcl_models as models;
 pub use netcl_nn as nn;
@@ -23,6 +24,7 @@ pub mod prelude {
     pub use crate::{DType, Device, Error, Generator, Pool, Result, Tensor};
     pub use netcl_autograd::{gradcheck, GradcheckOptions, Parameter, Tape, Var};
     pub use netcl_data::{TextCorpus, TokenBatch, TokenBatcher, Tokenizer};
+    pub use netcl_distributed::{Comm, DataParallel, DdpOptions, Group, ReduceOp};
     pub use netcl_models::{generate, KvCache, Llama, LlamaConfig, Sampler, Sampling};
     pub use netcl_nn::{
         checkpoint::SaveOptions, cross_entropy, cross_entropy_with, load_checkpoint, mse_loss,
