@@ -22,6 +22,10 @@ pub const CHUNK_ELEMS: usize = 1 << 20;
 impl Comm {
     /// Wait until every rank has called `barrier`.
     pub fn barrier(&self) -> Result<()> {
+        #[cfg(feature = "mpi")]
+        if let Some(m) = &self.mpi {
+            return { m.barrier(); Ok(()) };
+        }
         self.sync("barrier")
     }
 
@@ -87,6 +91,10 @@ impl Comm {
     /// Reduce host memory in place across ranks (each rank's `data` has the same length);
     /// `scale` is this rank's weight for [`ReduceOp::WeightedSum`].
     pub fn all_reduce_host(&self, data: &mut [f32], op: ReduceOp, scale: f32) -> Result<()> {
+        #[cfg(feature = "mpi")]
+        if let Some(m) = &self.mpi {
+            return m.all_reduce_host(data, op, scale);
+        }
         let name = "all_reduce";
         let slots = self.exchange(
             name,
@@ -115,6 +123,10 @@ impl Comm {
 
     /// [`Comm::all_reduce`] with this rank's weight for [`ReduceOp::WeightedSum`].
     pub fn all_reduce_scaled(&self, t: &Tensor, op: ReduceOp, scale: f32) -> Result<()> {
+        #[cfg(feature = "mpi")]
+        if let Some(m) = &self.mpi {
+            return m.all_reduce(self, t, op, scale);
+        }
         let name = "all_reduce";
         self.agree(name, t)?;
         if t.device().is_host() {
@@ -203,6 +215,10 @@ impl Comm {
 
     /// Copy root's `t` into every other rank's `t` (same shape on every rank).
     pub fn broadcast(&self, t: &Tensor, root: usize) -> Result<()> {
+        #[cfg(feature = "mpi")]
+        if let Some(m) = &self.mpi {
+            return self.check_root("broadcast", root).and_then(|_| m.broadcast(self, t, root));
+        }
         let name = "broadcast";
         self.check_root(name, root)?;
         self.agree(name, t)?;
@@ -233,6 +249,10 @@ impl Comm {
 
     /// Reduce every rank's `t` into root's `t` (the others' are left unchanged).
     pub fn reduce(&self, t: &Tensor, root: usize, op: ReduceOp) -> Result<()> {
+        #[cfg(feature = "mpi")]
+        if let Some(m) = &self.mpi {
+            return self.check_root("reduce", root).and_then(|_| m.reduce(self, t, root, op));
+        }
         let name = "reduce";
         self.check_root(name, root)?;
         self.agree(name, t)?;
@@ -258,6 +278,10 @@ impl Comm {
     }
 
     fn gather_impl(&self, name: &str, t: &Tensor, root: Option<usize>) -> Result<Option<Tensor>> {
+        #[cfg(feature = "mpi")]
+        if let Some(m) = &self.mpi {
+            return m.gather(self, t, root);
+        }
         check_f32(name, t)?;
         let data = t.to_vec::<f32>()?;
         let shape = if t.shape().is_empty() { vec![1] } else { t.shape().to_vec() };
@@ -298,6 +322,10 @@ impl Comm {
     /// Root's `src` (`[rows, ...]`) split along dim 0 into `size` balanced parts (the first
     /// `rows % size` ranks get one row more); rank r receives part r. Other ranks pass `None`.
     pub fn scatter(&self, src: Option<&Tensor>, root: usize) -> Result<Tensor> {
+        #[cfg(feature = "mpi")]
+        if let Some(m) = &self.mpi {
+            return self.check_root("scatter", root).and_then(|_| m.scatter(self, src, root));
+        }
         let name = "scatter";
         self.check_root(name, root)?;
         let (data, shape) = match (self.rank == root, src) {
@@ -340,6 +368,10 @@ impl Comm {
     /// The reduction over ranks of `t` (`[rows, ...]`, the same shape on every rank), split along
     /// dim 0 like [`Comm::scatter`]: rank r receives the reduced part r.
     pub fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        #[cfg(feature = "mpi")]
+        if let Some(m) = &self.mpi {
+            return m.reduce_scatter(self, t, op);
+        }
         let name = "reduce_scatter";
         if t.shape().is_empty() {
             return Err(Error::invalid(name, "the tensor needs at least one dimension"));

@@ -140,6 +140,9 @@ pub struct Comm {
     pub(crate) staging: Mutex<Vec<PinnedBuffer>>,
     /// How many exchanges this rank made on `hub` (see `Hub::exchange`).
     seq: AtomicU64,
+    /// Set for a communicator between processes: the collectives go through MPI.
+    #[cfg(feature = "mpi")]
+    pub(crate) mpi: Option<Arc<crate::mpi::Link>>,
 }
 
 impl Comm {
@@ -151,6 +154,8 @@ impl Comm {
             hub,
             staging: Mutex::new(Vec::new()),
             seq: AtomicU64::new(0),
+            #[cfg(feature = "mpi")]
+            mpi: None,
         }
     }
 
@@ -179,6 +184,10 @@ impl Comm {
     /// run on another thread of each rank (data-parallel training's gradient buckets) without
     /// mixing with this one's. Collective: every rank must call it.
     pub fn duplicate(&self) -> Result<Comm> {
+        #[cfg(feature = "mpi")]
+        if let Some(m) = &self.mpi {
+            return Ok(m.duplicate(self));
+        }
         let fresh = Arc::new(Hub::new(
             self.size,
             self.hub.abort.clone(),
@@ -217,6 +226,10 @@ impl Comm {
 
     /// Marks the whole group failed (every rank's next or current collective returns an error).
     pub fn abort(&self, why: &str) {
+        #[cfg(feature = "mpi")]
+        if let Some(m) = &self.mpi {
+            m.abort(why);
+        }
         self.hub
             .abort
             .raise(format!("rank {} aborted: {why}", self.rank));

@@ -5,6 +5,8 @@ mod ddp;
 mod devices;
 mod group;
 mod hub;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod reduce;
 mod staging;
 
@@ -14,3 +16,5 @@ pub use reduce::{proportional_split, split_range, ReduceOp};
 pub use bucket::CopyRecord;
 pub use ddp::{DataParallel, DdpOptions};
 pub use devices::{parse_devices, take_devices_flag};
+#[cfg(feature = "mpi")]
+pub use mpi::MpiWorld;
