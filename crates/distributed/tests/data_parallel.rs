@@ -194,3 +194,12 @@ fn a_failing_rank_fails_every_rank() -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
+
+/// The user guide shows examples/data_parallel.rs verbatim, so its code cannot rot (the example
+/// itself is compiled by every `cargo test`).
+#[test]
+fn the_guide_shows_the_compiled_example() {
+    let guide = include_str!("../../../docs/guide/data-parallel.md");
+    let example = include_str!("../../../examples/data_parallel.rs");
+    assert!(guide.contains(example), "docs/guide/data-parallel.md no longer shows examples/data_parallel.rs");
+}
