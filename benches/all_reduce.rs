@@ -9,7 +9,10 @@ use std::time::Instant;
 fn main() -> Result<()> {
     let devices = Device::opencl_devices();
     if devices.len() < 2 {
-        println!("all_reduce bench: needs two OpenCL devices, found {}", devices.len());
+        println!(
+            "all_reduce bench: needs two OpenCL devices, found {}",
+            devices.len()
+        );
         return Ok(());
     }
     let n = devices.len();
@@ -17,7 +20,13 @@ fn main() -> Result<()> {
         .ok()
         .and_then(|v| netcl::memory::parse_bytes(&v).ok())
         .unwrap_or(1 << 30)
-        .min(devices.iter().map(|d| d.info().max_alloc_bytes as usize).min().unwrap_or(0));
+        .min(
+            devices
+                .iter()
+                .map(|d| d.info().max_alloc_bytes as usize)
+                .min()
+                .unwrap_or(0),
+        );
     println!("all_reduce (sum, f32) over {n} devices: {}", devices[0]);
     println!("| bytes | time (ms) | bus bandwidth (GB/s) | round trip on one device (ms) | all_reduce / round trip |");
     println!("| ---: | ---: | ---: | ---: | ---: |");

@@ -25,7 +25,11 @@ fn main() -> Result<()> {
         let mut ddp = DataParallel::new(comm, &model, DdpOptions::default())?;
         let mut opt = Sgd::new(model.parameters(), 0.05).momentum(0.9);
         let rows = ddp.split(BATCH);
-        println!("rank {} on {dev}: {} of {BATCH} rows per step", comm.rank(), rows[comm.rank()]);
+        println!(
+            "rank {} on {dev}: {} of {BATCH} rows per step",
+            comm.rank(),
+            rows[comm.rank()]
+        );
 
         let start = Instant::now();
         let mut last = 0.0;
@@ -44,10 +48,19 @@ fn main() -> Result<()> {
             }
         }
         let ms = start.elapsed().as_secs_f64() * 1e3 / STEPS as f64;
-        println!("rank {}: {ms:.2} ms/step, last loss on its rows {last:.5}", comm.rank());
+        println!(
+            "rank {}: {ms:.2} ms/step, last loss on its rows {last:.5}",
+            comm.rank()
+        );
         // Rank 0 alone writes the checkpoint, once every rank got here.
         let path = std::env::temp_dir().join("netcl-data-parallel");
-        ddp.save_checkpoint(&path, &model, Some(&opt), STEPS as u64, serde_json::json!({}))?;
+        ddp.save_checkpoint(
+            &path,
+            &model,
+            Some(&opt),
+            STEPS as u64,
+            serde_json::json!({}),
+        )?;
         Ok(last)
     })?;
     println!("final losses per rank: {losses:?}");
@@ -56,8 +69,16 @@ fn main() -> Result<()> {
 
 /// Step `s`'s batch: inputs in [-1, 1) and the target sum(sin(x)).
 fn synthetic_batch(s: usize) -> Result<(Tensor, Tensor)> {
-    let x: Vec<f32> = (0..BATCH * 16).map(|i| ((i * 37 + s * 101) % 200) as f32 / 100.0 - 1.0).collect();
-    let y: Vec<f32> = x.chunks(16).map(|r| r.iter().map(|v| v.sin()).sum()).collect();
+    let x: Vec<f32> = (0..BATCH * 16)
+        .map(|i| ((i * 37 + s * 101) % 200) as f32 / 100.0 - 1.0)
+        .collect();
+    let y: Vec<f32> = x
+        .chunks(16)
+        .map(|r| r.iter().map(|v| v.sin()).sum())
+        .collect();
     let host = Device::host();
-    Ok((Tensor::from_vec(x, &[BATCH, 16], &host)?, Tensor::from_vec(y, &[BATCH, 1], &host)?))
+    Ok((
+        Tensor::from_vec(x, &[BATCH, 16], &host)?,
+        Tensor::from_vec(y, &[BATCH, 1], &host)?,
+    ))
 }

@@ -22,9 +22,9 @@
 use netcl::data::{
     bigram_baseline, encode_documents, plot_history, utf8_bytes, History, Progress, ENDOFTEXT,
 };
+use netcl::distributed::parse_devices;
 use netcl::nn::{load_checkpoint, save_checkpoint};
 use netcl::optim::clip_grad_norm_on_device;
-use netcl::distributed::parse_devices;
 use netcl::prelude::*;
 use serde_json::json;
 use std::path::PathBuf;
@@ -202,7 +202,11 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
         None => args.batch,
     };
     if let Some(c) = comm {
-        println!("rank {} on {dev}: {rows} of each batch's {} sequences", c.rank(), args.batch);
+        println!(
+            "rank {} on {dev}: {rows} of each batch's {} sequences",
+            c.rank(),
+            args.batch
+        );
     }
 
     // Validation batches: fixed windows of the validation stream.

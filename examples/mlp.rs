@@ -14,8 +14,8 @@
 //! parallel: one replica per device, each batch split between them (netcl-distributed's
 //! `DataParallel`); rank 0 evaluates, logs and saves. Without it: the best device.
 use netcl::data::{Batches, ImageLayout, Progress};
-use netcl::prelude::*;
 use netcl::distributed::{parse_devices, take_devices_flag, Comm, DataParallel, DdpOptions, Group};
+use netcl::prelude::*;
 use netcl::train::{evaluate, fashion_mnist_on, Meter, RunLog, TrainArgs};
 use serde_json::json;
 
@@ -75,7 +75,12 @@ fn train(dev: &Device, comm: Option<&Comm>, args: &TrainArgs) -> Result<()> {
         .transpose()?;
     if let (Some(d), Some(c)) = (&ddp, comm) {
         let rows = d.split(args.batch);
-        println!("rank {} on {dev}: {} of each batch's {} rows", c.rank(), rows[c.rank()], args.batch);
+        println!(
+            "rank {} on {dev}: {} of each batch's {} rows",
+            c.rank(),
+            rows[c.rank()],
+            args.batch
+        );
     }
     let mut opt = Adam::new(model.parameters(), args.lr);
     let steps_per_epoch = Batches::new(train.len(), args.batch, None)?.len();

@@ -5,6 +5,9 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 
+/// Called with each parameter whose gradient is final (see [`Tape::backward_hooked`]).
+pub type ParamHook<'a> = dyn FnMut(&Parameter) -> Result<()> + 'a;
+
 /// What a backward rule gets: the gradient of the op's output, and which inputs need a gradient.
 /// It returns one gradient per input (`None` where not needed or identically zero).
 pub(crate) type BackwardFn = Box<dyn FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>>>;
@@ -319,7 +322,7 @@ impl Tape {
         &self,
         output: &Var,
         seed: &Tensor,
-        mut on_ready: Option<&mut dyn FnMut(&Parameter) -> Result<()>>,
+        mut on_ready: Option<&mut ParamHook<'_>>,
     ) -> Result<Gradients> {
         let op = "Tape::backward";
         if seed.shape() != output.shape() || seed.dtype() != output.dtype() {

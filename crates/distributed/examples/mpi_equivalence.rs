@@ -31,12 +31,21 @@ fn run(world: &MpiWorld) -> Result<usize> {
     let size = comm.size();
     // Collectives against the host: sizes 0, 1, odd, and not divisible by the rank count.
     for n in [0usize, 1, 7, 10] {
-        let data = |r: usize| -> Vec<f32> { (0..n).map(|i| ((i * 7 + r * 13) % 17) as f32 * 0.37 - 2.9).collect() };
+        let data = |r: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i * 7 + r * 13) % 17) as f32 * 0.37 - 2.9)
+                .collect()
+        };
         let t = Tensor::from_vec(data(comm.rank()), &[n], &device)?;
         comm.all_reduce(&t, ReduceOp::Sum)?;
-        let want: Vec<f32> = (0..n).map(|i| (1..size).fold(data(0)[i], |a, r| a + data(r)[i])).collect();
+        let want: Vec<f32> = (0..n)
+            .map(|i| (1..size).fold(data(0)[i], |a, r| a + data(r)[i]))
+            .collect();
         if t.to_vec::<f32>()? != want {
-            return Err(Error::invalid("mpi all_reduce", format!("n {n}: {:?} != {want:?}", t.to_vec::<f32>()?)));
+            return Err(Error::invalid(
+                "mpi all_reduce",
+                format!("n {n}: {:?} != {want:?}", t.to_vec::<f32>()?),
+            ));
         }
         let all = comm.all_gather(&Tensor::from_vec(data(comm.rank()), &[n], &device)?)?;
         let want: Vec<f32> = (0..size).flat_map(data).collect();
@@ -50,14 +59,25 @@ fn run(world: &MpiWorld) -> Result<usize> {
         let mine = train_rank(&comm, weights, false)?;
         // Every rank's parameters, to compare them bit for bit.
         let flat: Vec<f32> = mine.iter().flatten().copied().collect();
-        let all = comm.all_gather(&Tensor::from_vec(flat.clone(), &[1, flat.len()], &device)?)?.to_vec::<f32>()?;
+        let all = comm
+            .all_gather(&Tensor::from_vec(flat.clone(), &[1, flat.len()], &device)?)?
+            .to_vec::<f32>()?;
         if all.chunks(flat.len()).any(|c| c != flat.as_slice()) {
-            return Err(Error::invalid("mpi equivalence", format!("{name}: ranks hold different parameters")));
+            return Err(Error::invalid(
+                "mpi equivalence",
+                format!("{name}: ranks hold different parameters"),
+            ));
         }
         let d = max_diff(&single, &mine);
-        println!("rank {} {name}: max |parallel - single| = {d:e}", comm.rank());
+        println!(
+            "rank {} {name}: max |parallel - single| = {d:e}",
+            comm.rank()
+        );
         if d > TOL {
-            return Err(Error::invalid("mpi equivalence", format!("{name}: max difference {d} > {TOL}")));
+            return Err(Error::invalid(
+                "mpi equivalence",
+                format!("{name}: max difference {d} > {TOL}"),
+            ));
         }
     }
     Ok(2)

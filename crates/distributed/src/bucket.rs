@@ -42,9 +42,19 @@ pub struct CopyRecord {
 }
 
 enum Msg {
-    Begin { step: u64, share: f32, buckets: usize },
-    Bucket { step: u64, index: usize, job: Job },
-    Cancel { step: u64 },
+    Begin {
+        step: u64,
+        share: f32,
+        buckets: usize,
+    },
+    Bucket {
+        step: u64,
+        index: usize,
+        job: Job,
+    },
+    Cancel {
+        step: u64,
+    },
 }
 
 /// What a step's reduction left: write events (completed), host buckets' values, copy timings.
@@ -74,7 +84,11 @@ impl BucketWorker {
         let handle = std::thread::Builder::new()
             .name(format!("netcl-ddp-{}", comm.rank()))
             .spawn(move || {
-                let worker = Worker { comm, flat, buckets };
+                let worker = Worker {
+                    comm,
+                    flat,
+                    buckets,
+                };
                 worker.run(jobs, done_tx);
                 // Nothing may still be copying into the pinned buffers when they are freed.
                 if let Ok(q) = queue(worker.flat.device(), Queue::Copy) {
@@ -82,8 +96,18 @@ impl BucketWorker {
                 }
                 drop(pinned);
             })
-            .map_err(|e| Error::invalid("DataParallel", format!("spawning the communication thread: {e}")))?;
-        Ok(BucketWorker { tx: Some(tx), rx, handle: Some(handle), step: 0 })
+            .map_err(|e| {
+                Error::invalid(
+                    "DataParallel",
+                    format!("spawning the communication thread: {e}"),
+                )
+            })?;
+        Ok(BucketWorker {
+            tx: Some(tx),
+            rx,
+            handle: Some(handle),
+            step: 0,
+        })
     }
 
     fn post(&self, msg: Msg) -> Result<()> {
@@ -96,7 +120,11 @@ impl BucketWorker {
     /// Start a step whose gradients weigh `share` in the mean; returns its number.
     pub(crate) fn begin(&mut self, share: f32, buckets: usize) -> Result<u64> {
         self.step += 1;
-        self.post(Msg::Begin { step: self.step, share, buckets })?;
+        self.post(Msg::Begin {
+            step: self.step,
+            share,
+            buckets,
+        })?;
         Ok(self.step)
     }
 
@@ -137,14 +165,23 @@ struct Worker {
 impl Worker {
     fn run(&self, jobs: Receiver<Msg>, done: Sender<Result<Done>>) {
         while let Ok(msg) = jobs.recv() {
-            let Msg::Begin { step, share, buckets } = msg else { continue };
+            let Msg::Begin {
+                step,
+                share,
+                buckets,
+            } = msg
+            else {
+                continue;
+            };
             let mut waiting: Vec<Option<Job>> = (0..buckets).map(|_| None).collect();
             let (mut next, mut out) = (0, Ok(Done::default()));
             while next < buckets {
                 match jobs.recv() {
-                    Ok(Msg::Bucket { step: s, index, job }) if s == step && index < buckets => {
-                        waiting[index] = Some(job)
-                    }
+                    Ok(Msg::Bucket {
+                        step: s,
+                        index,
+                        job,
+                    }) if s == step && index < buckets => waiting[index] = Some(job),
                     Ok(Msg::Cancel { step: s }) if s == step => {
                         out = Err(Error::invalid("DataParallel", "step cancelled"));
                         break;
@@ -154,7 +191,9 @@ impl Worker {
                 }
                 // Reduce in bucket order (the same on every rank), as soon as each is here.
                 while next < buckets {
-                    let Some(job) = waiting[next].take() else { break };
+                    let Some(job) = waiting[next].take() else {
+                        break;
+                    };
                     if let Ok(d) = &mut out {
                         if let Err(e) = self.reduce(next, job, share, d) {
                             self.comm.abort(&e.to_string());
@@ -179,7 +218,8 @@ impl Worker {
         let b = &self.buckets[index];
         match job {
             Job::Host(mut data) => {
-                self.comm.all_reduce_host(&mut data, ReduceOp::WeightedSum, share)?;
+                self.comm
+                    .all_reduce_host(&mut data, ReduceOp::WeightedSum, share)?;
                 done.host.push((index, data));
             }
             Job::Device(produced) => {
@@ -190,15 +230,36 @@ impl Worker {
                 // later bucket (waiting for its kernels) would hold up this bucket's write back.
                 // SAFETY: the pinned buffer is this bucket's and outlives the copies (the worker
                 // finishes the copy queue before freeing it); nothing touches it meanwhile.
-                let read = unsafe { read(dev, Queue::Copy, mem, at, b.pinned as *mut u8, b.len * 4, &[&produced])? };
+                let read = unsafe {
+                    read(
+                        dev,
+                        Queue::Copy,
+                        mem,
+                        at,
+                        b.pinned as *mut u8,
+                        b.len * 4,
+                        &[&produced],
+                    )?
+                };
                 queue(dev, Queue::Copy)?.flush().cl("clFlush")?;
                 read.wait().cl("clWaitForEvents")?;
                 // SAFETY: the pinned buffer holds the bucket (the read completed) and nothing
                 // else touches it until the write below has completed.
                 let data = unsafe { std::slice::from_raw_parts_mut(b.pinned as *mut f32, b.len) };
-                self.comm.all_reduce_host(data, ReduceOp::WeightedSum, share)?;
+                self.comm
+                    .all_reduce_host(data, ReduceOp::WeightedSum, share)?;
                 // SAFETY: as above; `timings` waits for the write before the step ends.
-                let w = unsafe { write(dev, Queue::Copy, mem, at, b.pinned as *const u8, b.len * 4, &[])? };
+                let w = unsafe {
+                    write(
+                        dev,
+                        Queue::Copy,
+                        mem,
+                        at,
+                        b.pinned as *const u8,
+                        b.len * 4,
+                        &[],
+                    )?
+                };
                 queue(dev, Queue::Copy)?.flush().cl("clFlush")?;
                 done.copies.push(CopyRecord {
                     bucket: index,

@@ -24,7 +24,10 @@ impl Comm {
     pub fn barrier(&self) -> Result<()> {
         #[cfg(feature = "mpi")]
         if let Some(m) = &self.mpi {
-            return { m.barrier(); Ok(()) };
+            return {
+                m.barrier();
+                Ok(())
+            };
         }
         self.sync("barrier")
     }
@@ -105,12 +108,24 @@ impl Comm {
         )?;
         if slots.iter().any(|s| s.len != data.len()) {
             let lens: Vec<usize> = slots.iter().map(|s| s.len).collect();
-            return Err(Error::shape(name, format!("ranks hold different lengths {lens:?}")));
+            return Err(Error::shape(
+                name,
+                format!("ranks hold different lengths {lens:?}"),
+            ));
         }
         for start in (0..data.len()).step_by(CHUNK_ELEMS) {
             let len = CHUNK_ELEMS.min(data.len() - start);
             // SAFETY: the chunk is part of `data`, borrowed mutably for the whole call.
-            unsafe { self.reduce_chunk(name, data.as_mut_ptr().add(start), len, op, scale, || Ok(()))? };
+            unsafe {
+                self.reduce_chunk(
+                    name,
+                    data.as_mut_ptr().add(start),
+                    len,
+                    op,
+                    scale,
+                    || Ok(()),
+                )?
+            };
         }
         self.sync(name)
     }
@@ -146,11 +161,26 @@ impl Comm {
         Ok(())
     }
 
-    fn all_reduce_host_chunks(&self, name: &str, data: &mut [f32], op: ReduceOp, scale: f32) -> Result<()> {
+    fn all_reduce_host_chunks(
+        &self,
+        name: &str,
+        data: &mut [f32],
+        op: ReduceOp,
+        scale: f32,
+    ) -> Result<()> {
         for start in (0..data.len()).step_by(CHUNK_ELEMS) {
             let len = CHUNK_ELEMS.min(data.len() - start);
             // SAFETY: the chunk is part of `data`, borrowed mutably for the whole call.
-            unsafe { self.reduce_chunk(name, data.as_mut_ptr().add(start), len, op, scale, || Ok(()))? };
+            unsafe {
+                self.reduce_chunk(
+                    name,
+                    data.as_mut_ptr().add(start),
+                    len,
+                    op,
+                    scale,
+                    || Ok(()),
+                )?
+            };
         }
         Ok(())
     }
@@ -184,7 +214,17 @@ impl Comm {
             let (s, len) = chunks[c];
             // SAFETY: the pinned buffer lives in `staging`, locked for the whole call; nothing
             // else touches slot c % 2 until this read has been waited for.
-            unsafe { read(dev, Queue::Compute, mem, base + s * 4, ptrs[c % 2].cast(), len * 4, &[]) }
+            unsafe {
+                read(
+                    dev,
+                    Queue::Compute,
+                    mem,
+                    base + s * 4,
+                    ptrs[c % 2].cast(),
+                    len * 4,
+                    &[],
+                )
+            }
         };
         reads[0] = Some(start_read(0)?);
         for (c, &(s, len)) in chunks.iter().enumerate() {
@@ -204,7 +244,15 @@ impl Comm {
             // SAFETY: slot `slot` holds chunk c, which only this call touches.
             unsafe {
                 self.reduce_chunk(name, ptrs[slot], len, op, scale, || next(&mut reads))?;
-                writes.push(write(dev, Queue::Compute, mem, base + s * 4, ptrs[slot].cast(), len * 4, &[])?);
+                writes.push(write(
+                    dev,
+                    Queue::Compute,
+                    mem,
+                    base + s * 4,
+                    ptrs[slot].cast(),
+                    len * 4,
+                    &[],
+                )?);
             }
         }
         for ev in writes {
@@ -217,7 +265,9 @@ impl Comm {
     pub fn broadcast(&self, t: &Tensor, root: usize) -> Result<()> {
         #[cfg(feature = "mpi")]
         if let Some(m) = &self.mpi {
-            return self.check_root("broadcast", root).and_then(|_| m.broadcast(self, t, root));
+            return self
+                .check_root("broadcast", root)
+                .and_then(|_| m.broadcast(self, t, root));
         }
         let name = "broadcast";
         self.check_root(name, root)?;
@@ -237,7 +287,8 @@ impl Comm {
         )?;
         if self.rank != root {
             // SAFETY: root's vector lives until the closing barrier below.
-            let src = unsafe { std::slice::from_raw_parts(slots[root].ptr as *const f32, data.len()) };
+            let src =
+                unsafe { std::slice::from_raw_parts(slots[root].ptr as *const f32, data.len()) };
             data.copy_from_slice(src);
         }
         self.sync(name)?;
@@ -251,7 +302,9 @@ impl Comm {
     pub fn reduce(&self, t: &Tensor, root: usize, op: ReduceOp) -> Result<()> {
         #[cfg(feature = "mpi")]
         if let Some(m) = &self.mpi {
-            return self.check_root("reduce", root).and_then(|_| m.reduce(self, t, root, op));
+            return self
+                .check_root("reduce", root)
+                .and_then(|_| m.reduce(self, t, root, op));
         }
         let name = "reduce";
         self.check_root(name, root)?;
@@ -268,7 +321,9 @@ impl Comm {
     /// Every rank's `t` concatenated along dim 0 in rank order (a 0-d tensor counts as `[1]`); the
     /// ranks may hold different numbers of rows but the same trailing dims.
     pub fn all_gather(&self, t: &Tensor) -> Result<Tensor> {
-        Ok(self.gather_impl("all_gather", t, None)?.expect("every rank gathers"))
+        Ok(self
+            .gather_impl("all_gather", t, None)?
+            .expect("every rank gathers"))
     }
 
     /// Like [`Comm::all_gather`], but only `root` gets the result (`None` elsewhere).
@@ -284,7 +339,11 @@ impl Comm {
         }
         check_f32(name, t)?;
         let data = t.to_vec::<f32>()?;
-        let shape = if t.shape().is_empty() { vec![1] } else { t.shape().to_vec() };
+        let shape = if t.shape().is_empty() {
+            vec![1]
+        } else {
+            t.shape().to_vec()
+        };
         let slots = self.exchange(
             name,
             Slot {
@@ -297,7 +356,10 @@ impl Comm {
         if let Some(s) = slots.iter().find(|s| s.shape[1..] != shape[1..]) {
             let e = Error::shape(
                 name,
-                format!("ranks hold rows of different shapes: {:?} here, {:?} on another rank", shape, s.shape),
+                format!(
+                    "ranks hold rows of different shapes: {:?} here, {:?} on another rank",
+                    shape, s.shape
+                ),
             );
             self.sync(name)?;
             return Err(e);
@@ -306,7 +368,9 @@ impl Comm {
             let mut all = Vec::with_capacity(slots.iter().map(|s| s.len).sum());
             for s in &slots {
                 // SAFETY: each rank's vector lives until the closing barrier below.
-                all.extend_from_slice(unsafe { std::slice::from_raw_parts(s.ptr as *const f32, s.len) });
+                all.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(s.ptr as *const f32, s.len)
+                });
             }
             let mut out_shape = shape.clone();
             out_shape[0] = slots.iter().map(|s| s.shape[0]).sum();
@@ -324,7 +388,9 @@ impl Comm {
     pub fn scatter(&self, src: Option<&Tensor>, root: usize) -> Result<Tensor> {
         #[cfg(feature = "mpi")]
         if let Some(m) = &self.mpi {
-            return self.check_root("scatter", root).and_then(|_| m.scatter(self, src, root));
+            return self
+                .check_root("scatter", root)
+                .and_then(|_| m.scatter(self, src, root));
         }
         let name = "scatter";
         self.check_root(name, root)?;
@@ -356,7 +422,10 @@ impl Comm {
         let rows = split_range(root_shape[0], self.size, self.rank);
         // SAFETY: root's vector lives until the barrier below.
         let part = unsafe {
-            std::slice::from_raw_parts((slots[root].ptr as *const f32).add(rows.start * row), rows.len() * row)
+            std::slice::from_raw_parts(
+                (slots[root].ptr as *const f32).add(rows.start * row),
+                rows.len() * row,
+            )
         }
         .to_vec();
         self.sync(name)?;
@@ -374,7 +443,10 @@ impl Comm {
         }
         let name = "reduce_scatter";
         if t.shape().is_empty() {
-            return Err(Error::invalid(name, "the tensor needs at least one dimension"));
+            return Err(Error::invalid(
+                name,
+                "the tensor needs at least one dimension",
+            ));
         }
         self.agree(name, t)?;
         let data = t.to_vec::<f32>()?;

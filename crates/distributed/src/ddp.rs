@@ -71,7 +71,11 @@ impl<'c> DataParallel<'c> {
     /// Take over gradient communication for this rank's replica `module` (the model stays the
     /// caller's: forward it as usual, then call [`DataParallel::backward`]). Collective: every
     /// rank calls it with a model of the same architecture.
-    pub fn new(comm: &'c Comm, module: &dyn Module, options: DdpOptions) -> Result<DataParallel<'c>> {
+    pub fn new(
+        comm: &'c Comm,
+        module: &dyn Module,
+        options: DdpOptions,
+    ) -> Result<DataParallel<'c>> {
         let op = "DataParallel::new";
         let weights = options.weights.unwrap_or_else(|| vec![1.0; comm.size()]);
         check_weights(op, &weights, comm.size())?;
@@ -87,7 +91,10 @@ impl<'c> DataParallel<'c> {
         // out that way, so the first buckets fill first.
         let mut params = module.trainable_parameters();
         params.reverse();
-        if let Some(p) = params.iter().find(|p| p.dtype() != DType::F32 || p.device() != comm.device()) {
+        if let Some(p) = params
+            .iter()
+            .find(|p| p.dtype() != DType::F32 || p.device() != comm.device())
+        {
             return Err(Error::invalid(
                 op,
                 format!(
@@ -103,7 +110,12 @@ impl<'c> DataParallel<'c> {
         let flat = match grads.buffers() {
             [] => Tensor::zeros(&[0], DType::F32, comm.device())?,
             [b] => b.clone(),
-            _ => return Err(Error::invalid(op, "parameters span several gradient buffers")),
+            _ => {
+                return Err(Error::invalid(
+                    op,
+                    "parameters span several gradient buffers",
+                ))
+            }
         };
         let mut buckets: Vec<Bucket> = Vec::new();
         let mut members: Vec<Vec<Parameter>> = Vec::new();
@@ -116,7 +128,12 @@ impl<'c> DataParallel<'c> {
                 Some(b) => b.len > 0 && (b.len * 4 + bytes) > options.bucket_bytes,
             };
             if start_new {
-                buckets.push(Bucket { start: at, len: 0, params: 0, pinned: 0 });
+                buckets.push(Bucket {
+                    start: at,
+                    len: 0,
+                    params: 0,
+                    pinned: 0,
+                });
                 members.push(Vec::new());
             }
             let b = buckets.last_mut().expect("a bucket");
@@ -194,10 +211,15 @@ impl<'c> DataParallel<'c> {
     /// This rank's rows (dim 0) of a whole batch `x`, on this rank's device.
     pub fn shard(&mut self, x: &Tensor) -> Result<Tensor> {
         let n = x.shape().first().copied().ok_or_else(|| {
-            Error::shape("DataParallel::shard", "the batch must have a batch dimension")
+            Error::shape(
+                "DataParallel::shard",
+                "the batch must have a batch dimension",
+            )
         })?;
         let r = self.shard_range(n);
-        x.narrow(0, r.start, r.len())?.contiguous()?.to_device(self.comm.device())
+        x.narrow(0, r.start, r.len())?
+            .contiguous()?
+            .to_device(self.comm.device())
     }
 
     /// Run `f` without gradient communication: backward passes inside only accumulate locally
@@ -232,9 +254,12 @@ impl<'c> DataParallel<'c> {
         let share = self.share;
         let step = self.worker.begin(share, self.buckets.len())?;
         {
-            let (worker, flat, buckets, bucket_of) = (&self.worker, &self.flat, &self.buckets, &self.bucket_of);
+            let (worker, flat, buckets, bucket_of) =
+                (&self.worker, &self.flat, &self.buckets, &self.bucket_of);
             let mut hook = |p: &Parameter| -> Result<()> {
-                let Some(&b) = bucket_of.get(&p.id()) else { return Ok(()) };
+                let Some(&b) = bucket_of.get(&p.id()) else {
+                    return Ok(());
+                };
                 pending[b] -= 1;
                 if pending[b] == 0 {
                     sent[b] = true;
@@ -279,7 +304,8 @@ impl<'c> DataParallel<'c> {
                         p.set_grad(Some(Tensor::zeros(p.shape(), p.dtype(), p.device())?))?;
                     }
                 }
-                self.worker.send(step, b, launch(&self.flat, &self.buckets[b])?)?;
+                self.worker
+                    .send(step, b, launch(&self.flat, &self.buckets[b])?)?;
             }
         }
         Ok(())
@@ -296,7 +322,11 @@ impl<'c> DataParallel<'c> {
         let secs = self.last_compute_s.max(1e-9);
         self.last_compute_s = 0.0;
         let mut rate = vec![rows_done as f32 / secs as f32];
-        let all = self.comm.all_gather(&Tensor::from_vec(rate.split_off(0), &[1], self.comm.device())?)?;
+        let all = self.comm.all_gather(&Tensor::from_vec(
+            rate.split_off(0),
+            &[1],
+            self.comm.device(),
+        )?)?;
         let rates: Vec<f64> = all.to_vec::<f32>()?.into_iter().map(f64::from).collect();
         if rates.iter().all(|r| r.is_finite() && *r > 0.0) {
             self.weights = rates;
@@ -347,6 +377,8 @@ fn launch(flat: &Tensor, b: &Bucket) -> Result<Job> {
     }
     let produced = marker(flat.device(), Queue::Compute, &[])?;
     // Make the driver start the queued kernels now rather than when it next looks at the queue.
-    crate::staging::queue(flat.device(), Queue::Compute)?.flush().cl("clFlush")?;
+    crate::staging::queue(flat.device(), Queue::Compute)?
+        .flush()
+        .cl("clFlush")?;
     Ok(Job::Device(produced))
 }

@@ -17,7 +17,10 @@ pub fn parse_devices(spec: &str) -> Result<Vec<Device>> {
         if n == 0 || n > cl.len().max(1) || (cl.is_empty() && n > 1) {
             return Err(Error::invalid(
                 "--devices",
-                format!("{n} devices asked for; {} OpenCL device(s) present", cl.len()),
+                format!(
+                    "{n} devices asked for; {} OpenCL device(s) present",
+                    cl.len()
+                ),
             ));
         }
         if cl.is_empty() {
@@ -26,11 +29,16 @@ pub fn parse_devices(spec: &str) -> Result<Vec<Device>> {
             cl[..n].to_vec()
         }
     } else {
-        spec.split(',').map(Device::parse).collect::<Result<Vec<_>>>()?
+        spec.split(',')
+            .map(Device::parse)
+            .collect::<Result<Vec<_>>>()?
     };
     for (i, d) in devices.iter().enumerate() {
         if devices[..i].contains(d) {
-            return Err(Error::invalid("--devices", format!("{d} is listed twice in {spec:?}")));
+            return Err(Error::invalid(
+                "--devices",
+                format!("{d} is listed twice in {spec:?}"),
+            ));
         }
     }
     Ok(devices)
@@ -42,7 +50,10 @@ pub fn take_devices_flag(args: &mut Vec<String>) -> Result<Option<String>> {
         return Ok(None);
     };
     if i + 1 >= args.len() {
-        return Err(Error::invalid("--devices", "needs a value: all, N, or a list such as opencl:0:0,opencl:0:1"));
+        return Err(Error::invalid(
+            "--devices",
+            "needs a value: all, N, or a list such as opencl:0:0,opencl:0:1",
+        ));
     }
     let v = args.remove(i + 1);
     args.remove(i);
@@ -63,7 +74,10 @@ mod tests {
         assert!(parse_devices("host,host").is_err());
         assert!(parse_devices("0").is_err());
         assert!(parse_devices("99").is_err());
-        let mut args: Vec<String> = ["--epochs", "1", "--devices", "2", "--lr", "0.1"].iter().map(|s| s.to_string()).collect();
+        let mut args: Vec<String> = ["--epochs", "1", "--devices", "2", "--lr", "0.1"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         assert_eq!(take_devices_flag(&mut args).unwrap().as_deref(), Some("2"));
         assert_eq!(args, vec!["--epochs", "1", "--lr", "0.1"]);
     }

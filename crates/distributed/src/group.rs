@@ -104,7 +104,10 @@ impl Group {
                 .unwrap_or_default();
             handles
         });
-        if let Some((rank, e)) = first_failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        if let Some((rank, e)) = first_failure
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner())
+        {
             return Err(match e {
                 Error::Device { op, msg } if !msg.starts_with("rank") => Error::Device {
                     op,

@@ -126,7 +126,13 @@ impl Hub {
 
     /// Publish `slot` and wait for every rank's; returns all slots in rank order. `seq` counts
     /// this rank's exchanges on this hub (the same sequence on every rank).
-    pub(crate) fn exchange(&self, op: &str, rank: usize, seq: u64, slot: Slot) -> Result<Vec<Slot>> {
+    pub(crate) fn exchange(
+        &self,
+        op: &str,
+        rank: usize,
+        seq: u64,
+        slot: Slot,
+    ) -> Result<Vec<Slot>> {
         let set = (seq % 2) as usize;
         self.lock().slots[set][rank] = slot;
         self.barrier(op, rank)?;

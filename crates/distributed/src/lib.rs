@@ -10,11 +10,11 @@ mod mpi;
 mod reduce;
 mod staging;
 
-pub use collectives::CHUNK_ELEMS;
-pub use group::{Comm, Group, DEFAULT_TIMEOUT};
-pub use reduce::{proportional_split, split_range, ReduceOp};
 pub use bucket::CopyRecord;
+pub use collectives::CHUNK_ELEMS;
 pub use ddp::{DataParallel, DdpOptions};
 pub use devices::{parse_devices, take_devices_flag};
+pub use group::{Comm, Group, DEFAULT_TIMEOUT};
 #[cfg(feature = "mpi")]
 pub use mpi::MpiWorld;
+pub use reduce::{proportional_split, split_range, ReduceOp};

@@ -44,7 +44,10 @@ impl MpiWorld {
             ));
         }
         let local_rank = universe.world().split_shared(0).rank() as usize;
-        Ok(MpiWorld { universe, local_rank })
+        Ok(MpiWorld {
+            universe,
+            local_rank,
+        })
     }
 
     pub fn rank(&self) -> usize {
@@ -78,7 +81,16 @@ impl MpiWorld {
 
 fn from_link(link: Link, device: Device) -> Comm {
     let (rank, size) = (link.0.rank() as usize, link.0.size() as usize);
-    let mut c = Comm::new(rank, size, device, Arc::new(Hub::new(1, Arc::new(Abort::default()), crate::DEFAULT_TIMEOUT)));
+    let mut c = Comm::new(
+        rank,
+        size,
+        device,
+        Arc::new(Hub::new(
+            1,
+            Arc::new(Abort::default()),
+            crate::DEFAULT_TIMEOUT,
+        )),
+    );
     c.mpi = Some(Arc::new(link));
     c
 }
@@ -113,7 +125,10 @@ impl Link {
         let mut lens = vec![0u64; size];
         self.0.all_gather_into(&(data.len() as u64), &mut lens[..]);
         if lens.iter().any(|&l| l != data.len() as u64) {
-            return Err(Error::shape("all_reduce", format!("ranks hold different lengths {lens:?}")));
+            return Err(Error::shape(
+                "all_reduce",
+                format!("ranks hold different lengths {lens:?}"),
+            ));
         }
         let mut scales = vec![0f32; size];
         self.0.all_gather_into(&scale, &mut scales[..]);
@@ -151,25 +166,50 @@ impl Link {
     }
 
     /// Every rank's rows: (rows per rank, all data in rank order); `row` elements per row.
-    pub(crate) fn all_gather_rows(&self, data: &[f32], row: usize) -> Result<(Vec<usize>, Vec<f32>)> {
+    pub(crate) fn all_gather_rows(
+        &self,
+        data: &[f32],
+        rows: usize,
+        row: usize,
+    ) -> Result<(Vec<usize>, Vec<f32>)> {
         let size = self.0.size() as usize;
         let mut info = vec![0u64; 2 * size];
-        self.0.all_gather_into(&[data.len() as u64, row as u64][..], &mut info[..]);
+        self.0
+            .all_gather_into(&[rows as u64, row as u64][..], &mut info[..]);
         if (0..size).any(|r| info[2 * r + 1] != row as u64) {
-            return Err(Error::shape("all_gather", "ranks hold rows of different shapes"));
+            return Err(Error::shape(
+                "all_gather",
+                "ranks hold rows of different shapes",
+            ));
         }
-        let lens: Vec<i32> = (0..size).map(|r| info[2 * r] as i32).collect();
-        let displs: Vec<i32> = lens.iter().scan(0, |at, &l| { let d = *at; *at += l; Some(d) }).collect();
+        let rows: Vec<usize> = (0..size).map(|r| info[2 * r] as usize).collect();
+        let lens: Vec<i32> = rows.iter().map(|&n| (n * row) as i32).collect();
+        let displs: Vec<i32> = lens
+            .iter()
+            .scan(0, |at, &l| {
+                let d = *at;
+                *at += l;
+                Some(d)
+            })
+            .collect();
         let mut all = vec![0f32; lens.iter().map(|&l| l as usize).sum()];
-        self.0.all_gather_varcount_into(data, &mut PartitionMut::new(&mut all[..], &lens[..], &displs[..]));
-        let rows = lens.iter().map(|&l| if row == 0 { 0 } else { l as usize / row }).collect();
+        self.0.all_gather_varcount_into(
+            data,
+            &mut PartitionMut::new(&mut all[..], &lens[..], &displs[..]),
+        );
         Ok((rows, all))
     }
 }
 
 /// The collectives of `Comm` over MPI (called by the `Comm` methods when it has a link).
 impl Link {
-    pub(crate) fn all_reduce(&self, comm: &Comm, t: &Tensor, op: ReduceOp, scale: f32) -> Result<()> {
+    pub(crate) fn all_reduce(
+        &self,
+        comm: &Comm,
+        t: &Tensor,
+        op: ReduceOp,
+        scale: f32,
+    ) -> Result<()> {
         check_f32("all_reduce", t)?;
         let mut data = t.to_vec::<f32>()?;
         self.all_reduce_host(&mut data, op, scale)?;
@@ -197,11 +237,20 @@ impl Link {
         Ok(())
     }
 
-    pub(crate) fn gather(&self, comm: &Comm, t: &Tensor, root: Option<usize>) -> Result<Option<Tensor>> {
+    pub(crate) fn gather(
+        &self,
+        comm: &Comm,
+        t: &Tensor,
+        root: Option<usize>,
+    ) -> Result<Option<Tensor>> {
         check_f32("all_gather", t)?;
-        let shape = if t.shape().is_empty() { vec![1] } else { t.shape().to_vec() };
+        let shape = if t.shape().is_empty() {
+            vec![1]
+        } else {
+            t.shape().to_vec()
+        };
         let row: usize = shape[1..].iter().product();
-        let (rows, all) = self.all_gather_rows(&t.to_vec::<f32>()?, row)?;
+        let (rows, all) = self.all_gather_rows(&t.to_vec::<f32>()?, shape[0], row)?;
         if root.is_some_and(|r| r != comm.rank) {
             return Ok(None);
         }
@@ -220,12 +269,21 @@ impl Link {
         };
         // The root's shape first (ndim, then dims; ndim 0: no tensor), then its data.
         let mut ndim = [mine.map_or(0u64, |t| t.ndim() as u64)];
-        self.0.process_at_rank(root as i32).broadcast_into(&mut ndim[..]);
+        self.0
+            .process_at_rank(root as i32)
+            .broadcast_into(&mut ndim[..]);
         if ndim[0] == 0 {
-            return Err(Error::invalid("scatter", format!("root {root} must pass a tensor of at least one dimension")));
+            return Err(Error::invalid(
+                "scatter",
+                format!("root {root} must pass a tensor of at least one dimension"),
+            ));
         }
-        let mut dims: Vec<u64> = mine.map_or(vec![0; ndim[0] as usize], |t| t.shape().iter().map(|&d| d as u64).collect());
-        self.0.process_at_rank(root as i32).broadcast_into(&mut dims[..]);
+        let mut dims: Vec<u64> = mine.map_or(vec![0; ndim[0] as usize], |t| {
+            t.shape().iter().map(|&d| d as u64).collect()
+        });
+        self.0
+            .process_at_rank(root as i32)
+            .broadcast_into(&mut dims[..]);
         let shape: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
         let mut data = match mine {
             Some(t) => t.to_vec::<f32>()?,
@@ -236,13 +294,20 @@ impl Link {
         let rows = split_range(shape[0], comm.size, comm.rank);
         let mut out = shape;
         out[0] = rows.len();
-        Tensor::from_vec(data[rows.start * row..rows.end * row].to_vec(), &out, &comm.device)
+        Tensor::from_vec(
+            data[rows.start * row..rows.end * row].to_vec(),
+            &out,
+            &comm.device,
+        )
     }
 
     pub(crate) fn reduce_scatter(&self, comm: &Comm, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         check_f32("reduce_scatter", t)?;
         if t.shape().is_empty() {
-            return Err(Error::invalid("reduce_scatter", "the tensor needs at least one dimension"));
+            return Err(Error::invalid(
+                "reduce_scatter",
+                "the tensor needs at least one dimension",
+            ));
         }
         let mut data = t.to_vec::<f32>()?;
         self.all_reduce_host(&mut data, op, 1.0)?;
@@ -250,6 +315,10 @@ impl Link {
         let rows = split_range(t.shape()[0], comm.size, comm.rank);
         let mut shape = t.shape().to_vec();
         shape[0] = rows.len();
-        Tensor::from_vec(data[rows.start * row..rows.end * row].to_vec(), &shape, &comm.device)
+        Tensor::from_vec(
+            data[rows.start * row..rows.end * row].to_vec(),
+            &shape,
+            &comm.device,
+        )
     }
 }

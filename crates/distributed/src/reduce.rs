@@ -32,9 +32,18 @@ impl ReduceOp {
 ///
 /// SAFETY: every slot's `ptr` must point at `>= from + len` live f32 that nobody writes until
 /// this returns.
-pub(crate) unsafe fn reduce_range(slots: &[Slot], op: ReduceOp, from: usize, len: usize) -> Vec<f32> {
+pub(crate) unsafe fn reduce_range(
+    slots: &[Slot],
+    op: ReduceOp,
+    from: usize,
+    len: usize,
+) -> Vec<f32> {
     let src = |r: usize| std::slice::from_raw_parts((slots[r].ptr as *const f32).add(from), len);
-    let scale0 = if op == ReduceOp::WeightedSum { slots[0].scale } else { 1.0 };
+    let scale0 = if op == ReduceOp::WeightedSum {
+        slots[0].scale
+    } else {
+        1.0
+    };
     let mut acc: Vec<f32> = if len == 0 {
         Vec::new()
     } else if scale0 == 1.0 {
@@ -89,7 +98,9 @@ pub fn proportional_split(n: usize, weights: &[f64]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..weights.len()).collect();
     order.sort_by(|&a, &b| {
         let (fa, fb) = (exact[a] - exact[a].floor(), exact[b] - exact[b].floor());
-        fb.partial_cmp(&fa).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b))
+        fb.partial_cmp(&fa)
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.cmp(&b))
     });
     for &r in order.iter().cycle() {
         if left == 0 {

@@ -21,7 +21,11 @@ fn groups() -> Vec<Group> {
 /// the sum depend on the order of the terms.
 fn data(rank: usize, n: usize) -> Vec<f32> {
     (0..n)
-        .map(|i| ((i * 7 + rank * 13) % 17) as f32 * 0.37 - 2.9 + rank as f32 * 1e-3 + (i % 5) as f32 * 1.1e-7)
+        .map(|i| {
+            ((i * 7 + rank * 13) % 17) as f32 * 0.37 - 2.9
+                + rank as f32 * 1e-3
+                + (i % 5) as f32 * 1.1e-7
+        })
         .collect()
 }
 
@@ -67,7 +71,13 @@ fn all_reduce_matches_the_host_bit_for_bit() -> Result<()> {
     for group in groups() {
         let size = group.size();
         let weights: Vec<f32> = (0..size).map(|r| (r + 1) as f32 / 7.0).collect();
-        for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min, ReduceOp::WeightedSum] {
+        for op in [
+            ReduceOp::Sum,
+            ReduceOp::Mean,
+            ReduceOp::Max,
+            ReduceOp::Min,
+            ReduceOp::WeightedSum,
+        ] {
             for n in SIZES {
                 let want = bits(&reference(op, size, n, &weights));
                 let got = group.run(|comm| {
@@ -81,7 +91,11 @@ fn all_reduce_matches_the_host_bit_for_bit() -> Result<()> {
                     Ok(first)
                 })?;
                 for (r, v) in got.iter().enumerate() {
-                    assert!(bits(v) == want, "{op:?} n {n} rank {r} of {:?}", group.devices());
+                    assert!(
+                        bits(v) == want,
+                        "{op:?} n {n} rank {r} of {:?}",
+                        group.devices()
+                    );
                 }
             }
         }
@@ -121,7 +135,11 @@ fn broadcast_reduce_and_barrier() -> Result<()> {
             })?;
             for (rank, (b, r)) in got.iter().enumerate() {
                 assert_eq!(bits(b), bits(&data(root, n)), "broadcast n {n} rank {rank}");
-                let want = if rank == 0 { reference(ReduceOp::Sum, size, n, &[]) } else { data(rank, n) };
+                let want = if rank == 0 {
+                    reference(ReduceOp::Sum, size, n, &[])
+                } else {
+                    data(rank, n)
+                };
                 assert_eq!(bits(r), bits(&want), "reduce n {n} rank {rank}");
             }
         }
@@ -137,12 +155,17 @@ fn scatter_gather_all_gather_reduce_scatter() -> Result<()> {
             let cols = 3;
             let got = group.run(|comm| {
                 // Rank r holds r + 1 rows in the gathers (ranks of different sizes).
-                let mine = Tensor::from_vec(data(comm.rank(), (comm.rank() + 1) * cols), &[comm.rank() + 1, cols], comm.device())?;
+                let mine = Tensor::from_vec(
+                    data(comm.rank(), (comm.rank() + 1) * cols),
+                    &[comm.rank() + 1, cols],
+                    comm.device(),
+                )?;
                 let all = comm.all_gather(&mine)?;
                 let at_root = comm.gather(&mine, 0)?;
                 let src = Tensor::from_vec(data(0, rows * cols), &[rows, cols], comm.device())?;
                 let part = comm.scatter((comm.rank() == 0).then_some(&src), 0)?;
-                let whole = Tensor::from_vec(data(comm.rank(), rows * cols), &[rows, cols], comm.device())?;
+                let whole =
+                    Tensor::from_vec(data(comm.rank(), rows * cols), &[rows, cols], comm.device())?;
                 let reduced = comm.reduce_scatter(&whole, ReduceOp::Max)?;
                 Ok((
                     (all.shape().to_vec(), all.to_vec::<f32>()?),
@@ -161,10 +184,21 @@ fn scatter_gather_all_gather_reduce_scatter() -> Result<()> {
                     assert_eq!(bits(&v), bits(&gathered));
                 }
                 let range = split_range(rows, size, rank);
-                assert_eq!(part.0, vec![range.len(), cols], "scatter rows {rows} rank {rank}");
-                assert_eq!(bits(&part.1), bits(&data(0, rows * cols)[range.start * cols..range.end * cols]));
+                assert_eq!(
+                    part.0,
+                    vec![range.len(), cols],
+                    "scatter rows {rows} rank {rank}"
+                );
+                assert_eq!(
+                    bits(&part.1),
+                    bits(&data(0, rows * cols)[range.start * cols..range.end * cols])
+                );
                 assert_eq!(red.0, vec![range.len(), cols]);
-                assert_eq!(bits(&red.1), bits(&max[range.start * cols..range.end * cols]), "reduce_scatter rank {rank}");
+                assert_eq!(
+                    bits(&red.1),
+                    bits(&max[range.start * cols..range.end * cols]),
+                    "reduce_scatter rank {rank}"
+                );
             }
         }
     }
@@ -176,9 +210,16 @@ fn mismatched_shapes_are_an_error_on_every_rank() -> Result<()> {
     for group in groups() {
         let outcomes = std::sync::Mutex::new(Vec::new());
         let res = group.run(|comm| {
-            let t = Tensor::zeros(&[3 + comm.rank()], netcl_core_devices::DType::F32, comm.device())?;
+            let t = Tensor::zeros(
+                &[3 + comm.rank()],
+                netcl_core_devices::DType::F32,
+                comm.device(),
+            )?;
             let r = comm.all_reduce(&t, ReduceOp::Sum);
-            outcomes.lock().unwrap().push(r.as_ref().map_err(|e| e.to_string()).err());
+            outcomes
+                .lock()
+                .unwrap()
+                .push(r.as_ref().map_err(|e| e.to_string()).err());
             r
         });
         let msg = res.unwrap_err().to_string();
@@ -189,7 +230,14 @@ fn mismatched_shapes_are_an_error_on_every_rank() -> Result<()> {
     }
     // Bad arguments name the op and the values.
     let g = Group::new(vec![Device::host()])?;
-    let e = g.run(|comm| comm.broadcast(&Tensor::zeros(&[2], netcl_core_devices::DType::F32, comm.device())?, 3)).unwrap_err();
+    let e = g
+        .run(|comm| {
+            comm.broadcast(
+                &Tensor::zeros(&[2], netcl_core_devices::DType::F32, comm.device())?,
+                3,
+            )
+        })
+        .unwrap_err();
     assert!(e.to_string().contains("root 3"), "{e}");
     assert!(Group::new(vec![Device::host(), Device::host()]).is_err());
     Ok(())

@@ -13,7 +13,11 @@ mod support;
 use support::equivalence::*;
 
 /// [`train_rank`] on every rank of `group`.
-fn train_parallel(group: &Group, weights: Option<Vec<f64>>, accumulate: bool) -> Result<Vec<Vec<Vec<f32>>>> {
+fn train_parallel(
+    group: &Group,
+    weights: Option<Vec<f64>>,
+    accumulate: bool,
+) -> Result<Vec<Vec<Vec<f32>>>> {
     group.run(|comm| train_rank(comm, weights.clone(), accumulate))
 }
 
@@ -26,11 +30,23 @@ fn two_devices_equal_one_device_at_the_whole_batch() -> Result<()> {
     let single = train_single(&cl[0])?;
     let pair = Group::new(cl[..2].to_vec())?;
     check("even", &single, &train_parallel(&pair, None, false)?);
-    check("3:1", &single, &train_parallel(&pair, Some(vec![3.0, 1.0]), false)?);
-    check("no_sync halves", &single, &train_parallel(&pair, None, true)?);
+    check(
+        "3:1",
+        &single,
+        &train_parallel(&pair, Some(vec![3.0, 1.0]), false)?,
+    );
+    check(
+        "no_sync halves",
+        &single,
+        &train_parallel(&pair, None, true)?,
+    );
     // The host as a rank beside an OpenCL device.
     let mixed = Group::new(vec![Device::host(), cl[0].clone()])?;
-    check("host + opencl", &single, &train_parallel(&mixed, Some(vec![1.0, 3.0]), false)?);
+    check(
+        "host + opencl",
+        &single,
+        &train_parallel(&mixed, Some(vec![1.0, 3.0]), false)?,
+    );
     Ok(())
 }
 
@@ -59,9 +75,16 @@ fn bucket_copies_overlap_backward_kernels() -> Result<()> {
         for _ in 0..4 {
             model = model.with(ReLU).with(Linear::new(256, 256, d, &mut gen)?);
         }
-        let options = DdpOptions { bucket_bytes: 64 << 10, ..Default::default() };
+        let options = DdpOptions {
+            bucket_bytes: 64 << 10,
+            ..Default::default()
+        };
         let mut ddp = DataParallel::new(comm, &model, options)?;
-        let x = Tensor::from_vec((0..128 * 64).map(|i| (i % 13) as f32 / 13.0).collect(), &[128, 64], &Device::host())?;
+        let x = Tensor::from_vec(
+            (0..128 * 64).map(|i| (i % 13) as f32 / 13.0).collect(),
+            &[128, 64],
+            &Device::host(),
+        )?;
         let y = Tensor::zeros(&[128, 256], netcl_core_devices::DType::F32, &Device::host())?;
         let mut profiler = None;
         for step in 0..3 {
@@ -87,7 +110,12 @@ fn bucket_copies_overlap_backward_kernels() -> Result<()> {
     // reduction across ranks, host to device) while backward kernels are still running, i.e.
     // backward kernels start after a bucket is already back on the device.
     for (ordinal, records) in &copies {
-        let offset = profile.devices.iter().find(|t| t.ordinal == *ordinal).expect("device track").offset_ns;
+        let offset = profile
+            .devices
+            .iter()
+            .find(|t| t.ordinal == *ordinal)
+            .expect("device track")
+            .offset_ns;
         let on_host = |t: u64| (t as i128 + offset) as u64;
         let backward: Vec<(u64, u64)> = profile
             .kernels
@@ -95,17 +123,27 @@ fn bucket_copies_overlap_backward_kernels() -> Result<()> {
             .filter(|k| k.device == *ordinal)
             .filter(|k| {
                 profile.spans.iter().any(|s| {
-                    s.name == "backward" && s.thread == k.thread && s.start_ns <= k.host_start_ns && k.host_start_ns <= s.end_ns
+                    s.name == "backward"
+                        && s.thread == k.thread
+                        && s.start_ns <= k.host_start_ns
+                        && k.host_start_ns <= s.end_ns
                 })
             })
             .filter_map(|k| Some((k.device_start_ns?, k.device_end_ns?)))
             .collect();
-        assert!(backward.len() > 5, "device {ordinal}: {} backward kernels", backward.len());
+        assert!(
+            backward.len() > 5,
+            "device {ordinal}: {} backward kernels",
+            backward.len()
+        );
         let mut returned_early = 0;
         for c in records {
             let (s, e) = (on_host(c.to_host.0), on_host(c.to_host.1));
             let back = on_host(c.to_device.1);
-            let beside = backward.iter().filter(|(ks, ke)| *ks < e && s < *ke).count();
+            let beside = backward
+                .iter()
+                .filter(|(ks, ke)| *ks < e && s < *ke)
+                .count();
             let after = backward.iter().filter(|(ks, _)| *ks > back).count();
             eprintln!(
                 "device {ordinal} bucket {} ({} B): to host {s}..{e} beside {beside} backward kernels; back on the device at {back}, {after} backward kernels started after",
@@ -146,7 +184,14 @@ fn a_failing_rank_fails_every_rank() -> Result<()> {
     let result = group.run(|comm| {
         let run = || -> Result<()> {
             let model = mlp(comm.device(), 7)?;
-            let mut ddp = DataParallel::new(comm, &model, DdpOptions { bucket_bytes: 512, ..Default::default() })?;
+            let mut ddp = DataParallel::new(
+                comm,
+                &model,
+                DdpOptions {
+                    bucket_bytes: 512,
+                    ..Default::default()
+                },
+            )?;
             let mut opt = Sgd::new(model.parameters(), 0.1);
             for step in 0..5u64 {
                 let (x, y) = batch(step as usize, BATCH)?;
@@ -164,7 +209,10 @@ fn a_failing_rank_fails_every_rank() -> Result<()> {
             Ok(())
         };
         let r = run();
-        outcomes.lock().unwrap().push((comm.rank(), r.as_ref().err().map(|e| e.to_string())));
+        outcomes
+            .lock()
+            .unwrap()
+            .push((comm.rank(), r.as_ref().err().map(|e| e.to_string())));
         r
     });
     let elapsed = started.elapsed();
@@ -179,7 +227,8 @@ fn a_failing_rank_fails_every_rank() -> Result<()> {
     assert_eq!(info.step, 2);
 
     // A rank that stops coming: the others time out instead of hanging.
-    let slow = Group::new(vec![Device::host(), group.devices()[1].clone()])?.with_timeout(Duration::from_millis(300));
+    let slow = Group::new(vec![Device::host(), group.devices()[1].clone()])?
+        .with_timeout(Duration::from_millis(300));
     let started = Instant::now();
     let e = slow
         .run(|comm| {
@@ -201,5 +250,8 @@ fn a_failing_rank_fails_every_rank() -> Result<()> {
 fn the_guide_shows_the_compiled_example() {
     let guide = include_str!("../../../docs/guide/data-parallel.md");
     let example = include_str!("../../../examples/data_parallel.rs");
-    assert!(guide.contains(example), "docs/guide/data-parallel.md no longer shows examples/data_parallel.rs");
+    assert!(
+        guide.contains(example),
+        "docs/guide/data-parallel.md no longer shows examples/data_parallel.rs"
+    );
 }

@@ -27,13 +27,23 @@ pub fn mlp(device: &Device, seed: u64) -> Result<Sequential> {
 
 /// Step `s`'s whole batch (host tensors): inputs and regression targets.
 pub fn batch(s: usize, n: usize) -> Result<(Tensor, Tensor)> {
-    let x: Vec<f32> = (0..n * 6).map(|i| (((i * 31 + s * 17) % 23) as f32 / 11.0) - 1.0).collect();
-    let y: Vec<f32> = (0..n * 3).map(|i| (((i * 13 + s * 7) % 19) as f32 / 9.0) - 1.0).collect();
-    Ok((Tensor::from_vec(x, &[n, 6], &Device::host())?, Tensor::from_vec(y, &[n, 3], &Device::host())?))
+    let x: Vec<f32> = (0..n * 6)
+        .map(|i| (((i * 31 + s * 17) % 23) as f32 / 11.0) - 1.0)
+        .collect();
+    let y: Vec<f32> = (0..n * 3)
+        .map(|i| (((i * 13 + s * 7) % 19) as f32 / 9.0) - 1.0)
+        .collect();
+    Ok((
+        Tensor::from_vec(x, &[n, 6], &Device::host())?,
+        Tensor::from_vec(y, &[n, 3], &Device::host())?,
+    ))
 }
 
 pub fn params(m: &dyn Module) -> Result<Vec<Vec<f32>>> {
-    m.parameters().iter().map(|p| p.value().to_vec::<f32>()).collect()
+    m.parameters()
+        .iter()
+        .map(|p| p.value().to_vec::<f32>())
+        .collect()
 }
 
 /// The reference: one device, the whole batch.
@@ -53,7 +63,12 @@ pub fn train_single(device: &Device) -> Result<Vec<Vec<f32>>> {
 }
 
 /// One data-parallel step: this rank's rows of `(x, y)`, forward, overlapped backward.
-pub fn ddp_step(ddp: &mut DataParallel<'_>, model: &Sequential, x: &Tensor, y: &Tensor) -> Result<()> {
+pub fn ddp_step(
+    ddp: &mut DataParallel<'_>,
+    model: &Sequential,
+    x: &Tensor,
+    y: &Tensor,
+) -> Result<()> {
     let (xs, ys) = (ddp.shard(x)?, ddp.shard(y)?);
     let tape = Tape::new();
     let pred = model.forward(&tape, &Var::from(xs))?;
@@ -63,18 +78,27 @@ pub fn ddp_step(ddp: &mut DataParallel<'_>, model: &Sequential, x: &Tensor, y: &
 
 /// One rank's data-parallel training; replicas start from different seeds (rank 0's parameters
 /// are broadcast). With `accumulate`, each step is two half-batches, the first under no_sync.
-pub fn train_rank(comm: &Comm, weights: Option<Vec<f64>>, accumulate: bool) -> Result<Vec<Vec<f32>>> {
+pub fn train_rank(
+    comm: &Comm,
+    weights: Option<Vec<f64>>,
+    accumulate: bool,
+) -> Result<Vec<Vec<f32>>> {
     {
         let model = mlp(comm.device(), 7 + comm.rank() as u64)?;
         // Small buckets: several per step, sent while backward runs.
-        let options = DdpOptions { bucket_bytes: 512, weights: weights.clone(), ..Default::default() };
+        let options = DdpOptions {
+            bucket_bytes: 512,
+            weights: weights.clone(),
+            ..Default::default()
+        };
         let mut ddp = DataParallel::new(comm, &model, options)?;
         assert!(ddp.bucket_sizes().len() >= 3, "{:?}", ddp.bucket_sizes());
         let mut opt = Sgd::new(model.parameters(), 0.1).momentum(0.9);
         for s in 0..STEPS {
             let (x, y) = batch(s, BATCH)?;
             if accumulate {
-                let half = |t: &Tensor, i: usize| t.narrow(0, i * BATCH / 2, BATCH / 2)?.contiguous();
+                let half =
+                    |t: &Tensor, i: usize| t.narrow(0, i * BATCH / 2, BATCH / 2)?.contiguous();
                 let (x0, y0, x1, y1) = (half(&x, 0)?, half(&y, 0)?, half(&x, 1)?, half(&y, 1)?);
                 ddp.no_sync(|d| half_step(d, &model, &x0, &y0))?;
                 half_step(&mut ddp, &model, &x1, &y1)?;
@@ -89,7 +113,12 @@ pub fn train_rank(comm: &Comm, weights: Option<Vec<f64>>, accumulate: bool) -> R
 }
 
 /// Half a batch with its loss scaled by one half.
-pub fn half_step(ddp: &mut DataParallel<'_>, model: &Sequential, x: &Tensor, y: &Tensor) -> Result<()> {
+pub fn half_step(
+    ddp: &mut DataParallel<'_>,
+    model: &Sequential,
+    x: &Tensor,
+    y: &Tensor,
+) -> Result<()> {
     let (xs, ys) = (ddp.shard(x)?, ddp.shard(y)?);
     let tape = Tape::new();
     let pred = model.forward(&tape, &Var::from(xs))?;
@@ -98,7 +127,10 @@ pub fn half_step(ddp: &mut DataParallel<'_>, model: &Sequential, x: &Tensor, y: 
 }
 
 pub fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
-    a.iter().zip(b).flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs())).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
+        .fold(0.0, f32::max)
 }
 
 pub fn check(name: &str, single: &[Vec<f32>], ranks: &[Vec<Vec<f32>>]) {
@@ -110,4 +142,3 @@ pub fn check(name: &str, single: &[Vec<f32>], ranks: &[Vec<Vec<f32>>]) {
     eprintln!("{name}: max |parallel - single| = {d:e}");
     assert!(d <= TOL, "{name}: max difference {d} > {TOL}");
 }
-
