@@ -113,20 +113,7 @@ impl Comm {
                 format!("ranks hold different lengths {lens:?}"),
             ));
         }
-        for start in (0..data.len()).step_by(CHUNK_ELEMS) {
-            let len = CHUNK_ELEMS.min(data.len() - start);
-            // SAFETY: the chunk is part of `data`, borrowed mutably for the whole call.
-            unsafe {
-                self.reduce_chunk(
-                    name,
-                    data.as_mut_ptr().add(start),
-                    len,
-                    op,
-                    scale,
-                    || Ok(()),
-                )?
-            };
-        }
+        self.all_reduce_host_chunks(name, data, op, scale)?;
         self.sync(name)
     }
 

@@ -50,6 +50,32 @@ fn two_devices_equal_one_device_at_the_whole_batch() -> Result<()> {
     Ok(())
 }
 
+/// Calibration: weights from each rank's measured rows per second, identical on every rank, and
+/// a split that covers the batch.
+#[test]
+fn calibrated_weights_are_shared() -> Result<()> {
+    let mut devices = vec![Device::host()];
+    devices.extend(opencl_test_devices()?.into_iter().take(1));
+    let group = Group::new(devices)?;
+    let got = group.run(|comm| {
+        let model = mlp(comm.device(), 7)?;
+        let mut ddp = DataParallel::new(comm, &model, DdpOptions::default())?;
+        for s in 0..3 {
+            let (x, y) = batch(s, BATCH)?;
+            ddp_step(&mut ddp, &model, (&x, &y), 1.0)?;
+        }
+        let rows = ddp.split(BATCH)[comm.rank()] * 3;
+        let w = ddp.calibrate(rows)?;
+        Ok((w, ddp.split(BATCH)))
+    })?;
+    for (w, split) in &got {
+        assert_eq!(w, &got[0].0, "every rank holds the same weights");
+        assert!(w.iter().all(|x| x.is_finite() && *x > 0.0), "{w:?}");
+        assert_eq!(split.iter().sum::<usize>(), BATCH);
+    }
+    Ok(())
+}
+
 #[test]
 fn host_group_equals_host_single() -> Result<()> {
     let single = train_single(&Device::host())?;
@@ -93,7 +119,7 @@ fn bucket_copies_overlap_backward_kernels() -> Result<()> {
                 profiler = Some(Profiler::start());
             }
             comm.barrier()?;
-            ddp_step(&mut ddp, &model, &x, &y)?;
+            ddp_step(&mut ddp, &model, (&x, &y), 1.0)?;
             d.synchronize()?;
             ddp.gradients().zero()?;
         }

@@ -62,17 +62,18 @@ pub fn train_single(device: &Device) -> Result<Vec<Vec<f32>>> {
     params(&model)
 }
 
-/// One data-parallel step: this rank's rows of `(x, y)`, forward, overlapped backward.
+/// One data-parallel step: this rank's rows of `(x, y)`, forward, the loss times `scale`,
+/// overlapped backward.
 pub fn ddp_step(
     ddp: &mut DataParallel<'_>,
     model: &Sequential,
-    x: &Tensor,
-    y: &Tensor,
+    (x, y): (&Tensor, &Tensor),
+    scale: f64,
 ) -> Result<()> {
     let (xs, ys) = (ddp.shard(x)?, ddp.shard(y)?);
     let tape = Tape::new();
     let pred = model.forward(&tape, &Var::from(xs))?;
-    let loss = mse_loss(&pred, &Var::from(ys))?;
+    let loss = mse_loss(&pred, &Var::from(ys))?.mul_scalar(scale)?;
     ddp.backward(&tape, &loss)
 }
 
@@ -83,47 +84,31 @@ pub fn train_rank(
     weights: Option<Vec<f64>>,
     accumulate: bool,
 ) -> Result<Vec<Vec<f32>>> {
-    {
-        let model = mlp(comm.device(), 7 + comm.rank() as u64)?;
-        // Small buckets: several per step, sent while backward runs.
-        let options = DdpOptions {
-            bucket_bytes: 512,
-            weights: weights.clone(),
-            ..Default::default()
-        };
-        let mut ddp = DataParallel::new(comm, &model, options)?;
-        assert!(ddp.bucket_sizes().len() >= 3, "{:?}", ddp.bucket_sizes());
-        let mut opt = Sgd::new(model.parameters(), 0.1).momentum(0.9);
-        for s in 0..STEPS {
-            let (x, y) = batch(s, BATCH)?;
-            if accumulate {
-                let half =
-                    |t: &Tensor, i: usize| t.narrow(0, i * BATCH / 2, BATCH / 2)?.contiguous();
-                let (x0, y0, x1, y1) = (half(&x, 0)?, half(&y, 0)?, half(&x, 1)?, half(&y, 1)?);
-                ddp.no_sync(|d| half_step(d, &model, &x0, &y0))?;
-                half_step(&mut ddp, &model, &x1, &y1)?;
-            } else {
-                ddp_step(&mut ddp, &model, &x, &y)?;
-            }
-            opt.step()?;
-            opt.zero_grad();
+    let model = mlp(comm.device(), 7 + comm.rank() as u64)?;
+    // Small buckets: several per step, sent while backward runs.
+    let options = DdpOptions {
+        bucket_bytes: 512,
+        weights,
+        ..Default::default()
+    };
+    let mut ddp = DataParallel::new(comm, &model, options)?;
+    assert!(ddp.bucket_sizes().len() >= 3, "{:?}", ddp.bucket_sizes());
+    let mut opt = Sgd::new(model.parameters(), 0.1).momentum(0.9);
+    for s in 0..STEPS {
+        let (x, y) = batch(s, BATCH)?;
+        if accumulate {
+            let half = |t: &Tensor, i: usize| t.narrow(0, i * BATCH / 2, BATCH / 2)?.contiguous();
+            let (x0, y0, x1, y1) = (half(&x, 0)?, half(&y, 0)?, half(&x, 1)?, half(&y, 1)?);
+            // Two halves whose losses are each half the mean: their sum is the batch mean.
+            ddp.no_sync(|d| ddp_step(d, &model, (&x0, &y0), 0.5))?;
+            ddp_step(&mut ddp, &model, (&x1, &y1), 0.5)?;
+        } else {
+            ddp_step(&mut ddp, &model, (&x, &y), 1.0)?;
         }
-        params(&model)
+        opt.step()?;
+        opt.zero_grad();
     }
-}
-
-/// Half a batch with its loss scaled by one half.
-pub fn half_step(
-    ddp: &mut DataParallel<'_>,
-    model: &Sequential,
-    x: &Tensor,
-    y: &Tensor,
-) -> Result<()> {
-    let (xs, ys) = (ddp.shard(x)?, ddp.shard(y)?);
-    let tape = Tape::new();
-    let pred = model.forward(&tape, &Var::from(xs))?;
-    let loss = mse_loss(&pred, &Var::from(ys))?.mul_scalar(0.5)?;
-    ddp.backward(&tape, &loss)
+    params(&model)
 }
 
 pub fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
