@@ -12,6 +12,14 @@ use std::time::{Duration, Instant};
 mod support;
 use support::equivalence::*;
 
+/// The tests of this file take turns: their ranks' threads and the PoCL devices share the
+/// machine's cores, and the overlap test reads timings.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// [`train_rank`] on every rank of `group`.
 fn train_parallel(
     group: &Group,
@@ -23,6 +31,7 @@ fn train_parallel(
 
 #[test]
 fn two_devices_equal_one_device_at_the_whole_batch() -> Result<()> {
+    let _turn = serial();
     let cl = opencl_test_devices()?;
     if cl.len() < 2 {
         return Ok(());
@@ -54,6 +63,7 @@ fn two_devices_equal_one_device_at_the_whole_batch() -> Result<()> {
 /// a split that covers the batch.
 #[test]
 fn calibrated_weights_are_shared() -> Result<()> {
+    let _turn = serial();
     let mut devices = vec![Device::host()];
     devices.extend(opencl_test_devices()?.into_iter().take(1));
     let group = Group::new(devices)?;
@@ -78,6 +88,7 @@ fn calibrated_weights_are_shared() -> Result<()> {
 
 #[test]
 fn host_group_equals_host_single() -> Result<()> {
+    let _turn = serial();
     let single = train_single(&Device::host())?;
     let g = Group::new(vec![Device::host()])?;
     check("host alone", &single, &train_parallel(&g, None, false)?);
@@ -88,6 +99,7 @@ fn host_group_equals_host_single() -> Result<()> {
 /// (copy queue, event timestamps) against the device times of the backward kernels.
 #[test]
 fn bucket_copies_overlap_backward_kernels() -> Result<()> {
+    let _turn = serial();
     let cl = opencl_test_devices()?;
     if cl.len() < 2 {
         return Ok(());
@@ -130,6 +142,7 @@ fn bucket_copies_overlap_backward_kernels() -> Result<()> {
         Ok((d.ordinal(), ddp.last_copies().to_vec()))
     })?;
     let profile = profile.into_inner().unwrap().expect("rank 0 profiled");
+    let mut early = Vec::new();
     // PoCL runs a device's commands on one pool of CPU threads, so a copy mostly runs in a gap
     // between two kernels rather than beside one (a GPU's copy engine would run it beside; the
     // count is printed). What must hold on any device: buckets make their whole round trip (device to host, the
@@ -177,14 +190,18 @@ fn bucket_copies_overlap_backward_kernels() -> Result<()> {
             );
             returned_early += usize::from(after > 0);
         }
-        // The ranks wait for each other in every bucket's reduction, so on a machine whose two
-        // devices share two cores the rank that runs ahead sees fewer early returns; the first
-        // bucket (the last layer) always comes back while the earlier layers' backward runs.
-        assert!(
-            returned_early >= 1,
-            "device {ordinal}: no bucket came back before backward's last kernel"
-        );
+        early.push(returned_early);
     }
+    // The ranks wait for each other in every bucket's reduction: a rank whose backward runs
+    // ahead (the devices share two cores here) may finish before the other has produced the
+    // first bucket, but the later rank then gets every bucket back at once while its own
+    // backward still runs. So at least one device must show buckets back before its last
+    // backward kernel (both do when the ranks keep pace).
+    eprintln!("buckets back before backward's last kernel, per device: {early:?}");
+    assert!(
+        early.iter().any(|&n| n >= 1),
+        "no bucket came back before backward's last kernel: {early:?}"
+    );
     Ok(())
 }
 
@@ -192,6 +209,7 @@ fn bucket_copies_overlap_backward_kernels() -> Result<()> {
 /// saved after step 2 is the one on disk, whole.
 #[test]
 fn a_failing_rank_fails_every_rank() -> Result<()> {
+    let _turn = serial();
     let mut devices = opencl_test_devices()?;
     devices.truncate(2);
     if devices.len() < 2 {
@@ -204,9 +222,10 @@ fn a_failing_rank_fails_every_rank() -> Result<()> {
     let dir = std::env::temp_dir().join(format!("netcl-ddp-fault-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| Error::invalid("test", e.to_string()))?;
     let path = dir.join("ckpt");
-    let group = Group::new(devices)?.with_timeout(Duration::from_secs(10));
+    // Generous: the first steps may build kernels (a cold PoCL cache takes tens of seconds).
+    let group = Group::new(devices)?.with_timeout(Duration::from_secs(120));
     let outcomes = Mutex::new(Vec::new());
-    let started = Instant::now();
+    let failed_at: Mutex<Option<Instant>> = Mutex::new(None);
     let result = group.run(|comm| {
         let run = || -> Result<()> {
             let model = mlp(comm.device(), 7)?;
@@ -225,6 +244,7 @@ fn a_failing_rank_fails_every_rank() -> Result<()> {
                 let tape = Tape::new();
                 let loss = mse_loss(&model.forward(&tape, &Var::from(xs))?, &Var::from(ys))?;
                 if step == 3 && comm.rank() == 1 {
+                    *failed_at.lock().unwrap() = Some(Instant::now());
                     return Err(Error::invalid("test", "injected failure in step 3"));
                 }
                 ddp.backward(&tape, &loss)?;
@@ -235,20 +255,28 @@ fn a_failing_rank_fails_every_rank() -> Result<()> {
             Ok(())
         };
         let r = run();
-        outcomes
-            .lock()
-            .unwrap()
-            .push((comm.rank(), r.as_ref().err().map(|e| e.to_string())));
+        outcomes.lock().unwrap().push((
+            comm.rank(),
+            r.as_ref().err().map(|e| e.to_string()),
+            Instant::now(),
+        ));
         r
     });
-    let elapsed = started.elapsed();
+    let failed_at = failed_at.into_inner().unwrap().expect("rank 1 failed");
     let err = result.unwrap_err().to_string();
     assert!(err.contains("injected failure"), "{err}");
     let outcomes = outcomes.into_inner().unwrap();
-    eprintln!("{outcomes:?} in {elapsed:?}");
+    eprintln!("{outcomes:?}");
     assert_eq!(outcomes.len(), 2);
-    assert!(outcomes.iter().all(|(_, e)| e.is_some()), "{outcomes:?}");
-    assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
+    assert!(outcomes.iter().all(|(_, e, _)| e.is_some()), "{outcomes:?}");
+    // Every rank returned soon after the failure (the abort wakes waiting ranks at once).
+    for (rank, _, at) in &outcomes {
+        let after = at.duration_since(failed_at);
+        assert!(
+            after < Duration::from_secs(5),
+            "rank {rank} returned {after:?} after the failure"
+        );
+    }
     let info = load_checkpoint(&path, &mlp(&Device::host(), 1)?, None)?;
     assert_eq!(info.step, 2);
 
