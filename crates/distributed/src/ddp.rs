@@ -64,6 +64,8 @@ pub struct DataParallel<'c> {
     sync: bool,
     /// Seconds of forward + backward on this rank in the last steps (for calibrate).
     last_compute_s: f64,
+    /// When this step's work began: its first `shard_range`, else the start of `backward`.
+    step_start: Option<Instant>,
     copies: Vec<CopyRecord>,
 }
 
@@ -165,6 +167,7 @@ impl<'c> DataParallel<'c> {
             weights,
             sync: true,
             last_compute_s: 0.0,
+            step_start: None,
             copies: Vec::new(),
         })
     }
@@ -201,6 +204,7 @@ impl<'c> DataParallel<'c> {
     /// This rank's rows of a batch of `n`; also makes their share of `n` this rank's weight in
     /// the next gradient all-reduce.
     pub fn shard_range(&mut self, n: usize) -> Range<usize> {
+        self.step_start.get_or_insert_with(Instant::now);
         let parts = self.split(n);
         let start: usize = parts[..self.comm.rank()].iter().sum();
         let mine = parts[self.comm.rank()];
@@ -235,7 +239,8 @@ impl<'c> DataParallel<'c> {
     /// gradient all-reduce overlapped. On return every replica holds the same gradients (unless
     /// inside [`DataParallel::no_sync`]). An error here (or on any other rank) aborts the group.
     pub fn backward(&mut self, tape: &Tape, loss: &Var) -> Result<()> {
-        let started = Instant::now();
+        // Forward (from the first shard_range) and backward count as this rank's compute.
+        let started = self.step_start.take().unwrap_or_else(Instant::now);
         if !self.sync {
             tape.backward(loss)?;
             self.last_compute_s += started.elapsed().as_secs_f64();
@@ -277,6 +282,11 @@ impl<'c> DataParallel<'c> {
         if let Err(e) = rest {
             self.worker.cancel(step);
             return Err(e);
+        }
+        // This rank's compute ends when its device has run forward and backward (the thread
+        // would wait for the reduction next anyway); calibrate() divides rows by this time.
+        if let Ok(cl) = self.flat.device().cl("DataParallel::backward") {
+            cl.queue.finish().cl("clFinish")?;
         }
         self.last_compute_s += started.elapsed().as_secs_f64();
         let done = self.worker.finish()?;
