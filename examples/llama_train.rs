@@ -4,7 +4,9 @@
 //! Flags: --data PATH (text file or folder; default /usr/share/games/fortunes, else the shipped
 //! text), --vocab N (512), --dim N (384), --layers N (8), --heads N (8), --kv-heads N (heads),
 //! --hidden N (1024), --context N (256), --batch N (32), --accum N (1), --steps N (800),
-//! --lr X (1e-3), --eval-every N (100), --seed N (1), --out DIR (runs/llama), --resume.
+//! --lr X (1e-3), --eval-every N (100), --seed N (1), --out DIR (runs/llama), --resume,
+//! --devices all|N|list (data parallel: a replica per device, each step's batch split between
+//! them, every rank drawing its own windows; rank 0 evaluates, samples and saves).
 //! The last line is `final val_loss=X.XXXX`.
 //!
 //! Defaults: a 14.4M-parameter model (dim 384, 8 layers, 8 heads, SwiGLU 1024, BPE vocabulary 512,
@@ -20,6 +22,7 @@
 use netcl::data::{
     bigram_baseline, encode_documents, plot_history, utf8_bytes, History, Progress, ENDOFTEXT,
 };
+use netcl::distributed::parse_devices;
 use netcl::nn::{load_checkpoint, save_checkpoint};
 use netcl::optim::clip_grad_norm_on_device;
 use netcl::prelude::*;
@@ -27,7 +30,9 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::time::Instant;
 
+#[derive(Clone)]
 struct Args {
+    devices: Option<String>,
     data: Option<PathBuf>,
     vocab: usize,
     cfg: LlamaConfig,
@@ -43,6 +48,7 @@ struct Args {
 
 fn parse() -> Result<Args> {
     let mut a = Args {
+        devices: None,
         data: None,
         vocab: 512,
         cfg: LlamaConfig {
@@ -73,6 +79,7 @@ fn parse() -> Result<Args> {
         let n = || v.parse::<usize>().map_err(|_| bad(&flag, &v));
         match flag.as_str() {
             "--data" => a.data = Some(v.clone().into()),
+            "--devices" => a.devices = Some(v.clone()),
             "--vocab" => a.vocab = n()?,
             "--dim" => a.cfg.dim = n()?,
             "--layers" => a.cfg.n_layers = n()?,
@@ -109,8 +116,22 @@ fn main() {
 }
 
 fn run() -> Result<()> {
-    let mut args = parse()?;
-    let dev = Device::best()?;
+    let args = parse()?;
+    match args.devices.as_deref().map(parse_devices).transpose()? {
+        Some(devices) if devices.len() > 1 => {
+            Group::new(devices)?.run(|comm| train(comm.device(), Some(comm), args.clone()))?;
+            Ok(())
+        }
+        Some(devices) => train(&devices[0], None, args),
+        None => train(&Device::best()?, None, args),
+    }
+}
+
+/// The run on `dev`; with `comm`, as one rank of a data-parallel group (rank 0 reports,
+/// evaluates and saves; every rank draws its own windows for its share of each batch).
+fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
+    let lead = comm.is_none_or(|c| c.rank() == 0);
+    let rank = comm.map_or(0, |c| c.rank() as u64);
     println!("device: {dev} ({})", dev.info().name);
     std::fs::create_dir_all(&args.out).map_err(|e| Error::io(args.out.display().to_string(), e))?;
 
@@ -122,7 +143,9 @@ fn run() -> Result<()> {
         Tokenizer::from_file(&tok_path)?
     } else {
         let t = Tokenizer::train_bpe(&split.train, args.vocab, &[ENDOFTEXT])?;
-        t.save(&tok_path)?;
+        if lead {
+            t.save(&tok_path)?;
+        }
         t
     };
     let train = encode_documents(&tokenizer, &split.train)?;
@@ -138,7 +161,7 @@ fn run() -> Result<()> {
     // Model and optimizer: no weight decay on the norms (1-D parameters).
     args.cfg.vocab_size = tokenizer.vocab_size();
     let t = args.cfg.max_seq_len;
-    let model = Llama::new(args.cfg.clone(), &dev, &mut Generator::new(args.seed))?;
+    let model = Llama::new(args.cfg.clone(), dev, &mut Generator::new(args.seed))?;
     println!(
         "model: {} parameters, {:?}",
         model.num_parameters(),
@@ -170,8 +193,24 @@ fn run() -> Result<()> {
         println!("resumed at step {step} from {}", ckpt.display());
     }
 
+    let mut ddp = comm
+        .map(|c| DataParallel::new(c, &model, DdpOptions::default()))
+        .transpose()?;
+    // This rank's rows of each batch (all of them without data parallelism).
+    let rows = match &mut ddp {
+        Some(d) => d.shard_range(args.batch).len(),
+        None => args.batch,
+    };
+    if let Some(c) = comm {
+        println!(
+            "rank {} on {dev}: {rows} of each batch's {} sequences",
+            c.rank(),
+            args.batch
+        );
+    }
+
     // Validation batches: fixed windows of the validation stream.
-    let mut val_batches = TokenBatcher::new(val.clone(), args.batch, t, 12345, &dev)?;
+    let mut val_batches = TokenBatcher::new(val.clone(), args.batch, t, 12345, dev)?;
     let val_sets: Vec<TokenBatch> = (0..4)
         .map(|_| val_batches.next_batch())
         .collect::<Result<_>>()?;
@@ -186,10 +225,10 @@ fn run() -> Result<()> {
         let block = step / args.eval_every;
         let mut batches = TokenBatcher::new(
             train.clone(),
-            args.batch,
+            rows,
             t,
-            args.seed * 1_000_003 + block as u64,
-            &dev,
+            args.seed * 1_000_003 + block as u64 + rank * 7_919,
+            dev,
         )?;
         let block_end = ((block + 1) * args.eval_every).min(args.steps);
         let mut progress = Progress::new(
@@ -201,13 +240,20 @@ fn run() -> Result<()> {
         while step < block_end {
             schedule.apply(&mut opt, step);
             let mut loss_sum = None;
-            for _ in 0..args.accum {
+            for micro in 0..args.accum {
                 let b = batches.next_batch()?;
                 let tape = Tape::new();
                 let loss = model
                     .loss(&tape, &b.inputs, &b.targets)?
                     .mul_scalar(1.0 / args.accum as f64)?;
-                tape.backward(&loss)?;
+                match &mut ddp {
+                    // Only the last micro-batch's backward communicates (the sum of all).
+                    Some(d) if micro + 1 == args.accum => d.backward(&tape, &loss)?,
+                    Some(d) => d.no_sync(|d| d.backward(&tape, &loss))?,
+                    None => {
+                        tape.backward(&loss)?;
+                    }
+                }
                 let l = loss.into_value();
                 loss_sum = Some(match loss_sum {
                     None => l,
@@ -221,7 +267,7 @@ fn run() -> Result<()> {
             if let Some(l) = loss_sum {
                 losses.push(l);
             }
-            if step % 50 == 0 || step == block_end {
+            if lead && (step % 50 == 0 || step == block_end) {
                 let l = losses
                     .last()
                     .map(|l| l.to_vec_f64())
@@ -234,12 +280,20 @@ fn run() -> Result<()> {
                 let eta = (args.steps - step) as f64 * secs / done;
                 progress.advance(step - block * args.eval_every);
                 progress.println(&format!(
-                    "step {step}/{} loss {l:.4} lr {:.2e} {:.0} tok/s ETA {eta:.0}s",
+                    "step {step}/{} loss {l:.4} lr {:.2e} {:.0} tok/s {:.1} ms/step ETA {eta:.0}s",
                     args.steps,
                     schedule.lr(step),
-                    tok_s
+                    tok_s,
+                    secs * 1e3 / done
                 ));
             }
+        }
+        if !lead {
+            // Other ranks take part in the checkpoint (rank 0 writes it) and go on.
+            if let Some(d) = &ddp {
+                d.save_checkpoint(&ckpt, &model, Some(&opt), step as u64, json!({}))?;
+            }
+            continue;
         }
         // Evaluation: validation loss and bits per byte, a sample, the plot, a checkpoint.
         let eval = Tape::no_grad();
@@ -281,7 +335,15 @@ fn run() -> Result<()> {
             &history,
         )?;
         let extra = json!({"history": (&history.train_loss, &history.test_loss), "val_loss": last_val, "bits_per_byte": bpb});
-        save_checkpoint(&ckpt, &model, Some(&opt), step as u64, extra)?;
+        match &ddp {
+            Some(d) => d.save_checkpoint(&ckpt, &model, Some(&opt), step as u64, extra)?,
+            None => {
+                save_checkpoint(&ckpt, &model, Some(&opt), step as u64, extra)?;
+            }
+        }
+    }
+    if !lead {
+        return Ok(());
     }
     let bpb = last_val / bytes_per_token / std::f64::consts::LN_2;
     println!(

@@ -9,7 +9,12 @@
 //! dataset-fashion-mnist), else the 2,000/500-image subset shipped in crates/data.
 //! Writes runs/mlp/checkpoint.json (naming its checkpoint.<hash>.npz) and runs/mlp/history.png
 //! after each epoch; with `--epochs 0` it trains nothing and saves nothing (and says so).
+//!
+//! `--devices all|N|list` (e.g. `--devices 2`, `--devices opencl:0:0,opencl:0:1`) trains data
+//! parallel: one replica per device, each batch split between them (netcl-distributed's
+//! `DataParallel`); rank 0 evaluates, logs and saves. Without it: the best device.
 use netcl::data::{Batches, ImageLayout, Progress};
+use netcl::distributed::{parse_devices, take_devices_flag, Comm, DataParallel, DdpOptions, Group};
 use netcl::prelude::*;
 use netcl::train::{evaluate, fashion_mnist_on, Meter, RunLog, TrainArgs};
 use serde_json::json;
@@ -22,27 +27,61 @@ fn main() {
 }
 
 fn run() -> Result<()> {
-    let args = TrainArgs::parse(TrainArgs {
-        epochs: 10,
-        batch: 128,
-        lr: 1e-3,
-        seed: 1,
-        out: "runs/mlp".into(),
-    })?;
-    let dev = Device::best()?;
-    println!("device: {dev} ({})", dev.info().name);
-    let (train, test, source) = fashion_mnist_on(&dev, ImageLayout::Flat)?;
+    let mut argv: Vec<String> = std::env::args().skip(1).collect();
+    let devices = take_devices_flag(&mut argv)?;
+    let args = TrainArgs::parse_from(
+        argv,
+        TrainArgs {
+            epochs: 10,
+            batch: 128,
+            lr: 1e-3,
+            seed: 1,
+            out: "runs/mlp".into(),
+        },
+    )?;
+    match devices.map(|d| parse_devices(&d)).transpose()? {
+        Some(devices) if devices.len() > 1 => {
+            Group::new(devices)?.run(|comm| train(comm.device(), Some(comm), &args))?;
+            Ok(())
+        }
+        Some(devices) => train(&devices[0], None, &args),
+        None => train(&Device::best()?, None, &args),
+    }
+}
+
+/// The training run on `dev`; with `comm`, as one rank of a data-parallel group (rank 0 prints,
+/// evaluates and saves).
+fn train(dev: &Device, comm: Option<&Comm>, args: &TrainArgs) -> Result<()> {
+    let lead = comm.is_none_or(|c| c.rank() == 0);
+    if lead {
+        println!("device: {dev} ({})", dev.info().name);
+    }
+    let (train, test, source) = fashion_mnist_on(dev, ImageLayout::Flat)?;
 
     let mut gen = Generator::new(args.seed);
     let mut model = Sequential::new()
-        .with(Linear::new(784, 1024, &dev, &mut gen)?)
+        .with(Linear::new(784, 1024, dev, &mut gen)?)
         .with(ReLU)
         .with(Dropout::new(0.2, args.seed)?)
-        .with(Linear::new(1024, 1024, &dev, &mut gen)?)
+        .with(Linear::new(1024, 1024, dev, &mut gen)?)
         .with(ReLU)
         .with(Dropout::new(0.2, args.seed + 1)?)
-        .with(Linear::new(1024, 10, &dev, &mut gen)?);
-    println!("model: {} parameters", model.num_parameters());
+        .with(Linear::new(1024, 10, dev, &mut gen)?);
+    if lead {
+        println!("model: {} parameters", model.num_parameters());
+    }
+    let mut ddp = comm
+        .map(|c| DataParallel::new(c, &model, DdpOptions::default()))
+        .transpose()?;
+    if let (Some(d), Some(c)) = (&ddp, comm) {
+        let rows = d.split(args.batch);
+        println!(
+            "rank {} on {dev}: {} of each batch's {} rows",
+            c.rank(),
+            rows[c.rank()],
+            args.batch
+        );
+    }
     let mut opt = Adam::new(model.parameters(), args.lr);
     let steps_per_epoch = Batches::new(train.len(), args.batch, None)?.len();
     let total = steps_per_epoch * args.epochs;
@@ -57,30 +96,44 @@ fn run() -> Result<()> {
     let mut step = 0;
     for epoch in 1..=args.epochs {
         model.train();
-        let mut meter = Meter::new(&dev)?;
+        let mut meter = Meter::new(dev)?;
         let mut progress = Progress::new(epoch, args.epochs, steps_per_epoch);
+        let started = std::time::Instant::now();
         let order = Batches::new(
             train.len(),
             args.batch,
             Some(args.seed * 1000 + epoch as u64),
         )?;
         for (i, batch) in train.batches(&order)?.enumerate() {
-            let (x, y) = batch?;
+            let (mut x, mut y) = batch?;
             schedule.apply(&mut opt, step);
+            if let Some(d) = &mut ddp {
+                (x, y) = (d.shard(&x)?, d.shard(&y)?);
+            }
             let tape = Tape::new();
             let logits = model.forward(&tape, &Var::from(x))?;
             let loss = cross_entropy(&logits, &y)?;
-            tape.backward(&loss)?;
+            match &mut ddp {
+                Some(d) => d.backward(&tape, &loss)?,
+                None => {
+                    tape.backward(&loss)?;
+                }
+            }
             opt.step()?;
             opt.zero_grad();
             meter.add(&loss, &logits, &y)?;
             step += 1;
-            if i % 50 == 49 || i + 1 == steps_per_epoch {
+            if lead && (i % 50 == 49 || i + 1 == steps_per_epoch) {
                 let (l, a) = meter.read()?;
                 progress.update(i + 1, l, a);
             }
         }
         let train_metrics = meter.read()?;
+        let step_ms = started.elapsed().as_secs_f64() * 1e3 / steps_per_epoch.max(1) as f64;
+        if !lead {
+            continue;
+        }
+        println!("epoch {epoch}: {step_ms:.2} ms/step");
         model.eval();
         let (test_loss, test_acc) = evaluate(&model, &test, 1000)?;
         progress.finish(&format!("test loss {test_loss:.4} accuracy {test_acc:.4}"));
@@ -93,6 +146,8 @@ fn run() -> Result<()> {
             step,
         )?;
     }
-    log.finish();
+    if lead {
+        log.finish();
+    }
     Ok(())
 }

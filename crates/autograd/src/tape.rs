@@ -6,6 +6,9 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 
+/// Called with each parameter whose gradient is final (see [`Tape::backward_hooked`]).
+pub type ParamHook<'a> = dyn FnMut(&Parameter) -> Result<()> + 'a;
+
 /// What a backward rule gets: the gradient of the op's output, and which inputs need a gradient.
 /// It returns one gradient per input (`None` where not needed or identically zero).
 pub(crate) type BackwardFn = Box<dyn FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>>>;
@@ -305,6 +308,35 @@ impl Tape {
 
     /// Gradients of `output` weighted by `seed` (same shape and dtype as the output).
     pub fn backward_with(&self, output: &Var, seed: &Tensor) -> Result<Gradients> {
+        self.backward_inner(output, seed, None)
+    }
+
+    /// [`Tape::backward`] that hands each parameter to `on_ready` as soon as its gradient is
+    /// final (the walk runs from the output back, so the last layer's parameters come first).
+    /// The gradient is added to the parameter before the call (not after every rule has run, as
+    /// in `backward`), so data-parallel training can start sending it while the rest of the
+    /// backward pass is still being computed. An error from `on_ready` stops the pass.
+    pub fn backward_hooked(
+        &self,
+        output: &Var,
+        on_ready: &mut dyn FnMut(&Parameter) -> Result<()>,
+    ) -> Result<Gradients> {
+        if output.numel() != 1 {
+            return Err(Error::shape(
+                "Tape::backward_hooked",
+                format!("output is {:?}; it must be a scalar", output.shape()),
+            ));
+        }
+        let seed = Tensor::ones(output.shape(), output.dtype(), output.device())?;
+        self.backward_inner(output, &seed, Some(on_ready))
+    }
+
+    fn backward_inner(
+        &self,
+        output: &Var,
+        seed: &Tensor,
+        mut on_ready: Option<&mut ParamHook<'_>>,
+    ) -> Result<Gradients> {
         let op = "Tape::backward";
         if seed.shape() != output.shape() || seed.dtype() != output.dtype() {
             return Err(Error::shape(
@@ -348,7 +380,13 @@ impl Tape {
             let Some(g) = grads[id].take() else { continue };
             let node = &mut nodes[id];
             if let Some(p) = &node.param {
-                param_grads.push((p.clone(), g));
+                match on_ready.as_mut() {
+                    Some(hook) => {
+                        p.accumulate_grad(&g)?;
+                        hook(p)?;
+                    }
+                    None => param_grads.push((p.clone(), g)),
+                }
                 continue;
             }
             let Some(backward) = node.backward.take() else {

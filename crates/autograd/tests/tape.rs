@@ -146,3 +146,50 @@ fn gradient_buffers_hold_every_gradient_in_one_tensor() {
         assert_eq!(flat()[..2], [-1.0, -2.0]);
     }
 }
+
+#[test]
+fn hooked_backward_hands_over_each_final_gradient() {
+    for dev in test_devices().unwrap() {
+        // loss = sum((x w1) w2): w2 is used last, so its gradient is final first.
+        let w1 = Parameter::new(t(&dev, &[1.0, -2.0, 0.5, 3.0], &[2, 2])).unwrap();
+        let w2 = Parameter::new(t(&dev, &[2.0, 1.0], &[2, 1])).unwrap();
+        let x = t(&dev, &[1.0, 2.0, -1.0, 0.5], &[2, 2]);
+        let run = |hooked: bool| -> (Vec<usize>, Vec<Vec<f64>>) {
+            let tape = Tape::new();
+            let h = Var::from(x.clone()).matmul(&tape.param(&w1)).unwrap();
+            let loss = h.matmul(&tape.param(&w2)).unwrap().sum_all().unwrap();
+            let mut order = Vec::new();
+            if hooked {
+                let mut hook = |p: &Parameter| {
+                    // The gradient is already in place when the hook runs.
+                    assert!(p.grad().is_some());
+                    order.push(p.id());
+                    Ok(())
+                };
+                tape.backward_hooked(&loss, &mut hook).unwrap();
+            } else {
+                tape.backward(&loss).unwrap();
+            }
+            let grads = [&w1, &w2]
+                .iter()
+                .map(|p| p.grad().unwrap().to_vec_f64().unwrap())
+                .collect();
+            w1.zero_grad();
+            w2.zero_grad();
+            (order, grads)
+        };
+        let (_, plain) = run(false);
+        let (order, hooked) = run(true);
+        assert_eq!(hooked, plain, "{dev}");
+        assert_eq!(order, vec![w2.id(), w1.id()], "{dev}: last layer first");
+        // An error from the hook stops the pass.
+        let tape = Tape::new();
+        let loss = tape.param(&w2).sum_all().unwrap();
+        let err = tape
+            .backward_hooked(&loss, &mut |_| {
+                Err(netcl_ops::Error::invalid("hook", "stop"))
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("stop"), "{err}");
+    }
+}

@@ -1,4 +1,4 @@
-//! Device handles: discovery of every OpenCL device plus the host, selection, one context and queue each.
+//! Device handles: discovery of every OpenCL device plus the host, selection, one context, a compute queue and a copy queue each.
 use crate::info::{DeviceInfo, DeviceKind};
 use crate::{ClResultExt, Error, Result};
 use opencl3::command_queue::{CommandQueue, CL_QUEUE_PROFILING_ENABLE};
@@ -7,11 +7,16 @@ use opencl3::device::{Device as ClDeviceId, CL_DEVICE_TYPE_ALL};
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
-/// An OpenCL device with its one context and one in-order queue.
+/// An OpenCL device with its one context, its in-order compute queue and an in-order copy queue.
 pub struct ClDevice {
     pub id: ClDeviceId,
     pub context: Context,
+    /// Every kernel and ordinary copy runs here, in order.
     pub queue: CommandQueue,
+    /// A second in-order queue for transfers that should overlap the compute queue's kernels
+    /// (gradient buckets of data-parallel training). Work on it is ordered against `queue` only
+    /// through events (a marker on one queue, waited on by the other).
+    pub copy_queue: CommandQueue,
     /// Platform index and device index within the platform (`opencl:P:D`).
     pub platform_index: usize,
     pub device_index: usize,
@@ -147,12 +152,20 @@ fn open_device(
             (q, false)
         }
     };
+    let props = if profiling {
+        CL_QUEUE_PROFILING_ENABLE
+    } else {
+        0
+    };
+    let copy_queue = CommandQueue::create_default_with_properties(&context, props, 0)
+        .cl("clCreateCommandQueue(copy)")?;
     Ok((
         info,
         ClDevice {
             id,
             context,
             queue,
+            copy_queue,
             platform_index,
             device_index,
             profiling,
@@ -274,7 +287,10 @@ impl Device {
     pub fn synchronize(&self) -> Result<()> {
         match &self.0.backend {
             Backend::Host => Ok(()),
-            Backend::OpenCl(c) => c.queue.finish().cl("clFinish"),
+            Backend::OpenCl(c) => {
+                c.queue.finish().cl("clFinish")?;
+                c.copy_queue.finish().cl("clFinish(copy)")
+            }
         }
     }
 }

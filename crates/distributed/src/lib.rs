@@ -1,1 +1,20 @@
-//! netcl-distributed: Collectives across devices and data-parallel training (filled by a later issue).
+//! netcl-distributed: collectives across devices (one thread per device, host staging) and data-parallel training.
+mod bucket;
+mod collectives;
+mod ddp;
+mod devices;
+mod group;
+mod hub;
+#[cfg(feature = "mpi")]
+mod mpi;
+mod reduce;
+mod staging;
+
+pub use bucket::CopyRecord;
+pub use collectives::CHUNK_ELEMS;
+pub use ddp::{DataParallel, DdpOptions};
+pub use devices::{parse_devices, take_devices_flag};
+pub use group::{Comm, Group, DEFAULT_TIMEOUT};
+#[cfg(feature = "mpi")]
+pub use mpi::MpiWorld;
+pub use reduce::{proportional_split, split_range, ReduceOp};

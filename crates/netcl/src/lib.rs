@@ -6,6 +6,7 @@ pub use netcl_core_devices as devices;
 pub use netcl_core_devices::debug;
 pub use netcl_core_memory as memory;
 pub use netcl_data as data;
+pub use netcl_distributed as distributed;
 pub use netcl_kernels as kernels;
 pub use netcl_models as models;
 pub use netcl_nn as nn;
@@ -44,6 +45,8 @@ pub mod guide {
     pub mod performance {}
     #[doc = include_str!("../../../docs/guide/debugging.md")]
     pub mod debugging {}
+    #[doc = include_str!("../../../docs/guide/data-parallel.md")]
+    pub mod data_parallel {}
 }
 
 /// Everything a training script needs: `use netcl::prelude::*`.
@@ -54,6 +57,7 @@ pub mod prelude {
     pub use crate::{DType, Error, Generator, Pool, Result};
     pub use netcl_autograd::{autocast, gradcheck, GradcheckOptions};
     pub use netcl_data::{TextCorpus, TokenBatch, TokenBatcher, Tokenizer};
+    pub use netcl_distributed::{Comm, DataParallel, DdpOptions, Group, ReduceOp};
     pub use netcl_models::{KvCache, Sampler, Sampling};
     pub use netcl_nn::{
         checkpoint::SaveOptions, cross_entropy, cross_entropy_with, mse_loss, nll_loss,

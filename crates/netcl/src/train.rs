@@ -96,7 +96,11 @@ pub struct TrainArgs {
 impl TrainArgs {
     /// Parse `std::env::args()` over `defaults`; an unknown flag or a bad value is an error.
     pub fn parse(defaults: TrainArgs) -> Result<TrainArgs> {
-        let args: Vec<String> = std::env::args().skip(1).collect();
+        TrainArgs::parse_from(std::env::args().skip(1).collect(), defaults)
+    }
+
+    /// [`TrainArgs::parse`] over given arguments (the program name left out).
+    pub fn parse_from(args: Vec<String>, defaults: TrainArgs) -> Result<TrainArgs> {
         let mut a = defaults;
         let bad =
             |flag: &str, v: &str| Error::invalid("arguments", format!("{flag} {v:?} is not valid"));

@@ -1,0 +1,291 @@
+//! The communication thread of data-parallel training: reduces gradient buckets across ranks as backward hands them over, and copies them back on the copy queue.
+use crate::group::Comm;
+use crate::reduce::ReduceOp;
+use crate::staging::{queue, read, write, Queue};
+use netcl_core_devices::opencl3::event::Event;
+use netcl_core_devices::{ClResultExt, Error, Result};
+use netcl_core_memory::PinnedBuffer;
+use netcl_ops::Tensor;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// A range of the flat gradient buffer reduced as one unit.
+pub(crate) struct Bucket {
+    /// First element and number of elements in the flat buffer.
+    pub start: usize,
+    pub len: usize,
+    /// How many parameters' gradients it holds.
+    pub params: usize,
+    /// Address of its pinned host staging (OpenCL ranks; 0 on the host).
+    pub pinned: usize,
+}
+
+/// A bucket on its way off the device.
+pub(crate) enum Job {
+    /// The values, copied on the host device.
+    Host(Vec<f32>),
+    /// A marker on the compute queue after the kernels that produced the bucket.
+    Device(Event),
+}
+
+/// Device timings of one bucket's copies in the last step: raw device clock (ns,
+/// CL_PROFILING_COMMAND_START/END), the clock the device's kernel events use.
+#[derive(Clone, Debug)]
+pub struct CopyRecord {
+    pub bucket: usize,
+    pub bytes: usize,
+    /// Device to host (start, end).
+    pub to_host: (u64, u64),
+    /// Host to device (start, end).
+    pub to_device: (u64, u64),
+}
+
+enum Msg {
+    Begin {
+        step: u64,
+        share: f32,
+        buckets: usize,
+    },
+    Bucket {
+        step: u64,
+        index: usize,
+        job: Job,
+    },
+    Cancel {
+        step: u64,
+    },
+}
+
+/// What a step's reduction left: write events (completed), host buckets' values, copy timings.
+#[derive(Default)]
+pub(crate) struct Done {
+    pub writes: Vec<Event>,
+    pub host: Vec<(usize, Vec<f32>)>,
+    pub copies: Vec<CopyRecord>,
+}
+
+pub(crate) struct BucketWorker {
+    tx: Option<Sender<Msg>>,
+    rx: Receiver<Result<Done>>,
+    handle: Option<JoinHandle<()>>,
+    step: u64,
+}
+
+impl BucketWorker {
+    pub(crate) fn start(
+        comm: Comm,
+        flat: Tensor,
+        buckets: Arc<Vec<Bucket>>,
+        pinned: Vec<PinnedBuffer>,
+    ) -> Result<BucketWorker> {
+        let (tx, jobs) = channel();
+        let (done_tx, rx) = channel();
+        let handle = std::thread::Builder::new()
+            .name(format!("netcl-ddp-{}", comm.rank()))
+            .spawn(move || {
+                let worker = Worker {
+                    comm,
+                    flat,
+                    buckets,
+                };
+                worker.run(jobs, done_tx);
+                // Nothing may still be copying into the pinned buffers when they are freed.
+                if let Ok(q) = queue(worker.flat.device(), Queue::Copy) {
+                    let _ = q.finish();
+                }
+                drop(pinned);
+            })
+            .map_err(|e| {
+                Error::invalid(
+                    "DataParallel",
+                    format!("spawning the communication thread: {e}"),
+                )
+            })?;
+        Ok(BucketWorker {
+            tx: Some(tx),
+            rx,
+            handle: Some(handle),
+            step: 0,
+        })
+    }
+
+    fn post(&self, msg: Msg) -> Result<()> {
+        self.tx
+            .as_ref()
+            .and_then(|tx| tx.send(msg).ok())
+            .ok_or_else(|| Error::invalid("DataParallel", "the communication thread has stopped"))
+    }
+
+    /// Start a step whose gradients weigh `share` in the mean; returns its number.
+    pub(crate) fn begin(&mut self, share: f32, buckets: usize) -> Result<u64> {
+        self.step += 1;
+        self.post(Msg::Begin {
+            step: self.step,
+            share,
+            buckets,
+        })?;
+        Ok(self.step)
+    }
+
+    pub(crate) fn send(&self, step: u64, index: usize, job: Job) -> Result<()> {
+        self.post(Msg::Bucket { step, index, job })
+    }
+
+    /// Abandon the step (backward failed part-way).
+    pub(crate) fn cancel(&self, step: u64) {
+        if self.post(Msg::Cancel { step }).is_ok() {
+            let _ = self.rx.recv();
+        }
+    }
+
+    /// Wait for every bucket of the step to be reduced and copied back.
+    pub(crate) fn finish(&self) -> Result<Done> {
+        self.rx
+            .recv()
+            .map_err(|_| Error::invalid("DataParallel", "the communication thread has stopped"))?
+    }
+}
+
+impl Drop for BucketWorker {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+struct Worker {
+    comm: Comm,
+    flat: Tensor,
+    buckets: Arc<Vec<Bucket>>,
+}
+
+impl Worker {
+    fn run(&self, jobs: Receiver<Msg>, done: Sender<Result<Done>>) {
+        while let Ok(msg) = jobs.recv() {
+            let Msg::Begin {
+                step,
+                share,
+                buckets,
+            } = msg
+            else {
+                continue;
+            };
+            let mut waiting: Vec<Option<Job>> = (0..buckets).map(|_| None).collect();
+            let (mut next, mut out) = (0, Ok(Done::default()));
+            while next < buckets {
+                match jobs.recv() {
+                    Ok(Msg::Bucket {
+                        step: s,
+                        index,
+                        job,
+                    }) if s == step && index < buckets => waiting[index] = Some(job),
+                    Ok(Msg::Cancel { step: s }) if s == step => {
+                        out = Err(Error::invalid("DataParallel", "step cancelled"));
+                        break;
+                    }
+                    Ok(_) => continue,
+                    Err(_) => return,
+                }
+                // Reduce in bucket order (the same on every rank), as soon as each is here.
+                while next < buckets {
+                    let Some(job) = waiting[next].take() else {
+                        break;
+                    };
+                    if let Ok(d) = &mut out {
+                        if let Err(e) = self.reduce(next, job, share, d) {
+                            self.comm.abort(&e.to_string());
+                            out = Err(e);
+                        }
+                    }
+                    next += 1;
+                }
+            }
+            if let Ok(d) = &mut out {
+                if let Err(e) = self.timings(d) {
+                    out = Err(e);
+                }
+            }
+            if done.send(out).is_err() {
+                return;
+            }
+        }
+    }
+
+    fn reduce(&self, index: usize, job: Job, share: f32, done: &mut Done) -> Result<()> {
+        let b = &self.buckets[index];
+        match job {
+            Job::Host(mut data) => {
+                self.comm
+                    .all_reduce_host(&mut data, ReduceOp::WeightedSum, share)?;
+                done.host.push((index, data));
+            }
+            Job::Device(produced) => {
+                let dev = self.flat.device();
+                let mem = self.flat.mem()?;
+                let at = (self.flat.offset() + b.start) * 4;
+                // The copy queue holds only this bucket's copies: a read queued there for a
+                // later bucket (waiting for its kernels) would hold up this bucket's write back.
+                // SAFETY: the pinned buffer is this bucket's and outlives the copies (the worker
+                // finishes the copy queue before freeing it); nothing touches it meanwhile.
+                let read = unsafe {
+                    read(
+                        dev,
+                        Queue::Copy,
+                        mem,
+                        at,
+                        b.pinned as *mut u8,
+                        b.len * 4,
+                        &[&produced],
+                    )?
+                };
+                queue(dev, Queue::Copy)?.flush().cl("clFlush")?;
+                read.wait().cl("clWaitForEvents")?;
+                // SAFETY: the pinned buffer holds the bucket (the read completed) and nothing
+                // else touches it until the write below has completed.
+                let data = unsafe { std::slice::from_raw_parts_mut(b.pinned as *mut f32, b.len) };
+                self.comm
+                    .all_reduce_host(data, ReduceOp::WeightedSum, share)?;
+                // SAFETY: as above; `timings` waits for the write before the step ends.
+                let w = unsafe {
+                    write(
+                        dev,
+                        Queue::Copy,
+                        mem,
+                        at,
+                        b.pinned as *const u8,
+                        b.len * 4,
+                        &[],
+                    )?
+                };
+                queue(dev, Queue::Copy)?.flush().cl("clFlush")?;
+                done.copies.push(CopyRecord {
+                    bucket: index,
+                    bytes: b.len * 4,
+                    to_host: times(&read),
+                    to_device: (0, 0),
+                });
+                done.writes.push(w);
+            }
+        }
+        Ok(())
+    }
+
+    /// Wait for the writes back and note their device times.
+    fn timings(&self, done: &mut Done) -> Result<()> {
+        for (w, rec) in done.writes.iter().zip(done.copies.iter_mut()) {
+            w.wait().cl("clWaitForEvents")?;
+            rec.to_device = times(w);
+        }
+        Ok(())
+    }
+}
+
+fn times(ev: &Event) -> (u64, u64) {
+    (
+        ev.profiling_command_start().unwrap_or(0),
+        ev.profiling_command_end().unwrap_or(0),
+    )
+}

@@ -1,0 +1,394 @@
+//! DataParallel: one model replica per rank, the batch split between ranks, gradients all-reduced in buckets on the copy queue while backward still runs.
+use crate::bucket::{Bucket, BucketWorker, CopyRecord, Job};
+use crate::group::Comm;
+use crate::reduce::proportional_split;
+use crate::staging::{marker, write_tensor, Queue};
+use netcl_autograd::{GradBuffers, Parameter, Tape, Var};
+use netcl_core_devices::{ClResultExt, DType, Error, Result};
+use netcl_core_memory::PinnedBuffer;
+use netcl_nn::Module;
+use netcl_ops::Tensor;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Settings of [`DataParallel`].
+#[derive(Clone, Debug)]
+pub struct DdpOptions {
+    /// Gradient bytes per all-reduce bucket (default 4 MiB). A bucket is sent as soon as backward
+    /// has produced all of its gradients.
+    pub bucket_bytes: usize,
+    /// Copy rank 0's parameters and buffers to every replica at the start (default true). With
+    /// false, replicas must already be equal (built from the same seed).
+    pub broadcast_parameters: bool,
+    /// Shares of the batch per rank (any positive numbers; default equal). See also
+    /// [`DataParallel::calibrate`].
+    pub weights: Option<Vec<f64>>,
+}
+
+impl Default for DdpOptions {
+    fn default() -> DdpOptions {
+        DdpOptions {
+            bucket_bytes: 4 << 20,
+            broadcast_parameters: true,
+            weights: None,
+        }
+    }
+}
+
+/// Data-parallel training on one rank of a [`crate::Group`] (or an MPI communicator): this
+/// rank's replica of the model, its share of each batch, and the gradient all-reduce.
+///
+/// Each step: take this rank's rows ([`DataParallel::shard`]), compute the loss (a mean over
+/// those rows) and call [`DataParallel::backward`]. Gradients go into one flat buffer, in buckets
+/// ordered as backward produces them (last layer first); each full bucket is copied to pinned
+/// host memory on the device's copy queue (ordered after the kernels that wrote it by an event),
+/// reduced across ranks on a communication thread and copied back, while the compute queue runs
+/// the rest of backward. The reduction weights each rank's gradient by its share of the batch, so
+/// every replica ends with the gradient of the whole batch's mean loss and the optimizer, run on
+/// every rank, keeps the replicas identical.
+pub struct DataParallel<'c> {
+    comm: &'c Comm,
+    grads: GradBuffers,
+    flat: Tensor,
+    buckets: Arc<Vec<Bucket>>,
+    bucket_of: HashMap<usize, usize>,
+    /// Parameters of each bucket (to zero the gradient of those backward did not reach).
+    members: Vec<Vec<Parameter>>,
+    worker: BucketWorker,
+    weights: Vec<f64>,
+    /// This rank's share of the last batch split (its weight in the gradient mean).
+    share: f32,
+    sync: bool,
+    /// Seconds of forward + backward on this rank in the last steps (for calibrate).
+    last_compute_s: f64,
+    /// When this step's work began: its first `shard_range`, else the start of `backward`.
+    step_start: Option<Instant>,
+    copies: Vec<CopyRecord>,
+}
+
+impl<'c> DataParallel<'c> {
+    /// Take over gradient communication for this rank's replica `module` (the model stays the
+    /// caller's: forward it as usual, then call [`DataParallel::backward`]). Collective: every
+    /// rank calls it with a model of the same architecture.
+    pub fn new(
+        comm: &'c Comm,
+        module: &dyn Module,
+        options: DdpOptions,
+    ) -> Result<DataParallel<'c>> {
+        let op = "DataParallel::new";
+        let weights = options.weights.unwrap_or_else(|| vec![1.0; comm.size()]);
+        check_weights(op, &weights, comm.size())?;
+        if options.broadcast_parameters {
+            for p in module.parameters() {
+                comm.broadcast(p.value(), 0)?;
+            }
+            for (_, b) in module.named_buffers() {
+                comm.broadcast(&b, 0)?;
+            }
+        }
+        // Backward reaches the parameters roughly in reverse order of use: lay the flat buffer
+        // out that way, so the first buckets fill first.
+        let mut params = module.trainable_parameters();
+        params.reverse();
+        if let Some(p) = params
+            .iter()
+            .find(|p| p.dtype() != DType::F32 || p.device() != comm.device())
+        {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "parameter {:?} is {} on {}; data-parallel training takes f32 parameters on the rank's device {}",
+                    p.shape(),
+                    p.dtype(),
+                    p.device(),
+                    comm.device()
+                ),
+            ));
+        }
+        let grads = GradBuffers::new(&params)?;
+        let flat = match grads.buffers() {
+            [] => Tensor::zeros(&[0], DType::F32, comm.device())?,
+            [b] => b.clone(),
+            _ => {
+                return Err(Error::invalid(
+                    op,
+                    "parameters span several gradient buffers",
+                ))
+            }
+        };
+        let mut buckets: Vec<Bucket> = Vec::new();
+        let mut members: Vec<Vec<Parameter>> = Vec::new();
+        let mut bucket_of = HashMap::new();
+        let mut at = 0;
+        for p in &params {
+            let bytes = p.numel() * 4;
+            let start_new = match buckets.last() {
+                None => true,
+                Some(b) => b.len > 0 && (b.len * 4 + bytes) > options.bucket_bytes,
+            };
+            if start_new {
+                buckets.push(Bucket {
+                    start: at,
+                    len: 0,
+                    params: 0,
+                    pinned: 0,
+                });
+                members.push(Vec::new());
+            }
+            let b = buckets.last_mut().expect("a bucket");
+            b.len += p.numel();
+            b.params += 1;
+            members.last_mut().expect("a bucket").push(p.clone());
+            bucket_of.insert(p.id(), buckets.len() - 1);
+            at += p.numel();
+        }
+        let mut pinned = Vec::new();
+        if comm.device().is_opencl() {
+            for b in &mut buckets {
+                let mut buf = PinnedBuffer::new(comm.device(), b.len * 4)?;
+                b.pinned = buf.as_mut_slice().as_mut_ptr() as usize;
+                pinned.push(buf);
+            }
+        }
+        let buckets = Arc::new(buckets);
+        let worker = BucketWorker::start(comm.duplicate()?, flat.clone(), buckets.clone(), pinned)?;
+        Ok(DataParallel {
+            comm,
+            grads,
+            flat,
+            buckets,
+            bucket_of,
+            members,
+            worker,
+            share: 1.0 / comm.size() as f32,
+            weights,
+            sync: true,
+            last_compute_s: 0.0,
+            step_start: None,
+            copies: Vec::new(),
+        })
+    }
+
+    pub fn comm(&self) -> &Comm {
+        self.comm
+    }
+    /// Number of gradient buckets and their sizes in elements.
+    pub fn bucket_sizes(&self) -> Vec<usize> {
+        self.buckets.iter().map(|b| b.len).collect()
+    }
+    /// The flat gradient buffer (every trainable parameter's gradient is a view into it).
+    pub fn gradients(&self) -> &GradBuffers {
+        &self.grads
+    }
+
+    /// The rows of a batch of `n` each rank takes, in rank order (proportional to the weights).
+    pub fn split(&self, n: usize) -> Vec<usize> {
+        proportional_split(n, &self.weights)
+    }
+
+    /// The current shares of the batch per rank.
+    pub fn weights(&self) -> &[f64] {
+        &self.weights
+    }
+
+    /// Set the shares of the batch per rank (the same on every rank).
+    pub fn set_weights(&mut self, weights: Vec<f64>) -> Result<()> {
+        check_weights("DataParallel::set_weights", &weights, self.comm.size())?;
+        self.weights = weights;
+        Ok(())
+    }
+
+    /// This rank's rows of a batch of `n`; also makes their share of `n` this rank's weight in
+    /// the next gradient all-reduce.
+    pub fn shard_range(&mut self, n: usize) -> Range<usize> {
+        self.step_start.get_or_insert_with(Instant::now);
+        let parts = self.split(n);
+        let start: usize = parts[..self.comm.rank()].iter().sum();
+        let mine = parts[self.comm.rank()];
+        self.share = if n == 0 { 0.0 } else { mine as f32 / n as f32 };
+        start..start + mine
+    }
+
+    /// This rank's rows (dim 0) of a whole batch `x`, on this rank's device.
+    pub fn shard(&mut self, x: &Tensor) -> Result<Tensor> {
+        let n = x.shape().first().copied().ok_or_else(|| {
+            Error::shape(
+                "DataParallel::shard",
+                "the batch must have a batch dimension",
+            )
+        })?;
+        let r = self.shard_range(n);
+        x.narrow(0, r.start, r.len())?
+            .contiguous()?
+            .to_device(self.comm.device())
+    }
+
+    /// Run `f` without gradient communication: backward passes inside only accumulate locally
+    /// (the next synchronised backward all-reduces the sum).
+    pub fn no_sync<R>(&mut self, f: impl FnOnce(&mut Self) -> Result<R>) -> Result<R> {
+        let was = std::mem::replace(&mut self.sync, false);
+        let out = f(self);
+        self.sync = was;
+        out
+    }
+
+    /// Backward of this rank's `loss` (a scalar: the mean over this rank's rows), with the
+    /// gradient all-reduce overlapped. On return every replica holds the same gradients (unless
+    /// inside [`DataParallel::no_sync`]). An error here (or on any other rank) aborts the group.
+    pub fn backward(&mut self, tape: &Tape, loss: &Var) -> Result<()> {
+        // Forward (from the first shard_range) and backward count as this rank's compute.
+        let started = self.step_start.take().unwrap_or_else(Instant::now);
+        if !self.sync {
+            tape.backward(loss)?;
+            self.last_compute_s += started.elapsed().as_secs_f64();
+            return Ok(());
+        }
+        let out = self.backward_synced(tape, loss, started);
+        if let Err(e) = &out {
+            self.comm.abort(&e.to_string());
+        }
+        out
+    }
+
+    fn backward_synced(&mut self, tape: &Tape, loss: &Var, started: Instant) -> Result<()> {
+        let mut pending: Vec<usize> = self.buckets.iter().map(|b| b.params).collect();
+        let mut sent = vec![false; self.buckets.len()];
+        let share = self.share;
+        let step = self.worker.begin(share, self.buckets.len())?;
+        {
+            let (worker, flat, buckets, bucket_of) =
+                (&self.worker, &self.flat, &self.buckets, &self.bucket_of);
+            let mut hook = |p: &Parameter| -> Result<()> {
+                let Some(&b) = bucket_of.get(&p.id()) else {
+                    return Ok(());
+                };
+                pending[b] -= 1;
+                if pending[b] == 0 {
+                    sent[b] = true;
+                    worker.send(step, b, launch(flat, &buckets[b])?)?;
+                }
+                Ok(())
+            };
+            if let Err(e) = tape.backward_hooked(loss, &mut hook) {
+                worker.cancel(step);
+                return Err(e);
+            }
+        }
+        // Buckets with parameters backward did not reach: their gradients are zero.
+        let rest = self.send_unreached(step, &sent);
+        if let Err(e) = rest {
+            self.worker.cancel(step);
+            return Err(e);
+        }
+        // This rank's compute ends when its device has run forward and backward (the thread
+        // would wait for the reduction next anyway); calibrate() divides rows by this time.
+        if let Ok(cl) = self.flat.device().cl("DataParallel::backward") {
+            cl.queue.finish().cl("clFinish")?;
+        }
+        self.last_compute_s += started.elapsed().as_secs_f64();
+        let done = self.worker.finish()?;
+        // Later kernels (the optimizer's) must wait for the gradients copied back.
+        if self.flat.device().is_opencl() {
+            let waits: Vec<_> = done.writes.iter().collect();
+            drop(marker(self.flat.device(), Queue::Compute, &waits)?);
+        }
+        for (b, data) in done.host {
+            let bucket = &self.buckets[b];
+            write_tensor(&self.flat.narrow(0, bucket.start, bucket.len)?, &data)?;
+        }
+        self.flat.mark_modified();
+        self.copies = done.copies;
+        Ok(())
+    }
+
+    /// Send the buckets backward did not complete: the gradients of parameters it did not reach
+    /// are zero.
+    fn send_unreached(&self, step: u64, sent: &[bool]) -> Result<()> {
+        for (b, done) in sent.iter().enumerate() {
+            if !done {
+                for p in &self.members[b] {
+                    if p.grad().is_none() {
+                        p.set_grad(Some(Tensor::zeros(p.shape(), p.dtype(), p.device())?))?;
+                    }
+                }
+                self.worker
+                    .send(step, b, launch(&self.flat, &self.buckets[b])?)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Device timings of the last synchronised step's bucket copies (OpenCL ranks).
+    pub fn last_copies(&self) -> &[CopyRecord] {
+        &self.copies
+    }
+
+    /// Measure each rank's throughput over the steps since the last call (rows it processed
+    /// per second of its forward + backward) and set the weights in proportion. Collective.
+    pub fn calibrate(&mut self, rows_done: usize) -> Result<Vec<f64>> {
+        let secs = self.last_compute_s.max(1e-9);
+        self.last_compute_s = 0.0;
+        let mut rate = vec![rows_done as f32 / secs as f32];
+        let all = self.comm.all_gather(&Tensor::from_vec(
+            rate.split_off(0),
+            &[1],
+            self.comm.device(),
+        )?)?;
+        let rates: Vec<f64> = all.to_vec::<f32>()?.into_iter().map(f64::from).collect();
+        if rates.iter().all(|r| r.is_finite() && *r > 0.0) {
+            self.weights = rates;
+        }
+        Ok(self.weights.clone())
+    }
+
+    /// Save a checkpoint (see `netcl_nn::save_checkpoint`) written by rank 0 only, once every
+    /// rank has reached this point without error (so a failed step writes nothing). Collective.
+    pub fn save_checkpoint(
+        &self,
+        path: impl AsRef<Path>,
+        module: &dyn Module,
+        optimizer: Option<&dyn netcl_optim::Optimizer>,
+        step: u64,
+        extra: serde_json::Value,
+    ) -> Result<()> {
+        self.comm.barrier()?;
+        let saved = if self.comm.rank() == 0 {
+            netcl_nn::save_checkpoint(path, module, optimizer, step, extra).map(|_| ())
+        } else {
+            Ok(())
+        };
+        if let Err(e) = &saved {
+            self.comm.abort(&e.to_string());
+        }
+        saved?;
+        self.comm.barrier()
+    }
+}
+
+fn check_weights(op: &str, w: &[f64], size: usize) -> Result<()> {
+    if w.len() != size || w.iter().any(|x| !x.is_finite() || *x <= 0.0) {
+        return Err(Error::invalid(
+            op,
+            format!("weights {w:?}: need {size} positive finite numbers (one per rank)"),
+        ));
+    }
+    Ok(())
+}
+
+/// Hand bucket `b` over: on an OpenCL device, a marker after the kernels that wrote it (the
+/// communication thread reads the bucket on the copy queue once the marker has passed); on the
+/// host, a copy of its values.
+fn launch(flat: &Tensor, b: &Bucket) -> Result<Job> {
+    if flat.device().is_host() {
+        return Ok(Job::Host(flat.narrow(0, b.start, b.len)?.to_vec::<f32>()?));
+    }
+    let produced = marker(flat.device(), Queue::Compute, &[])?;
+    // Make the driver start the queued kernels now rather than when it next looks at the queue.
+    crate::staging::queue(flat.device(), Queue::Compute)?
+        .flush()
+        .cl("clFlush")?;
+    Ok(Job::Device(produced))
+}

@@ -1,0 +1,141 @@
+//! Hub: the rendezvous of the ranks of one process (barriers with a timeout and an abort flag, and an exchange of host pointers).
+use netcl_core_devices::{Error, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Shared by every hub of one group: set once a rank fails, so every rank blocked in (or later
+/// entering) a collective returns an error instead of waiting for it.
+#[derive(Default)]
+pub(crate) struct Abort {
+    set: AtomicBool,
+    why: Mutex<Option<String>>,
+}
+
+impl Abort {
+    pub(crate) fn raise(&self, why: String) {
+        let mut w = self.why.lock().unwrap_or_else(|p| p.into_inner());
+        if w.is_none() {
+            *w = Some(why);
+        }
+        self.set.store(true, Ordering::Release);
+    }
+    pub(crate) fn is_set(&self) -> bool {
+        self.set.load(Ordering::Acquire)
+    }
+    pub(crate) fn error(&self, op: &str, rank: usize) -> Error {
+        let why = self.why.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Error::device(
+            op,
+            format!(
+                "rank {rank}: the group was aborted ({})",
+                why.unwrap_or_default()
+            ),
+        )
+    }
+}
+
+/// What one rank published for the collective in progress: a host pointer, an element count, a
+/// scale (the weight of its contribution) and a shape.
+#[derive(Clone, Default)]
+pub(crate) struct Slot {
+    pub ptr: usize,
+    pub len: usize,
+    pub scale: f32,
+    pub shape: Vec<usize>,
+}
+
+struct State {
+    arrived: usize,
+    generation: u64,
+    /// Two sets, used alternately by consecutive exchanges: a rank one exchange ahead writes the
+    /// other set while a late rank still reads this one.
+    slots: [Vec<Slot>; 2],
+}
+
+/// The meeting point of `size` ranks. Collectives follow one pattern: publish a slot, barrier,
+/// read the others' memory, barrier (so nobody changes or frees its memory while it is read).
+pub(crate) struct Hub {
+    size: usize,
+    state: Mutex<State>,
+    cv: Condvar,
+    pub(crate) abort: Arc<Abort>,
+    pub(crate) timeout: Duration,
+}
+
+/// How often a blocked rank looks at the abort flag.
+const POLL: Duration = Duration::from_millis(20);
+
+impl Hub {
+    pub(crate) fn new(size: usize, abort: Arc<Abort>, timeout: Duration) -> Hub {
+        Hub {
+            size,
+            state: Mutex::new(State {
+                arrived: 0,
+                generation: 0,
+                slots: [vec![Slot::default(); size], vec![Slot::default(); size]],
+            }),
+            cv: Condvar::new(),
+            abort,
+            timeout,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wait until every rank has arrived; an error (naming `op`) when the group is aborted or the
+    /// others do not come within the timeout (which then aborts the group).
+    pub(crate) fn barrier(&self, op: &str, rank: usize) -> Result<()> {
+        if self.abort.is_set() {
+            return Err(self.abort.error(op, rank));
+        }
+        let mut st = self.lock();
+        let gen = st.generation;
+        st.arrived += 1;
+        if st.arrived == self.size {
+            st.arrived = 0;
+            st.generation += 1;
+            self.cv.notify_all();
+            return Ok(());
+        }
+        let start = Instant::now();
+        while st.generation == gen {
+            if self.abort.is_set() {
+                return Err(self.abort.error(op, rank));
+            }
+            if start.elapsed() > self.timeout {
+                let why = format!(
+                    "{op}: rank {rank} waited {:.1} s for {} other rank(s)",
+                    start.elapsed().as_secs_f64(),
+                    self.size - st.arrived
+                );
+                drop(st);
+                self.abort.raise(why.clone());
+                return Err(Error::device(op, why));
+            }
+            st = self
+                .cv
+                .wait_timeout(st, POLL)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    /// Publish `slot` and wait for every rank's; returns all slots in rank order. `seq` counts
+    /// this rank's exchanges on this hub (the same sequence on every rank).
+    pub(crate) fn exchange(
+        &self,
+        op: &str,
+        rank: usize,
+        seq: u64,
+        slot: Slot,
+    ) -> Result<Vec<Slot>> {
+        let set = (seq % 2) as usize;
+        self.lock().slots[set][rank] = slot;
+        self.barrier(op, rank)?;
+        Ok(self.lock().slots[set].clone())
+    }
+}

@@ -1,0 +1,2 @@
+//! Helpers shared by test binaries and examples.
+pub mod equivalence;
