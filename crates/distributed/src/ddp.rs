@@ -49,6 +49,9 @@ impl Default for DdpOptions {
 /// the rest of backward. The reduction weights each rank's gradient by its share of the batch, so
 /// every replica ends with the gradient of the whole batch's mean loss and the optimizer, run on
 /// every rank, keeps the replicas identical.
+///
+/// A complete training loop is `examples/data_parallel.rs`, shown in docs/guide/data-parallel.md
+/// (whose code runs as a doctest of the `netcl` crate).
 pub struct DataParallel<'c> {
     comm: &'c Comm,
     grads: GradBuffers,

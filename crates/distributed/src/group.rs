@@ -12,6 +12,30 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Devices that run one program together: rank `r` is `devices[r]`. [`Group::run`] starts one
 /// thread per rank and hands each a [`Comm`].
+///
+/// # Example
+///
+/// Every device present (the host, and each OpenCL device) sums its rank's tensor with the
+/// others'; every rank gets the same bits.
+///
+/// ```
+/// use netcl_core_devices::{DType, Device};
+/// use netcl_distributed::{Group, ReduceOp};
+/// use netcl_ops::Tensor;
+///
+/// let group = Group::new(Device::all())?;
+/// let sums = group.run(|comm| {
+///     // Rank r holds [r + 1, r + 1, r + 1] on its own device.
+///     let t = Tensor::full(&[3], comm.rank() as f64 + 1.0, DType::F32, comm.device())?;
+///     comm.all_reduce(&t, ReduceOp::Sum)?; // in place, on every rank
+///     t.to_vec::<f32>()
+/// })?;
+/// let n = group.size() as f32;
+/// for s in &sums {
+///     assert_eq!(s, &vec![n * (n + 1.0) / 2.0; 3]);
+/// }
+/// # Ok::<(), netcl_core_devices::Error>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct Group {
     devices: Vec<Device>,
