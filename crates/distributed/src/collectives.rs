@@ -308,9 +308,9 @@ impl Comm {
     /// Every rank's `t` concatenated along dim 0 in rank order (a 0-d tensor counts as `[1]`); the
     /// ranks may hold different numbers of rows but the same trailing dims.
     pub fn all_gather(&self, t: &Tensor) -> Result<Tensor> {
-        Ok(self
-            .gather_impl("all_gather", t, None)?
-            .expect("every rank gathers"))
+        self.gather_impl("all_gather", t, None)?.ok_or_else(|| {
+            Error::device("all_gather", format!("rank {} received no rows", self.rank))
+        })
     }
 
     /// Like [`Comm::all_gather`], but only `root` gets the result (`None` elsewhere).
@@ -331,15 +331,7 @@ impl Comm {
         } else {
             t.shape().to_vec()
         };
-        let slots = self.exchange(
-            name,
-            Slot {
-                ptr: data.as_ptr() as usize,
-                len: data.len(),
-                shape: shape.clone(),
-                ..Default::default()
-            },
-        )?;
+        let slots = self.exchange(name, Slot::of(&data, shape.clone()))?;
         if let Some(s) = slots.iter().find(|s| s.shape[1..] != shape[1..]) {
             let e = Error::shape(
                 name,
@@ -388,15 +380,7 @@ impl Comm {
             }
             _ => (Vec::new(), Vec::new()),
         };
-        let slots = self.exchange(
-            name,
-            Slot {
-                ptr: data.as_ptr() as usize,
-                len: data.len(),
-                shape: shape.clone(),
-                ..Default::default()
-            },
-        )?;
+        let slots = self.exchange(name, Slot::of(&data, shape.clone()))?;
         let root_shape = slots[root].shape.clone();
         if root_shape.is_empty() {
             self.sync(name)?;

@@ -141,11 +141,11 @@ impl<'c> DataParallel<'c> {
                 });
                 members.push(Vec::new());
             }
-            let b = buckets.last_mut().expect("a bucket");
-            b.len += p.numel();
-            b.params += 1;
-            members.last_mut().expect("a bucket").push(p.clone());
-            bucket_of.insert(p.id(), buckets.len() - 1);
+            let i = buckets.len() - 1; // the bucket just started, or the open one
+            buckets[i].len += p.numel();
+            buckets[i].params += 1;
+            members[i].push(p.clone());
+            bucket_of.insert(p.id(), i);
             at += p.numel();
         }
         let mut pinned = Vec::new();

@@ -45,6 +45,19 @@ pub(crate) struct Slot {
     pub shape: Vec<usize>,
 }
 
+impl Slot {
+    /// The slot offering `data` (read by the other ranks until the exchange's closing sync) with
+    /// its tensor's `shape`.
+    pub fn of(data: &[f32], shape: Vec<usize>) -> Slot {
+        Slot {
+            ptr: data.as_ptr() as usize,
+            len: data.len(),
+            shape,
+            ..Default::default()
+        }
+    }
+}
+
 struct State {
     arrived: usize,
     generation: u64,

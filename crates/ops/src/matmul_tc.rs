@@ -203,7 +203,13 @@ struct TcTile {
 }
 
 impl TcTile {
+    /// The tiling in force: `NETCL_TC_TILE` when set (read once per process), else the default.
     fn get() -> TcTile {
+        static TILE: OnceLock<TcTile> = OnceLock::new();
+        *TILE.get_or_init(TcTile::from_env)
+    }
+
+    fn from_env() -> TcTile {
         let default = TcTile {
             warps_m: 2,
             warps_n: 2,
