@@ -1,8 +1,10 @@
 //! netcl-core-memory: a bucket pool per OpenCL device and host<->device copies through pinned staging.
+pub mod capture;
 mod host;
 mod pool;
 mod size_class;
 mod transfer;
+pub mod watch;
 
 pub use host::{host_charge, host_check, host_memory, host_release, host_vec, set_host_limit};
 pub use pool::{parse_bytes, Block, Pool, PoolStats};

@@ -133,6 +133,11 @@ impl fmt::Debug for Block {
 impl Drop for Block {
     fn drop(&mut self) {
         if let Some(buf) = self.buf.take() {
+            crate::capture::record(&self.pool.device, || crate::capture::Event::Free {
+                mem: buf.get() as crate::capture::Mem,
+            });
+            // A graph that uses this buffer either adopts it or is marked stale.
+            let buf = crate::watch::released(buf.get() as crate::capture::Mem, buf);
             let mut st = self.pool.lock();
             st.stats.in_use -= self.class;
             st.stats.live_blocks -= 1;
@@ -141,11 +146,13 @@ impl Drop for Block {
                     s.live -= 1;
                 }
             }
-            st.free.entry(self.class).or_default().push(FreeBlock {
-                buf,
-                slab: self.slab,
-                origin: self.origin,
-            });
+            if let Some(buf) = buf {
+                st.free.entry(self.class).or_default().push(FreeBlock {
+                    buf,
+                    slab: self.slab,
+                    origin: self.origin,
+                });
+            }
             st.stats.cached = st.stats.reserved - st.stats.in_use;
         }
     }
@@ -291,6 +298,10 @@ impl Pool {
         st.stats.live_blocks += 1;
         st.stats.peak = st.stats.peak.max(st.stats.in_use);
         st.stats.cached = st.stats.reserved - st.stats.in_use;
+        crate::capture::record(&self.shared.device, || crate::capture::Event::Alloc {
+            mem: fb.buf.get() as crate::capture::Mem,
+            bytes: len,
+        });
         Block {
             buf: Some(fb.buf),
             len,

@@ -1,4 +1,5 @@
 //! Host<->device copies: pinned staging buffers, chunked synchronous copies, non-blocking copies with events.
+use crate::capture;
 use crate::pool::Block;
 use netcl_core_devices::opencl3::command_queue::CommandQueue;
 use netcl_core_devices::opencl3::event::Event;
@@ -14,6 +15,17 @@ use std::sync::{Mutex, OnceLock};
 pub const STAGING_THRESHOLD: usize = 1 << 20;
 /// Size of each of the two staging buffers of a device.
 pub const STAGING_CHUNK: usize = 16 << 20;
+
+/// Records a host write into the capture on `dst`'s device, if this thread captures there.
+fn record_write(dst: &Block, offset: usize, data: &[u8]) {
+    if !data.is_empty() {
+        capture::record(dst.device(), || capture::Event::Write {
+            mem: dst.mem() as capture::Mem,
+            offset,
+            data: data.to_vec(),
+        });
+    }
+}
 
 fn check_range(op: &str, block: &Block, offset: usize, len: usize) -> Result<()> {
     match offset.checked_add(len) {
@@ -162,6 +174,7 @@ impl PinnedBuffer {
     pub fn write_to(self, dst: &Block, offset: usize, len: usize) -> Result<Pending<PinnedBuffer>> {
         self.check(dst, "PinnedBuffer::write_to", len)?;
         check_range("PinnedBuffer::write_to", dst, offset, len)?;
+        record_write(dst, offset, &self.as_slice()[..len]);
         let q = &dst.device().cl("PinnedBuffer::write_to")?.queue;
         // SAFETY: the buffer (and its mapping) moves into Pending and is handed back only after the wait.
         let ev = unsafe { enqueue_write(q, dst.mem(), offset, self.ptr, len, false)? };
@@ -180,6 +193,7 @@ impl PinnedBuffer {
     ) -> Result<Pending<PinnedBuffer>> {
         self.check(src, "PinnedBuffer::read_from", len)?;
         check_range("PinnedBuffer::read_from", src, offset, len)?;
+        capture::forbid(src.device(), "PinnedBuffer::read_from")?;
         let q = &src.device().cl("PinnedBuffer::read_from")?.queue;
         // SAFETY: as in write_to; nothing can read the buffer until the wait hands it back.
         let ev = unsafe { enqueue_read(q, src.mem(), offset, self.ptr, len, false)? };
@@ -277,6 +291,7 @@ pub fn write_async<H: AsRef<[u8]> + Send + 'static>(
     let data = Box::new(data);
     let bytes = (*data).as_ref();
     check_range("write_async", dst, offset, bytes.len())?;
+    record_write(dst, offset, bytes);
     if bytes.is_empty() {
         return Ok(Pending {
             event: None,
@@ -295,6 +310,7 @@ pub fn write_async<H: AsRef<[u8]> + Send + 'static>(
 /// Start copying `len` bytes of `src` at `offset` into a new host vector, returned by `wait`.
 pub fn read_async(src: &Block, offset: usize, len: usize) -> Result<Pending<Vec<u8>>> {
     check_range("read_async", src, offset, len)?;
+    capture::forbid(src.device(), "read_async")?;
     let q = &src.device().cl("read_async")?.queue;
     let mut host = vec![0u8; len];
     if len == 0 {
@@ -360,6 +376,7 @@ fn with_ring<R>(device: &Device, f: impl FnOnce(&mut [PinnedBuffer]) -> Result<R
 /// buffers, so the memcpy of one chunk overlaps the DMA of the previous one.
 pub fn write(dst: &Block, offset: usize, data: &[u8]) -> Result<()> {
     check_range("write", dst, offset, data.len())?;
+    record_write(dst, offset, data);
     if data.is_empty() {
         return Ok(());
     }
@@ -398,6 +415,7 @@ pub fn write(dst: &Block, offset: usize, data: &[u8]) -> Result<()> {
 /// Copy `out.len()` bytes of `src` at `offset` into `out` and wait (staged like [`write()`]).
 pub fn read(src: &Block, offset: usize, out: &mut [u8]) -> Result<()> {
     check_range("read", src, offset, out.len())?;
+    capture::forbid(src.device(), "read")?;
     if out.is_empty() {
         return Ok(());
     }
@@ -451,6 +469,13 @@ pub fn copy(
     if len == 0 {
         return Ok(());
     }
+    capture::record(src.device(), || capture::Event::Copy {
+        src: src.mem() as capture::Mem,
+        src_offset,
+        dst: dst.mem() as capture::Mem,
+        dst_offset,
+        len,
+    });
     let q = &src.device().cl("copy")?.queue;
     // SAFETY: both ranges were checked to lie inside live buffers.
     unsafe {

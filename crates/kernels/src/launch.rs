@@ -3,6 +3,7 @@ use crate::program::Program;
 use netcl_core_devices::opencl3::kernel::Kernel as ClKernel;
 use netcl_core_devices::opencl3::types::{cl_command_queue, cl_event, cl_kernel, cl_mem};
 use netcl_core_devices::{cl3, ClResultExt, Device, Error, Result};
+use netcl_core_memory::capture;
 use netcl_profiling::{Launch, Probe, Work};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -50,6 +51,8 @@ pub struct Kernel {
     dynamic_local: u64,
     /// What the next launch declares to the profiler.
     work: Option<Work>,
+    /// The arguments set so far, while this thread captures a graph on the kernel's device.
+    recorded: Option<Vec<capture::Arg>>,
 }
 
 impl Kernel {
@@ -96,6 +99,7 @@ impl Kernel {
             next_arg: 0,
             dynamic_local: 0,
             work: None,
+            recorded: capture::capturing(&program.device).then(Vec::new),
         })
     }
 
@@ -132,6 +136,13 @@ impl Kernel {
         let i = self.next_index()?;
         // SAFETY: the index is within num_args and the value is plain data of the size passed.
         unsafe { self.entry().kernel.set_arg(i, value) }.map_err(|e| self.arg_error(i, e.0))?;
+        if let Some(r) = &mut self.recorded {
+            // SAFETY: `value` is plain data of `size_of::<T>()` bytes.
+            let bytes = unsafe {
+                std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>())
+            };
+            r.push(capture::Arg::Bytes(bytes.to_vec()));
+        }
         Ok(self)
     }
 
@@ -149,12 +160,21 @@ impl Kernel {
             )
         }
         .map_err(|e| self.arg_error(i, e))?;
+        if let Some(r) = &mut self.recorded {
+            r.push(capture::Arg::Bytes(bytes.to_vec()));
+        }
         Ok(self)
     }
 
     /// Set the next argument to a buffer.
     pub fn arg_mem(&mut self, mem: cl_mem) -> Result<&mut Self> {
-        self.arg(&mem)
+        let i = self.next_index()?;
+        // SAFETY: the index is within num_args and a cl_mem is what a buffer argument takes.
+        unsafe { self.entry().kernel.set_arg(i, &mem) }.map_err(|e| self.arg_error(i, e.0))?;
+        if let Some(r) = &mut self.recorded {
+            r.push(capture::Arg::Mem(mem as capture::Mem));
+        }
+        Ok(self)
     }
 
     /// Set the next argument to `bytes` of dynamic local memory (checked at launch).
@@ -164,6 +184,9 @@ impl Kernel {
         unsafe { self.entry().kernel.set_arg_local_buffer(i, bytes) }
             .map_err(|e| self.arg_error(i, e.0))?;
         self.dynamic_local += bytes as u64;
+        if let Some(r) = &mut self.recorded {
+            r.push(capture::Arg::Local(bytes));
+        }
         Ok(self)
     }
 
@@ -197,6 +220,9 @@ impl Kernel {
         let result = self.try_launch(global, local, work);
         self.next_arg = 0;
         self.dynamic_local = 0;
+        if let Some(r) = &mut self.recorded {
+            r.clear();
+        }
         if let (Ok(()), Some(e)) = (&result, self.entry.as_mut()) {
             e.launches += 1;
         }
@@ -280,6 +306,18 @@ impl Kernel {
                 netcl_core_devices::cl_code_name(code)
             ),
         })?;
+        if let Some(args) = &self.recorded {
+            capture::record(device, || {
+                capture::Event::Launch(capture::LaunchRecord {
+                    program: self.program.clone(),
+                    kernel: self.entry().name.clone(),
+                    args: args.clone(),
+                    global: rounded[..dims].to_vec(),
+                    local: local.to_vec(),
+                    work: work.map(|w| (w.bytes, w.flops)),
+                })
+            });
+        }
         if let Some(probe) = probe {
             let launch = Launch {
                 kernel: &self.entry().name,

@@ -1,10 +1,12 @@
 //! netcl-kernels: OpenCL C from kernels/*.cl, built per device with -D options, cached in memory and on disk, launched with checks.
+mod bound;
 mod disk_cache;
 mod launch;
 mod program;
 pub mod sources;
 pub mod tuning;
 
+pub use bound::{BoundArg, BoundKernel};
 pub use disk_cache::default_dir as cache_dir;
 pub use launch::{set_after_sync_check, thread_launches, thread_launches_total, Kernel};
 pub use program::{build, program, Origin, Program};

@@ -7,6 +7,7 @@ pub use netcl_core_devices::debug;
 pub use netcl_core_memory as memory;
 pub use netcl_data as data;
 pub use netcl_distributed as distributed;
+pub use netcl_graph as graph;
 pub use netcl_kernels as kernels;
 pub use netcl_models as models;
 pub use netcl_nn as nn;
@@ -58,6 +59,7 @@ pub mod prelude {
     pub use netcl_autograd::{autocast, gradcheck, GradcheckOptions};
     pub use netcl_data::{TextCorpus, TokenBatch, TokenBatcher, Tokenizer};
     pub use netcl_distributed::{Comm, DataParallel, DdpOptions, Group, ReduceOp};
+    pub use netcl_graph::{Capture, Graph};
     pub use netcl_models::{KvCache, Sampler, Sampling};
     pub use netcl_nn::{
         checkpoint::SaveOptions, cross_entropy, cross_entropy_with, mse_loss, nll_loss,

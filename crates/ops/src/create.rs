@@ -56,6 +56,26 @@ impl Tensor {
         })
     }
 
+    /// Copies `src` (same shape and dtype, any device and layout) into this tensor in place, so
+    /// every view of this storage sees the new values: one elementwise kernel on a device.
+    pub fn copy_(&self, src: &Tensor) -> Result<()> {
+        if src.shape != self.shape || src.dtype != self.dtype {
+            return Err(Error::shape(
+                "copy_",
+                format!(
+                    "source {:?} {} into destination {:?} {}",
+                    src.shape, src.dtype, self.shape, self.dtype
+                ),
+            ));
+        }
+        let src = if src.device == self.device {
+            src.clone()
+        } else {
+            src.to_device(&self.device)?
+        };
+        crate::fused::fused_into(&[&src], &[(crate::expr::Expr::input(0), self)])
+    }
+
     pub fn zeros(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
         Tensor::full(shape, 0.0, dtype, device)
     }

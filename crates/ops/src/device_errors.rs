@@ -123,3 +123,17 @@ fn check_device(device: &Device, when: &str) -> Result<()> {
         format!("{what} (found on {device} by the kernel and reported {when})"),
     ))
 }
+
+/// The name a captured graph binds this thread's index-error record of a device by.
+pub const INDEX_ERRORS_BUFFER: &str = "netcl.index_errors";
+
+/// This thread's index-error record of `device` (made on first use), armed so the next read
+/// checks it: what a replayed graph whose kernels report bad indices binds and arms.
+pub fn index_error_record(device: &Device) -> Result<cl_mem> {
+    record_arg(device)
+}
+
+/// This thread's index-error record of `device` if it exists (without making or arming it).
+pub fn existing_index_error_record(device: &Device) -> Option<cl_mem> {
+    RECORDS.with_borrow(|r| r.get(&device.ordinal()).map(|r| r.block.mem()))
+}

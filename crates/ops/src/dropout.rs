@@ -63,6 +63,7 @@ impl Tensor {
         gen: &mut Generator,
     ) -> Result<Tensor> {
         let op = "bernoulli";
+        netcl_core_memory::capture::forbid_random(device, op)?;
         check_p(op, p, shape)?;
         let n = checked_numel(op, shape, dtype.size())?;
         let count = u32_arg(op, "elements", n)?;
@@ -95,6 +96,7 @@ impl Tensor {
     /// `grad * mask / (1 - p)`. One kernel for both outputs.
     pub fn dropout(&self, p: f64, gen: &mut Generator) -> Result<(Tensor, Tensor)> {
         let op = "dropout";
+        netcl_core_memory::capture::forbid_random(&self.device, op)?;
         check_p(op, p, &self.shape)?;
         check_float(op, self, "input")?;
         let n = self.numel();

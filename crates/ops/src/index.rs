@@ -41,9 +41,13 @@ fn positions(shape: &[usize], strides: &[usize], offset: usize) -> Vec<usize> {
     crate::layout::strided_positions(shape, strides, offset).collect()
 }
 
-/// The indices of `idx` in row-major order when they are on the host or few enough to read back.
+/// The indices of `idx` in row-major order when they are on the host or few enough to read back
+/// (never while a graph is captured on the device: its kernels' error record reports instead).
 pub(crate) fn readable_indices(idx: &Tensor) -> Result<Option<Vec<i32>>> {
-    if idx.device.is_host() || idx.numel() <= INDEX_CHECK_LIMIT {
+    if idx.device.is_host()
+        || (idx.numel() <= INDEX_CHECK_LIMIT
+            && !netcl_core_memory::capture::capturing(&idx.device))
+    {
         return Ok(Some(idx.to_vec::<i32>()?));
     }
     Ok(None)

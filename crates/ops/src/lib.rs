@@ -39,6 +39,7 @@ mod window;
 pub use attention::Attention;
 pub use batch_norm::BatchNorm;
 pub use conv::Conv2dParams;
+pub use device_errors::{existing_index_error_record, index_error_record, INDEX_ERRORS_BUFFER};
 pub use element::{Element, HostData};
 pub use expr::{BinaryOp, Expr, UnaryOp};
 pub use fused::{fused, fused_into};

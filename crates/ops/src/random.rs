@@ -105,6 +105,7 @@ impl Tensor {
                 format!("random values need a float dtype, not {dtype}"),
             ));
         }
+        netcl_core_memory::capture::forbid_random(device, "random")?;
         let n = numel(shape);
         let base = gen.take(n);
         if device.is_host() {

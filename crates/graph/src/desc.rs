@@ -1,0 +1,167 @@
+//! The description of a captured graph: programs, nodes, buffers and the arena plan, as plain data that `save_graph` writes as JSON and `load_graph` reads back.
+use serde::{Deserialize, Serialize};
+
+/// The format's version; `load_graph` refuses other versions.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// A buffer a node reads or writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BufRef {
+    /// Made and freed inside the step: lives in the graph's arena.
+    Internal(usize),
+    /// Lives outside the step (parameters, gradients, optimizer state, slots, what the step made
+    /// and kept).
+    External(usize),
+}
+
+/// One kernel argument.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum NodeArg {
+    Buf(BufRef),
+    /// A plain value's bytes, as hex.
+    Bytes(#[serde(with = "hex")] Vec<u8>),
+    /// Dynamic local memory of this many bytes.
+    Local(usize),
+}
+
+/// One step of the graph, in queue order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Node {
+    Launch {
+        /// Index into [`GraphDesc::programs`].
+        program: usize,
+        kernel: String,
+        args: Vec<NodeArg>,
+        /// Work-items per dim (a multiple of `local`).
+        global: Vec<usize>,
+        local: Vec<usize>,
+    },
+    /// Constant bytes the step wrote from the host (replayed from a device copy of them).
+    Write {
+        dst: BufRef,
+        offset: usize,
+        #[serde(with = "hex")]
+        data: Vec<u8>,
+    },
+    Copy {
+        src: BufRef,
+        src_offset: usize,
+        dst: BufRef,
+        dst_offset: usize,
+        len: usize,
+    },
+}
+
+impl Node {
+    /// The buffers this node touches.
+    pub fn buffers(&self) -> Vec<BufRef> {
+        match self {
+            Node::Launch { args, .. } => args
+                .iter()
+                .filter_map(|a| match a {
+                    NodeArg::Buf(b) => Some(*b),
+                    _ => None,
+                })
+                .collect(),
+            Node::Write { dst, .. } => vec![*dst],
+            Node::Copy { src, dst, .. } => vec![*src, *dst],
+        }
+    }
+}
+
+/// A program the nodes launch kernels of: its OpenCL C (without the common header) and options.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProgramDesc {
+    pub name: String,
+    pub text: String,
+    pub options: String,
+}
+
+/// A buffer made and freed inside the step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Internal {
+    pub bytes: usize,
+    /// First and last node that touch it.
+    pub first: usize,
+    pub last: usize,
+    /// Byte offset in the arena.
+    pub offset: usize,
+}
+
+/// What an external buffer is to the graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    /// Existed before the capture (parameters, gradient buffers, optimizer state, input slots).
+    Bound,
+    /// Made by the step and still alive at its end (outputs, gradients it allocated): the graph
+    /// keeps it when its owner lets it go.
+    Kept,
+}
+
+/// A buffer outside the arena.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct External {
+    /// The name it is bound by when the graph is loaded (a slot, a named tensor, a builtin).
+    pub name: Option<String>,
+    /// Bytes of its storage.
+    pub bytes: usize,
+    pub role: Role,
+}
+
+/// A named tensor of the graph: an input or output slot, or a named bound tensor.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Slot {
+    pub name: String,
+    /// The external buffer holding it.
+    pub external: usize,
+    pub shape: Vec<usize>,
+    pub dtype: String,
+    /// Offset of its first element in the storage (views of one buffer, e.g. gradients).
+    pub offset: usize,
+}
+
+/// Everything a captured graph is, without the live OpenCL objects.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GraphDesc {
+    pub schema_version: u32,
+    /// The device it was captured on (informational).
+    pub device: String,
+    pub programs: Vec<ProgramDesc>,
+    pub nodes: Vec<Node>,
+    pub internals: Vec<Internal>,
+    pub externals: Vec<External>,
+    pub inputs: Vec<Slot>,
+    pub outputs: Vec<Slot>,
+    /// Tensors named with `Capture::name`.
+    pub named: Vec<Slot>,
+    /// Bytes of the arena all internal buffers share.
+    pub arena_bytes: usize,
+    /// The most bytes of internal buffers alive at once when the step ran eagerly.
+    pub eager_peak_bytes: usize,
+    /// Alignment of arena offsets.
+    pub align: usize,
+}
+
+/// Bytes as a lowercase hex string in JSON.
+mod hex {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        let mut out = String::with_capacity(bytes.len() * 2);
+        for b in bytes {
+            out.push_str(&format!("{b:02x}"));
+        }
+        s.serialize_str(&out)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let s = String::deserialize(d)?;
+        if s.len() % 2 != 0 || !s.is_ascii() {
+            return Err(D::Error::custom(format!("odd or non-ASCII hex string {s:?}")));
+        }
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(D::Error::custom))
+            .collect()
+    }
+}

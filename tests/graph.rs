@@ -1,0 +1,371 @@
+//! Graph capture and replay on every OpenCL device: a replayed training step (MLP, CNN, tiny Llama; forward, backward, optimizer) gives bit-identical losses and parameters to the eager step over 10 steps; the arena is smaller than eager's peak; shape changes, replaced parameters, reads and random ops inside a capture are errors; a saved graph reloads and replays.
+use netcl::graph::Graph;
+use netcl::models::{Llama, LlamaConfig};
+use netcl::nn::{Conv2d, Linear, MaxPool2d, Module, Sequential};
+use netcl::optim::{AdamW, Optimizer, Sgd};
+use netcl::prelude::*;
+use netcl_core_devices::opencl_test_devices;
+
+/// A model with its optimizer and loss: what one training step needs.
+struct Trainer<M> {
+    model: M,
+    opt: Box<dyn Optimizer>,
+    loss: fn(&M, &Tape, &Tensor, &Tensor) -> Result<Var>,
+}
+
+impl<M> Trainer<M> {
+    /// One eager step: forward, backward, update, zero_grad; the loss tensor.
+    fn step(&mut self, x: &Tensor, y: &Tensor) -> Result<Tensor> {
+        let tape = Tape::new();
+        let loss = (self.loss)(&self.model, &tape, x, y)?;
+        tape.backward(&loss)?;
+        self.opt.step()?;
+        self.opt.zero_grad();
+        Ok(loss.value().clone())
+    }
+}
+
+fn params_bits(params: &[Parameter]) -> Vec<Vec<u32>> {
+    params
+        .iter()
+        .map(|p| {
+            p.value()
+                .to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        })
+        .collect()
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
+}
+
+/// Trains `steps` batches eagerly, then the same batches with step 0 eager, step 1 captured and
+/// the rest replayed; every loss and the final parameters must match bit for bit. Returns the graph.
+fn replay_matches_eager<M>(
+    what: &str,
+    make: impl Fn() -> Trainer<M>,
+    params: fn(&M) -> Vec<Parameter>,
+    batches: &[(Tensor, Tensor)],
+) -> Graph {
+    let mut eager = make();
+    let eager_losses: Vec<Vec<u32>> = batches
+        .iter()
+        .map(|(x, y)| bits(&eager.step(x, y).unwrap()))
+        .collect();
+
+    let mut t = make();
+    let (x0, y0) = &batches[0];
+    let dev = x0.device().clone();
+    let xs = Tensor::zeros(x0.shape(), x0.dtype(), &dev).unwrap();
+    let ys = Tensor::zeros(y0.shape(), y0.dtype(), &dev).unwrap();
+    xs.copy_(x0).unwrap();
+    ys.copy_(y0).unwrap();
+    let mut losses = vec![bits(&t.step(&xs, &ys).unwrap())];
+    xs.copy_(&batches[1].0).unwrap();
+    ys.copy_(&batches[1].1).unwrap();
+    let (mut graph, loss) = Graph::capture(&dev, |g| {
+        g.input("x", &xs)?;
+        g.input("y", &ys)?;
+        let loss = t.step(&xs, &ys)?;
+        g.output("loss", &loss)?;
+        Ok(loss)
+    })
+    .unwrap();
+    losses.push(bits(&loss));
+    for (x, y) in &batches[2..] {
+        graph.set_input("x", x).unwrap();
+        graph.set_input("y", y).unwrap();
+        graph.replay().unwrap();
+        losses.push(bits(graph.output("loss").unwrap()));
+    }
+    for (i, (a, b)) in eager_losses.iter().zip(&losses).enumerate() {
+        assert_eq!(
+            a,
+            b,
+            "{what} on {dev}: step {i} loss eager {} replayed {}",
+            f32::from_bits(a[0]),
+            f32::from_bits(b[0])
+        );
+    }
+    assert_eq!(
+        params_bits(&params(&eager.model)),
+        params_bits(&params(&t.model)),
+        "{what} on {dev}: parameters after {} steps",
+        batches.len()
+    );
+    let s = graph.stats();
+    println!("{what} on {dev}: {s:?}");
+    assert!(s.kernels > 0);
+    graph
+}
+
+fn mlp(dev: &Device) -> Sequential {
+    let mut g = Generator::new(7);
+    Sequential::new()
+        .with(Linear::new(32, 64, dev, &mut g).unwrap())
+        .with(ReLU)
+        .with(Linear::new(64, 64, dev, &mut g).unwrap())
+        .with(ReLU)
+        .with(Linear::new(64, 10, dev, &mut g).unwrap())
+}
+
+fn classify(m: &Sequential, tape: &Tape, x: &Tensor, y: &Tensor) -> Result<Var> {
+    cross_entropy(&m.forward(tape, &Var::from(x.clone()))?, y)
+}
+
+/// `n` batches of random inputs of `shape` and class targets below `classes`.
+fn batches(dev: &Device, n: usize, shape: &[usize], classes: i32) -> Vec<(Tensor, Tensor)> {
+    let mut g = Generator::new(11);
+    (0..n)
+        .map(|i| {
+            let x = Tensor::randn(shape, DType::F32, dev, &mut g).unwrap();
+            let y: Vec<i32> = (0..shape[0] as i32)
+                .map(|j| (j * 7 + i as i32 * 3) % classes)
+                .collect();
+            (x, Tensor::from_vec(y, &[shape[0]], dev).unwrap())
+        })
+        .collect()
+}
+
+fn devices() -> Vec<Device> {
+    opencl_test_devices().unwrap()
+}
+
+#[test]
+fn a_replayed_mlp_step_is_bit_identical_to_eager_with_adamw_and_sgd() {
+    for dev in devices() {
+        let data = batches(&dev, 10, &[16, 32], 10);
+        let adamw = || {
+            let model = mlp(&dev);
+            let opt = AdamW::new(model.parameters(), 1e-2).weight_decay(0.1);
+            Trainer {
+                opt: Box::new(opt),
+                model,
+                loss: classify,
+            }
+        };
+        let graph = replay_matches_eager("MLP AdamW", adamw, Sequential::parameters, &data);
+        let s = graph.stats();
+        assert!(
+            s.arena_bytes < s.eager_peak_bytes,
+            "the arena ({} B) is smaller than eager's peak ({} B)",
+            s.arena_bytes,
+            s.eager_peak_bytes
+        );
+        let sgd = || {
+            let model = mlp(&dev);
+            let opt = Sgd::new(model.parameters(), 0.05).momentum(0.9);
+            Trainer {
+                opt: Box::new(opt),
+                model,
+                loss: classify,
+            }
+        };
+        replay_matches_eager("MLP SGD", sgd, Sequential::parameters, &data);
+    }
+}
+
+#[test]
+fn a_replayed_cnn_step_is_bit_identical_to_eager() {
+    for dev in devices() {
+        let data = batches(&dev, 10, &[4, 1, 8, 8], 5);
+        let make = || {
+            let mut g = Generator::new(5);
+            let same = Conv2dParams {
+                padding: (1, 1),
+                ..Default::default()
+            };
+            let model = Sequential::new()
+                .with(Conv2d::new(1, 4, 3, same, &dev, &mut g).unwrap())
+                .with(ReLU)
+                .with(MaxPool2d::new(2))
+                .with(Flatten)
+                .with(Linear::new(4 * 4 * 4, 5, &dev, &mut g).unwrap());
+            let opt = AdamW::new(model.parameters(), 1e-2);
+            Trainer {
+                opt: Box::new(opt),
+                model,
+                loss: classify,
+            }
+        };
+        replay_matches_eager("CNN", make, Sequential::parameters, &data);
+    }
+}
+
+#[test]
+fn a_replayed_tiny_llama_step_is_bit_identical_to_eager() {
+    for dev in devices() {
+        let vocab = 40;
+        // Token ids [2, 8] of a fixed pseudo-random sequence; targets are the next ids.
+        let data: Vec<(Tensor, Tensor)> = (0..10)
+            .map(|i| {
+                let ids: Vec<i32> = (0..16).map(|j| (i * 7 + j * j * 3 + j) % vocab).collect();
+                let next: Vec<i32> = ids.iter().map(|v| (v + 1) % vocab).collect();
+                (
+                    Tensor::from_vec(ids, &[2, 8], &dev).unwrap(),
+                    Tensor::from_vec(next, &[2, 8], &dev).unwrap(),
+                )
+            })
+            .collect();
+        let make = || {
+            let model = Llama::new(LlamaConfig::tiny(vocab as usize), &dev, &mut Generator::new(1)).unwrap();
+            let opt = AdamW::new(model.parameters(), 3e-3).weight_decay(0.1);
+            Trainer {
+                opt: Box::new(opt),
+                model,
+                loss: |m: &Llama, tape: &Tape, x: &Tensor, y: &Tensor| m.loss(tape, x, y),
+            }
+        };
+        let graph = replay_matches_eager("tiny Llama", make, Llama::parameters, &data);
+        let s = graph.stats();
+        assert!(
+            s.arena_bytes < s.eager_peak_bytes,
+            "the arena ({} B) is smaller than eager's peak ({} B)",
+            s.arena_bytes,
+            s.eager_peak_bytes
+        );
+    }
+}
+
+#[test]
+fn shape_changes_replaced_models_reads_and_random_ops_are_errors() {
+    for dev in devices() {
+        let data = batches(&dev, 2, &[16, 32], 10);
+        let model = mlp(&dev);
+        let mut t = Trainer {
+            opt: Box::new(Sgd::new(model.parameters(), 0.1)),
+            model,
+            loss: classify,
+        };
+        let (x, y) = &data[0];
+        t.step(x, y).unwrap();
+        let (mut graph, _) = Graph::capture(&dev, |g| {
+            g.input("x", x)?;
+            g.input("y", y)?;
+            let loss = t.step(x, y)?;
+            g.output("loss", &loss)
+        })
+        .unwrap();
+        let small = Tensor::zeros(&[8, 32], DType::F32, &dev).unwrap();
+        let e = graph.set_input("x", &small).unwrap_err();
+        assert!(
+            matches!(e, Error::Shape { .. }) && e.to_string().contains("[16, 32]"),
+            "{e}"
+        );
+        assert!(graph.set_input("z", &small).is_err());
+        graph.replay().unwrap();
+        drop(t);
+        let e = graph.replay().unwrap_err();
+        assert!(e.to_string().contains("freed after the capture"), "{e}");
+
+        let e = Graph::capture(&dev, |_| x.to_vec::<f32>()).unwrap_err();
+        assert!(e.to_string().contains("reads device memory"), "{e}");
+        let e = Graph::capture(&dev, |_| x.dropout(0.5, &mut Generator::new(1))).unwrap_err();
+        assert!(e.to_string().contains("random"), "{e}");
+        let e = Graph::capture(&Device::host(), |_| Ok(())).unwrap_err();
+        assert!(e.to_string().contains("host"), "{e}");
+        // A failed capture leaves nothing behind: the next one works.
+        let (mut g2, _) = Graph::capture(&dev, |g| {
+            let y = x.relu()?;
+            g.output("y", &y)
+        })
+        .unwrap();
+        g2.replay().unwrap();
+        assert_eq!(bits(g2.output("y").unwrap()), bits(&x.relu().unwrap()));
+    }
+}
+
+#[test]
+fn a_saved_graph_loads_and_replays_like_the_original() {
+    for dev in devices() {
+        let data = batches(&dev, 6, &[16, 32], 10);
+        let dir = tempfile_dir();
+        let path = dir.join(format!("mlp-{}.json", dev.ordinal()));
+        // Two identical trainers after one eager step each: one captures and saves, one loads.
+        let make = || {
+            let model = mlp(&dev);
+            let opt = AdamW::new(model.parameters(), 1e-2);
+            let mut t = Trainer {
+                opt: Box::new(opt),
+                model,
+                loss: classify,
+            };
+            t.step(&data[0].0, &data[0].1).unwrap();
+            t
+        };
+        let (mut a, mut b) = (make(), make());
+        let xs = data[1].0.copy_like();
+        let ys = data[1].1.copy_like();
+        let (mut ga, _) = Graph::capture(&dev, |g| {
+            g.input("x", &xs)?;
+            g.input("y", &ys)?;
+            for (n, p) in a.model.named_parameters() {
+                g.name(&n, p.value())?;
+            }
+            for (n, s) in a.opt.state_tensors() {
+                g.name(&n, &s)?;
+            }
+            let loss = a.step(&xs, &ys)?;
+            g.output("loss", &loss)
+        })
+        .unwrap();
+        ga.save(&path).unwrap();
+        // b takes the captured step eagerly, so both are at the same point.
+        b.step(&data[1].0, &data[1].1).unwrap();
+        let xb = data[1].0.copy_like();
+        let yb = data[1].1.copy_like();
+        let named: Vec<(String, Tensor)> = b
+            .model
+            .named_parameters()
+            .into_iter()
+            .map(|(n, p)| (n, p.value().clone()))
+            .chain(b.opt.state_tensors())
+            .chain([("x".to_string(), xb), ("y".to_string(), yb)])
+            .collect();
+        let bindings: Vec<(&str, &Tensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let mut gb = Graph::load(&path, &dev, &bindings).unwrap();
+        for (x, y) in &data[2..] {
+            for g in [&mut ga, &mut gb] {
+                g.set_input("x", x).unwrap();
+                g.set_input("y", y).unwrap();
+                g.replay().unwrap();
+            }
+            assert_eq!(
+                bits(ga.output("loss").unwrap()),
+                bits(gb.output("loss").unwrap())
+            );
+        }
+        assert_eq!(
+            params_bits(&a.model.parameters()),
+            params_bits(&b.model.parameters())
+        );
+        // A missing binding is a clear error.
+        let e = Graph::load(&path, &dev, &bindings[1..]).err().unwrap();
+        assert!(e.to_string().contains("not bound"), "{e}");
+        // A corrupt file too.
+        std::fs::write(&path, b"{\"schema_version\": 99}").unwrap();
+        assert!(Graph::load(&path, &dev, &bindings).is_err());
+    }
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("netcl-graph-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+trait CopyLike {
+    fn copy_like(&self) -> Tensor;
+}
+impl CopyLike for Tensor {
+    /// A new tensor (own storage) with this one's values.
+    fn copy_like(&self) -> Tensor {
+        let t = Tensor::zeros(self.shape(), self.dtype(), self.device()).unwrap();
+        t.copy_(self).unwrap();
+        t
+    }
+}
