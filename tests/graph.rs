@@ -40,7 +40,11 @@ fn params_bits(params: &[Parameter]) -> Vec<Vec<u32>> {
 }
 
 fn bits(t: &Tensor) -> Vec<u32> {
-    t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
+    t.to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
 }
 
 /// Trains `steps` batches eagerly, then the same batches with step 0 eager, step 1 captured and
@@ -212,7 +216,12 @@ fn a_replayed_tiny_llama_step_is_bit_identical_to_eager() {
             })
             .collect();
         let make = || {
-            let model = Llama::new(LlamaConfig::tiny(vocab as usize), &dev, &mut Generator::new(1)).unwrap();
+            let model = Llama::new(
+                LlamaConfig::tiny(vocab as usize),
+                &dev,
+                &mut Generator::new(1),
+            )
+            .unwrap();
             let opt = AdamW::new(model.parameters(), 3e-3).weight_decay(0.1);
             Trainer {
                 opt: Box::new(opt),

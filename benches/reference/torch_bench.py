@@ -167,6 +167,30 @@ def main():
                 opt.step()
                 opt.zero_grad()
             rec("train", name, timed(step))
+            # The same step captured as a CUDA graph (capturable Adam: step count and lr on the
+            # GPU), replayed with a new batch copied into the static input each time.
+            gopt = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=True)
+            def gstep():
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                gopt.step()
+                return loss
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    gopt.zero_grad(set_to_none=True)
+                    gstep()
+            torch.cuda.current_stream().wait_stream(side)
+            gopt.zero_grad(set_to_none=True)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                gstep()
+            batch = torch.randn(*shape, device=dev)
+            def replay():
+                x.copy_(batch)
+                graph.replay()
+            rec("train", name + "_graph", timed(replay))
     if want("llama"):
         for name, (d, layers, hidden, b, t) in (("llama15m_step_B32_T256", (288, 6, 768, 32, 256)),
                                                  ("llama110m_step_B16_T512", (768, 12, 2048, 16, 512))):

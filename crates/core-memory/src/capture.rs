@@ -35,9 +35,14 @@ pub struct LaunchRecord {
 /// What happened on the capturing device, in queue order.
 pub enum Event {
     /// A pool block of `bytes` bytes was handed out as buffer `mem`.
-    Alloc { mem: Mem, bytes: usize },
+    Alloc {
+        mem: Mem,
+        bytes: usize,
+    },
     /// The block of buffer `mem` went back to the pool.
-    Free { mem: Mem },
+    Free {
+        mem: Mem,
+    },
     Launch(LaunchRecord),
     /// Host bytes written to `mem` at `offset` (a constant of the step, replayed as is).
     Write {

@@ -10,7 +10,8 @@ use std::ptr;
 type CmdBuf = *mut c_void;
 type SyncPoint = cl_uint;
 
-type CreateFn = unsafe extern "C" fn(cl_uint, *const cl_command_queue, *const cl_ulong, *mut cl_int) -> CmdBuf;
+type CreateFn =
+    unsafe extern "C" fn(cl_uint, *const cl_command_queue, *const cl_ulong, *mut cl_int) -> CmdBuf;
 type FinalizeFn = unsafe extern "C" fn(CmdBuf) -> cl_int;
 type ReleaseFn = unsafe extern "C" fn(CmdBuf) -> cl_int;
 type EnqueueFn = unsafe extern "C" fn(
@@ -70,6 +71,10 @@ pub(crate) struct CommandBuffer {
     handle: CmdBuf,
     enqueue: EnqueueFn,
     release: ReleaseFn,
+    /// The event of the last enqueue, when the buffer lacks simultaneous use: a command buffer
+    /// still pending cannot be enqueued again, so the next replay waits for it.
+    pending: std::cell::Cell<Option<netcl_core_devices::opencl3::event::Event>>,
+    simultaneous: bool,
 }
 
 // SAFETY: the handle is used by the owning graph only (enqueue takes the queue of its device).
@@ -159,9 +164,18 @@ impl CommandBuffer {
             )
         };
         let queue = device.cl("command buffer")?.queue.get();
+        // Simultaneous use (a replay enqueued while the last one runs) where the device allows it.
+        const FLAGS: cl_ulong = 0x1293;
+        const SIMULTANEOUS_USE: cl_ulong = 1;
+        let props = [FLAGS, SIMULTANEOUS_USE, 0];
         let mut err: cl_int = 0;
-        // SAFETY: one valid queue; no properties.
-        let handle = unsafe { create(1, &queue, ptr::null(), &mut err) };
+        // SAFETY: one valid queue; a zero-terminated property list.
+        let mut handle = unsafe { create(1, &queue, props.as_ptr(), &mut err) };
+        let simultaneous = err == 0 && !handle.is_null();
+        if !simultaneous {
+            // SAFETY: as above, without properties.
+            handle = unsafe { create(1, &queue, ptr::null(), &mut err) };
+        }
         if err != 0 || handle.is_null() {
             return Err(failed("clCreateCommandBufferKHR", err));
         }
@@ -169,6 +183,8 @@ impl CommandBuffer {
             handle,
             enqueue,
             release,
+            pending: std::cell::Cell::new(None),
+            simultaneous,
         };
         // Each command waits for the one before (in-order, whatever the implementation assumes).
         let mut last: Option<SyncPoint> = None;
@@ -258,12 +274,27 @@ impl CommandBuffer {
     /// Enqueues the whole graph on `queue` (the queue it was recorded for).
     pub(crate) fn enqueue(&self, queue: cl_command_queue) -> Result<()> {
         let _ = queue;
-        // SAFETY: a finalized command buffer; no queues passed means the recorded one; no event.
-        let status = unsafe {
-            (self.enqueue)(0, ptr::null_mut(), self.handle, 0, ptr::null(), ptr::null_mut())
+        if let Some(ev) = self.pending.take() {
+            ev.wait()
+                .map_err(|e| failed("waiting for the last replay", e.0))?;
+        }
+        let mut event: *mut c_void = ptr::null_mut();
+        let event_out = if self.simultaneous {
+            ptr::null_mut()
+        } else {
+            &mut event as *mut *mut c_void as *mut c_void
         };
+        // SAFETY: a finalized command buffer; no queues passed means the recorded one.
+        let status =
+            unsafe { (self.enqueue)(0, ptr::null_mut(), self.handle, 0, ptr::null(), event_out) };
         if status != 0 {
             return Err(failed("clEnqueueCommandBufferKHR", status));
+        }
+        if !event.is_null() {
+            self.pending
+                .set(Some(netcl_core_devices::opencl3::event::Event::new(
+                    event.cast(),
+                )));
         }
         Ok(())
     }

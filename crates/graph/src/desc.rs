@@ -157,7 +157,9 @@ mod hex {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
         let s = String::deserialize(d)?;
         if s.len() % 2 != 0 || !s.is_ascii() {
-            return Err(D::Error::custom(format!("odd or non-ASCII hex string {s:?}")));
+            return Err(D::Error::custom(format!(
+                "odd or non-ASCII hex string {s:?}"
+            )));
         }
         (0..s.len())
             .step_by(2)

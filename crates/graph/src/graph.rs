@@ -54,7 +54,10 @@ impl Capture {
     }
 
     /// Names many tensors (e.g. a module's `named_parameters` values, an optimizer's `state_tensors`).
-    pub fn name_all<'a>(&mut self, named: impl IntoIterator<Item = (String, &'a Tensor)>) -> Result<()> {
+    pub fn name_all<'a>(
+        &mut self,
+        named: impl IntoIterator<Item = (String, &'a Tensor)>,
+    ) -> Result<()> {
         for (n, t) in named {
             self.name(&n, t)?;
         }
@@ -249,7 +252,12 @@ impl Graph {
                     .get_or_insert_with(|| netcl_ops::INDEX_ERRORS_BUFFER.to_string());
             }
         }
-        let held = g.inputs.iter().chain(&g.outputs).map(|(_, t)| t.clone()).collect();
+        let held = g
+            .inputs
+            .iter()
+            .chain(&g.outputs)
+            .map(|(_, t)| t.clone())
+            .collect();
         Graph::build(desc, device, r.programs, mems, held, g.inputs, g.outputs)
     }
 
@@ -272,9 +280,9 @@ impl Graph {
         };
         let mut subs = Vec::with_capacity(desc.internals.len());
         for b in &desc.internals {
-            let arena = arena.as_ref().ok_or_else(|| {
-                Error::invalid("Graph", "internal buffers but an empty arena")
-            })?;
+            let arena = arena
+                .as_ref()
+                .ok_or_else(|| Error::invalid("Graph", "internal buffers but an empty arena"))?;
             let size = aligned(b.bytes, desc.align);
             if b.offset + size > arena.len() {
                 return Err(Error::invalid(
@@ -526,9 +534,12 @@ impl Graph {
         Ok(())
     }
 
-    /// The input slot tensors with their names, the output slots likewise.
-    pub fn slots(&self) -> (&[(String, Tensor)], &[(String, Tensor)]) {
-        (&self.inputs, &self.outputs)
+    /// The bound kernels in replay order (inspection, and raw-enqueue baselines in benchmarks).
+    pub fn kernels(&self) -> impl Iterator<Item = &BoundKernel> {
+        self.steps.iter().filter_map(|s| match s {
+            Step::Kernel(k) => Some(k),
+            Step::Copy { .. } => None,
+        })
     }
 
     /// Parses a dtype name of a slot.

@@ -14,7 +14,12 @@ pub(crate) fn assign(bufs: &mut [Internal], align: usize) -> usize {
         let mut busy: Vec<(usize, usize)> = placed
             .iter()
             .filter(|&&j| bufs[j].first <= bufs[i].last && bufs[i].first <= bufs[j].last)
-            .map(|&j| (bufs[j].offset, bufs[j].offset + aligned(bufs[j].bytes, align)))
+            .map(|&j| {
+                (
+                    bufs[j].offset,
+                    bufs[j].offset + aligned(bufs[j].bytes, align),
+                )
+            })
             .collect();
         busy.sort_unstable();
         let mut offset = 0;
@@ -72,7 +77,9 @@ mod tests {
         // A small linear congruential generator: fixed, reproducible lifetimes and sizes.
         let mut s: u64 = 12345;
         let mut next = |m: u64| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 33) % m) as usize
         };
         let mut bufs: Vec<Internal> = (0..200)

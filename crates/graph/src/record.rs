@@ -119,7 +119,11 @@ pub(crate) fn resolve(
                             ),
                         ));
                     }
-                    Ok(BufRef::External(b.external(mem, bytes_of(mem), Role::Bound)))
+                    Ok(BufRef::External(b.external(
+                        mem,
+                        bytes_of(mem),
+                        Role::Bound,
+                    )))
                 }
             }
         };

@@ -67,13 +67,10 @@ impl BoundKernel {
             let r = unsafe {
                 match a {
                     BoundArg::Mem(m) => kernel.set_arg(i, m),
-                    BoundArg::Bytes(b) => cl3::kernel::set_kernel_arg(
-                        kernel.get(),
-                        i,
-                        b.len(),
-                        b.as_ptr().cast(),
-                    )
-                    .map_err(netcl_core_devices::opencl3::error_codes::ClError),
+                    BoundArg::Bytes(b) => {
+                        cl3::kernel::set_kernel_arg(kernel.get(), i, b.len(), b.as_ptr().cast())
+                            .map_err(netcl_core_devices::opencl3::error_codes::ClError)
+                    }
                     BoundArg::Local(bytes) => kernel.set_arg_local_buffer(i, *bytes),
                 }
             };
@@ -119,12 +116,10 @@ impl BoundKernel {
     /// `queue` belongs to the kernel's context, and every buffer argument is alive.
     pub unsafe fn enqueue(&mut self, queue: cl_command_queue) -> Result<()> {
         use cl3::error_codes::{DLOPEN_FUNCTION_NOT_AVAILABLE, DLOPEN_RUNTIME_LOAD_FAILED};
-        let lib = cl3::load_library()
-            .as_ref()
-            .map_err(|_| Error::OpenCl {
-                op: "clEnqueueNDRangeKernel".into(),
-                code: DLOPEN_RUNTIME_LOAD_FAILED,
-            })?;
+        let lib = cl3::load_library().as_ref().map_err(|_| Error::OpenCl {
+            op: "clEnqueueNDRangeKernel".into(),
+            code: DLOPEN_RUNTIME_LOAD_FAILED,
+        })?;
         let status = lib
             .clEnqueueNDRangeKernel(
                 queue,

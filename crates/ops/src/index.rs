@@ -45,8 +45,7 @@ fn positions(shape: &[usize], strides: &[usize], offset: usize) -> Vec<usize> {
 /// (never while a graph is captured on the device: its kernels' error record reports instead).
 pub(crate) fn readable_indices(idx: &Tensor) -> Result<Option<Vec<i32>>> {
     if idx.device.is_host()
-        || (idx.numel() <= INDEX_CHECK_LIMIT
-            && !netcl_core_memory::capture::capturing(&idx.device))
+        || (idx.numel() <= INDEX_CHECK_LIMIT && !netcl_core_memory::capture::capturing(&idx.device))
     {
         return Ok(Some(idx.to_vec::<i32>()?));
     }

@@ -283,9 +283,108 @@ impl Runner {
                 "{:<12} {name:<28} {kernels} kernels, {host_ms:.4} ms host time per step",
                 ""
             );
+            if !self.dev.is_host() {
+                self.graph_step(name, &mut t)?;
+            }
         }
         Ok(())
     }
+
+    /// The step of `t` captured once (netcl-graph) and replayed, a new batch copied into its
+    /// input slot before each replay; host time per replay and per replayed kernel against raw
+    /// clEnqueueNDRangeKernel calls, and the pool's peak for an eager step and for replays.
+    fn graph_step(&mut self, name: &str, t: &mut TrainStep) -> Result<()> {
+        let (x, y) = (t.x.clone(), t.y.clone());
+        let (mut graph, ()) = netcl_graph::Graph::capture(&self.dev, |g| {
+            g.input("x", &x)?;
+            g.input("y", &y)?;
+            t.step()
+        })?;
+        let batch = Tensor::randn(x.shape(), DType::F32, &self.dev, &mut self.gen)?;
+        let kernels = graph.stats().kernels;
+        self.measure(
+            "train",
+            format!("{name}_graph"),
+            (0.0, 0.0, kernels),
+            || {
+                graph.set_input("x", &batch)?;
+                graph.replay()
+            },
+        )?;
+        let pool = netcl_core_memory::Pool::of(&self.dev)?;
+        let peak = |f: &mut dyn FnMut() -> Result<()>| -> Result<usize> {
+            self.dev.synchronize()?;
+            pool.reset_peak();
+            f()?;
+            self.dev.synchronize()?;
+            Ok(pool.stats().peak)
+        };
+        let eager_peak = peak(&mut || t.step())?;
+        let replay_peak = peak(&mut || graph.replay())?;
+        let n = 50;
+        self.dev.synchronize()?;
+        let t0 = Instant::now();
+        for _ in 0..n {
+            graph.replay()?;
+        }
+        let replay_host = t0.elapsed().as_secs_f64() / n as f64;
+        self.dev.synchronize()?;
+        let raw = raw_enqueue_secs(&self.dev, &graph, n)?;
+        let s = graph.stats();
+        println!(
+            "{:<12} {name:<28} graph: {kernels} kernels, {:.4} ms host per replay = {:.2} us per \
+             kernel, raw clEnqueueNDRangeKernel {:.2} us ({:.2}x); arena {} KiB vs eager {} KiB \
+             of step buffers; pool peak eager {} MiB, replay {} MiB; command buffer {}",
+            "",
+            replay_host * 1e3,
+            replay_host * 1e6 / kernels as f64,
+            raw * 1e6,
+            replay_host / kernels as f64 / raw,
+            s.arena_bytes >> 10,
+            s.eager_peak_bytes >> 10,
+            eager_peak >> 20,
+            replay_peak >> 20,
+            s.command_buffer
+        );
+        Ok(())
+    }
+}
+
+/// Host seconds per clEnqueueNDRangeKernel, called directly on the graph's kernels in order
+/// (arguments already set), `n` rounds: the floor a replay is compared with.
+fn raw_enqueue_secs(dev: &Device, graph: &netcl_graph::Graph, n: usize) -> Result<f64> {
+    use netcl_core_devices::cl3;
+    let queue = dev.cl("raw enqueue")?.queue.get();
+    let lib = cl3::load_library()
+        .as_ref()
+        .map_err(|_| netcl_core_devices::Error::device("raw enqueue", "no OpenCL library"))?;
+    let kernels: Vec<_> = graph.kernels().collect();
+    let t0 = Instant::now();
+    for _ in 0..n {
+        for k in &kernels {
+            let (dims, global, local) = k.ndrange();
+            let status = lib.clEnqueueNDRangeKernel(
+                queue,
+                k.cl_kernel(),
+                dims,
+                std::ptr::null(),
+                global.as_ptr(),
+                local.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null_mut(),
+            );
+            if status != Some(0) {
+                return Err(netcl_core_devices::Error::device(
+                    "raw enqueue",
+                    format!("clEnqueueNDRangeKernel returned {status:?}"),
+                ));
+            }
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64() / (n * kernels.len().max(1)) as f64;
+    dev.synchronize()?;
+    Ok(secs)
 }
 
 impl Runner {
