@@ -48,6 +48,8 @@ pub mod guide {
     pub mod debugging {}
     #[doc = include_str!("../../../docs/guide/data-parallel.md")]
     pub mod data_parallel {}
+    #[doc = include_str!("../../../docs/guide/graphs.md")]
+    pub mod graphs {}
 }
 
 /// Everything a training script needs: `use netcl::prelude::*`.

@@ -460,6 +460,23 @@ impl Runner {
                 tokens as f64 / ms * 1e3,
                 peak as f64 / (1u64 << 30) as f64
             );
+            if !self.dev.is_host() && std::env::var("NETCL_BENCH_GRAPH").is_ok_and(|v| v == "1") {
+                // The same step captured once and replayed (netcl-graph).
+                let (mut graph, ()) = netcl_graph::Graph::capture(&self.dev, |_| t.step())?;
+                self.measure("llama", format!("{name}_graph"), (0.0, 0.0, 0), || {
+                    graph.replay()
+                })?;
+                let ms = self.records.last().map_or(f64::NAN, |r| r.ms);
+                let st = graph.stats();
+                println!(
+                    "{:<12} {name:<28} graph: {:.0} tokens/s, arena {:.2} GiB vs eager {:.2} GiB \
+                     of step buffers",
+                    "",
+                    tokens as f64 / ms * 1e3,
+                    st.arena_bytes as f64 / (1u64 << 30) as f64,
+                    st.eager_peak_bytes as f64 / (1u64 << 30) as f64
+                );
+            }
         }
         if !on("generate") {
             return Ok(());
