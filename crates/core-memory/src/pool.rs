@@ -133,11 +133,22 @@ impl fmt::Debug for Block {
 impl Drop for Block {
     fn drop(&mut self) {
         if let Some(buf) = self.buf.take() {
-            crate::capture::record(&self.pool.device, || crate::capture::Event::Free {
-                mem: buf.get() as crate::capture::Mem,
-            });
-            // A graph that uses this buffer either adopts it or is marked stale.
-            let buf = crate::watch::released(buf.get() as crate::capture::Mem, buf);
+            let mem = buf.get() as crate::capture::Mem;
+            crate::capture::record(&self.pool.device, || crate::capture::Event::Free { mem });
+            // A graph that uses this buffer is marked stale, or adopts the block: it stays in
+            // use (its slab too) and comes back here when the graph drops.
+            if let Some(graph) = crate::watch::released(mem) {
+                let block = Block {
+                    buf: Some(buf),
+                    len: self.len,
+                    class: self.class,
+                    slab: self.slab,
+                    origin: self.origin,
+                    pool: self.pool.clone(),
+                };
+                crate::watch::adopt(&graph, block);
+                return;
+            }
             let mut st = self.pool.lock();
             st.stats.in_use -= self.class;
             st.stats.live_blocks -= 1;
@@ -146,13 +157,11 @@ impl Drop for Block {
                     s.live -= 1;
                 }
             }
-            if let Some(buf) = buf {
-                st.free.entry(self.class).or_default().push(FreeBlock {
-                    buf,
-                    slab: self.slab,
-                    origin: self.origin,
-                });
-            }
+            st.free.entry(self.class).or_default().push(FreeBlock {
+                buf,
+                slab: self.slab,
+                origin: self.origin,
+            });
             st.stats.cached = st.stats.reserved - st.stats.in_use;
         }
     }

@@ -1,14 +1,14 @@
-//! Buffers a captured graph uses but does not own: a block of one going back to its pool either marks the graph stale (parameters, optimizer state: a replay then errors instead of writing into memory that now belongs to someone else) or passes the buffer to the graph (buffers the step made that outlived it, such as gradients: the graph keeps them).
+//! Buffers a captured graph uses but does not own: a block of one going back to its pool either marks the graph stale (parameters, optimizer state: a replay then errors instead of writing into memory that now belongs to someone else) or passes the block to the graph (buffers the step made that outlived it, such as gradients: the graph keeps them, and they go back to the pool when the graph drops).
 use crate::capture::Mem;
-use netcl_core_devices::opencl3::memory::Buffer;
+use crate::pool::Block;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 #[derive(Default)]
-struct State {
+pub(crate) struct State {
     released: AtomicBool,
-    adopted: Mutex<Vec<Buffer<u8>>>,
+    adopted: Mutex<Vec<Block>>,
 }
 
 struct Entry {
@@ -71,41 +71,50 @@ impl Watch {
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        let mut t = table();
-        for m in &self.mems {
-            if let Some(entries) = t.get_mut(m) {
-                entries.retain(|e| !Arc::ptr_eq(&e.state, &self.state));
-                if entries.is_empty() {
-                    t.remove(m);
+        {
+            let mut t = table();
+            for m in &self.mems {
+                if let Some(entries) = t.get_mut(m) {
+                    entries.retain(|e| !Arc::ptr_eq(&e.state, &self.state));
+                    if entries.is_empty() {
+                        t.remove(m);
+                    }
                 }
             }
         }
         WATCHES.fetch_sub(1, Ordering::SeqCst);
+        // Adopted blocks go back to their pools now (outside the table's lock: dropping a block
+        // looks it up).
+        let adopted =
+            std::mem::take(&mut *self.state.adopted.lock().unwrap_or_else(|p| p.into_inner()));
+        drop(adopted);
     }
 }
 
-/// Called with the buffer of a block going back to its pool: marks the stale watches of it, and
-/// returns the buffer unless a watch adopts it.
-pub(crate) fn released(mem: Mem, buf: Buffer<u8>) -> Option<Buffer<u8>> {
+/// Called by a block going back to its pool (its buffer still inside): marks the stale watches
+/// of it, and returns the block when a watch adopts it (the caller then hands it over with
+/// [`adopt`]) instead of freeing it.
+pub(crate) fn released(mem: Mem) -> Option<Arc<State>> {
     if WATCHES.load(Ordering::Relaxed) == 0 {
-        return Some(buf);
+        return None;
     }
-    let Some(entries) = table().remove(&mem) else {
-        return Some(buf);
-    };
-    let mut buf = Some(buf);
+    let entries = table().remove(&mem)?;
+    let mut adopter = None;
     for e in entries {
         if e.adopt {
-            if let Some(b) = buf.take() {
-                e.state
-                    .adopted
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(b);
-            }
+            adopter.get_or_insert(e.state);
         } else {
             e.state.released.store(true, Ordering::Release);
         }
     }
-    buf
+    adopter
+}
+
+/// Hands `block` to the watch that adopted it.
+pub(crate) fn adopt(state: &State, block: Block) {
+    state
+        .adopted
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(block);
 }

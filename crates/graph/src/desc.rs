@@ -1,4 +1,4 @@
-//! The description of a captured graph: programs, nodes, buffers and the arena plan, as plain data that `save_graph` writes as JSON and `load_graph` reads back.
+//! The description of a captured graph: programs, nodes, buffers and the buffer plan, as plain data that `Graph::save` writes as JSON and `Graph::load` reads back.
 use serde::{Deserialize, Serialize};
 
 /// The format's version; `load_graph` refuses other versions.
@@ -7,7 +7,7 @@ pub const SCHEMA_VERSION: u32 = 1;
 /// A buffer a node reads or writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum BufRef {
-    /// Made and freed inside the step: lives in the graph's arena.
+    /// Made and freed inside the step: lives in one of the graph's slots.
     Internal(usize),
     /// Lives outside the step (parameters, gradients, optimizer state, slots, what the step made
     /// and kept).
@@ -84,8 +84,8 @@ pub struct Internal {
     /// First and last node that touch it.
     pub first: usize,
     pub last: usize,
-    /// Byte offset in the arena.
-    pub offset: usize,
+    /// The slot (a buffer shared by internal buffers that are never alive together) it lives in.
+    pub slot: usize,
 }
 
 /// What an external buffer is to the graph.
@@ -98,7 +98,7 @@ pub enum Role {
     Kept,
 }
 
-/// A buffer outside the arena.
+/// A buffer outside the plan (not one of the slots).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct External {
     /// The name it is bound by when the graph is loaded (a slot, a named tensor, a builtin).
@@ -134,11 +134,13 @@ pub struct GraphDesc {
     pub outputs: Vec<Slot>,
     /// Tensors named with `Capture::name`.
     pub named: Vec<Slot>,
-    /// Bytes of the arena all internal buffers share.
+    /// Sizes of the slots the internal buffers share.
+    pub slots: Vec<usize>,
+    /// Bytes of all slots.
     pub arena_bytes: usize,
     /// The most bytes of internal buffers alive at once when the step ran eagerly.
     pub eager_peak_bytes: usize,
-    /// Alignment of arena offsets.
+    /// Sizes are rounded up to multiples of this.
     pub align: usize,
 }
 

@@ -1,14 +1,13 @@
-//! `Graph`: capture a step on an OpenCL device, plan its buffers into one arena, and replay it as pre-built kernels with all arguments set (or one command buffer where the device has cl_khr_command_buffer).
+//! `Graph`: capture a step on an OpenCL device, plan its buffers into shared slots, and replay it as pre-built kernels with all arguments set (or one command buffer where the device has cl_khr_command_buffer).
 use crate::command_buffer::CommandBuffer;
 use crate::desc::{BufRef, GraphDesc, Node, NodeArg, Role, Slot, SCHEMA_VERSION};
 use crate::plan;
 use crate::record::{self, aligned, Resolved};
-use netcl_core_devices::opencl3::memory::{Buffer, ClMem, CL_MEM_READ_WRITE};
 use netcl_core_devices::opencl3::types::cl_mem;
 use netcl_core_devices::{cl3, ClResultExt, DType, Device, Error, Result};
 use netcl_core_memory::capture::{self, Mem};
 use netcl_core_memory::watch::Watch;
-use netcl_core_memory::{Block, Pool, SMALL_MAX};
+use netcl_core_memory::{Block, Pool};
 use netcl_kernels::{BoundArg, BoundKernel, Program};
 use netcl_ops::Tensor;
 use std::ptr;
@@ -91,8 +90,9 @@ impl Capture {
 pub struct GraphStats {
     pub nodes: usize,
     pub kernels: usize,
-    /// Buffers made and freed inside the step (planned into the arena).
+    /// Buffers made and freed inside the step (planned into shared slots).
     pub internal_buffers: usize,
+    /// Bytes of the slots they share: the planned memory of the step's own buffers.
     pub arena_bytes: usize,
     /// The most bytes of those buffers alive at once when the step ran eagerly.
     pub eager_peak_bytes: usize,
@@ -124,10 +124,10 @@ pub struct Graph {
     outputs: Vec<(String, Tensor)>,
     /// Tensors whose storage the graph uses and keeps alive (slots, load-time allocations).
     _held: Vec<Tensor>,
-    watch: Watch,
-    /// Internal buffers: sub-buffers of the arena (declared before the arena: dropped first).
-    _subs: Vec<Buffer<u8>>,
-    _arena: Option<Block>,
+    /// Taken first on drop: nothing is adopted or marked stale while the graph comes apart.
+    watch: Option<Watch>,
+    /// The blocks internal buffers share.
+    _slots: Vec<Block>,
     /// The bytes of every `Write` node, copied from here on each replay.
     _constants: Option<Block>,
     /// The graph's kernels report bad indices into this thread's record: armed after a replay.
@@ -183,7 +183,7 @@ impl Graph {
     }
 
     fn from_capture(device: &Device, mut r: Resolved, g: Capture, align: usize) -> Result<Graph> {
-        let arena_bytes = plan::assign(&mut r.internals, align);
+        let slots = plan::assign(&mut r.internals, align);
         let mut desc = GraphDesc {
             schema_version: SCHEMA_VERSION,
             device: device.to_string(),
@@ -194,7 +194,8 @@ impl Graph {
             inputs: Vec::new(),
             outputs: Vec::new(),
             named: Vec::new(),
-            arena_bytes,
+            arena_bytes: slots.iter().sum(),
+            slots,
             eager_peak_bytes: r.eager_peak_bytes,
             align,
         };
@@ -261,7 +262,7 @@ impl Graph {
         Graph::build(desc, device, r.programs, mems, held, g.inputs, g.outputs)
     }
 
-    /// Makes the live objects of `desc`: arena and sub-buffers, constants, kernels with all
+    /// Makes the live objects of `desc`: slots, constants, kernels with all
     /// arguments set, the watch over the external buffers.
     pub(crate) fn build(
         desc: GraphDesc,
@@ -273,39 +274,24 @@ impl Graph {
         outputs: Vec<(String, Tensor)>,
     ) -> Result<Graph> {
         let pool = Pool::of(device)?;
-        // The arena is its own buffer (never a slab's sub-buffer), so it can have sub-buffers.
-        let arena = match desc.arena_bytes {
-            0 => None,
-            n => Some(pool.alloc(n.max(SMALL_MAX + 1))?),
-        };
-        let mut subs = Vec::with_capacity(desc.internals.len());
+        // One pool block per slot; every internal buffer is its slot's whole block.
+        let slots = desc
+            .slots
+            .iter()
+            .map(|&n| pool.alloc(n))
+            .collect::<Result<Vec<Block>>>()?;
         for b in &desc.internals {
-            let arena = arena
-                .as_ref()
-                .ok_or_else(|| Error::invalid("Graph", "internal buffers but an empty arena"))?;
-            let size = aligned(b.bytes, desc.align);
-            if b.offset + size > arena.len() {
+            let fits = slots.get(b.slot).is_some_and(|s| s.len() >= b.bytes);
+            if !fits {
                 return Err(Error::invalid(
                     "Graph",
-                    format!(
-                        "buffer at {}+{size} outside the {}-byte arena",
-                        b.offset,
-                        arena.len()
-                    ),
+                    format!("a {}-byte buffer does not fit slot {}", b.bytes, b.slot),
                 ));
             }
-            // SAFETY: the range lies inside the arena, at an offset aligned for sub-buffers.
-            let sub = unsafe {
-                arena
-                    .buffer()
-                    .create_sub_buffer(CL_MEM_READ_WRITE, b.offset, size)
-            }
-            .cl("clCreateSubBuffer (graph arena)")?;
-            subs.push(sub);
         }
         let mem_of = |b: BufRef| -> cl_mem {
             match b {
-                BufRef::Internal(i) => subs[i].get(),
+                BufRef::Internal(i) => slots[desc.internals[i].slot].mem(),
                 BufRef::External(i) => external_mems[i] as cl_mem,
             }
         };
@@ -398,9 +384,8 @@ impl Graph {
             inputs,
             outputs,
             _held: held,
-            watch: Watch::new(&stale, &kept),
-            _subs: subs,
-            _arena: arena,
+            watch: Some(Watch::new(&stale, &kept)),
+            _slots: slots,
             _constants: constants,
             uses_index_record,
         })
@@ -428,7 +413,7 @@ impl Graph {
             internal_buffers: self.desc.internals.len(),
             arena_bytes: self.desc.arena_bytes,
             eager_peak_bytes: self.desc.eager_peak_bytes,
-            adopted: self.watch.adopted(),
+            adopted: self.watch.as_ref().map_or(0, Watch::adopted),
             command_buffer: self.command_buffer.is_some(),
         }
     }
@@ -480,7 +465,7 @@ impl Graph {
     /// no argument setting. Errors when a buffer the graph uses but does not own was freed since
     /// the capture (a parameter or optimizer state replaced).
     pub fn replay(&mut self) -> Result<()> {
-        if self.watch.released() {
+        if self.watch.as_ref().is_none_or(Watch::released) {
             return Err(Error::invalid(
                 "Graph::replay",
                 "a buffer the graph uses but does not own (a parameter, gradient buffer, \
@@ -556,9 +541,18 @@ impl std::fmt::Debug for Graph {
 
 impl Drop for Graph {
     fn drop(&mut self) {
-        // Copies read the constants and kernels use the arena: let the queue drain first.
+        // Copies read the constants and kernels use the slots: let the queue drain first, then
+        // take the parts down in order (nothing adopted or marked stale meanwhile).
         if let Ok(cl) = self.device.cl("Graph::drop") {
             let _ = cl.queue.finish();
         }
+        self.watch.take();
+        self.command_buffer.take();
+        self.steps.clear();
+        self._held.clear();
+        self.inputs.clear();
+        self.outputs.clear();
+        self._slots.clear();
+        self._constants.take();
     }
 }

@@ -1,4 +1,4 @@
-//! From a recording to nodes and buffers: each buffer a node touches becomes internal (made and freed inside the step, planned into the arena) or external (it existed before, or the step kept it), with the node range it lives over.
+//! From a recording to nodes and buffers: each buffer a node touches becomes internal (made and freed inside the step, planned into shared slots) or external (it existed before, or the step kept it), with the node range it lives over.
 use crate::desc::{BufRef, External, Internal, Node, NodeArg, ProgramDesc, Role};
 use netcl_core_devices::{Error, Result};
 use netcl_core_memory::capture::{Arg, Event, Mem, Recording};
@@ -101,7 +101,7 @@ pub(crate) fn resolve(
                             bytes: b.allocs[a].0,
                             first: n,
                             last: n,
-                            offset: 0,
+                            slot: 0,
                         });
                         internals.len() - 1
                     });
