@@ -315,7 +315,7 @@ fn a_saved_graph_loads_and_replays_like_the_original() {
             for (n, p) in a.model.named_parameters() {
                 g.name(&n, p.value())?;
             }
-            for (n, s) in a.opt.state_tensors() {
+            for (n, s) in a.opt.step_tensors() {
                 g.name(&n, &s)?;
             }
             let loss = a.step(&xs, &ys)?;
@@ -332,7 +332,7 @@ fn a_saved_graph_loads_and_replays_like_the_original() {
             .named_parameters()
             .into_iter()
             .map(|(n, p)| (n, p.value().clone()))
-            .chain(b.opt.state_tensors())
+            .chain(b.opt.step_tensors())
             .chain([("x".to_string(), xb), ("y".to_string(), yb)])
             .collect();
         let bindings: Vec<(&str, &Tensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();

@@ -56,7 +56,7 @@ fn unary_ops() {
     let positive = [Log, Sqrt, Rsqrt, Reciprocal];
     for op in [
         Neg, Abs, Exp, Log, Sqrt, Rsqrt, Sin, Cos, Tanh, Sigmoid, Relu, Gelu, GeluTanh, Silu,
-        Square, Reciprocal, Erf,
+        Square, Reciprocal, Erf, Expm1,
     ] {
         let pos = positive.contains(&op);
         check(

@@ -259,7 +259,7 @@ fn body(
 }
 
 /// True when input `i` is one element broadcast over the shape in `uniform` (a bit per input).
-fn is_uniform(uniform: u64, i: usize) -> bool {
+pub(crate) fn is_uniform(uniform: u64, i: usize) -> bool {
     i < 64 && uniform >> i & 1 == 1
 }
 
@@ -410,8 +410,12 @@ pub(crate) enum Form {
     /// per input) are read as one broadcast element by `fused_contig`.
     Single { uniform: u64 },
     /// `fused_groups` over `groups` operand sets; operand `j` (outputs first) lives in buffer
-    /// slot `slots[j]` (see fused_groups.rs).
-    Groups { groups: usize, slots: Vec<usize> },
+    /// slot `slots[j]` (see fused_groups.rs); the inputs in `uniform` are one element each.
+    Groups {
+        groups: usize,
+        slots: Vec<usize>,
+        uniform: u64,
+    },
 }
 
 /// Programs per (device ordinal, elements per work-item of the dense kernels, form), then per
@@ -440,9 +444,11 @@ pub(crate) fn program(
     }
     let text = match form {
         Form::Single { uniform } => generate(&plan.key, &plan.scalars, *uniform),
-        Form::Groups { groups, slots } => {
-            crate::fused_groups::generate(&plan.key, &plan.scalars, *groups, slots)
-        }
+        Form::Groups {
+            groups,
+            slots,
+            uniform,
+        } => crate::fused_groups::generate(&plan.key, &plan.scalars, *groups, slots, *uniform),
     };
     let mut h = std::collections::hash_map::DefaultHasher::new();
     text.hash(&mut h);

@@ -2,8 +2,8 @@
 use crate::checks::u32_arg;
 use crate::expr::{Class, Expr};
 use crate::fused::{
-    arithmetic_nodes, contig_elements, plan, program, run, scalar_params, set_scalars, storage_cl,
-    Form, Plan, PlanKey, VEC,
+    arithmetic_nodes, contig_elements, is_uniform, plan, program, run, scalar_params, set_scalars,
+    storage_cl, Form, Plan, PlanKey, VEC,
 };
 use crate::launch::launch_1d_over;
 use crate::tensor::Tensor;
@@ -65,14 +65,24 @@ pub fn fused_into_groups(exprs: &[Expr], groups: &[FusedGroup<'_>]) -> Result<()
     let mut plans: Vec<Plan> = Vec::new();
     let mut batches: Vec<Batch> = Vec::new();
     let mut alone = Vec::new();
+    let mut dense_groups = Vec::new();
     for (gi, g) in groups.iter().enumerate() {
-        let Some(d) = dense(exprs, g, gi, &mut plans)? else {
-            alone.push(gi);
-            continue;
-        };
-        let device = g.outputs[0].device();
+        match dense(exprs, g, gi, &mut plans)? {
+            Some(d) => dense_groups.push((gi, d)),
+            None => alone.push(gi),
+        }
+    }
+    // One-element groups last: they join a batch whatever its broadcast inputs (reading one
+    // element at its offset is the same either way).
+    dense_groups.sort_by_key(|(_, d)| d.n == 1);
+    for (gi, d) in dense_groups {
+        let device = groups[gi].outputs[0].device();
         let same = |b: &&mut Batch| {
-            b.device == *device && b.plan == d.plan && b.slots == d.slots && b.vec == d.vec
+            b.device == *device
+                && b.plan == d.plan
+                && b.slots == d.slots
+                && b.vec == d.vec
+                && (b.uniform == d.uniform || d.n == 1)
         };
         match batches.iter_mut().find(same) {
             Some(b) => b.members.push((gi, d.n)),
@@ -81,6 +91,7 @@ pub fn fused_into_groups(exprs: &[Expr], groups: &[FusedGroup<'_>]) -> Result<()
                 plan: d.plan,
                 slots: d.slots,
                 vec: d.vec,
+                uniform: d.uniform,
                 members: vec![(gi, d.n)],
             }),
         }
@@ -150,6 +161,7 @@ struct Batch {
     plan: usize,
     slots: Vec<usize>,
     vec: usize,
+    uniform: u64,
     /// (group index, elements)
     members: Vec<(usize, usize)>,
 }
@@ -170,6 +182,8 @@ struct Dense {
     n: usize,
     /// `VEC` when every slot's offset is a multiple of it, else 1.
     vec: usize,
+    /// Single-element inputs (a bit per input), read once per work-item as `fused_into` does.
+    uniform: u64,
 }
 
 /// The group's place in a batch, `None` when it runs alone (host device, operands on several
@@ -183,9 +197,22 @@ fn dense(
 ) -> Result<Option<Dense>> {
     let first = g.outputs[0];
     let operands: Vec<&Tensor> = g.outputs.iter().chain(&g.inputs).copied().collect();
-    let fits =
-        |t: &&Tensor| t.device == first.device && t.shape == first.shape && t.is_contiguous();
-    if first.device.is_host() || first.numel() == 0 || !operands.iter().all(fits) {
+    let no = g.outputs.len();
+    // Single-element inputs broadcast over larger outputs (none when the outputs have one
+    // element: every operand is then read element for element).
+    let uniform = g
+        .inputs
+        .iter()
+        .take(64)
+        .enumerate()
+        .filter(|(_, t)| t.numel() == 1 && first.numel() > 1)
+        .fold(0u64, |m, (i, _)| m | 1 << i);
+    let fits = |(j, t): (usize, &&Tensor)| {
+        t.device == first.device
+            && t.is_contiguous()
+            && (t.shape == first.shape || (j >= no && is_uniform(uniform, j - no)))
+    };
+    if first.device.is_host() || first.numel() == 0 || !operands.iter().enumerate().all(fits) {
         return Ok(None);
     }
     let dtypes: Vec<DType> = g.inputs.iter().map(|t| t.dtype).collect();
@@ -210,12 +237,15 @@ fn dense(
             ));
         }
     }
-    let no = g.outputs.len();
     let mut slots: Vec<usize> = Vec::with_capacity(operands.len());
     let mut count = 0;
     for (j, t) in operands.iter().enumerate() {
         let same = |u: &&Tensor| storage_id(u) == storage_id(t);
         let shared = operands[..j].iter().position(same);
+        if j >= no && is_uniform(uniform, j - no) && shared.is_some_and(|k| k < no) {
+            // A broadcast element that is also written: the group runs alone, in order.
+            return Ok(None);
+        }
         let slot = match shared {
             Some(k) if operands[k].offset == t.offset && operands[k].dtype == t.dtype => {
                 if j < no {
@@ -243,12 +273,16 @@ fn dense(
         };
         slots.push(slot);
     }
-    let aligned = operands.iter().all(|t| t.offset.is_multiple_of(VEC));
+    let aligned = operands
+        .iter()
+        .enumerate()
+        .all(|(j, t)| t.offset.is_multiple_of(VEC) || (j >= no && is_uniform(uniform, j - no)));
     Ok(Some(Dense {
         plan: index,
         slots,
         n: first.numel(),
         vec: if aligned { VEC } else { 1 },
+        uniform,
     }))
 }
 
@@ -303,6 +337,7 @@ fn launch(
     let form = Form::Groups {
         groups: k,
         slots: b.slots.clone(),
+        uniform: b.uniform,
     };
     let program = program(&b.device, plan, b.vec, &form)?;
     let owners = slot_operands(&b.slots);
@@ -321,7 +356,7 @@ fn launch(
             words[2 * k + 1 + s * k + g] = u32_arg(OP, "element offset", t.offset + n)? - n as u32;
         }
         let all = groups[gi].outputs.iter().chain(&groups[gi].inputs);
-        bytes += all.map(|t| n * t.dtype.size()).sum::<usize>();
+        bytes += all.map(|t| t.numel() * t.dtype.size()).sum::<usize>();
     }
     let end = u32_arg(OP, "work-items", items)?;
     for w in &mut words[chunk.len()..=k] {
@@ -357,6 +392,7 @@ pub(crate) fn generate(
     scalars: &[(f64, Class)],
     groups: usize,
     slots: &[usize],
+    uniform: u64,
 ) -> String {
     let no = key.outputs.len();
     let owners = slot_operands(slots);
@@ -394,7 +430,7 @@ pub(crate) fn generate(
     for s in 0..nslots {
         let _ = writeln!(pick, "    uint off{s} = t.off[{s}][g];");
     }
-    let contig = contig_elements(key, 0, &|j| format!("p{}", slots[j]), &|j| {
+    let contig = contig_elements(key, uniform, &|j| format!("p{}", slots[j]), &|j| {
         format!("off{}", slots[j])
     });
     format!(

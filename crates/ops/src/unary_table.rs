@@ -68,6 +68,12 @@ macro_rules! unary_ops {
                 host(x) = x.exp();
                 grad(x, y, g) = Some(g * y);
             }
+            /// `e^x - 1`, exact for tiny `x` (where `exp(x) - 1` loses its digits).
+            expm1 Expm1 [] {
+                cl(c, a) = format!("expm1({a})");
+                host(x) = x.exp_m1();
+                grad(x, y, g) = Some(g * x.exp());
+            }
             /// The natural logarithm.
             log Log [] {
                 cl(c, a) = format!("log({a})");

@@ -1,4 +1,5 @@
 //! Adam (L2 weight decay added to the gradient) and AdamW (decoupled weight decay) with PyTorch's update and bias correction; one multi-tensor fused kernel updates all parameters.
+use crate::device_state::{bias_correction, count_of, increment, new_count, DeviceLr};
 use crate::groups::{Groups, ParamGroup};
 use crate::optimizer::{check_distinct, check_non_negative, require, Optimizer};
 use crate::state::{adopt, fail_on, match_tensors, state_name, Hyper};
@@ -19,13 +20,15 @@ enum Decay {
 }
 
 /// First and second moments of one parameter, the largest second moment so far (amsgrad) and
-/// the number of updates it has had.
+/// the number of updates it has had (on the host, and on the device for the update kernel).
 #[derive(Clone)]
 struct Moments {
     m: Tensor,
     v: Tensor,
     max_v: Option<Tensor>,
     step: usize,
+    /// `step` as a one-element tensor on the parameter's device.
+    t: Tensor,
 }
 
 /// The optimizer behind `Adam` and `AdamW`.
@@ -42,6 +45,8 @@ struct AdamCore {
     groups: Groups,
     state: Vec<Option<Moments>>,
     steps: usize,
+    /// Each group's learning rate on the devices its parameters live on.
+    device_lr: DeviceLr,
 }
 
 /// `start + weight * (end - start)` as PyTorch's `lerp` computes it (the other form for weights
@@ -70,6 +75,7 @@ impl AdamCore {
             groups,
             state,
             steps: 0,
+            device_lr: DeviceLr::default(),
         }
     }
 
@@ -104,11 +110,12 @@ impl AdamCore {
         self.params.extend(params);
     }
 
-    /// The update of input 0 (p) with input 1 (grad), input 2 (m), input 3 (v) and, with
-    /// amsgrad, input 4 (max_v) at the parameter's update number `t` (from 1) in parameter group
-    /// `group`: outputs the new m, v, max_v (amsgrad) and p.
-    fn update(&self, t: usize, group: usize) -> Vec<Expr> {
-        let (lr, wd) = self.groups.settings(group, self.lr, self.weight_decay);
+    /// The update of input 0 (p) with input 1 (grad), input 2 (m), input 3 (v), with amsgrad
+    /// input 4 (max_v), then the update number `t` (from 1) and the learning rate (one element
+    /// each, on the device) in parameter group `group`: outputs the new m, v, max_v (amsgrad)
+    /// and p. Only group settings fixed for the optimizer's life are scalars.
+    fn update(&self, group: usize) -> Vec<Expr> {
+        let (_, wd) = self.groups.settings(group, self.lr, self.weight_decay);
         let (b1, b2) = self.betas;
         let (p, g, m, v) = (
             Expr::input(0),
@@ -116,22 +123,23 @@ impl AdamCore {
             Expr::input(2),
             Expr::input(3),
         );
+        let next = 4 + usize::from(self.amsgrad);
+        let (t, lr) = (Expr::input(next), Expr::input(next + 1));
         let g = if self.decay == Decay::L2 && wd != 0.0 {
             g + p.clone() * wd
         } else {
             g
         };
         let p = if self.decay == Decay::Decoupled && wd != 0.0 {
-            p * (1.0 - lr * wd)
+            p * (1.0 - lr.clone() * wd)
         } else {
             p
         };
         let new_m = lerp(m, g.clone(), 1.0 - b1);
         let new_v = v * b2 + (1.0 - b2) * g.clone() * g;
         let new_max = self.amsgrad.then(|| Expr::input(4).max(new_v.clone()));
-        let t = t as f64;
-        let step_size = lr / (1.0 - b1.powf(t));
-        let bc2_sqrt = (1.0 - b2.powf(t)).sqrt();
+        let step_size = lr / bias_correction(t.clone(), b1);
+        let bc2_sqrt = bias_correction(t, b2).sqrt();
         let second = new_max.clone().unwrap_or_else(|| new_v.clone());
         let denom = second.sqrt() / bc2_sqrt + self.eps;
         let new_p = p + (-step_size) * new_m.clone() / denom;
@@ -142,14 +150,14 @@ impl AdamCore {
             .collect()
     }
 
-    /// Updates every parameter that has a gradient: one `fused_into_groups` call per distinct
-    /// update number and parameter group (normally one: all parameters got their first gradient
-    /// together), which is one kernel launch per device and dtype for up to `FUSED_MAX_GROUPS`
-    /// parameters.
+    /// Updates every parameter that has a gradient: its step count goes up by one on the
+    /// device (one launch for all), then one `fused_into_groups` call per parameter group
+    /// (normally one), which is one kernel launch per device and dtype for up to
+    /// `FUSED_MAX_GROUPS` parameters. The same kernels with the same arguments every step.
     fn step(&mut self) -> Result<()> {
         self.check(&format!("{}.step", self.name))?;
-        // (parameter index, gradient, state before the step), ordered by update number.
-        let mut members: Vec<(usize, Tensor, Moments)> = Vec::new();
+        // (parameter index, gradient, state before the step, learning rate), by group.
+        let mut members: Vec<(usize, Tensor, Moments, Tensor)> = Vec::new();
         for (i, p) in self.params.iter().enumerate() {
             let Some(g) = p.grad() else { continue };
             let s = match &self.state[i] {
@@ -159,6 +167,7 @@ impl AdamCore {
                     v: Tensor::zeros(p.shape(), p.dtype(), p.device())?,
                     max_v: None,
                     step: 0,
+                    t: new_count(p.dtype(), p.device())?,
                 },
             };
             // amsgrad switched on after updates starts the maximum at 0 (max(0, v) = v).
@@ -167,20 +176,27 @@ impl AdamCore {
                 (true, Some(x)) => Some(x),
                 (true, None) => Some(Tensor::zeros(p.shape(), p.dtype(), p.device())?),
             };
-            members.push((i, g, Moments { max_v, ..s }));
+            let group = self.groups.of(i);
+            let (lr, _) = self.groups.settings(group, self.lr, self.weight_decay);
+            let lr = self.device_lr.get(group, p.device(), p.dtype(), lr)?;
+            members.push((i, g, Moments { max_v, ..s }, lr));
         }
-        let key = |(i, _, s): &(usize, Tensor, Moments)| (s.step, self.groups.of(*i));
+        increment(&members.iter().map(|(_, _, s, _)| &s.t).collect::<Vec<_>>())?;
+        let key = |(i, ..): &(usize, Tensor, Moments, Tensor)| self.groups.of(*i);
         members.sort_by_key(key);
         for same in members.chunk_by(|a, b| key(a) == key(b)) {
-            let t = same[0].2.step + 1;
-            let exprs = self.update(t, self.groups.of(same[0].0));
-            // p, grad, m, v, max_v: (n...) per parameter; all but grad are updated in place.
+            let exprs = self.update(key(&same[0]));
+            // p, grad, m, v, max_v: (n...), t, lr: (1) per parameter; p, m, v, max_v in place.
             let groups: Vec<FusedGroup> = same
                 .iter()
-                .map(|(i, g, s)| {
+                .map(|(i, g, s, lr)| {
                     let p = self.params[*i].value();
                     FusedGroup {
-                        inputs: [p, g, &s.m, &s.v].into_iter().chain(&s.max_v).collect(),
+                        inputs: [p, g, &s.m, &s.v]
+                            .into_iter()
+                            .chain(&s.max_v)
+                            .chain([&s.t, lr])
+                            .collect(),
                         outputs: [&s.m, &s.v]
                             .into_iter()
                             .chain(&s.max_v)
@@ -190,12 +206,12 @@ impl AdamCore {
                 })
                 .collect();
             fused_into_groups(&exprs, &groups)?;
-            for (i, _, s) in same {
-                self.state[*i] = Some(Moments {
-                    step: t,
-                    ..s.clone()
-                });
-            }
+        }
+        for (i, _, s, _) in members {
+            self.state[i] = Some(Moments {
+                step: s.step + 1,
+                ..s
+            });
         }
         self.steps += 1;
         Ok(())
@@ -280,6 +296,7 @@ impl AdamCore {
                     v: adopt(v, p)?,
                     max_v: max_v.map(|x| adopt(x, p)).transpose()?,
                     step: t,
+                    t: count_of(t, p.dtype(), p.device())?,
                 });
             }
         }
@@ -343,14 +360,30 @@ macro_rules! adam_type {
             fn lr(&self) -> f64 {
                 self.0.lr
             }
+            /// Also writes the new rate to the device tensors the update reads (so a replayed
+            /// graph of the step uses it).
             fn set_lr(&mut self, lr: f64) {
-                self.0.lr = lr;
+                let core = &mut self.0;
+                core.lr = lr;
+                let (groups, wd) = (&core.groups, core.weight_decay);
+                core.device_lr.refresh(|g| groups.settings(g, lr, wd).0);
             }
             fn params(&self) -> &[Parameter] {
                 &self.0.params
             }
             fn state_tensors(&self) -> Vec<(String, Tensor)> {
                 self.0.state_tensors()
+            }
+            fn step_tensors(&self) -> Vec<(String, Tensor)> {
+                let core = &self.0;
+                let counts = core.state.iter().enumerate().filter_map(|(i, s)| {
+                    s.as_ref().map(|s| (state_name(core.name, "t", i), s.t.clone()))
+                });
+                core.state_tensors()
+                    .into_iter()
+                    .chain(counts)
+                    .chain(core.device_lr.named(core.name))
+                    .collect()
             }
             #[doc = concat!("Keys: name (\"", $name, "\"), num_params, lr, betas ([beta1, beta2]), eps, weight_decay, amsgrad, groups (added parameter groups: lr_scale, weight_decay or null, params), step (completed `step` calls), param_steps (updates per parameter; 0 = no state).")]
             fn hyper_params(&self) -> Value {

@@ -1,6 +1,7 @@
 //! netcl-optim: SGD, Adam and AdamW (one multi-tensor fused update kernel for all parameters, parameter groups, state save/load), gradient-norm clipping and learning-rate schedules.
 mod adam;
 mod clip;
+mod device_state;
 mod grad_scaler;
 mod groups;
 mod optimizer;

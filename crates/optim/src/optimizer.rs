@@ -28,6 +28,13 @@ pub trait Optimizer {
     /// `"adam.m.3"`). They share storage with the live state: read or copy them before the next
     /// `step`.
     fn state_tensors(&self) -> Vec<(String, Tensor)>;
+    /// Every tensor a `step` reads or writes besides parameters and gradients, named: the state
+    /// tensors, and the step counts and learning rates the update kernels read on the device.
+    /// What a captured graph names (`Capture::name`) so that a saved graph loads against another
+    /// process's optimizer.
+    fn step_tensors(&self) -> Vec<(String, Tensor)> {
+        self.state_tensors()
+    }
     /// Name, hyper-parameters and step counts as JSON (see each optimizer for the keys).
     fn hyper_params(&self) -> serde_json::Value;
     /// Restore what `hyper_params` and `state_tensors` saved. Names, indices, shapes and the

@@ -1,4 +1,5 @@
 //! SGD with momentum, dampening, Nesterov and L2 weight decay (PyTorch's `torch.optim.SGD` update); one multi-tensor fused kernel updates all parameters.
+use crate::device_state::DeviceLr;
 use crate::groups::{Groups, ParamGroup};
 use crate::optimizer::{check_distinct, check_non_negative, require, Optimizer};
 use crate::state::{adopt, fail_on, match_tensors, state_name, Hyper};
@@ -31,6 +32,8 @@ pub struct Sgd {
     groups: Groups,
     buffers: Vec<Option<Tensor>>,
     steps: usize,
+    /// Each group's learning rate on the devices its parameters live on.
+    device_lr: DeviceLr,
 }
 
 impl Sgd {
@@ -48,6 +51,7 @@ impl Sgd {
             groups,
             buffers,
             steps: 0,
+            device_lr: DeviceLr::default(),
         }
     }
     /// Momentum factor (0: plain SGD).
@@ -107,16 +111,17 @@ impl Sgd {
         check_distinct(op, &self.params)
     }
 
-    /// The update of input 0 (p) with input 1 (grad) and, with momentum, input 2 (buf): the new
-    /// buf (with momentum) and the new p, in parameter group `group`. `first` selects the
-    /// buffer's initialisation.
+    /// The update of input 0 (p) with input 1 (grad), with momentum input 2 (buf), then the
+    /// learning rate (one element, on the device): the new buf (with momentum) and the new p, in
+    /// parameter group `group`. `first` selects the buffer's initialisation.
     fn update(&self, first: bool, group: usize) -> (Option<Expr>, Expr) {
-        let (lr, wd) = self.groups.settings(group, self.lr, self.weight_decay);
+        let (_, wd) = self.groups.settings(group, self.lr, self.weight_decay);
         let (p, g) = (Expr::input(0), Expr::input(1));
         let d = if wd != 0.0 { g + p.clone() * wd } else { g };
         if self.momentum == 0.0 {
-            return (None, p - d * lr);
+            return (None, p - d * Expr::input(2));
         }
+        let lr = Expr::input(3);
         let buf = Expr::input(2);
         let decayed = buf * self.momentum + d.clone() * (1.0 - self.dampening);
         let first = Expr::scalar(if first { 1.0 } else { 0.0 });
@@ -141,20 +146,24 @@ impl Optimizer for Sgd {
             .collect();
         // Without momentum one form of the update; with it, one for the parameters whose buffer
         // starts now and one for those that have one.
-        let mut starting: Vec<(usize, &Tensor, Option<Tensor>)> = Vec::new();
-        let mut running: Vec<(usize, &Tensor, Option<Tensor>)> = Vec::new();
+        type Member<'a> = (usize, &'a Tensor, Option<Tensor>, Tensor);
+        let mut starting: Vec<Member> = Vec::new();
+        let mut running: Vec<Member> = Vec::new();
         for (i, g) in &grads {
             let p = &self.params[*i];
+            let group = self.groups.of(*i);
+            let (lr, _) = self.groups.settings(group, self.lr, self.weight_decay);
+            let lr = self.device_lr.get(group, p.device(), p.dtype(), lr)?;
             match &self.buffers[*i] {
-                _ if self.momentum == 0.0 => running.push((*i, g, None)),
-                Some(b) => running.push((*i, g, Some(b.clone()))),
+                _ if self.momentum == 0.0 => running.push((*i, g, None, lr)),
+                Some(b) => running.push((*i, g, Some(b.clone()), lr)),
                 None => {
                     let buf = Tensor::zeros(p.shape(), p.dtype(), p.device())?;
-                    starting.push((*i, g, Some(buf)));
+                    starting.push((*i, g, Some(buf), lr));
                 }
             }
         }
-        let group = |m: &(usize, &Tensor, Option<Tensor>)| self.groups.of(m.0);
+        let group = |m: &Member| self.groups.of(m.0);
         let mut forms = Vec::new();
         for (first, mut members) in [(true, starting), (false, running)] {
             members.sort_by_key(group);
@@ -165,19 +174,19 @@ impl Optimizer for Sgd {
         for (first, members) in forms {
             let (new_buf, new_p) = self.update(first, group(&members[0]));
             let exprs: Vec<Expr> = new_buf.into_iter().chain([new_p]).collect();
-            // p: (n...) updated in place; grad: (n...); buf: (n...) updated in place.
+            // p: (n...) updated in place; grad: (n...); buf: (n...) updated in place; lr: (1).
             let groups: Vec<FusedGroup> = members
                 .iter()
-                .map(|(i, g, buf)| {
+                .map(|(i, g, buf, lr)| {
                     let p = self.params[*i].value();
                     FusedGroup {
-                        inputs: [p, *g].into_iter().chain(buf).collect(),
+                        inputs: [p, *g].into_iter().chain(buf).chain([lr]).collect(),
                         outputs: buf.iter().chain([p]).collect(),
                     }
                 })
                 .collect();
             fused_into_groups(&exprs, &groups)?;
-            for (i, _, buf) in members {
+            for (i, _, buf, _) in members {
                 self.buffers[i] = buf;
             }
         }
@@ -188,11 +197,21 @@ impl Optimizer for Sgd {
     fn lr(&self) -> f64 {
         self.lr
     }
+    /// Also writes the new rate to the device tensors the update reads (so a replayed graph of
+    /// the step uses it).
     fn set_lr(&mut self, lr: f64) {
         self.lr = lr;
+        let (groups, wd) = (&self.groups, self.weight_decay);
+        self.device_lr.refresh(|g| groups.settings(g, lr, wd).0);
     }
     fn params(&self) -> &[Parameter] {
         &self.params
+    }
+
+    fn step_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut v = self.state_tensors();
+        v.extend(self.device_lr.named(NAME));
+        v
     }
 
     fn state_tensors(&self) -> Vec<(String, Tensor)> {

@@ -29,16 +29,18 @@ fn steps_after_the_first_allocate_nothing() {
                 let before = requests();
                 opt.step().unwrap();
                 let allocated = requests() - before;
-                // State buffers are created once per parameter (1 for SGD, 2 for Adam).
-                let per_param = if kind == 0 { 1 } else { 2 };
+                // State buffers are created once per parameter (SGD: momentum; Adam: m, v and
+                // the step count on the device), the learning rate on the device once.
+                let per_param = if kind == 0 { 1 } else { 3 };
                 let new_state = match s {
                     0 => 2,
                     2 => 1,
                     _ => 0,
                 };
+                let lr = u64::from(s == 0);
                 assert_eq!(
                     allocated,
-                    per_param * new_state,
+                    per_param * new_state + lr,
                     "optimizer {kind} step {s} on {dev}"
                 );
             }
