@@ -1,10 +1,10 @@
 //! Adam (L2 weight decay added to the gradient) and AdamW (decoupled weight decay) with PyTorch's update and bias correction; one multi-tensor fused kernel updates all parameters.
-use crate::device_state::{bias_correction, count_of, increment, new_count, DeviceLr};
+use crate::device_state::{bias_correction, count_of, increment, new_count, DeviceLr, UpdateTypes};
 use crate::groups::{Groups, ParamGroup};
 use crate::optimizer::{check_distinct, check_non_negative, require, Optimizer};
 use crate::state::{adopt, fail_on, match_tensors, state_name, Hyper};
 use netcl_autograd::Parameter;
-use netcl_ops::{fused_into_groups, Expr, FusedGroup, Result, Tensor};
+use netcl_ops::{fused_into_groups, DType, Expr, FusedGroup, Result, Tensor};
 use serde_json::{json, Value};
 
 /// State tensor kinds: the moments, and with amsgrad the running maximum of `v`.
@@ -114,15 +114,11 @@ impl AdamCore {
     /// input 4 (max_v), then the update number `t` (from 1) and the learning rate (one element
     /// each, on the device) in parameter group `group`: outputs the new m, v, max_v (amsgrad)
     /// and p. Only group settings fixed for the optimizer's life are scalars.
-    fn update(&self, group: usize) -> Vec<Expr> {
+    fn update(&self, group: usize, dtype: DType) -> Vec<Expr> {
         let (_, wd) = self.groups.settings(group, self.lr, self.weight_decay);
         let (b1, b2) = self.betas;
-        let (p, g, m, v) = (
-            Expr::input(0),
-            Expr::input(1),
-            Expr::input(2),
-            Expr::input(3),
-        );
+        let ty = UpdateTypes::new(dtype);
+        let (p, g, m, v) = (ty.input(0), ty.input(1), ty.input(2), ty.input(3));
         let next = 4 + usize::from(self.amsgrad);
         let (t, lr) = (Expr::input(next), Expr::input(next + 1));
         let g = if self.decay == Decay::L2 && wd != 0.0 {
@@ -137,7 +133,7 @@ impl AdamCore {
         };
         let new_m = lerp(m, g.clone(), 1.0 - b1);
         let new_v = v * b2 + (1.0 - b2) * g.clone() * g;
-        let new_max = self.amsgrad.then(|| Expr::input(4).max(new_v.clone()));
+        let new_max = self.amsgrad.then(|| ty.input(4).max(new_v.clone()));
         let step_size = lr / bias_correction(t.clone(), b1);
         let bc2_sqrt = bias_correction(t, b2).sqrt();
         let second = new_max.clone().unwrap_or_else(|| new_v.clone());
@@ -147,6 +143,7 @@ impl AdamCore {
             .into_iter()
             .chain(new_max)
             .chain([new_p])
+            .map(|e| ty.narrow(e))
             .collect()
     }
 
@@ -182,10 +179,13 @@ impl AdamCore {
             members.push((i, g, Moments { max_v, ..s }, lr));
         }
         increment(&members.iter().map(|(_, _, s, _)| &s.t).collect::<Vec<_>>())?;
-        let key = |(i, ..): &(usize, Tensor, Moments, Tensor)| self.groups.of(*i);
+        let key = |(i, ..): &(usize, Tensor, Moments, Tensor)| {
+            (self.groups.of(*i), self.params[*i].dtype().name())
+        };
         members.sort_by_key(key);
         for same in members.chunk_by(|a, b| key(a) == key(b)) {
-            let exprs = self.update(key(&same[0]));
+            let dtype = self.params[same[0].0].dtype();
+            let exprs = self.update(key(&same[0]).0, dtype);
             // p, grad, m, v, max_v: (n...), t, lr: (1) per parameter; p, m, v, max_v in place.
             let groups: Vec<FusedGroup> = same
                 .iter()

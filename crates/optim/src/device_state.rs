@@ -12,6 +12,39 @@ pub(crate) fn counter_dtype(param: DType) -> DType {
     }
 }
 
+/// The arithmetic of an update over parameters of `dtype` reading counts and rates in
+/// [`counter_dtype`]: f16/bf16 operands are read as f32 (`widen`) and results stored back
+/// (`narrow`); other dtypes compute in their own type.
+pub(crate) struct UpdateTypes {
+    dtype: DType,
+}
+
+impl UpdateTypes {
+    pub(crate) fn new(dtype: DType) -> UpdateTypes {
+        UpdateTypes { dtype }
+    }
+    fn half(&self) -> bool {
+        matches!(self.dtype, DType::F16 | DType::BF16)
+    }
+    /// Parameter-dtype input `i`, in the update's arithmetic.
+    pub(crate) fn input(&self, i: usize) -> Expr {
+        let e = Expr::input(i);
+        if self.half() {
+            e.cast(DType::F32)
+        } else {
+            e
+        }
+    }
+    /// A result stored into a parameter-dtype destination.
+    pub(crate) fn narrow(&self, e: Expr) -> Expr {
+        if self.half() {
+            e.cast(self.dtype)
+        } else {
+            e
+        }
+    }
+}
+
 /// A new step count of 0 for a parameter of `dtype` on `device`.
 pub(crate) fn new_count(dtype: DType, device: &Device) -> Result<Tensor> {
     Tensor::zeros(&[1], counter_dtype(dtype), device)

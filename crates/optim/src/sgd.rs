@@ -1,10 +1,10 @@
 //! SGD with momentum, dampening, Nesterov and L2 weight decay (PyTorch's `torch.optim.SGD` update); one multi-tensor fused kernel updates all parameters.
-use crate::device_state::DeviceLr;
+use crate::device_state::{DeviceLr, UpdateTypes};
 use crate::groups::{Groups, ParamGroup};
 use crate::optimizer::{check_distinct, check_non_negative, require, Optimizer};
 use crate::state::{adopt, fail_on, match_tensors, state_name, Hyper};
 use netcl_autograd::Parameter;
-use netcl_ops::{fused_into_groups, Expr, FusedGroup, Result, Tensor};
+use netcl_ops::{fused_into_groups, DType, Expr, FusedGroup, Result, Tensor};
 use serde_json::{json, Value};
 
 const NAME: &str = "sgd";
@@ -114,15 +114,16 @@ impl Sgd {
     /// The update of input 0 (p) with input 1 (grad), with momentum input 2 (buf), then the
     /// learning rate (one element, on the device): the new buf (with momentum) and the new p, in
     /// parameter group `group`. `first` selects the buffer's initialisation.
-    fn update(&self, first: bool, group: usize) -> (Option<Expr>, Expr) {
+    fn update(&self, first: bool, group: usize, dtype: DType) -> (Option<Expr>, Expr) {
         let (_, wd) = self.groups.settings(group, self.lr, self.weight_decay);
-        let (p, g) = (Expr::input(0), Expr::input(1));
+        let ty = UpdateTypes::new(dtype);
+        let (p, g) = (ty.input(0), ty.input(1));
         let d = if wd != 0.0 { g + p.clone() * wd } else { g };
         if self.momentum == 0.0 {
-            return (None, p - d * Expr::input(2));
+            return (None, ty.narrow(p - d * Expr::input(2)));
         }
         let lr = Expr::input(3);
-        let buf = Expr::input(2);
+        let buf = ty.input(2);
         let decayed = buf * self.momentum + d.clone() * (1.0 - self.dampening);
         let first = Expr::scalar(if first { 1.0 } else { 0.0 });
         let new_buf = Expr::select(first, d.clone(), decayed);
@@ -131,7 +132,7 @@ impl Sgd {
         } else {
             new_buf.clone()
         };
-        (Some(new_buf), p - dir * lr)
+        (Some(ty.narrow(new_buf)), ty.narrow(p - dir * lr))
     }
 }
 
@@ -163,7 +164,7 @@ impl Optimizer for Sgd {
                 }
             }
         }
-        let group = |m: &Member| self.groups.of(m.0);
+        let group = |m: &Member| (self.groups.of(m.0), self.params[m.0].dtype().name());
         let mut forms = Vec::new();
         for (first, mut members) in [(true, starting), (false, running)] {
             members.sort_by_key(group);
@@ -172,7 +173,8 @@ impl Optimizer for Sgd {
             }
         }
         for (first, members) in forms {
-            let (new_buf, new_p) = self.update(first, group(&members[0]));
+            let dtype = self.params[members[0].0].dtype();
+            let (new_buf, new_p) = self.update(first, group(&members[0]).0, dtype);
             let exprs: Vec<Expr> = new_buf.into_iter().chain([new_p]).collect();
             // p: (n...) updated in place; grad: (n...); buf: (n...) updated in place; lr: (1).
             let groups: Vec<FusedGroup> = members
