@@ -378,3 +378,108 @@ impl CopyLike for Tensor {
         t
     }
 }
+
+/// The loading side of the next test, run in a child process (this test binary, run again with
+/// `NETCL_GRAPH_CHILD` set): the same model and optimizer after the same two eager steps, the
+/// saved graph loaded against them and replayed over the remaining batches; the parameters' bits
+/// go to the file the parent named.
+fn load_and_replay_in_this_process(dir: &std::path::Path) {
+    for dev in devices() {
+        let data = batches(&dev, 6, &[16, 32], 10);
+        let model = mlp(&dev);
+        let mut t = Trainer {
+            opt: Box::new(AdamW::new(model.parameters(), 1e-2)),
+            model,
+            loss: classify,
+        };
+        t.step(&data[0].0, &data[0].1).unwrap();
+        t.step(&data[1].0, &data[1].1).unwrap();
+        let (xs, ys) = (data[1].0.copy_like(), data[1].1.copy_like());
+        let named: Vec<(String, Tensor)> = t
+            .model
+            .named_parameters()
+            .into_iter()
+            .map(|(n, p)| (n, p.value().clone()))
+            .chain(t.opt.step_tensors())
+            .chain([("x".to_string(), xs), ("y".to_string(), ys)])
+            .collect();
+        let bindings: Vec<(&str, &Tensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let path = dir.join(format!("mlp-{}.json", dev.ordinal()));
+        let mut g = Graph::load(&path, &dev, &bindings).unwrap();
+        for (x, y) in &data[2..] {
+            g.set_input("x", x).unwrap();
+            g.set_input("y", y).unwrap();
+            g.replay().unwrap();
+        }
+        let bits: Vec<u8> = params_bits(&t.model.parameters())
+            .concat()
+            .iter()
+            .flat_map(|b| b.to_le_bytes())
+            .collect();
+        std::fs::write(dir.join(format!("params-{}.bin", dev.ordinal())), bits).unwrap();
+    }
+}
+
+#[test]
+fn a_graph_saved_by_one_process_replays_in_another() {
+    if let Some(dir) = std::env::var_os("NETCL_GRAPH_CHILD") {
+        return load_and_replay_in_this_process(std::path::Path::new(&dir));
+    }
+    let dir = tempfile_dir().join("cross-process");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut want = Vec::new();
+    for dev in devices() {
+        let data = batches(&dev, 6, &[16, 32], 10);
+        let model = mlp(&dev);
+        let mut t = Trainer {
+            opt: Box::new(AdamW::new(model.parameters(), 1e-2)),
+            model,
+            loss: classify,
+        };
+        t.step(&data[0].0, &data[0].1).unwrap();
+        let (xs, ys) = (data[1].0.copy_like(), data[1].1.copy_like());
+        let (mut g, _) = Graph::capture(&dev, |c| {
+            c.input("x", &xs)?;
+            c.input("y", &ys)?;
+            for (n, p) in t.model.named_parameters() {
+                c.name(&n, p.value())?;
+            }
+            for (n, s) in t.opt.step_tensors() {
+                c.name(&n, &s)?;
+            }
+            let loss = t.step(&xs, &ys)?;
+            c.output("loss", &loss)
+        })
+        .unwrap();
+        g.save(dir.join(format!("mlp-{}.json", dev.ordinal())))
+            .unwrap();
+        for (x, y) in &data[2..] {
+            g.set_input("x", x).unwrap();
+            g.set_input("y", y).unwrap();
+            g.replay().unwrap();
+        }
+        want.push((dev.ordinal(), params_bits(&t.model.parameters()).concat()));
+    }
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_graph_saved_by_one_process_replays_in_another",
+            "--test-threads",
+            "1",
+        ])
+        .env("NETCL_GRAPH_CHILD", &dir)
+        .status()
+        .unwrap();
+    assert!(status.success(), "the loading process failed: {status}");
+    for (ordinal, bits) in want {
+        let got = std::fs::read(dir.join(format!("params-{ordinal}.bin"))).unwrap();
+        let got: Vec<u32> = got
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        assert_eq!(
+            got, bits,
+            "device {ordinal}: parameters after the other process's replays"
+        );
+    }
+}
