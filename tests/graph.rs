@@ -417,6 +417,7 @@ fn load_and_replay_in_this_process(dir: &std::path::Path) {
             .flat_map(|b| b.to_le_bytes())
             .collect();
         std::fs::write(dir.join(format!("params-{}.bin", dev.ordinal())), bits).unwrap();
+        println!("loaded and replayed on {dev}");
     }
 }
 
@@ -460,19 +461,28 @@ fn a_graph_saved_by_one_process_replays_in_another() {
         }
         want.push((dev.ordinal(), params_bits(&t.model.parameters()).concat()));
     }
-    let status = std::process::Command::new(std::env::current_exe().unwrap())
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
             "a_graph_saved_by_one_process_replays_in_another",
             "--test-threads",
             "1",
+            "--nocapture",
         ])
         .env("NETCL_GRAPH_CHILD", &dir)
-        .status()
+        .output()
         .unwrap();
-    assert!(status.success(), "the loading process failed: {status}");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the loading process failed: {said}");
     for (ordinal, bits) in want {
-        let got = std::fs::read(dir.join(format!("params-{ordinal}.bin"))).unwrap();
+        let file = dir.join(format!("params-{ordinal}.bin"));
+        let got = std::fs::read(&file).unwrap_or_else(|e| {
+            panic!("{}: {e}; the loading process said: {said}", file.display())
+        });
         let got: Vec<u32> = got
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))

@@ -34,10 +34,12 @@ pub struct LaunchRecord {
 
 /// What happened on the capturing device, in queue order.
 pub enum Event {
-    /// A pool block of `bytes` bytes was handed out as buffer `mem`.
+    /// A pool block of `bytes` bytes (`class` reserved: its size class) was handed out as
+    /// buffer `mem`.
     Alloc {
         mem: Mem,
         bytes: usize,
+        class: usize,
     },
     /// The block of buffer `mem` went back to the pool.
     Free {

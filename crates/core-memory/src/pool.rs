@@ -310,6 +310,7 @@ impl Pool {
         crate::capture::record(&self.shared.device, || crate::capture::Event::Alloc {
             mem: fb.buf.get() as crate::capture::Mem,
             bytes: len,
+            class,
         });
         Block {
             buf: Some(fb.buf),

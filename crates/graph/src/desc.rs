@@ -136,9 +136,9 @@ pub struct GraphDesc {
     pub named: Vec<Slot>,
     /// Sizes of the slots the internal buffers share.
     pub slots: Vec<usize>,
-    /// Bytes of all slots.
+    /// Bytes the pool reserves for all slots (their size classes).
     pub arena_bytes: usize,
-    /// The most bytes of internal buffers alive at once when the step ran eagerly.
+    /// The most bytes the pool reserved for internal buffers at once when the step ran eagerly.
     pub eager_peak_bytes: usize,
     /// Sizes are rounded up to multiples of this.
     pub align: usize,

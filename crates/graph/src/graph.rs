@@ -7,7 +7,7 @@ use netcl_core_devices::opencl3::types::cl_mem;
 use netcl_core_devices::{cl3, ClResultExt, DType, Device, Error, Result};
 use netcl_core_memory::capture::{self, Mem};
 use netcl_core_memory::watch::Watch;
-use netcl_core_memory::{Block, Pool};
+use netcl_core_memory::{size_class, Block, Pool};
 use netcl_kernels::{BoundArg, BoundKernel, Program};
 use netcl_ops::Tensor;
 use std::ptr;
@@ -94,7 +94,8 @@ pub struct GraphStats {
     pub internal_buffers: usize,
     /// Bytes of the slots they share: the planned memory of the step's own buffers.
     pub arena_bytes: usize,
-    /// The most bytes of those buffers alive at once when the step ran eagerly.
+    /// The most bytes the pool reserved for those buffers at once when the step ran eagerly
+    /// (size classes; `arena_bytes` counts the slots the same way).
     pub eager_peak_bytes: usize,
     /// Buffers of the step that outlived it and are now kept by the graph alone.
     pub adopted: usize,
@@ -194,7 +195,11 @@ impl Graph {
             inputs: Vec::new(),
             outputs: Vec::new(),
             named: Vec::new(),
-            arena_bytes: slots.iter().sum(),
+            // What the pool reserves for the slots (its size classes), as eager's peak counts.
+            arena_bytes: {
+                let pool_align = Pool::of(device)?.alignment();
+                slots.iter().map(|&n| size_class(n, pool_align)).sum()
+            },
             slots,
             eager_peak_bytes: r.eager_peak_bytes,
             align,

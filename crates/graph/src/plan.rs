@@ -1,4 +1,4 @@
-//! The buffer plan: internal buffers whose node ranges do not overlap share one buffer (a slot). Largest first, each into the first slot none of whose buffers lives alongside it, else a new slot of its size. Slots are whole buffers, never overlapping sub-buffers of one arena: NVIDIA's OpenCL crashes releasing overlapping sub-buffers.
+//! The buffer plan: internal buffers whose node ranges do not overlap share one buffer (a slot). Largest first, each into the smallest slot none of whose buffers lives alongside it, else a new slot of its size. Slots are whole buffers, never overlapping sub-buffers of one arena: NVIDIA's OpenCL crashes releasing overlapping sub-buffers.
 use crate::desc::Internal;
 use crate::record::aligned;
 
@@ -12,7 +12,12 @@ pub(crate) fn assign(bufs: &mut [Internal], align: usize) -> Vec<usize> {
         let (first, last) = (bufs[i].first, bufs[i].last);
         let clear =
             |ranges: &Vec<(usize, usize)>| ranges.iter().all(|&(f, l)| l < first || last < f);
-        let s = match slots.iter().position(|(_, r)| clear(r)) {
+        // The smallest slot that is free over this buffer's range (all are large enough).
+        let best = (slots.iter().enumerate())
+            .filter(|(_, (_, r))| clear(r))
+            .min_by_key(|(_, (size, _))| *size)
+            .map(|(s, _)| s);
+        let s = match best {
             Some(s) => s,
             None => {
                 // Sizes come in decreasing order: a new slot's first buffer is its largest.

@@ -27,8 +27,8 @@ struct Builder {
     align: usize,
     /// Live blocks allocated during the capture: mem -> (alloc index, bytes).
     live: HashMap<Mem, usize>,
-    /// Per alloc event: its bytes and whether it was freed before the end.
-    allocs: Vec<(usize, bool)>,
+    /// Per alloc event: its bytes, whether it was freed before the end, its pool class.
+    allocs: Vec<(usize, bool, usize)>,
     /// For each alloc that is kept alive past the end, its external index (filled lazily).
     externals: Vec<External>,
     external_mems: Vec<Mem>,
@@ -69,9 +69,9 @@ pub(crate) fn resolve(
     };
     for e in &rec.events {
         match e {
-            Event::Alloc { mem, bytes } => {
+            Event::Alloc { mem, bytes, class } => {
                 b.live.insert(*mem, b.allocs.len());
-                b.allocs.push((*bytes, false));
+                b.allocs.push((*bytes, false, *class));
             }
             Event::Free { mem } => {
                 if let Some(i) = b.live.remove(mem) {
@@ -128,10 +128,10 @@ pub(crate) fn resolve(
             }
         };
         let node = match e {
-            Event::Alloc { mem, bytes } => {
+            Event::Alloc { mem, class, .. } => {
                 b.live.insert(mem, alloc_index);
                 if b.allocs[alloc_index].1 {
-                    in_use += aligned(bytes, b.align);
+                    in_use += class;
                     peak = peak.max(in_use);
                 }
                 alloc_index += 1;
@@ -139,7 +139,8 @@ pub(crate) fn resolve(
             }
             Event::Free { mem } => {
                 match b.live.remove(&mem) {
-                    Some(a) => in_use -= aligned(b.allocs[a].0, b.align),
+                    Some(a) if b.allocs[a].1 => in_use -= b.allocs[a].2,
+                    Some(_) => {}
                     None => {
                         // An outside buffer let go inside the step: an error only if a node used
                         // it (a later use is caught above; an earlier one here).
