@@ -379,11 +379,10 @@ impl CopyLike for Tensor {
     }
 }
 
-/// The loading side of the next test, run in a child process (this test binary, run again with
-/// `NETCL_GRAPH_CHILD` set): the same model and optimizer after the same two eager steps, the
-/// saved graph loaded against them and replayed over the remaining batches; the parameters' bits
-/// go to the file the parent named.
-fn load_and_replay_in_this_process(dir: &std::path::Path) {
+/// One side of the next test, run in its own process: `save` captures the step after one eager
+/// step, saves the graph and replays it; `load` takes the same two steps eagerly, loads the saved
+/// graph against its own model and optimizer and replays it. Each writes its parameters' bits.
+fn cross_process_side(role: &str, dir: &std::path::Path) {
     for dev in devices() {
         let data = batches(&dev, 6, &[16, 32], 10);
         let model = mlp(&dev);
@@ -393,19 +392,38 @@ fn load_and_replay_in_this_process(dir: &std::path::Path) {
             loss: classify,
         };
         t.step(&data[0].0, &data[0].1).unwrap();
-        t.step(&data[1].0, &data[1].1).unwrap();
         let (xs, ys) = (data[1].0.copy_like(), data[1].1.copy_like());
-        let named: Vec<(String, Tensor)> = t
-            .model
-            .named_parameters()
-            .into_iter()
-            .map(|(n, p)| (n, p.value().clone()))
-            .chain(t.opt.step_tensors())
-            .chain([("x".to_string(), xs), ("y".to_string(), ys)])
-            .collect();
-        let bindings: Vec<(&str, &Tensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
         let path = dir.join(format!("mlp-{}.json", dev.ordinal()));
-        let mut g = Graph::load(&path, &dev, &bindings).unwrap();
+        let mut g = if role == "save" {
+            let (g, _) = Graph::capture(&dev, |c| {
+                c.input("x", &xs)?;
+                c.input("y", &ys)?;
+                for (n, p) in t.model.named_parameters() {
+                    c.name(&n, p.value())?;
+                }
+                for (n, s) in t.opt.step_tensors() {
+                    c.name(&n, &s)?;
+                }
+                let loss = t.step(&xs, &ys)?;
+                c.output("loss", &loss)
+            })
+            .unwrap();
+            g.save(&path).unwrap();
+            g
+        } else {
+            t.step(&xs, &ys).unwrap();
+            let named: Vec<(String, Tensor)> = t
+                .model
+                .named_parameters()
+                .into_iter()
+                .map(|(n, p)| (n, p.value().clone()))
+                .chain(t.opt.step_tensors())
+                .chain([("x".to_string(), xs), ("y".to_string(), ys)])
+                .collect();
+            let bindings: Vec<(&str, &Tensor)> =
+                named.iter().map(|(n, t)| (n.as_str(), t)).collect();
+            Graph::load(&path, &dev, &bindings).unwrap()
+        };
         for (x, y) in &data[2..] {
             g.set_input("x", x).unwrap();
             g.set_input("y", y).unwrap();
@@ -416,80 +434,58 @@ fn load_and_replay_in_this_process(dir: &std::path::Path) {
             .iter()
             .flat_map(|b| b.to_le_bytes())
             .collect();
-        std::fs::write(dir.join(format!("params-{}.bin", dev.ordinal())), bits).unwrap();
-        println!("loaded and replayed on {dev}");
+        std::fs::write(dir.join(format!("{role}-{}.bin", dev.ordinal())), bits).unwrap();
+        println!("{role}: replayed on {dev}");
     }
 }
 
 #[test]
 fn a_graph_saved_by_one_process_replays_in_another() {
-    if let Some(dir) = std::env::var_os("NETCL_GRAPH_CHILD") {
-        return load_and_replay_in_this_process(std::path::Path::new(&dir));
+    if let (Some(role), Some(dir)) = (
+        std::env::var_os("NETCL_GRAPH_ROLE"),
+        std::env::var_os("NETCL_GRAPH_DIR"),
+    ) {
+        return cross_process_side(&role.to_string_lossy(), std::path::Path::new(&dir));
     }
+    // Both sides in processes of their own (this test binary run again), one after the other:
+    // a GPU in exclusive-process mode admits one process at a time.
     let dir = tempfile_dir().join("cross-process");
     std::fs::create_dir_all(&dir).unwrap();
-    let mut want = Vec::new();
-    for dev in devices() {
-        let data = batches(&dev, 6, &[16, 32], 10);
-        let model = mlp(&dev);
-        let mut t = Trainer {
-            opt: Box::new(AdamW::new(model.parameters(), 1e-2)),
-            model,
-            loss: classify,
-        };
-        t.step(&data[0].0, &data[0].1).unwrap();
-        let (xs, ys) = (data[1].0.copy_like(), data[1].1.copy_like());
-        let (mut g, _) = Graph::capture(&dev, |c| {
-            c.input("x", &xs)?;
-            c.input("y", &ys)?;
-            for (n, p) in t.model.named_parameters() {
-                c.name(&n, p.value())?;
-            }
-            for (n, s) in t.opt.step_tensors() {
-                c.name(&n, &s)?;
-            }
-            let loss = t.step(&xs, &ys)?;
-            c.output("loss", &loss)
-        })
-        .unwrap();
-        g.save(dir.join(format!("mlp-{}.json", dev.ordinal())))
+    for role in ["save", "load"] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "a_graph_saved_by_one_process_replays_in_another",
+                "--test-threads",
+                "1",
+                "--nocapture",
+            ])
+            .env("NETCL_GRAPH_ROLE", role)
+            .env("NETCL_GRAPH_DIR", &dir)
+            .output()
             .unwrap();
-        for (x, y) in &data[2..] {
-            g.set_input("x", x).unwrap();
-            g.set_input("y", y).unwrap();
-            g.replay().unwrap();
-        }
-        want.push((dev.ordinal(), params_bits(&t.model.parameters()).concat()));
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "the {role} process failed: {said}");
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "a_graph_saved_by_one_process_replays_in_another",
-            "--test-threads",
-            "1",
-            "--nocapture",
-        ])
-        .env("NETCL_GRAPH_CHILD", &dir)
-        .output()
-        .unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "the loading process failed: {said}");
-    for (ordinal, bits) in want {
-        let file = dir.join(format!("params-{ordinal}.bin"));
-        let got = std::fs::read(&file).unwrap_or_else(|e| {
-            panic!("{}: {e}; the loading process said: {said}", file.display())
-        });
-        let got: Vec<u32> = got
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+    for dev in devices() {
+        let read = |role: &str| {
+            let file = dir.join(format!("{role}-{}.bin", dev.ordinal()));
+            std::fs::read(&file).unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e} (a GPU in exclusive-process mode is not lent to the child processes \
+                     while this test binary holds it: run this test alone)",
+                    file.display()
+                )
+            })
+        };
         assert_eq!(
-            got, bits,
-            "device {ordinal}: parameters after the other process's replays"
+            read("save"),
+            read("load"),
+            "{dev}: parameters after replays in the saving and in the loading process"
         );
     }
 }
