@@ -25,6 +25,41 @@ impl<M> Trainer<M> {
     }
 }
 
+impl Trainer<Sequential> {
+    /// Captures one step with input slots `x`, `y` and every tensor it uses named (so the graph
+    /// can be saved), output slot `loss`.
+    fn capture_named(&mut self, xs: &Tensor, ys: &Tensor) -> Result<Graph> {
+        let (g, _) = Graph::capture(xs.device(), |c| {
+            c.input("x", xs)?;
+            c.input("y", ys)?;
+            for (n, p) in self.model.named_parameters() {
+                c.name(&n, p.value())?;
+            }
+            for (n, s) in self.opt.step_tensors() {
+                c.name(&n, &s)?;
+            }
+            let loss = self.step(xs, ys)?;
+            c.output("loss", &loss)
+        })?;
+        Ok(g)
+    }
+
+    /// What a loaded graph binds by name: parameters, optimizer step tensors, input slots.
+    fn named(&self, xs: Tensor, ys: Tensor) -> Vec<(String, Tensor)> {
+        self.model
+            .named_parameters()
+            .into_iter()
+            .map(|(n, p)| (n, p.value().clone()))
+            .chain(self.opt.step_tensors())
+            .chain([("x".to_string(), xs), ("y".to_string(), ys)])
+            .collect()
+    }
+}
+
+fn bindings(named: &[(String, Tensor)]) -> Vec<(&str, &Tensor)> {
+    named.iter().map(|(n, t)| (n.as_str(), t)).collect()
+}
+
 fn params_bits(params: &[Parameter]) -> Vec<Vec<u32>> {
     params
         .iter()
@@ -309,33 +344,12 @@ fn a_saved_graph_loads_and_replays_like_the_original() {
         let (mut a, mut b) = (make(), make());
         let xs = data[1].0.copy_like();
         let ys = data[1].1.copy_like();
-        let (mut ga, _) = Graph::capture(&dev, |g| {
-            g.input("x", &xs)?;
-            g.input("y", &ys)?;
-            for (n, p) in a.model.named_parameters() {
-                g.name(&n, p.value())?;
-            }
-            for (n, s) in a.opt.step_tensors() {
-                g.name(&n, &s)?;
-            }
-            let loss = a.step(&xs, &ys)?;
-            g.output("loss", &loss)
-        })
-        .unwrap();
+        let mut ga = a.capture_named(&xs, &ys).unwrap();
         ga.save(&path).unwrap();
         // b takes the captured step eagerly, so both are at the same point.
         b.step(&data[1].0, &data[1].1).unwrap();
-        let xb = data[1].0.copy_like();
-        let yb = data[1].1.copy_like();
-        let named: Vec<(String, Tensor)> = b
-            .model
-            .named_parameters()
-            .into_iter()
-            .map(|(n, p)| (n, p.value().clone()))
-            .chain(b.opt.step_tensors())
-            .chain([("x".to_string(), xb), ("y".to_string(), yb)])
-            .collect();
-        let bindings: Vec<(&str, &Tensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let named = b.named(data[1].0.copy_like(), data[1].1.copy_like());
+        let bindings = bindings(&named);
         let mut gb = Graph::load(&path, &dev, &bindings).unwrap();
         for (x, y) in &data[2..] {
             for g in [&mut ga, &mut gb] {
@@ -395,34 +409,12 @@ fn cross_process_side(role: &str, dir: &std::path::Path) {
         let (xs, ys) = (data[1].0.copy_like(), data[1].1.copy_like());
         let path = dir.join(format!("mlp-{}.json", dev.ordinal()));
         let mut g = if role == "save" {
-            let (g, _) = Graph::capture(&dev, |c| {
-                c.input("x", &xs)?;
-                c.input("y", &ys)?;
-                for (n, p) in t.model.named_parameters() {
-                    c.name(&n, p.value())?;
-                }
-                for (n, s) in t.opt.step_tensors() {
-                    c.name(&n, &s)?;
-                }
-                let loss = t.step(&xs, &ys)?;
-                c.output("loss", &loss)
-            })
-            .unwrap();
+            let g = t.capture_named(&xs, &ys).unwrap();
             g.save(&path).unwrap();
             g
         } else {
             t.step(&xs, &ys).unwrap();
-            let named: Vec<(String, Tensor)> = t
-                .model
-                .named_parameters()
-                .into_iter()
-                .map(|(n, p)| (n, p.value().clone()))
-                .chain(t.opt.step_tensors())
-                .chain([("x".to_string(), xs), ("y".to_string(), ys)])
-                .collect();
-            let bindings: Vec<(&str, &Tensor)> =
-                named.iter().map(|(n, t)| (n.as_str(), t)).collect();
-            Graph::load(&path, &dev, &bindings).unwrap()
+            Graph::load(&path, &dev, &bindings(&t.named(xs, ys))).unwrap()
         };
         for (x, y) in &data[2..] {
             g.set_input("x", x).unwrap();

@@ -178,7 +178,7 @@ impl Graph {
             Error::invalid("Graph::capture", "the recording ended inside the step")
         })?;
         let align = aligned(Pool::of(device)?.alignment().max(256), 256);
-        let resolved = record::resolve(recording, align, mem_size)?;
+        let resolved = record::resolve(recording, mem_size)?;
         let graph = Graph::from_capture(device, resolved, g, align)?;
         Ok((graph, result))
     }
@@ -364,18 +364,12 @@ impl Graph {
                 },
             });
         }
-        let stale: Vec<Mem> = external_mems
+        let (bound, kept): (Vec<_>, Vec<_>) = external_mems
             .iter()
             .zip(&desc.externals)
-            .filter(|(_, e)| e.role == Role::Bound)
-            .map(|(m, _)| *m)
-            .collect();
-        let kept: Vec<Mem> = external_mems
-            .iter()
-            .zip(&desc.externals)
-            .filter(|(_, e)| e.role == Role::Kept)
-            .map(|(m, _)| *m)
-            .collect();
+            .partition(|(_, e)| e.role == Role::Bound);
+        let mems = |v: Vec<(&Mem, _)>| v.into_iter().map(|(m, _)| *m).collect::<Vec<Mem>>();
+        let (stale, kept) = (mems(bound), mems(kept));
         let uses_index_record = desc
             .externals
             .iter()

@@ -24,7 +24,6 @@ pub(crate) fn aligned(n: usize, align: usize) -> usize {
 }
 
 struct Builder {
-    align: usize,
     /// Live blocks allocated during the capture: mem -> (alloc index, bytes).
     live: HashMap<Mem, usize>,
     /// Per alloc event: its bytes, whether it was freed before the end, its pool class.
@@ -52,14 +51,9 @@ impl Builder {
 }
 
 /// Resolves `rec`; `bytes_of` gives the storage size of a buffer that existed before the capture.
-pub(crate) fn resolve(
-    rec: Recording,
-    align: usize,
-    bytes_of: impl Fn(Mem) -> usize,
-) -> Result<Resolved> {
+pub(crate) fn resolve(rec: Recording, bytes_of: impl Fn(Mem) -> usize) -> Result<Resolved> {
     // Pass 1: which allocations are freed inside the step.
     let mut b = Builder {
-        align,
         live: HashMap::new(),
         allocs: Vec::new(),
         externals: Vec::new(),

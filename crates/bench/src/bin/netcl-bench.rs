@@ -256,7 +256,12 @@ impl Runner {
         type Build = fn(&Device, &mut Generator) -> Result<TrainStep>;
         let models: [(&str, Build); 2] =
             [("mlp_step", TrainStep::mlp), ("cnn_step", TrainStep::cnn)];
+        // NETCL_BENCH_TRAIN=mlp_step (or cnn_step) runs one of them (e.g. to profile it alone).
+        let only = std::env::var("NETCL_BENCH_TRAIN").ok();
         for (name, build) in models {
+            if only.as_deref().is_some_and(|o| o != name) {
+                continue;
+            }
             let mut t = build(&self.dev, &mut self.gen)?;
             self.measure("train", name.into(), (0.0, 0.0, 0), || t.step())?;
             let allocs = t.driver_allocations_per_step(&self.dev, 20)?;
