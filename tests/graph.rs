@@ -481,3 +481,50 @@ fn a_graph_saved_by_one_process_replays_in_another() {
         );
     }
 }
+
+#[test]
+fn a_learning_rate_schedule_reaches_the_replayed_step() {
+    // set_lr between replays writes the rate the captured update reads on the device: the same
+    // parameters, bit for bit, as eager steps under the same schedule (AdamW and SGD).
+    let rate = |s: usize| 0.02 / (1.0 + s as f64);
+    for dev in devices() {
+        let data = batches(&dev, 8, &[16, 32], 10);
+        for adam in [true, false] {
+            let make = || {
+                let model = mlp(&dev);
+                let opt: Box<dyn Optimizer> = if adam {
+                    Box::new(AdamW::new(model.parameters(), rate(0)))
+                } else {
+                    Box::new(Sgd::new(model.parameters(), rate(0)).momentum(0.9))
+                };
+                Trainer {
+                    opt,
+                    model,
+                    loss: classify,
+                }
+            };
+            let mut eager = make();
+            for (s, (x, y)) in data.iter().enumerate() {
+                eager.opt.set_lr(rate(s));
+                eager.step(x, y).unwrap();
+            }
+            let mut t = make();
+            t.step(&data[0].0, &data[0].1).unwrap();
+            let (xs, ys) = (data[1].0.copy_like(), data[1].1.copy_like());
+            t.opt.set_lr(rate(1));
+            let mut g = t.capture_named(&xs, &ys).unwrap();
+            for (s, (x, y)) in data.iter().enumerate().skip(2) {
+                t.opt.set_lr(rate(s));
+                g.set_input("x", x).unwrap();
+                g.set_input("y", y).unwrap();
+                g.replay().unwrap();
+            }
+            assert_eq!(
+                params_bits(&eager.model.parameters()),
+                params_bits(&t.model.parameters()),
+                "{} on {dev}: a schedule's rates under replay",
+                if adam { "AdamW" } else { "SGD" }
+            );
+        }
+    }
+}
