@@ -528,3 +528,52 @@ fn a_learning_rate_schedule_reaches_the_replayed_step() {
         }
     }
 }
+
+#[test]
+fn a_step_with_gradient_clipping_on_the_device_replays_bit_identically() {
+    // clip_grad_norm_on_device keeps the norm on the device, so it can be part of a graph.
+    use netcl::optim::clip_grad_norm_on_device;
+    for dev in devices() {
+        let data = batches(&dev, 6, &[16, 32], 10);
+        let step = |t: &mut Trainer<Sequential>, x: &Tensor, y: &Tensor| -> Result<Tensor> {
+            let tape = Tape::new();
+            let loss = classify(&t.model, &tape, x, y)?;
+            tape.backward(&loss)?;
+            clip_grad_norm_on_device(&t.model.parameters(), 0.5)?;
+            t.opt.step()?;
+            t.opt.zero_grad();
+            Ok(loss.value().clone())
+        };
+        let make = || {
+            let model = mlp(&dev);
+            Trainer {
+                opt: Box::new(AdamW::new(model.parameters(), 1e-2)),
+                model,
+                loss: classify,
+            }
+        };
+        let mut eager = make();
+        for (x, y) in &data {
+            step(&mut eager, x, y).unwrap();
+        }
+        let mut t = make();
+        step(&mut t, &data[0].0, &data[0].1).unwrap();
+        let (xs, ys) = (data[1].0.copy_like(), data[1].1.copy_like());
+        let (mut g, _) = Graph::capture(&dev, |c| {
+            c.input("x", &xs)?;
+            c.input("y", &ys)?;
+            step(&mut t, &xs, &ys)
+        })
+        .unwrap();
+        for (x, y) in &data[2..] {
+            g.set_input("x", x).unwrap();
+            g.set_input("y", y).unwrap();
+            g.replay().unwrap();
+        }
+        assert_eq!(
+            params_bits(&eager.model.parameters()),
+            params_bits(&t.model.parameters()),
+            "clipped steps on {dev}"
+        );
+    }
+}
