@@ -1,5 +1,5 @@
 //! Adam (L2 weight decay added to the gradient) and AdamW (decoupled weight decay) with PyTorch's update and bias correction; one multi-tensor fused kernel updates all parameters.
-use crate::device_state::{bias_correction, count_of, increment, new_count, DeviceLr, UpdateTypes};
+use crate::device_state::{bias_correction, count_of, new_count, DeviceLr, UpdateTypes};
 use crate::groups::{Groups, ParamGroup};
 use crate::optimizer::{check_distinct, check_non_negative, require, Optimizer};
 use crate::state::{adopt, fail_on, match_tensors, state_name, Hyper};
@@ -29,6 +29,10 @@ struct Moments {
     step: usize,
     /// `step` as a one-element tensor on the parameter's device.
     t: Tensor,
+    /// This step's `-lr / (1 - beta1^t)` and `sqrt(1 - beta2^t)`, one element each, computed
+    /// from `t` once per step (not in every work-item of the update).
+    step_size: Tensor,
+    bc2_sqrt: Tensor,
 }
 
 /// The optimizer behind `Adam` and `AdamW`.
@@ -120,7 +124,11 @@ impl AdamCore {
         let ty = UpdateTypes::new(dtype);
         let (p, g, m, v) = (ty.input(0), ty.input(1), ty.input(2), ty.input(3));
         let next = 4 + usize::from(self.amsgrad);
-        let (t, lr) = (Expr::input(next), Expr::input(next + 1));
+        let (neg_step, bc2_sqrt, lr) = (
+            Expr::input(next),
+            Expr::input(next + 1),
+            Expr::input(next + 2),
+        );
         let g = if self.decay == Decay::L2 && wd != 0.0 {
             g + p.clone() * wd
         } else {
@@ -134,17 +142,36 @@ impl AdamCore {
         let new_m = lerp(m, g.clone(), 1.0 - b1);
         let new_v = v * b2 + (1.0 - b2) * g.clone() * g;
         let new_max = self.amsgrad.then(|| ty.input(4).max(new_v.clone()));
-        let step_size = lr / bias_correction(t.clone(), b1);
-        let bc2_sqrt = bias_correction(t, b2).sqrt();
         let second = new_max.clone().unwrap_or_else(|| new_v.clone());
         let denom = second.sqrt() / bc2_sqrt + self.eps;
-        let new_p = p + (-step_size) * new_m.clone() / denom;
+        let new_p = p + neg_step * new_m.clone() / denom;
         [new_m, new_v]
             .into_iter()
             .chain(new_max)
             .chain([new_p])
             .map(|e| ty.narrow(e))
             .collect()
+    }
+
+    /// Counts the step of every member on the device and computes its step size and second
+    /// bias correction there from the new count and the group's rate: one launch for all.
+    fn advance(&self, members: &[(usize, Tensor, Moments, Tensor)]) -> Result<()> {
+        let (b1, b2) = self.betas;
+        let t = Expr::input(0) + 1.0;
+        let exprs = [
+            t.clone(),
+            -(Expr::input(1) / bias_correction(t.clone(), b1)),
+            bias_correction(t, b2).sqrt(),
+        ];
+        // t (1) in place, lr (1) -> t, step_size, bc2_sqrt (1 each).
+        let groups: Vec<FusedGroup> = members
+            .iter()
+            .map(|(_, _, s, lr)| FusedGroup {
+                inputs: vec![&s.t, lr],
+                outputs: vec![&s.t, &s.step_size, &s.bc2_sqrt],
+            })
+            .collect();
+        fused_into_groups(&exprs, &groups)
     }
 
     /// Updates every parameter that has a gradient: its step count goes up by one on the
@@ -165,6 +192,8 @@ impl AdamCore {
                     max_v: None,
                     step: 0,
                     t: new_count(p.dtype(), p.device())?,
+                    step_size: new_count(p.dtype(), p.device())?,
+                    bc2_sqrt: new_count(p.dtype(), p.device())?,
                 },
             };
             // amsgrad switched on after updates starts the maximum at 0 (max(0, v) = v).
@@ -178,7 +207,7 @@ impl AdamCore {
             let lr = self.device_lr.get(group, p.device(), p.dtype(), lr)?;
             members.push((i, g, Moments { max_v, ..s }, lr));
         }
-        increment(&members.iter().map(|(_, _, s, _)| &s.t).collect::<Vec<_>>())?;
+        self.advance(&members)?;
         let key = |(i, ..): &(usize, Tensor, Moments, Tensor)| {
             (self.groups.of(*i), self.params[*i].dtype().name())
         };
@@ -195,7 +224,7 @@ impl AdamCore {
                         inputs: [p, g, &s.m, &s.v]
                             .into_iter()
                             .chain(&s.max_v)
-                            .chain([&s.t, lr])
+                            .chain([&s.step_size, &s.bc2_sqrt, lr])
                             .collect(),
                         outputs: [&s.m, &s.v]
                             .into_iter()
@@ -297,6 +326,8 @@ impl AdamCore {
                     max_v: max_v.map(|x| adopt(x, p)).transpose()?,
                     step: t,
                     t: count_of(t, p.dtype(), p.device())?,
+                    step_size: new_count(p.dtype(), p.device())?,
+                    bc2_sqrt: new_count(p.dtype(), p.device())?,
                 });
             }
         }
@@ -376,8 +407,10 @@ macro_rules! adam_type {
             }
             fn step_tensors(&self) -> Vec<(String, Tensor)> {
                 let core = &self.0;
-                let counts = core.state.iter().enumerate().filter_map(|(i, s)| {
-                    s.as_ref().map(|s| (state_name(core.name, "t", i), s.t.clone()))
+                let counts = core.state.iter().enumerate().filter_map(|(i, s)| s.as_ref().map(|s| (i, s)));
+                let counts = counts.flat_map(|(i, s)| {
+                    [("t", &s.t), ("step_size", &s.step_size), ("bc2_sqrt", &s.bc2_sqrt)]
+                        .map(|(kind, t)| (state_name(core.name, kind, i), t.clone()))
                 });
                 core.state_tensors()
                     .into_iter()

@@ -1,5 +1,5 @@
 //! Step counts and learning rates on the device, read by the update kernels as one-element inputs: the kernels of every step are the same kernels with the same argument values, so a captured step (netcl-graph) replays the optimizer exactly as eager steps run it.
-use netcl_ops::{fused_into_groups, DType, Device, Expr, FusedGroup, Result, Tensor};
+use netcl_ops::{DType, Device, Expr, Result, Tensor};
 use std::collections::HashMap;
 
 /// The dtype of a parameter's step count and learning rate: f64 for f64 parameters (their
@@ -53,18 +53,6 @@ pub(crate) fn new_count(dtype: DType, device: &Device) -> Result<Tensor> {
 /// A step count holding `t` (a loaded checkpoint's).
 pub(crate) fn count_of(t: usize, dtype: DType, device: &Device) -> Result<Tensor> {
     Tensor::full(&[1], t as f64, counter_dtype(dtype), device)
-}
-
-/// Adds 1 to every count: one launch per device and dtype.
-pub(crate) fn increment(counts: &[&Tensor]) -> Result<()> {
-    let groups: Vec<FusedGroup> = counts
-        .iter()
-        .map(|t| FusedGroup {
-            inputs: vec![*t],
-            outputs: vec![*t],
-        })
-        .collect();
-    fused_into_groups(&[Expr::input(0) + 1.0], &groups)
 }
 
 /// `1 - beta^t` for the step count input `t`, as `-expm1(t ln(beta))` (no cancellation for

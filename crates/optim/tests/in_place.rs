@@ -29,9 +29,10 @@ fn steps_after_the_first_allocate_nothing() {
                 let before = requests();
                 opt.step().unwrap();
                 let allocated = requests() - before;
-                // State buffers are created once per parameter (SGD: momentum; Adam: m, v and
-                // the step count on the device), the learning rate on the device once.
-                let per_param = if kind == 0 { 1 } else { 3 };
+                // State buffers are created once per parameter (SGD: momentum; Adam: m, v, the
+                // step count, step size and bias correction on the device), the learning rate on
+                // the device once.
+                let per_param = if kind == 0 { 1 } else { 5 };
                 let new_state = match s {
                     0 => 2,
                     2 => 1,
