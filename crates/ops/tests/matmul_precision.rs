@@ -69,8 +69,12 @@ fn run(dev: &Device, dtype: DType, tol: f64) -> bool {
     differs
 }
 
+/// Both tests set the host device's own precision: one at a time (they run in parallel threads).
+static HOST_SETTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn tf32_and_16_bit_products_match_the_host_on_every_device() {
+    let _one = HOST_SETTING.lock().unwrap_or_else(|p| p.into_inner());
     assert!(!has_tensor_cores(&Device::host(), TensorCoreKind::Tf32));
     for dev in test_devices().unwrap() {
         set_device_float32_matmul_precision(&dev, Some(MatmulPrecision::High));
@@ -90,6 +94,7 @@ fn tf32_and_16_bit_products_match_the_host_on_every_device() {
 
 #[test]
 fn precision_settings_parse_and_layer() {
+    let _one = HOST_SETTING.lock().unwrap_or_else(|p| p.into_inner());
     assert_eq!(
         "High".parse::<MatmulPrecision>().unwrap(),
         MatmulPrecision::High
