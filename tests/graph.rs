@@ -25,6 +25,18 @@ impl<M> Trainer<M> {
     }
 }
 
+/// A classifier `model` trained by the optimizer `opt` makes over its parameters.
+fn classifier(
+    model: Sequential,
+    opt: impl FnOnce(Vec<Parameter>) -> Box<dyn Optimizer>,
+) -> Trainer<Sequential> {
+    Trainer {
+        opt: opt(model.parameters()),
+        model,
+        loss: classify,
+    }
+}
+
 impl Trainer<Sequential> {
     /// Captures one step with input slots `x`, `y` and every tensor it uses named (so the graph
     /// can be saved), output slot `loss`.
@@ -142,6 +154,17 @@ fn replay_matches_eager<M>(
     graph
 }
 
+/// The graph's planned bytes are fewer than the eager step's peak.
+fn assert_planned_below_eager(graph: &Graph) {
+    let s = graph.stats();
+    assert!(
+        s.arena_bytes < s.eager_peak_bytes,
+        "the arena ({} B) is smaller than eager's peak ({} B)",
+        s.arena_bytes,
+        s.eager_peak_bytes
+    );
+}
+
 fn mlp(dev: &Device) -> Sequential {
     let mut g = Generator::new(7);
     Sequential::new()
@@ -179,31 +202,13 @@ fn a_replayed_mlp_step_is_bit_identical_to_eager_with_adamw_and_sgd() {
     for dev in devices() {
         let data = batches(&dev, 10, &[16, 32], 10);
         let adamw = || {
-            let model = mlp(&dev);
-            let opt = AdamW::new(model.parameters(), 1e-2).weight_decay(0.1);
-            Trainer {
-                opt: Box::new(opt),
-                model,
-                loss: classify,
-            }
+            classifier(mlp(&dev), |p| {
+                Box::new(AdamW::new(p, 1e-2).weight_decay(0.1))
+            })
         };
         let graph = replay_matches_eager("MLP AdamW", adamw, Sequential::parameters, &data);
-        let s = graph.stats();
-        assert!(
-            s.arena_bytes < s.eager_peak_bytes,
-            "the arena ({} B) is smaller than eager's peak ({} B)",
-            s.arena_bytes,
-            s.eager_peak_bytes
-        );
-        let sgd = || {
-            let model = mlp(&dev);
-            let opt = Sgd::new(model.parameters(), 0.05).momentum(0.9);
-            Trainer {
-                opt: Box::new(opt),
-                model,
-                loss: classify,
-            }
-        };
+        assert_planned_below_eager(&graph);
+        let sgd = || classifier(mlp(&dev), |p| Box::new(Sgd::new(p, 0.05).momentum(0.9)));
         replay_matches_eager("MLP SGD", sgd, Sequential::parameters, &data);
     }
 }
@@ -218,18 +223,15 @@ fn a_replayed_cnn_step_is_bit_identical_to_eager() {
                 padding: (1, 1),
                 ..Default::default()
             };
-            let model = Sequential::new()
-                .with(Conv2d::new(1, 4, 3, same, &dev, &mut g).unwrap())
-                .with(ReLU)
-                .with(MaxPool2d::new(2))
-                .with(Flatten)
-                .with(Linear::new(4 * 4 * 4, 5, &dev, &mut g).unwrap());
-            let opt = AdamW::new(model.parameters(), 1e-2);
-            Trainer {
-                opt: Box::new(opt),
-                model,
-                loss: classify,
-            }
+            classifier(
+                Sequential::new()
+                    .with(Conv2d::new(1, 4, 3, same, &dev, &mut g).unwrap())
+                    .with(ReLU)
+                    .with(MaxPool2d::new(2))
+                    .with(Flatten)
+                    .with(Linear::new(4 * 4 * 4, 5, &dev, &mut g).unwrap()),
+                |p| Box::new(AdamW::new(p, 1e-2)),
+            )
         };
         replay_matches_eager("CNN", make, Sequential::parameters, &data);
     }
@@ -265,13 +267,7 @@ fn a_replayed_tiny_llama_step_is_bit_identical_to_eager() {
             }
         };
         let graph = replay_matches_eager("tiny Llama", make, Llama::parameters, &data);
-        let s = graph.stats();
-        assert!(
-            s.arena_bytes < s.eager_peak_bytes,
-            "the arena ({} B) is smaller than eager's peak ({} B)",
-            s.arena_bytes,
-            s.eager_peak_bytes
-        );
+        assert_planned_below_eager(&graph);
     }
 }
 
@@ -279,12 +275,7 @@ fn a_replayed_tiny_llama_step_is_bit_identical_to_eager() {
 fn shape_changes_replaced_models_reads_and_random_ops_are_errors() {
     for dev in devices() {
         let data = batches(&dev, 2, &[16, 32], 10);
-        let model = mlp(&dev);
-        let mut t = Trainer {
-            opt: Box::new(Sgd::new(model.parameters(), 0.1)),
-            model,
-            loss: classify,
-        };
+        let mut t = classifier(mlp(&dev), |p| Box::new(Sgd::new(p, 0.1)));
         let (x, y) = &data[0];
         t.step(x, y).unwrap();
         let (mut graph, _) = Graph::capture(&dev, |g| {
@@ -331,13 +322,7 @@ fn a_saved_graph_loads_and_replays_like_the_original() {
         let path = dir.join(format!("mlp-{}.json", dev.ordinal()));
         // Two identical trainers after one eager step each: one captures and saves, one loads.
         let make = || {
-            let model = mlp(&dev);
-            let opt = AdamW::new(model.parameters(), 1e-2);
-            let mut t = Trainer {
-                opt: Box::new(opt),
-                model,
-                loss: classify,
-            };
+            let mut t = classifier(mlp(&dev), |p| Box::new(AdamW::new(p, 1e-2)));
             t.step(&data[0].0, &data[0].1).unwrap();
             t
         };
@@ -399,12 +384,7 @@ impl CopyLike for Tensor {
 fn cross_process_side(role: &str, dir: &std::path::Path) {
     for dev in devices() {
         let data = batches(&dev, 6, &[16, 32], 10);
-        let model = mlp(&dev);
-        let mut t = Trainer {
-            opt: Box::new(AdamW::new(model.parameters(), 1e-2)),
-            model,
-            loss: classify,
-        };
+        let mut t = classifier(mlp(&dev), |p| Box::new(AdamW::new(p, 1e-2)));
         t.step(&data[0].0, &data[0].1).unwrap();
         let (xs, ys) = (data[1].0.copy_like(), data[1].1.copy_like());
         let path = dir.join(format!("mlp-{}.json", dev.ordinal()));
@@ -491,17 +471,13 @@ fn a_learning_rate_schedule_reaches_the_replayed_step() {
         let data = batches(&dev, 8, &[16, 32], 10);
         for adam in [true, false] {
             let make = || {
-                let model = mlp(&dev);
-                let opt: Box<dyn Optimizer> = if adam {
-                    Box::new(AdamW::new(model.parameters(), rate(0)))
-                } else {
-                    Box::new(Sgd::new(model.parameters(), rate(0)).momentum(0.9))
-                };
-                Trainer {
-                    opt,
-                    model,
-                    loss: classify,
-                }
+                classifier(mlp(&dev), |p| -> Box<dyn Optimizer> {
+                    if adam {
+                        Box::new(AdamW::new(p, rate(0)))
+                    } else {
+                        Box::new(Sgd::new(p, rate(0)).momentum(0.9))
+                    }
+                })
             };
             let mut eager = make();
             for (s, (x, y)) in data.iter().enumerate() {
@@ -544,14 +520,7 @@ fn a_step_with_gradient_clipping_on_the_device_replays_bit_identically() {
             t.opt.zero_grad();
             Ok(loss.value().clone())
         };
-        let make = || {
-            let model = mlp(&dev);
-            Trainer {
-                opt: Box::new(AdamW::new(model.parameters(), 1e-2)),
-                model,
-                loss: classify,
-            }
-        };
+        let make = || classifier(mlp(&dev), |p| Box::new(AdamW::new(p, 1e-2)));
         let mut eager = make();
         for (x, y) in &data {
             step(&mut eager, x, y).unwrap();

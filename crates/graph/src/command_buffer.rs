@@ -215,14 +215,9 @@ impl CommandBuffer {
                         )
                     }
                 }
-                Step::Copy {
-                    src,
-                    src_offset,
-                    dst,
-                    dst_offset,
-                    len,
-                } => {
-                    let (src, dst) = (*src as cl_mem, *dst as cl_mem);
+                Step::Copy(c) => {
+                    let (src, dst) = (c.src as cl_mem, c.dst as cl_mem);
+                    let (src_offset, dst_offset, len) = (c.src_offset, c.dst_offset, c.len);
                     // SAFETY: live buffers and ranges from checked copies; the ABI by version.
                     unsafe {
                         if new_copy_abi {
@@ -232,9 +227,9 @@ impl CommandBuffer {
                                 ptr::null(),
                                 src,
                                 dst,
-                                *src_offset,
-                                *dst_offset,
-                                *len,
+                                src_offset,
+                                dst_offset,
+                                len,
                                 n_wait,
                                 wait,
                                 &mut point,
@@ -246,9 +241,9 @@ impl CommandBuffer {
                                 ptr::null_mut(),
                                 src,
                                 dst,
-                                *src_offset,
-                                *dst_offset,
-                                *len,
+                                src_offset,
+                                dst_offset,
+                                len,
                                 n_wait,
                                 wait,
                                 &mut point,

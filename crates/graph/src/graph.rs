@@ -3,8 +3,8 @@ use crate::command_buffer::CommandBuffer;
 use crate::desc::{BufRef, GraphDesc, Node, NodeArg, Role, Slot, SCHEMA_VERSION};
 use crate::plan;
 use crate::record::{self, aligned, Resolved};
-use netcl_core_devices::opencl3::types::cl_mem;
-use netcl_core_devices::{cl3, ClResultExt, DType, Device, Error, Result};
+use netcl_core_devices::opencl3::types::{cl_command_queue, cl_mem};
+use netcl_core_devices::{cl3, ClResultExt, Device, Error, Result};
 use netcl_core_memory::capture::{self, Mem};
 use netcl_core_memory::watch::Watch;
 use netcl_core_memory::{size_class, Block, Pool};
@@ -52,17 +52,6 @@ impl Capture {
         Ok(())
     }
 
-    /// Names many tensors (e.g. a module's `named_parameters` values, an optimizer's `state_tensors`).
-    pub fn name_all<'a>(
-        &mut self,
-        named: impl IntoIterator<Item = (String, &'a Tensor)>,
-    ) -> Result<()> {
-        for (n, t) in named {
-            self.name(&n, t)?;
-        }
-        Ok(())
-    }
-
     fn check(&self, name: &str, t: &Tensor, what: &str) -> Result<()> {
         let taken = self.inputs.iter().chain(&self.outputs).chain(&self.named);
         if taken.into_iter().any(|(n, _)| n == name) {
@@ -106,13 +95,42 @@ pub struct GraphStats {
 /// One enqueue of a replay.
 pub(crate) enum Step {
     Kernel(BoundKernel),
-    Copy {
-        src: usize,
-        src_offset: usize,
-        dst: usize,
-        dst_offset: usize,
-        len: usize,
-    },
+    Copy(CopyStep),
+}
+
+/// A device-to-device copy of a replay (buffers as `cl_mem` numbers).
+pub(crate) struct CopyStep {
+    pub src: usize,
+    pub src_offset: usize,
+    pub dst: usize,
+    pub dst_offset: usize,
+    pub len: usize,
+}
+
+impl CopyStep {
+    /// Enqueues the copy on `queue` (its event released at once).
+    ///
+    /// # Safety
+    /// Both buffers are alive and belong to the queue's context; the ranges lie inside them.
+    unsafe fn enqueue(&self, queue: cl_command_queue) -> Result<()> {
+        // SAFETY: the caller's contract.
+        let ev = unsafe {
+            cl3::command_queue::enqueue_copy_buffer(
+                queue,
+                self.src as cl_mem,
+                self.dst as cl_mem,
+                self.src_offset,
+                self.dst_offset,
+                self.len,
+                0,
+                ptr::null(),
+            )
+        }
+        .cl("clEnqueueCopyBuffer (graph replay)")?;
+        // The enqueue handed over a reference to its new event.
+        drop(netcl_core_devices::opencl3::event::Event::new(ev));
+        Ok(())
+    }
 }
 
 /// A captured step: replays with one enqueue per node and nothing else.
@@ -342,26 +360,26 @@ impl Graph {
                         .collect();
                     Step::Kernel(BoundKernel::new(p, kernel, &args, global, local)?)
                 }
-                Node::Write { dst, offset, data } => Step::Copy {
+                Node::Write { dst, offset, data } => Step::Copy(CopyStep {
                     src: constants.as_ref().map_or(0, |c| c.mem() as usize),
                     src_offset: writes.next().unwrap_or(0),
                     dst: mem_of(*dst) as usize,
                     dst_offset: *offset,
                     len: data.len(),
-                },
+                }),
                 Node::Copy {
                     src,
                     src_offset,
                     dst,
                     dst_offset,
                     len,
-                } => Step::Copy {
+                } => Step::Copy(CopyStep {
                     src: mem_of(*src) as usize,
                     src_offset: *src_offset,
                     dst: mem_of(*dst) as usize,
                     dst_offset: *dst_offset,
                     len: *len,
-                },
+                }),
             });
         }
         let (bound, kept): (Vec<_>, Vec<_>) = external_mems
@@ -477,34 +495,12 @@ impl Graph {
             Some(cb) => cb.enqueue(queue)?,
             None => {
                 for s in &mut self.steps {
+                    // SAFETY: the queue is the device's; every buffer is held by the graph or
+                    // watched (a freed one stops the replay above); copy ranges were recorded
+                    // from checked copies.
                     match s {
-                        // SAFETY: the queue is the device's; every buffer is held by the graph or
-                        // watched (a freed one stops the replay above).
                         Step::Kernel(k) => unsafe { k.enqueue(queue)? },
-                        Step::Copy {
-                            src,
-                            src_offset,
-                            dst,
-                            dst_offset,
-                            len,
-                        } => {
-                            // SAFETY: as above; ranges were recorded from checked copies.
-                            let ev = unsafe {
-                                cl3::command_queue::enqueue_copy_buffer(
-                                    queue,
-                                    *src as cl_mem,
-                                    *dst as cl_mem,
-                                    *src_offset,
-                                    *dst_offset,
-                                    *len,
-                                    0,
-                                    ptr::null(),
-                                )
-                            }
-                            .cl("clEnqueueCopyBuffer (graph replay)")?;
-                            // The enqueue handed over a reference to its new event.
-                            drop(netcl_core_devices::opencl3::event::Event::new(ev));
-                        }
+                        Step::Copy(c) => unsafe { c.enqueue(queue)? },
                     }
                 }
             }
@@ -522,13 +518,8 @@ impl Graph {
     pub fn kernels(&self) -> impl Iterator<Item = &BoundKernel> {
         self.steps.iter().filter_map(|s| match s {
             Step::Kernel(k) => Some(k),
-            Step::Copy { .. } => None,
+            Step::Copy(_) => None,
         })
-    }
-
-    /// Parses a dtype name of a slot.
-    pub(crate) fn dtype_of(slot: &Slot) -> Result<DType> {
-        DType::parse(&slot.dtype)
     }
 }
 

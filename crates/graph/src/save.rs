@@ -7,13 +7,6 @@ use netcl_kernels::Source;
 use netcl_ops::{DType, Tensor};
 use std::path::Path;
 
-fn io(path: &Path, e: std::io::Error) -> Error {
-    Error::Io {
-        path: path.display().to_string(),
-        source: e,
-    }
-}
-
 impl Graph {
     /// Writes the graph (programs, nodes, buffers, plan, slots) as JSON to `path` (through a
     /// temporary file and a rename, so a crash leaves the old file or the new one). Every buffer
@@ -37,13 +30,11 @@ impl Graph {
                 ),
             ));
         }
-        let json = serde_json::to_vec(&self.desc).map_err(|e| Error::Format {
-            what: "graph".into(),
-            msg: e.to_string(),
-        })?;
+        let json =
+            serde_json::to_vec(&self.desc).map_err(|e| Error::format("graph", e.to_string()))?;
         let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, json).map_err(|e| io(&tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| io(path, e))
+        std::fs::write(&tmp, json).map_err(|e| Error::io(tmp.display().to_string(), e))?;
+        std::fs::rename(&tmp, path).map_err(|e| Error::io(path.display().to_string(), e))
     }
 
     /// Reads a graph saved by [`Graph::save`] and builds it on `device`, binding each named
@@ -56,19 +47,18 @@ impl Graph {
         bindings: &[(&str, &Tensor)],
     ) -> Result<Graph> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|e| io(path, e))?;
-        let desc: GraphDesc = serde_json::from_slice(&bytes).map_err(|e| Error::Format {
-            what: format!("graph {}", path.display()),
-            msg: e.to_string(),
-        })?;
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path.display().to_string(), e))?;
+        let what = format!("graph {}", path.display());
+        let desc: GraphDesc =
+            serde_json::from_slice(&bytes).map_err(|e| Error::format(&what, e.to_string()))?;
         if desc.schema_version != SCHEMA_VERSION {
-            return Err(Error::Format {
-                what: format!("graph {}", path.display()),
-                msg: format!(
+            return Err(Error::format(
+                what,
+                format!(
                     "schema version {}; this netcl reads version {SCHEMA_VERSION}",
                     desc.schema_version
                 ),
-            });
+            ));
         }
         let programs = desc
             .programs
@@ -115,7 +105,7 @@ impl Graph {
                     let slot = desc.outputs.iter().find(|s| s.external == i);
                     let t = match slot {
                         Some(s) if s.offset == 0 => {
-                            Tensor::zeros(&s.shape, Graph::dtype_of(s)?, device)?
+                            Tensor::zeros(&s.shape, DType::parse(&s.dtype)?, device)?
                         }
                         _ => Tensor::zeros(&[e.bytes.div_ceil(4)], DType::U32, device)?,
                     };

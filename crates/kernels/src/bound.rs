@@ -115,34 +115,15 @@ impl BoundKernel {
     /// # Safety
     /// `queue` belongs to the kernel's context, and every buffer argument is alive.
     pub unsafe fn enqueue(&mut self, queue: cl_command_queue) -> Result<()> {
-        use cl3::error_codes::{DLOPEN_FUNCTION_NOT_AVAILABLE, DLOPEN_RUNTIME_LOAD_FAILED};
-        let lib = cl3::load_library().as_ref().map_err(|_| Error::OpenCl {
-            op: "clEnqueueNDRangeKernel".into(),
-            code: DLOPEN_RUNTIME_LOAD_FAILED,
-        })?;
-        let status = lib
-            .clEnqueueNDRangeKernel(
-                queue,
-                self.kernel.get(),
-                self.dims,
-                ptr::null(),
-                self.global.as_ptr(),
-                self.local.as_ptr(),
-                0,
-                ptr::null(),
-                ptr::null_mut(),
-            )
-            .unwrap_or(DLOPEN_FUNCTION_NOT_AVAILABLE);
-        if status == 0 {
-            Ok(())
-        } else {
-            Err(Error::Launch {
+        let (_, global, local) = self.ndrange();
+        // SAFETY: the caller's contract; all arguments were set in `new`; no event.
+        unsafe { crate::launch::enqueue(queue, self.kernel.get(), global, local, ptr::null_mut()) }
+            .map_err(|status| Error::Launch {
                 kernel: self.name.clone(),
                 msg: format!(
                     "clEnqueueNDRangeKernel in a graph replay: {} ({status})",
                     netcl_core_devices::cl_code_name(status)
                 ),
             })
-        }
     }
 }

@@ -373,7 +373,7 @@ pub fn set_after_sync_check(check: fn(&Device) -> Result<()>) {
 /// # Safety
 /// `queue` and `kernel` are valid, the kernel's arguments are set, `global` and `local` have
 /// the same 1 to 3 dims, `event` is null or writable.
-unsafe fn enqueue(
+pub(crate) unsafe fn enqueue(
     queue: cl_command_queue,
     kernel: cl_kernel,
     global: &[usize],
