@@ -18,6 +18,7 @@ mod index;
 mod launch;
 pub mod layout;
 mod matmul;
+mod matmul_cpu;
 mod matmul_tc;
 mod norm;
 mod pool;

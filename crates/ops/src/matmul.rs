@@ -6,6 +6,7 @@ use crate::layout::{
     broadcast_shapes, broadcast_strides, check_reach, contiguous_strides, numel, strided_positions,
     KernelLayout,
 };
+use crate::matmul_cpu::{self, cpu_gemm};
 use crate::matmul_tc::{self, tensor_core_kind};
 use crate::tensor::{Storage, Tensor};
 use netcl_core_devices::{DType, Error, Result};
@@ -255,6 +256,15 @@ impl Tensor {
         // Looked up only on the paths that launch from it (split-K recurses instead).
         let build = || program(&self.device, &source, &options);
         let u = |x: usize| x as u32;
+        let strides = [sam, sak, sbk, sbn];
+        if let (None, Some(which)) = (
+            opts.tile,
+            cpu_gemm(&self.device, self.dtype, [m, k], strides),
+        ) {
+            let dims = [m, n, k, numel(&batch)];
+            matmul_cpu::launch(which, &out, &a, &b, &layout, dims, strides, opts)?;
+            return out.reshape(&result_shape);
+        }
         if numel(&batch) == 1 && m <= GEMV_ROWS && sbk == 1 {
             // A few rows against a transposed weight (one decoding step): every weight read once.
             let mut kern = Kernel::new(&build()?, GEMV_KERNEL)?;

@@ -491,3 +491,74 @@ fn skinny_products_against_transposed_weights_match_the_host() {
         }
     }
 }
+
+#[test]
+fn cpu_devices_take_the_cpu_kernels_on_every_layout() {
+    // `x` on `dev` with the same strides: a copy to a device is contiguous, so a transposed view
+    // goes over in its stored order and is transposed there.
+    fn on(dev: &Device, x: &Tensor, t: bool) -> Tensor {
+        let nd = x.ndim();
+        let flip = |x: &Tensor| x.transpose(nd - 2, nd - 1).unwrap();
+        match t {
+            true => flip(&flip(x).to_device(dev).unwrap()),
+            false => x.to_device(dev).unwrap(),
+        }
+    }
+    // matmul_cpu.cl on CPU OpenCL devices (PoCL): one block row against a transposed weight (dot
+    // products), one block row against row-major B (B read in place), and ragged batched products
+    // with both operands transposed, a bias and an activation (B packed into column panels).
+    use netcl_kernels::thread_launches;
+    let host = Device::host();
+    let cpus = test_devices()
+        .unwrap()
+        .into_iter()
+        .filter(|d| d != &host && d.info().kind == netcl_core_devices::DeviceKind::Cpu);
+    for dev in cpus {
+        for dtype in [DType::F32, DType::F64] {
+            if dtype == DType::F64 && !dev.info().fp64 {
+                continue;
+            }
+            let bias = random_tensor(dtype, &[45], -1.0, 1.0, 5);
+            for (batch, m, k, ta, tb, kernels) in [
+                (vec![], 6, 70, false, true, ["matmul_cpu_nt", ""]),
+                (vec![], 5, 33, true, false, ["matmul_cpu_nn", ""]),
+                (
+                    vec![3],
+                    37,
+                    19,
+                    true,
+                    true,
+                    ["matmul_cpu_pack", "matmul_cpu_nn"],
+                ),
+                (
+                    vec![2, 1],
+                    9,
+                    40,
+                    false,
+                    false,
+                    ["matmul_cpu_pack", "matmul_cpu_nn"],
+                ),
+            ] {
+                let a = operand(dtype, &batch, m, k, ta, m as u64);
+                let b = operand(dtype, &batch[batch.len().min(1)..], k, 45, tb, k as u64);
+                let opts = |bias| MatmulOptions {
+                    bias,
+                    activation: Activation::Relu,
+                    ..Default::default()
+                };
+                let want = a.matmul_with(&b, opts(Some(&bias))).unwrap();
+                let before = kernels.map(thread_launches);
+                let (ad, bd) = (on(&dev, &a, ta), on(&dev, &b, tb));
+                let biasd = bias.to_device(&dev).unwrap();
+                let got = ad.matmul_with(&bd, opts(Some(&biasd))).unwrap();
+                let what = format!("{dev} {dtype} {batch:?} {m}x{k}x45 (ta {ta}, tb {tb})");
+                check(&got, &want, dtype, k, &what);
+                for (name, n0) in kernels.iter().zip(before) {
+                    if !name.is_empty() {
+                        assert_eq!(thread_launches(name), n0 + 1, "{name}: {what}");
+                    }
+                }
+            }
+        }
+    }
+}
