@@ -69,31 +69,23 @@ __kernel void CPU_NN_KERNEL(__global T* c,           /* (batch, M, N) contiguous
     for (int i = 0; i < RM; ++i)
         #pragma unroll
         for (int j = 0; j < NV; ++j) acc[i][j] = (V)0;
-    if (bz || n0 + NV * VN <= N) {
-        for (uint k = 0; k < K; ++k, bp += sbk) {
-            V bv[NV];
+    const bool whole = bz || n0 + NV * VN <= N;  // else the last columns of an unpacked B
+    for (uint k = 0; k < K; ++k, bp += sbk) {
+        V bv[NV];
+        if (whole) {
             #pragma unroll
             for (int j = 0; j < NV; ++j) bv[j] = VLOAD(VN)(j, bp);
-            #pragma unroll
-            for (int i = 0; i < RM; ++i) {
-                const V av = (V)(ap[i][k * sak]);
-                #pragma unroll
-                for (int j = 0; j < NV; ++j) acc[i][j] = fma(av, bv[j], acc[i][j]);
-            }
-        }
-    } else {  // the last columns of an unpacked B: its row read element by element, zero past N
-        for (uint k = 0; k < K; ++k, bp += sbk) {
+        } else {  // B's row read element by element, zero past N
             T row[NV * VN];
             for (uint e = 0; e < NV * VN; ++e) row[e] = n0 + e < N ? bp[e] : (T)0;
-            V bv[NV];
             #pragma unroll
             for (int j = 0; j < NV; ++j) bv[j] = VLOAD(VN)(j, row);
+        }
+        #pragma unroll
+        for (int i = 0; i < RM; ++i) {
+            const V av = (V)(ap[i][k * sak]);
             #pragma unroll
-            for (int i = 0; i < RM; ++i) {
-                const V av = (V)(ap[i][k * sak]);
-                #pragma unroll
-                for (int j = 0; j < NV; ++j) acc[i][j] = fma(av, bv[j], acc[i][j]);
-            }
+            for (int j = 0; j < NV; ++j) acc[i][j] = fma(av, bv[j], acc[i][j]);
         }
     }
     #pragma unroll
