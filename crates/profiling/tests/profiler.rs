@@ -1,6 +1,6 @@
 //! Profiler sessions on every device: kernel records (names, sizes, device times after their launch, declared work), spans, summary, Chrome trace structure.
 use netcl_autograd::Tape;
-use netcl_core_devices::test_devices;
+use netcl_core_devices::{test_devices, DeviceKind};
 use netcl_ops::testing::random_tensor;
 use netcl_ops::{DType, Device, Tensor};
 use netcl_profiling::{Profile, Profiler, DEVICE_PID, HOST_PID, QUEUE_TID};
@@ -43,6 +43,15 @@ fn run_ops(dev: &Device) {
     }
 }
 
+/// The kernel computing run_ops's matmul on `dev`: CPU OpenCL devices have their own GEMM
+/// (matmul_cpu.cl; B row-major is read in place for one block row of A), others matmul.cl's.
+fn gemm_kernel(dev: &Device) -> &'static str {
+    match dev.kind() {
+        DeviceKind::Cpu => "matmul_cpu_nn",
+        _ => "matmul",
+    }
+}
+
 fn profile_ops() -> (Profile, Vec<Device>) {
     let devices = test_devices().unwrap();
     let p = Profiler::start();
@@ -73,7 +82,7 @@ fn kernel_records_on_every_opencl_device() {
                 .unwrap_or_else(|| panic!("{dev}: no kernel of op {op} in {on_dev:#?}"))
         };
         let mm = find("matmul");
-        assert_eq!(&*mm.kernel, "matmul");
+        assert_eq!(&*mm.kernel, gemm_kernel(dev));
         let w = mm.work.expect("matmul declares its work");
         assert_eq!(w.flops, (2 * M * N * K) as u64);
         assert_eq!(w.bytes, (4 * (M * K + K * N + M * N)) as u64);
@@ -265,10 +274,15 @@ fn chrome_trace_has_the_structure_perfetto_needs() {
             .filter(|e| e["pid"] == pid && e["tid"] == QUEUE_TID)
             .collect();
         assert!(kernels.iter().all(|e| e["cat"] == "kernel"));
+        // A kernel named after its op is labelled by its name alone, others `kernel[op]`.
+        let label = match gemm_kernel(dev) {
+            "matmul" => "matmul".to_string(),
+            k => format!("{k}[matmul]"),
+        };
         let mm = kernels
             .iter()
-            .find(|e| e["name"] == "matmul")
-            .unwrap_or_else(|| panic!("{dev}: no matmul on its track"));
+            .find(|e| e["name"] == *label)
+            .unwrap_or_else(|| panic!("{dev}: no {label} on its track"));
         assert_eq!(mm["args"]["flops"], (2 * M * N * K) as u64);
         assert_eq!(mm["args"]["global"].as_array().unwrap().len(), 3);
     }
