@@ -1,5 +1,5 @@
 //! Helpers for op test suites (ours and users'): deterministic random cases, random views, tolerant comparison.
-use crate::tensor::Tensor;
+use crate::base::tensor::Tensor;
 use half::{bf16, f16};
 use netcl_core_devices::{DType, Device};
 
@@ -10,7 +10,7 @@ pub const ROW_LENGTHS: [usize; 10] = [1, 3, 255, 256, 257, 1000, 4096, 4097, 819
 
 /// Rows longer than this take the general (two-pass) row kernels (on devices that run
 /// work-groups of 256).
-pub const MAX_REGISTER_ROW: usize = crate::rows::MAX_ROW;
+pub const MAX_REGISTER_ROW: usize = crate::base::rows::MAX_ROW;
 
 /// Runs `f` (an op on `dev` over rows of `n`) and asserts that it launched the row kernel `name`
 /// on this thread once when `dev` is an OpenCL device and the rows fit the register-resident

@@ -1,0 +1,139 @@
+//! Errors found by kernels (an index out of range): recorded in a per-device buffer, reported at the next read.
+//!
+//! A kernel that meets a bad index writes `{op code, position, value, bound}` into its device's
+//! 16-byte error record (the first report wins, `atomic_cmpxchg`) and carries on without touching
+//! memory out of bounds. No host sync is added to the op: the record (one per device and thread)
+//! is read back at the thread's next read of any tensor of that device ([`Tensor::to_host_data`] and everything built on it), and
+//! only when an index kernel ran since the last check. That read then returns the error, naming
+//! the op, the index and the bound, as the host reports at once. Everything the bad op and later
+//! ops computed is suspect; the record is cleared so the device stays usable. With
+//! `NETCL_DEBUG=sync` the record is read right after each launch instead, so the op whose kernel
+//! found the index returns the error.
+use crate::base::tensor::Tensor;
+use netcl_core_devices::opencl3::types::cl_mem;
+use netcl_core_devices::{Device, Error, Result};
+use netcl_core_memory::{read, write, Block, Pool};
+use std::cell::RefCell;
+use std::collections::hash_map::{Entry, HashMap};
+
+/// Ops whose kernels report: the code a kernel writes is the position here plus one.
+const OPS: [&str; 6] = [
+    "embedding",
+    "index_select",
+    "gather",
+    "cross_entropy",
+    "scatter_add",
+    "index_add",
+];
+
+struct Record {
+    block: Block,
+    /// An index kernel ran since the record was last read.
+    armed: bool,
+}
+
+thread_local! {
+    /// One record per device for each thread, so an error surfaces in the thread whose op made
+    /// it (at its next read from that device), not in another thread sharing the device.
+    static RECORDS: RefCell<HashMap<usize, Record>> = RefCell::new(HashMap::new());
+}
+
+/// The op code kernels write for `op` (0 for ops not in the table: reported as "an index kernel").
+pub(crate) fn code_of(op: &str) -> i32 {
+    OPS.iter()
+        .position(|&o| o == op)
+        .map_or(0, |i| i as i32 + 1)
+}
+
+/// The error record of `device` as a kernel argument (`__global int* err`, 4 ints), made and
+/// zeroed on the thread's first use; marks it to be checked at the thread's next read.
+pub(crate) fn record_arg(device: &Device) -> Result<cl_mem> {
+    netcl_kernels::set_after_sync_check(check_after_launch);
+    RECORDS.with_borrow_mut(|records| {
+        let r = match records.entry(device.ordinal()) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                let block = Pool::of(device)?.alloc(16)?;
+                write(&block, 0, &[0u8; 16])?;
+                e.insert(Record {
+                    block,
+                    armed: false,
+                })
+            }
+        };
+        r.armed = true;
+        Ok(r.block.mem())
+    })
+}
+
+/// Reads the thread's error record of `t`'s device if an index kernel ran since the last read:
+/// the error it holds, once (the record is cleared).
+pub(crate) fn check(t: &Tensor) -> Result<()> {
+    check_device(
+        t.device(),
+        "at the next read, so this op's result and later results are invalid",
+    )
+}
+
+/// `NETCL_DEBUG=sync`: the check after every launch (set through `netcl_kernels`).
+fn check_after_launch(device: &Device) -> Result<()> {
+    check_device(
+        device,
+        "right after its launch (NETCL_DEBUG=sync), so this op's result is invalid",
+    )
+}
+
+/// The error in `device`'s record for this thread, if an index kernel ran since the last check;
+/// `when` says when it was reported.
+fn check_device(device: &Device, when: &str) -> Result<()> {
+    if device.is_host() {
+        return Ok(());
+    }
+    let found = RECORDS.with_borrow_mut(|records| -> Result<Option<[i32; 4]>> {
+        let Some(r) = records.get_mut(&device.ordinal()).filter(|r| r.armed) else {
+            return Ok(None);
+        };
+        let mut bytes = [0u8; 16];
+        read(&r.block, 0, &mut bytes)?;
+        r.armed = false;
+        let words: [i32; 4] = bytemuck::cast(bytes);
+        if words[0] != 0 {
+            write(&r.block, 0, &[0u8; 16])?;
+            return Ok(Some(words));
+        }
+        Ok(None)
+    })?;
+    let Some([code, pos, value, bound]) = found else {
+        return Ok(());
+    };
+    let op = usize::try_from(code - 1)
+        .ok()
+        .and_then(|i| OPS.get(i))
+        .copied()
+        .unwrap_or("an index kernel");
+    let bound = bound as u32;
+    // Worded as the host's check words it, then where it was found.
+    let what = if op == "cross_entropy" {
+        format!("target {value} of row {pos} is outside [0, {bound}) for logits of {bound} classes")
+    } else {
+        format!("index {value} at position {pos} is out of range [0, {bound})")
+    };
+    Err(Error::invalid(
+        op,
+        format!("{what} (found on {device} by the kernel and reported {when})"),
+    ))
+}
+
+/// The name a captured graph binds this thread's index-error record of a device by.
+pub const INDEX_ERRORS_BUFFER: &str = "netcl.index_errors";
+
+/// This thread's index-error record of `device` (made on first use), armed so the next read
+/// checks it: what a replayed graph whose kernels report bad indices binds and arms.
+pub fn index_error_record(device: &Device) -> Result<cl_mem> {
+    record_arg(device)
+}
+
+/// This thread's index-error record of `device` if it exists (without making or arming it).
+pub fn existing_index_error_record(device: &Device) -> Option<cl_mem> {
+    RECORDS.with_borrow(|r| r.get(&device.ordinal()).map(|r| r.block.mem()))
+}

@@ -1,0 +1,34 @@
+//! The one place where a device picks an op's implementation: its OpenCL kernels or its host reference.
+//!
+//! Every op is written as a description: a value made after the op's checks that holds its
+//! inputs and parameters (and so its output shape and dtype), and implements [`Op`] with an
+//! OpenCL implementation (in its family's `opencl.rs`) and a reference implementation (in its
+//! family's `reference.rs`). The public method validates, builds the description and hands it to
+//! [`dispatch`]; nothing else in the op families asks which kind of device a tensor is on.
+//! Descriptions are plain values (`Clone + Debug`): the same value dispatched again computes the
+//! same result, which is what a recorder or a graph replay needs.
+use netcl_core_devices::{Device, Result};
+
+/// An op after its checks, with both implementations.
+pub(crate) trait Op: std::fmt::Debug {
+    /// What the op returns (a tensor, or several).
+    type Output;
+    /// The op's name: the profiler span its dispatch opens, and errors.
+    const NAME: &'static str;
+    /// Compute on the OpenCL device `device` (launch kernels; no host reads beyond what the
+    /// op documents).
+    fn opencl(&self, device: &Device) -> Result<Self::Output>;
+    /// Compute on the host: the reference the tests compare every device against.
+    fn reference(&self) -> Result<Self::Output>;
+}
+
+/// Run `op` on `device`: the host reference on the host device, the OpenCL implementation on an
+/// OpenCL device, inside a profiler span named for the op.
+pub(crate) fn dispatch<O: Op>(device: &Device, op: &O) -> Result<O::Output> {
+    let _span = netcl_profiling::span(O::NAME);
+    if device.is_host() {
+        op.reference()
+    } else {
+        op.opencl(device)
+    }
+}

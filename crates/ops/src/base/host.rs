@@ -1,0 +1,37 @@
+//! Host-side views that reference implementations read, and the dense copy kernels read from.
+use crate::base::launch::{launch_1d, program_for};
+use crate::base::layout::KernelLayout;
+use crate::base::tensor::Tensor;
+use netcl_core_devices::{Error, Result};
+use netcl_kernels::sources::COPY;
+
+/// The elements of a host tensor as f64 in row-major order.
+pub(crate) fn host_f64(op: &str, t: &Tensor) -> Result<Vec<f64>> {
+    t.host_view(&t.shape, &t.strides)
+        .map(|h| h.to_f64())
+        .ok_or_else(|| Error::device(op, "host tensor without host storage"))
+}
+/// `t` as a contiguous tensor starting at element 0 of its storage (kernels index from 0): `t`
+/// itself when it already is, else a copy.
+pub(crate) fn dense(t: &Tensor) -> Result<Tensor> {
+    if t.is_contiguous() && t.offset == 0 || t.device.is_host() {
+        return Ok(t.clone());
+    }
+    let out = Tensor::alloc(&t.shape, t.dtype, &t.device)?;
+    let layout = KernelLayout::new(
+        "contiguous",
+        &t.shape,
+        &[(&out.strides, 0), (&t.strides, t.offset)],
+    )?;
+    let program = program_for(&t.device, &COPY, t.dtype)?;
+    launch_1d(&program, "strided_copy", t.numel(), |k| {
+        k.declare((2 * t.numel() * t.dtype.size()) as u64, 0);
+        k.arg_mem(out.mem()?)?.arg_mem(t.mem()?)?.arg(&layout)?;
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+pub(crate) fn host_vals(t: Option<&Tensor>) -> Result<Option<Vec<f64>>> {
+    t.map(|t| t.to_vec_f64()).transpose()
+}

@@ -1,0 +1,430 @@
+//! Host evaluation of fused elementwise plans: blocks of row-major positions on all cores, each node's values in one reused typed buffer (f32 arithmetic for f32/f16/bf16, f64 for f64 and exact integers).
+use crate::base::layout::{contiguous_strides, numel};
+use crate::base::tensor::{Storage, Tensor};
+use crate::fused::expr::{BinaryOp, Class};
+use crate::fused::plan::{cast_host, Kind, Plan};
+use crate::HostData;
+use half::{bf16, f16};
+use netcl_core_devices::{Error, Result};
+use rayon::prelude::*;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// Elements per node buffer: a plan's buffers stay in the core's cache.
+const BLOCK: usize = 1024;
+/// Elements per parallel task; a smaller evaluation runs on the calling thread.
+const TASK: usize = 16 * BLOCK;
+
+/// One node's values over a block: f32 for the f32 arithmetic (f32, f16, bf16 nodes), else f64
+/// (f64, and i32/u32 values, which are exact integers in f64).
+enum Buf {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+impl Buf {
+    fn new(c: Class, fill: f64) -> Buf {
+        match c {
+            Class::F32 => Buf::F32(vec![fill as f32; BLOCK]),
+            _ => Buf::F64(vec![c.round(fill); BLOCK]),
+        }
+    }
+
+    fn get(&self, j: usize) -> f64 {
+        match self {
+            Buf::F32(v) => v[j] as f64,
+            Buf::F64(v) => v[j],
+        }
+    }
+
+    /// Stores `x`, already a value of the buffer's arithmetic.
+    fn set(&mut self, j: usize, x: f64) {
+        match self {
+            Buf::F32(v) => v[j] = x as f32,
+            Buf::F64(v) => v[j] = x,
+        }
+    }
+}
+
+/// A host storage's elements, shared by the tasks of one evaluation. Tasks write disjoint
+/// positions (a destination never overlaps itself) and an input aliasing a destination is read
+/// only at the positions its own task writes, so no element is touched by two tasks.
+#[derive(Clone, Copy)]
+enum Ptr {
+    F32(*mut f32),
+    F64(*mut f64),
+    F16(*mut f16),
+    BF16(*mut bf16),
+    I32(*mut i32),
+    U32(*mut u32),
+}
+
+// SAFETY: see `Ptr`: the storages outlive the evaluation (their locks are held) and tasks touch
+// disjoint elements.
+unsafe impl Send for Ptr {}
+unsafe impl Sync for Ptr {}
+
+impl Ptr {
+    /// Elements that are only read through the pointer.
+    fn of(data: &HostData) -> Ptr {
+        match data {
+            HostData::F32(v) => Ptr::F32(v.as_ptr() as *mut f32),
+            HostData::F64(v) => Ptr::F64(v.as_ptr() as *mut f64),
+            HostData::F16(v) => Ptr::F16(v.as_ptr() as *mut f16),
+            HostData::BF16(v) => Ptr::BF16(v.as_ptr() as *mut bf16),
+            HostData::I32(v) => Ptr::I32(v.as_ptr() as *mut i32),
+            HostData::U32(v) => Ptr::U32(v.as_ptr() as *mut u32),
+        }
+    }
+
+    /// Reads the elements at `pos` into `buf`.
+    ///
+    /// # Safety
+    /// Every position lies inside the storage.
+    unsafe fn read(self, pos: &[usize], buf: &mut Buf) {
+        macro_rules! each {
+            ($v:ident, $p:ident, $conv:expr) => {
+                for (o, &q) in $v.iter_mut().zip(pos) {
+                    let $p = *$p.add(q);
+                    *o = $conv;
+                }
+            };
+        }
+        match (self, buf) {
+            (Ptr::F32(p), Buf::F32(v)) => each!(v, p, p),
+            (Ptr::F16(p), Buf::F32(v)) => each!(v, p, p.to_f32()),
+            (Ptr::BF16(p), Buf::F32(v)) => each!(v, p, p.to_f32()),
+            (Ptr::F64(p), Buf::F64(v)) => each!(v, p, p),
+            (Ptr::I32(p), Buf::F64(v)) => each!(v, p, p as f64),
+            (Ptr::U32(p), Buf::F64(v)) => each!(v, p, p as f64),
+            // An input node has its tensor's dtype, so its buffer has its arithmetic.
+            (p, b) => unreachable!(
+                "input buffer of another arithmetic: {:?}",
+                (p.tag(), b.tag())
+            ),
+        }
+    }
+
+    /// Writes `buf` to the elements at `pos`, rounding to the storage's dtype.
+    ///
+    /// # Safety
+    /// Every position lies inside the storage, which is written by this task only there.
+    unsafe fn write(self, pos: &[usize], buf: &Buf) {
+        macro_rules! each {
+            ($v:ident, $p:ident, $conv:expr) => {
+                for (&x, &q) in $v.iter().zip(pos) {
+                    *$p.add(q) = $conv(x);
+                }
+            };
+        }
+        match (self, buf) {
+            (Ptr::F32(p), Buf::F32(v)) => each!(v, p, |x| x),
+            (Ptr::F16(p), Buf::F32(v)) => each!(v, p, f16::from_f32),
+            (Ptr::BF16(p), Buf::F32(v)) => each!(v, p, bf16::from_f32),
+            (Ptr::F64(p), Buf::F64(v)) => each!(v, p, |x| x),
+            (Ptr::I32(p), Buf::F64(v)) => each!(v, p, |x: f64| x as i64 as i32),
+            (Ptr::U32(p), Buf::F64(v)) => each!(v, p, |x: f64| x as i64 as u32),
+            (p, b) => unreachable!(
+                "output buffer of another arithmetic: {:?}",
+                (p.tag(), b.tag())
+            ),
+        }
+    }
+
+    /// Elements written through the pointer (and read where an input aliases them).
+    fn of_mut(data: &mut HostData) -> Ptr {
+        match data {
+            HostData::F32(v) => Ptr::F32(v.as_mut_ptr()),
+            HostData::F64(v) => Ptr::F64(v.as_mut_ptr()),
+            HostData::F16(v) => Ptr::F16(v.as_mut_ptr()),
+            HostData::BF16(v) => Ptr::BF16(v.as_mut_ptr()),
+            HostData::I32(v) => Ptr::I32(v.as_mut_ptr()),
+            HostData::U32(v) => Ptr::U32(v.as_mut_ptr()),
+        }
+    }
+
+    fn tag(self) -> &'static str {
+        match self {
+            Ptr::F32(_) => "f32",
+            Ptr::F64(_) => "f64",
+            Ptr::F16(_) => "f16",
+            Ptr::BF16(_) => "bf16",
+            Ptr::I32(_) => "i32",
+            Ptr::U32(_) => "u32",
+        }
+    }
+}
+
+impl Buf {
+    fn tag(&self) -> &'static str {
+        match self {
+            Buf::F32(_) => "f32 buffer",
+            Buf::F64(_) => "f64 buffer",
+        }
+    }
+}
+
+/// The storage positions of one operand over row-major indices of `shape`, a block at a time.
+struct Walk<'a> {
+    shape: &'a [usize],
+    strides: &'a [usize],
+    /// Row-major contiguous over the shape: position = base + index.
+    dense: bool,
+    idx: Vec<usize>,
+    pos: usize,
+}
+
+impl<'a> Walk<'a> {
+    /// The walk starting at row-major index `start`.
+    fn new(shape: &'a [usize], strides: &'a [usize], offset: usize, start: usize) -> Walk<'a> {
+        let dense = contiguous_strides(shape)
+            .iter()
+            .zip(strides)
+            .zip(shape)
+            .all(|((c, s), &n)| n == 1 || c == s);
+        let mut idx = vec![0; shape.len()];
+        let (mut rest, mut pos) = (start, offset);
+        for d in (0..shape.len()).rev() {
+            idx[d] = rest % shape[d];
+            rest /= shape[d];
+            pos += idx[d] * strides[d];
+        }
+        if dense {
+            pos = offset + start;
+        }
+        Walk {
+            shape,
+            strides,
+            dense,
+            idx,
+            pos,
+        }
+    }
+
+    /// The next `out.len()` positions.
+    fn fill(&mut self, out: &mut [usize]) {
+        if self.dense {
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = self.pos + j;
+            }
+            self.pos += out.len();
+            return;
+        }
+        let last = self.shape.len() - 1;
+        let (n, s) = (self.shape[last], self.strides[last]);
+        for o in out.iter_mut() {
+            *o = self.pos;
+            self.idx[last] += 1;
+            self.pos += s;
+            if self.idx[last] < n {
+                continue;
+            }
+            for d in (0..=last).rev() {
+                if d < last {
+                    self.idx[d] += 1;
+                    self.pos += self.strides[d];
+                }
+                if self.idx[d] < self.shape[d] {
+                    break;
+                }
+                self.pos -= self.strides[d] * self.shape[d];
+                self.idx[d] = 0;
+            }
+        }
+    }
+}
+
+/// `o = x (op) y` in f32 for the ops whose f32 result is the f64 result rounded to f32 (the
+/// f64 reference's double rounding is exact for +, -, *, /), else None.
+fn binary_f32(b: BinaryOp, x: &[f32], y: &[f32], o: &mut [f32]) -> Option<()> {
+    macro_rules! each {
+        ($f:expr) => {
+            for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
+                *o = $f(x, y);
+            }
+        };
+    }
+    let b01 = |v: bool| if v { 1.0 } else { 0.0 };
+    match b {
+        BinaryOp::Add => each!(|x, y| x + y),
+        BinaryOp::Sub => each!(|x, y| x - y),
+        BinaryOp::Mul => each!(|x, y| x * y),
+        BinaryOp::Div => each!(|x, y| x / y),
+        BinaryOp::Maximum => each!(|x: f32, y| if x > y || x.is_nan() { x } else { y }),
+        BinaryOp::Minimum => each!(|x: f32, y| if x < y || x.is_nan() { x } else { y }),
+        BinaryOp::Eq => each!(|x, y| b01(x == y)),
+        BinaryOp::Ne => each!(|x, y| b01(x != y)),
+        BinaryOp::Lt => each!(|x, y| b01(x < y)),
+        BinaryOp::Le => each!(|x, y| b01(x <= y)),
+        BinaryOp::Gt => each!(|x, y| b01(x > y)),
+        BinaryOp::Ge => each!(|x, y| b01(x >= y)),
+        BinaryOp::Pow => return None,
+    }
+    Some(())
+}
+
+/// Evaluates every node of `plan` over the first `len` elements of the buffers (inputs and
+/// scalars already in place), each in its node's arithmetic.
+fn eval_block(plan: &Plan, bufs: &mut [Buf], len: usize) {
+    for (i, (kind, d)) in plan.key.nodes.iter().enumerate() {
+        let c = Class::of(*d);
+        let (prev, rest) = bufs.split_at_mut(i);
+        let out = &mut rest[0];
+        match *kind {
+            Kind::Input(_) | Kind::Scalar(_) => {}
+            Kind::Unary(u, a) => {
+                let fast = match (&prev[a], &mut *out) {
+                    (Buf::F32(x), Buf::F32(o)) => {
+                        for (o, &x) in o[..len].iter_mut().zip(x) {
+                            *o = u.host(x as f64) as f32;
+                        }
+                        true
+                    }
+                    _ => false,
+                };
+                if !fast {
+                    let x = &prev[a];
+                    (0..len).for_each(|j| out.set(j, c.round(u.host(x.get(j)))));
+                }
+            }
+            Kind::Binary(b, x, y) => {
+                let fast = match (&prev[x], &prev[y], &mut *out) {
+                    (Buf::F32(x), Buf::F32(y), Buf::F32(o)) => {
+                        binary_f32(b, &x[..len], &y[..len], &mut o[..len])
+                    }
+                    _ => None,
+                };
+                if fast.is_none() {
+                    let (x, y) = (&prev[x], &prev[y]);
+                    (0..len).for_each(|j| out.set(j, c.round(b.host(c, x.get(j), y.get(j)))));
+                }
+            }
+            Kind::Where(w, x, y) => {
+                let fast = match (&prev[w], &prev[x], &prev[y], &mut *out) {
+                    (Buf::F32(w), Buf::F32(x), Buf::F32(y), Buf::F32(o)) => {
+                        for j in 0..len {
+                            o[j] = if w[j] != 0.0 { x[j] } else { y[j] };
+                        }
+                        true
+                    }
+                    _ => false,
+                };
+                if !fast {
+                    let (w, x, y) = (&prev[w], &prev[x], &prev[y]);
+                    (0..len).for_each(|j| {
+                        out.set(j, if w.get(j) != 0.0 { x.get(j) } else { y.get(j) })
+                    });
+                }
+            }
+            Kind::Cast(a) => {
+                let from = Class::of(plan.key.nodes[a].1);
+                let x = &prev[a];
+                (0..len).for_each(|j| out.set(j, cast_host(from, *d, x.get(j))));
+            }
+        }
+    }
+}
+
+/// Host evaluation of `plan` over `inputs` (seen through `bstrides` as `shape`) into `outs`:
+/// tasks of row-major positions in parallel, each a block at a time (read every input's block,
+/// evaluate every node, write every output's block). Inputs alias destinations only element for
+/// element, so a block's reads come before any write that could touch them.
+pub(crate) fn run_host(
+    op: &str,
+    plan: &Plan,
+    inputs: &[&Tensor],
+    bstrides: &[Vec<usize>],
+    shape: &[usize],
+    outs: &[Tensor],
+) -> Result<()> {
+    fn lock<'t>(op: &str, t: &'t Tensor) -> Result<&'t RwLock<HostData>> {
+        match &t.storage.data {
+            Storage::Host(l) => Ok(l),
+            Storage::Device(_) => Err(Error::device(
+                op,
+                "host evaluation of a tensor without host storage",
+            )),
+        }
+    }
+    // Each storage locked once: destinations for writing, other inputs for reading.
+    let mut writes: Vec<RwLockWriteGuard<'_, HostData>> = Vec::new();
+    for t in outs {
+        writes.push(lock(op, t)?.write().unwrap_or_else(|p| p.into_inner()));
+    }
+    let out_ptrs: Vec<Ptr> = writes.iter_mut().map(|g| Ptr::of_mut(g)).collect();
+    let mut reads: Vec<RwLockReadGuard<'_, HostData>> = Vec::new();
+    let mut in_ptrs: Vec<Ptr> = Vec::with_capacity(inputs.len());
+    for (i, t) in inputs.iter().enumerate() {
+        let shared = outs
+            .iter()
+            .position(|o| o.shares_storage(t))
+            .map(|k| out_ptrs[k])
+            .or_else(|| {
+                (0..i)
+                    .find(|&j| inputs[j].shares_storage(t))
+                    .map(|j| in_ptrs[j])
+            });
+        let p = match shared {
+            Some(p) => p,
+            None => {
+                reads.push(lock(op, t)?.read().unwrap_or_else(|p| p.into_inner()));
+                Ptr::of(reads.last().expect("just pushed"))
+            }
+        };
+        in_ptrs.push(p);
+    }
+    let n = numel(shape);
+    let task = |t: usize| {
+        let (start, end) = (t * TASK, ((t + 1) * TASK).min(n));
+        let nodes = &plan.key.nodes;
+        let mut bufs: Vec<Buf> = nodes
+            .iter()
+            .map(|(k, d)| match k {
+                Kind::Scalar(s) => Buf::new(Class::of(*d), plan.scalars[*s].0),
+                _ => Buf::new(Class::of(*d), 0.0),
+            })
+            .collect();
+        let input_node: Vec<(usize, usize)> = nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(id, (k, _))| match k {
+                Kind::Input(i) => Some((*i, id)),
+                _ => None,
+            })
+            .collect();
+        let mut in_walks: Vec<Walk> = input_node
+            .iter()
+            .map(|&(i, _)| Walk::new(shape, &bstrides[i], inputs[i].offset, start))
+            .collect();
+        let mut out_walks: Vec<Walk> = outs
+            .iter()
+            .map(|t| Walk::new(&t.shape, &t.strides, t.offset, start))
+            .collect();
+        let mut pos = vec![0usize; BLOCK];
+        let mut at = start;
+        while at < end {
+            let len = BLOCK.min(end - at);
+            let pos = &mut pos[..len];
+            for (&(i, id), w) in input_node.iter().zip(&mut in_walks) {
+                w.fill(pos);
+                // SAFETY: positions of a checked view of the input's storage.
+                unsafe { in_ptrs[i].read(pos, &mut bufs[id]) };
+            }
+            eval_block(plan, &mut bufs, len);
+            for ((&o, w), p) in plan.key.outputs.iter().zip(&mut out_walks).zip(&out_ptrs) {
+                w.fill(pos);
+                // SAFETY: this task's positions of a destination that does not overlap itself.
+                unsafe { p.write(pos, &bufs[o]) };
+            }
+            at += len;
+        }
+    };
+    let tasks = n.div_ceil(TASK);
+    if tasks == 1 {
+        task(0);
+    } else {
+        (0..tasks).into_par_iter().for_each(task);
+    }
+    drop(reads);
+    drop(writes);
+    Ok(())
+}

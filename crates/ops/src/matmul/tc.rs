@@ -1,0 +1,357 @@
+//! Tensor-core GEMM through inline PTX `mma.sync` (kernels/matmul_tc.cl): the f32 precision policy (exact f32 or TF32), which devices have tensor cores (a probe with an exact-result check, cached per device), and the launch.
+use super::{matmul_source, MatmulOptions};
+use crate::base::layout::{
+    broadcast_strides, check_reach, contiguous_strides, numel, KernelLayout,
+};
+use crate::base::tensor::Tensor;
+use crate::fused::expr::Class;
+use netcl_core_devices::{DType, Device, Error, Result};
+use netcl_kernels::sources::MATMUL_TC;
+use netcl_kernels::{program, Kernel};
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+/// How f32 matrix products may be computed (PyTorch's `set_float32_matmul_precision`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MatmulPrecision {
+    /// Exact f32 multiply-adds (the default).
+    Highest,
+    /// TF32 tensor cores where the device has them (inputs rounded to 10 mantissa bits, f32
+    /// accumulation: about 1e-3 relative error); exact f32 elsewhere.
+    High,
+}
+
+impl FromStr for MatmulPrecision {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "highest" => Ok(MatmulPrecision::Highest),
+            "high" => Ok(MatmulPrecision::High),
+            _ => Err(Error::invalid(
+                "matmul precision",
+                format!("{s:?} is not `highest` or `high`"),
+            )),
+        }
+    }
+}
+
+const UNSET: u8 = 0;
+static GLOBAL: AtomicU8 = AtomicU8::new(UNSET);
+
+fn encode(p: MatmulPrecision) -> u8 {
+    match p {
+        MatmulPrecision::Highest => 1,
+        MatmulPrecision::High => 2,
+    }
+}
+
+fn per_device() -> &'static Mutex<HashMap<usize, MatmulPrecision>> {
+    static MAP: OnceLock<Mutex<HashMap<usize, MatmulPrecision>>> = OnceLock::new();
+    MAP.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Sets the process-wide f32 matmul precision (the default is `NETCL_MATMUL_PRECISION`, else
+/// `Highest`). A device's own setting, if any, takes precedence.
+pub fn set_float32_matmul_precision(p: MatmulPrecision) {
+    GLOBAL.store(encode(p), Ordering::Relaxed);
+}
+
+/// The process-wide f32 matmul precision: as set, else `NETCL_MATMUL_PRECISION` (`highest` or
+/// `high`; anything else is reported once on stderr and ignored), else `Highest`.
+pub fn float32_matmul_precision() -> MatmulPrecision {
+    match GLOBAL.load(Ordering::Relaxed) {
+        1 => MatmulPrecision::Highest,
+        2 => MatmulPrecision::High,
+        _ => {
+            static ENV: OnceLock<MatmulPrecision> = OnceLock::new();
+            *ENV.get_or_init(|| match std::env::var("NETCL_MATMUL_PRECISION") {
+                Ok(v) => v.parse().unwrap_or_else(|e| {
+                    eprintln!("netcl: NETCL_MATMUL_PRECISION ignored: {e}");
+                    MatmulPrecision::Highest
+                }),
+                Err(_) => MatmulPrecision::Highest,
+            })
+        }
+    }
+}
+
+/// Sets (or with `None` clears) `device`'s own f32 matmul precision.
+pub fn set_device_float32_matmul_precision(device: &Device, p: Option<MatmulPrecision>) {
+    let mut map = per_device().lock().unwrap_or_else(|e| e.into_inner());
+    match p {
+        Some(p) => map.insert(device.ordinal(), p),
+        None => map.remove(&device.ordinal()),
+    };
+}
+
+/// The f32 matmul precision in force on `device`: its own setting, else the process-wide one.
+pub fn device_float32_matmul_precision(device: &Device) -> MatmulPrecision {
+    let map = per_device().lock().unwrap_or_else(|e| e.into_inner());
+    map.get(&device.ordinal())
+        .copied()
+        .unwrap_or_else(float32_matmul_precision)
+}
+
+/// A tensor-core instruction family of matmul_tc.cl.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TensorCoreKind {
+    /// f32 storage, TF32 inputs (m16n8k8).
+    Tf32,
+    /// bf16 storage and inputs (m16n8k16).
+    Bf16,
+    /// f16 storage and inputs (m16n8k16).
+    F16,
+}
+
+impl TensorCoreKind {
+    fn dtype(self) -> DType {
+        match self {
+            TensorCoreKind::Tf32 => DType::F32,
+            TensorCoreKind::Bf16 => DType::BF16,
+            TensorCoreKind::F16 => DType::F16,
+        }
+    }
+
+    fn define(self) -> &'static str {
+        match self {
+            TensorCoreKind::Tf32 => "-DTC_TF32",
+            TensorCoreKind::Bf16 => "-DTC_BF16",
+            TensorCoreKind::F16 => "-DTC_F16",
+        }
+    }
+}
+
+/// Whether `device` runs matmul_tc.cl for `kind` with exact results: probed once per device and
+/// kind (NVIDIA OpenCL devices only, as the kernel is PTX; `NETCL_TENSOR_CORES=0` turns it off).
+pub fn has_tensor_cores(device: &Device, kind: TensorCoreKind) -> bool {
+    static PROBES: OnceLock<Mutex<HashMap<(usize, TensorCoreKind), bool>>> = OnceLock::new();
+    let probes = PROBES.get_or_init(|| Mutex::new(HashMap::new()));
+    let key = (device.ordinal(), kind);
+    if let Some(&ok) = probes.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return ok;
+    }
+    let eligible = device.is_opencl()
+        && device
+            .info()
+            .extensions
+            .contains("cl_nv_device_attribute_query")
+        && std::env::var("NETCL_TENSOR_CORES").map_or(true, |v| v != "0");
+    let ok = eligible
+        && match probe(device, kind) {
+            Ok(ok) => ok,
+            Err(e) => {
+                log::info!("tensor cores ({kind:?}) unavailable on {device}: {e}");
+                false
+            }
+        };
+    probes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, ok);
+    ok
+}
+
+/// The tensor-core kind a `dtype` product on `device` uses now, if any.
+pub(crate) fn tensor_core_kind(device: &Device, dtype: DType) -> Option<TensorCoreKind> {
+    let kind = match dtype {
+        DType::F32 if device_float32_matmul_precision(device) == MatmulPrecision::High => {
+            TensorCoreKind::Tf32
+        }
+        DType::BF16 => TensorCoreKind::Bf16,
+        DType::F16 => TensorCoreKind::F16,
+        _ => return None,
+    };
+    has_tensor_cores(device, kind).then_some(kind)
+}
+
+/// Small integers make every product and sum exact in each input format and in f32: the device
+/// must match the host bit for bit (ragged M, N, K over two K steps, B transposed).
+fn probe(device: &Device, kind: TensorCoreKind) -> Result<bool> {
+    let (m, n, k) = (40usize, 24usize, 70usize);
+    let av: Vec<f32> = (0..m * k).map(|i| ((i * 7 + 3) % 5) as f32 - 2.0).collect();
+    let bv: Vec<f32> = (0..n * k).map(|i| ((i * 3 + 1) % 5) as f32 - 2.0).collect();
+    let host = Device::host();
+    let put = |v: &[f32], shape: &[usize]| -> Result<Tensor> {
+        Tensor::from_vec(v.to_vec(), shape, &host)?
+            .to_dtype(kind.dtype())?
+            .to_device(device)
+    };
+    let a = put(&av, &[m, k])?;
+    let b = put(&bv, &[n, k])?.transpose(0, 1)?; // (k, n) with K contiguous
+    let out = Tensor::alloc(&[m, n], kind.dtype(), device)?;
+    launch(kind, &out, &a, &b, &[], MatmulOptions::default())?;
+    let got = out.to_vec_f64()?;
+    let want = (0..m * n).map(|i| {
+        let (r, c) = (i / n, i % n);
+        (0..k).map(|j| av[r * k + j] * bv[c * k + j]).sum::<f32>() as f64
+    });
+    Ok(got.iter().zip(want).all(|(&g, w)| g == w))
+}
+
+/// matmul_tc.cl's tiling: a warp grid of `warps_m` x `warps_n`, each warp `mi` x `nj` mma tiles
+/// (16 x 8 each), `kw` 32-bit words of K per step, staged through cp.async when `copy_async`.
+/// `NETCL_TC_TILE=warps_m,warps_n,mi,nj,kw,async` overrides the default (2,2,4,8,32,0), which was
+/// the fastest of the shapes measured on the H100 (docs/performance.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct TcTile {
+    warps_m: usize,
+    warps_n: usize,
+    mi: usize,
+    nj: usize,
+    kw: usize,
+    copy_async: bool,
+}
+
+impl TcTile {
+    /// The tiling in force: `NETCL_TC_TILE` when set (read once per process), else the default.
+    fn get() -> TcTile {
+        static TILE: OnceLock<TcTile> = OnceLock::new();
+        *TILE.get_or_init(TcTile::from_env)
+    }
+
+    fn from_env() -> TcTile {
+        let default = TcTile {
+            warps_m: 2,
+            warps_n: 2,
+            mi: 4,
+            nj: 8,
+            kw: 32,
+            copy_async: false,
+        };
+        let Ok(v) = std::env::var("NETCL_TC_TILE") else {
+            return default;
+        };
+        let f: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+        match f[..] {
+            [warps_m, warps_n, mi, nj, kw, a] => TcTile {
+                warps_m,
+                warps_n,
+                mi,
+                nj,
+                kw,
+                copy_async: a != 0,
+            },
+            _ => default,
+        }
+    }
+    fn rows(&self) -> usize {
+        self.warps_m * self.mi * 16
+    }
+    fn cols(&self) -> usize {
+        self.warps_n * self.nj * 8
+    }
+    fn group(&self) -> usize {
+        32 * self.warps_m * self.warps_n
+    }
+    fn options(&self) -> String {
+        format!(
+            "-DWARPS_M={} -DWARPS_N={} -DWMI={} -DWNJ={} -DKW={}{}",
+            self.warps_m,
+            self.warps_n,
+            self.mi,
+            self.nj,
+            self.kw,
+            if self.copy_async { " -DASYNC" } else { "" }
+        )
+    }
+}
+
+/// `t` (..., rows, K) with K-contiguous rows of `kp` elements, each row and batch 16 bytes aligned
+/// (`q` elements): itself when it is so, else a zero-padded copy.
+fn k_rows(t: &Tensor, kp: usize, q: usize) -> Result<Tensor> {
+    let nd = t.ndim();
+    let aligned = t.strides[nd - 1] == 1
+        && t.shape[nd - 1] == kp
+        && t.offset.is_multiple_of(q)
+        && t.strides[..nd - 1].iter().all(|s| s.is_multiple_of(q));
+    if aligned {
+        return Ok(t.clone());
+    }
+    t.pad(&[(0, kp - t.shape[nd - 1])], 0.0)
+}
+
+/// `out (batch, M, N) = act(a (..., M, K) x b (..., K, N) + bias)` through matmul_tc.cl, batch dims
+/// broadcast to `batch`. Operands whose rows are not K-contiguous and aligned go through a padded copy.
+pub(crate) fn launch(
+    kind: TensorCoreKind,
+    out: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    batch: &[usize],
+    opts: MatmulOptions<'_>,
+) -> Result<()> {
+    const NAME: &str = "matmul_tc";
+    let tile = TcTile::get();
+    let op = "matmul";
+    let (na, nb) = (a.ndim(), b.ndim());
+    let (m, k, n) = (a.shape[na - 2], a.shape[na - 1], b.shape[nb - 1]);
+    let q = 16 / kind.dtype().size();
+    let kp = k.next_multiple_of(q);
+    let a = k_rows(a, kp, q)?;
+    let bt = k_rows(&b.transpose(nb - 2, nb - 1)?, kp, q)?; // (..., N, K)
+    let mut operands = Vec::new();
+    for t in [&a, &bt] {
+        let nd = t.ndim();
+        check_reach(op, &t.shape, &t.strides, t.offset)?;
+        operands.push(broadcast_strides(
+            op,
+            &t.shape[..nd - 2],
+            &t.strides[..nd - 2],
+            batch,
+        )?);
+    }
+    let so: Vec<usize> = contiguous_strides(batch)
+        .iter()
+        .map(|s| s * m * n)
+        .collect();
+    let layout = KernelLayout::new(
+        op,
+        batch,
+        &[
+            (&so, 0),
+            (&operands[0], a.offset),
+            (&operands[1], bt.offset),
+        ],
+    )?;
+    let aligned = m % tile.rows() == 0 && n % tile.cols() == 0;
+    let options = format!(
+        "{} {} {} -DTC_KERNEL={NAME}{}",
+        kind.dtype().build_option(),
+        kind.define(),
+        tile.options(),
+        if aligned { " -DALIGNED" } else { "" }
+    );
+    let source = matmul_source(MATMUL_TC, opts.activation, Class::of(kind.dtype()));
+    let mut kern = Kernel::new(&program(&out.device, &source, &options)?, NAME)?;
+    kern.arg_mem(out.mem()?)?
+        .arg_mem(a.mem()?)?
+        .arg_mem(bt.mem()?)?
+        .arg_mem(opts.bias.map_or_else(|| out.mem(), |t| t.mem())?)?
+        .arg(&layout)?;
+    let (sam, sbn) = (a.strides[na - 2], bt.strides[nb - 2]);
+    for v in [m, n, kp, sam, sbn, opts.bias.is_some() as usize] {
+        kern.arg(&(v as u32))?;
+    }
+    let batches = numel(batch);
+    let elems = batches * (m * k + k * n + m * n) + opts.bias.map_or(0, |_| n);
+    kern.declare(
+        (elems * kind.dtype().size()) as u64,
+        2 * (batches * m * n * k) as u64,
+    );
+    kern.launch(
+        &[
+            n.div_ceil(tile.cols()) * tile.group(),
+            m.div_ceil(tile.rows()),
+            batches,
+        ],
+        &[tile.group(), 1, 1],
+    )
+}
+
+/// Output tiles of matmul_tc.cl's work-groups for an `m` x `n` product.
+pub(crate) fn tiles(m: usize, n: usize) -> usize {
+    let t = TcTile::get();
+    m.div_ceil(t.rows()) * n.div_ceil(t.cols())
+}
