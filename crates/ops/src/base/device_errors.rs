@@ -9,6 +9,7 @@
 //! ops computed is suspect; the record is cleared so the device stays usable. With
 //! `NETCL_DEBUG=sync` the record is read right after each launch instead, so the op whose kernel
 //! found the index returns the error.
+use crate::base::dispatch::{backend, Backend};
 use crate::base::tensor::Tensor;
 use netcl_core_devices::opencl3::types::cl_mem;
 use netcl_core_devices::{Device, Error, Result};
@@ -86,7 +87,7 @@ fn check_after_launch(device: &Device) -> Result<()> {
 /// The error in `device`'s record for this thread, if an index kernel ran since the last check;
 /// `when` says when it was reported.
 fn check_device(device: &Device, when: &str) -> Result<()> {
-    if device.is_host() {
+    if backend(device) == Backend::Host {
         return Ok(());
     }
     let found = RECORDS.with_borrow_mut(|records| -> Result<Option<[i32; 4]>> {

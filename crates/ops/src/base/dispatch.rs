@@ -15,6 +15,11 @@ pub(crate) trait Op: std::fmt::Debug {
     type Output;
     /// The op's name: the profiler span its dispatch opens, and errors.
     const NAME: &'static str;
+    /// The name of this instance, for ops named per call (a fused expression carries the name
+    /// of the op it implements: `add`, `relu`, ...); [`Op::NAME`] unless overridden.
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
     /// Compute on the OpenCL device `device` (launch kernels; no host reads beyond what the
     /// op documents).
     fn opencl(&self, device: &Device) -> Result<Self::Output>;
@@ -25,10 +30,28 @@ pub(crate) trait Op: std::fmt::Debug {
 /// Run `op` on `device`: the host reference on the host device, the OpenCL implementation on an
 /// OpenCL device, inside a profiler span named for the op.
 pub(crate) fn dispatch<O: Op>(device: &Device, op: &O) -> Result<O::Output> {
-    let _span = netcl_profiling::span(O::NAME);
+    let _span = netcl_profiling::span(op.name());
+    match backend(device) {
+        Backend::Host => op.reference(),
+        Backend::OpenCl => op.opencl(device),
+    }
+}
+
+/// The two kinds of device, for the base tier's storage code that is not an op (allocation,
+/// uploads, the device error record) and for planners deciding what a device can batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Backend {
+    /// The host device: tensors in host memory, computed by the reference implementations.
+    Host,
+    /// An OpenCL device: tensors in its buffers, computed by kernels.
+    OpenCl,
+}
+
+/// Which kind of device `device` is: the one place in netcl-ops that asks.
+pub(crate) fn backend(device: &Device) -> Backend {
     if device.is_host() {
-        op.reference()
+        Backend::Host
     } else {
-        op.opencl(device)
+        Backend::OpenCl
     }
 }

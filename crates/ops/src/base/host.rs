@@ -1,4 +1,5 @@
 //! Host-side views that reference implementations read, and the dense copy kernels read from.
+use crate::base::dispatch::{backend, Backend};
 use crate::base::launch::{launch_1d, program_for};
 use crate::base::layout::KernelLayout;
 use crate::base::tensor::Tensor;
@@ -14,7 +15,7 @@ pub(crate) fn host_f64(op: &str, t: &Tensor) -> Result<Vec<f64>> {
 /// `t` as a contiguous tensor starting at element 0 of its storage (kernels index from 0): `t`
 /// itself when it already is, else a copy.
 pub(crate) fn dense(t: &Tensor) -> Result<Tensor> {
-    if t.is_contiguous() && t.offset == 0 || t.device.is_host() {
+    if t.is_contiguous() && t.offset == 0 || backend(&t.device) == Backend::Host {
         return Ok(t.clone());
     }
     let out = Tensor::alloc(&t.shape, t.dtype, &t.device)?;

@@ -1,4 +1,5 @@
 //! Range checks of I32 index tensors (host ones, and device ones small enough to read back) shared by the index and shape families.
+use crate::base::dispatch::{backend, Backend};
 use crate::base::tensor::Tensor;
 use netcl_core_devices::{Error, Result};
 
@@ -9,7 +10,7 @@ pub const INDEX_CHECK_LIMIT: usize = 1024;
 /// The indices of `idx` in row-major order when they are on the host or few enough to read back
 /// (never while a graph is captured on the device: its kernels' error record reports instead).
 pub(crate) fn readable_indices(idx: &Tensor) -> Result<Option<Vec<i32>>> {
-    if idx.device.is_host()
+    if backend(&idx.device) == Backend::Host
         || (idx.numel() <= INDEX_CHECK_LIMIT && !netcl_core_memory::capture::capturing(&idx.device))
     {
         return Ok(Some(idx.to_vec::<i32>()?));

@@ -1,4 +1,5 @@
 //! Tensor: Arc'd storage (pooled device block or host vector) with shape, strides, offset, dtype and device.
+use crate::base::dispatch::{backend, dispatch, Backend, Op};
 use crate::base::element::{Element, HostData};
 use crate::base::launch::{launch_1d, program_for};
 use crate::base::layout::{
@@ -111,10 +112,9 @@ impl Tensor {
     /// A new, uninitialised contiguous tensor on `device`.
     pub(crate) fn alloc(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
         let n = checked_numel("alloc", shape, dtype.size())?;
-        let storage = if device.is_host() {
-            Storage::Host(RwLock::new(HostData::try_filled(dtype, n, 0.0)?))
-        } else {
-            Storage::Device(Pool::of(device)?.alloc(n * dtype.size())?)
+        let storage = match backend(device) {
+            Backend::Host => Storage::Host(RwLock::new(HostData::try_filled(dtype, n, 0.0)?)),
+            Backend::OpenCl => Storage::Device(Pool::of(device)?.alloc(n * dtype.size())?),
         };
         Ok(Tensor {
             storage: Stored::new(storage),
@@ -258,7 +258,7 @@ impl Tensor {
         shape: &[usize],
         device: &Device,
     ) -> Result<Tensor> {
-        if device.is_host() {
+        if backend(device) == Backend::Host {
             return Ok(Tensor::from_host_data(data, shape));
         }
         let t = Tensor::alloc(shape, data.dtype(), device)?;
@@ -273,14 +273,7 @@ impl Tensor {
         if self.is_contiguous() {
             return Ok(self.clone());
         }
-        let _span = netcl_profiling::span("contiguous");
-        if let Some(data) = self.host_view(&self.shape, &self.strides) {
-            return Ok(Tensor::from_host_data(data, &self.shape));
-        }
-        let out = Tensor::alloc(&self.shape, self.dtype, &self.device)?;
-        let src = (self.strides.as_slice(), self.offset);
-        self.copy_view_into(&out, &self.shape, (&out.strides, 0), src)?;
-        Ok(out)
+        dispatch(&self.device, &Contiguous(self.clone()))
     }
 
     /// One `strided_copy` of the view (`shape`, `src` strides and offset) of this tensor into
@@ -339,4 +332,27 @@ pub(crate) fn gather<T: Copy>(
     strided_positions(shape, strides, offset)
         .map(|p| data[p])
         .collect()
+}
+
+/// A copy of a strided view into a new contiguous tensor.
+#[derive(Clone, Debug)]
+struct Contiguous(Tensor);
+
+impl Op for Contiguous {
+    type Output = Tensor;
+    const NAME: &'static str = "contiguous";
+    fn opencl(&self, device: &Device) -> Result<Tensor> {
+        let t = &self.0;
+        let out = Tensor::alloc(&t.shape, t.dtype, device)?;
+        let src = (t.strides.as_slice(), t.offset);
+        t.copy_view_into(&out, &t.shape, (&out.strides, 0), src)?;
+        Ok(out)
+    }
+    fn reference(&self) -> Result<Tensor> {
+        let t = &self.0;
+        let data = t
+            .host_view(&t.shape, &t.strides)
+            .ok_or_else(|| Error::device(Self::NAME, "host tensor without host storage"))?;
+        Ok(Tensor::from_host_data(data, &t.shape))
+    }
 }

@@ -1,5 +1,6 @@
 //! Multi-tensor fused updates: one expression list over many independent groups of operands (an optimizer's parameters) in one kernel launch per device, dtype and buffer layout.
 use crate::base::checks::u32_arg;
+use crate::base::dispatch::{backend, Backend};
 use crate::base::launch::launch_1d_over;
 use crate::base::tensor::Tensor;
 use crate::fused::expr::{Class, Expr};
@@ -212,7 +213,10 @@ fn dense(
             && t.is_contiguous()
             && (t.shape == first.shape || (j >= no && is_uniform(uniform, j - no)))
     };
-    if first.device.is_host() || first.numel() == 0 || !operands.iter().enumerate().all(fits) {
+    if backend(&first.device) == Backend::Host
+        || first.numel() == 0
+        || !operands.iter().enumerate().all(fits)
+    {
         return Ok(None);
     }
     let dtypes: Vec<DType> = g.inputs.iter().map(|t| t.dtype).collect();

@@ -1,8 +1,10 @@
 //! Fused elementwise kernels: expressions typed and compiled into one OpenCL kernel (cached by structure), or evaluated on the host.
+use crate::base::dispatch::{dispatch, Op};
 use crate::base::launch::{launch_1d, launch_1d_over};
 use crate::base::layout::{broadcast_shapes, broadcast_strides, merged_dims, numel};
 use crate::base::tensor::Tensor;
 use crate::fused::expr::{BinaryOp, Class, Expr, UnaryOp};
+use crate::fused::host_eval;
 use half::{bf16, f16};
 use netcl_core_devices::{DType, Device, Error, Result};
 use netcl_kernels::{Kernel, Program, Source};
@@ -504,7 +506,6 @@ pub(crate) fn run(
     inputs: &[&Tensor],
     outputs: &[(&Expr, Option<&Tensor>)],
 ) -> Result<Vec<Tensor>> {
-    let _span = netcl_profiling::span(op);
     let device = inputs
         .first()
         .map(|t| t.device.clone())
@@ -595,10 +596,67 @@ pub(crate) fn run(
     for d in &dests {
         d.mark_modified();
     }
-    if device.is_host() {
-        crate::fused::host_eval::run_host(op, &plan, inputs, &bstrides, &shape, &out_tensors)?;
-        return Ok(out_tensors);
+    let eval = FusedEval {
+        op,
+        plan: &plan,
+        inputs,
+        bstrides: &bstrides,
+        shape: &shape,
+        outputs: &out_tensors,
+    };
+    dispatch(&device, &eval)?;
+    Ok(out_tensors)
+}
+
+/// A planned elementwise evaluation: `plan` over `inputs` broadcast to `shape` (their strides
+/// over it in `bstrides`) into `outputs` (contiguous new tensors or checked destinations).
+struct FusedEval<'a> {
+    op: &'static str,
+    plan: &'a Plan,
+    inputs: &'a [&'a Tensor],
+    bstrides: &'a [Vec<usize>],
+    shape: &'a [usize],
+    outputs: &'a [Tensor],
+}
+
+impl std::fmt::Debug for FusedEval<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FusedEval")
+            .field("op", &self.op)
+            .field("plan", &self.plan.key)
+            .field("shape", &self.shape)
+            .field("bstrides", &self.bstrides)
+            .finish_non_exhaustive()
     }
+}
+
+impl Op for FusedEval<'_> {
+    type Output = ();
+    const NAME: &'static str = "fused";
+    fn name(&self) -> &'static str {
+        self.op
+    }
+    fn reference(&self) -> Result<()> {
+        let e = self;
+        host_eval::run_host(e.op, e.plan, e.inputs, e.bstrides, e.shape, e.outputs)
+    }
+    fn opencl(&self, device: &Device) -> Result<()> {
+        launch(self, device)
+    }
+}
+
+/// The plan's kernel on an OpenCL device: the contiguous form (4 elements per work-item where
+/// aligned) when every operand is dense, else the strided form.
+fn launch(e: &FusedEval<'_>, device: &Device) -> Result<()> {
+    let FusedEval {
+        op,
+        plan,
+        inputs,
+        bstrides,
+        shape,
+        outputs: out_tensors,
+    } = *e;
+    let n = numel(shape);
     // Each input read once and each output written once; a flop per arithmetic node per element.
     let bytes: usize = inputs
         .iter()
@@ -678,7 +736,7 @@ pub(crate) fn run(
             set_scalars(k, &plan.scalars)
         })?;
     }
-    Ok(out_tensors)
+    Ok(())
 }
 
 /// Evaluate the expressions `outputs` elementwise over `inputs` (NumPy broadcasting, any strides)
