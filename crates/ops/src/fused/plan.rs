@@ -684,7 +684,7 @@ fn launch(e: &FusedEval<'_>, device: &Device) -> Result<()> {
         .map(|t| (&t.strides[..], t.offset))
         .collect();
     operands.extend(bstrides.iter().zip(inputs).map(|(s, t)| (&s[..], t.offset)));
-    let dims = merged_dims(op, &shape, &operands)?;
+    let dims = merged_dims(op, shape, &operands)?;
     let set_buffers = |k: &mut Kernel| -> Result<()> {
         for t in out_tensors.iter().chain(inputs.iter().copied()) {
             k.arg_mem(t.mem()?)?;
@@ -706,7 +706,7 @@ fn launch(e: &FusedEval<'_>, device: &Device) -> Result<()> {
         } else {
             1
         };
-        let program = program(&device, &plan, vec, &Form::Single { uniform })?;
+        let program = program(device, plan, vec, &Form::Single { uniform })?;
         launch_1d_over(&program, FUSED_CONTIG, n.div_ceil(vec), n, |k| {
             k.declare(work.0, work.1);
             set_buffers(k)?;
@@ -728,7 +728,7 @@ fn launch(e: &FusedEval<'_>, device: &Device) -> Result<()> {
         for (j, (_, off)) in operands.iter().enumerate() {
             words[1 + crate::base::layout::MAX_DIMS * (1 + k) + j] = *off as u32;
         }
-        let program = program(&device, &plan, 1, &Form::Single { uniform: 0 })?;
+        let program = program(device, plan, 1, &Form::Single { uniform: 0 })?;
         launch_1d(&program, FUSED_STRIDED, n, |k| {
             k.declare(work.0, work.1);
             set_buffers(k)?;
