@@ -13,7 +13,7 @@ mod param;
 mod pool;
 mod reduce;
 mod rope;
-mod shape_ops;
+mod shape;
 mod softmax;
 mod tape;
 mod unary;
