@@ -1,7 +1,7 @@
 //! Binary elementwise ops with NumPy broadcasting over any strides: arithmetic, maximum/minimum, pow, comparisons, where, scalar forms.
 use crate::base::tensor::Tensor;
+use crate::fused::eval::map;
 use crate::fused::expr::{BinaryOp, Expr};
-use crate::fused::plan::map;
 use netcl_core_devices::Result;
 
 macro_rules! binary_methods {

@@ -1,7 +1,7 @@
 //! Unary elementwise ops through the fused-kernel generator: `Tensor::unary` (the named methods come from unary_table.rs), clamp, leaky_relu, powf and dtype casts.
 use crate::base::tensor::Tensor;
+use crate::fused::eval::map;
 use crate::fused::expr::{Expr, UnaryOp};
-use crate::fused::plan::map;
 use netcl_core_devices::{DType, Result};
 
 impl Tensor {

@@ -1,0 +1,276 @@
+//! Running a fused plan: operand checks, broadcasting and destinations, then the dispatch to the generated kernel or the host evaluation; `fused`, `fused_into` and `map`.
+use crate::base::dispatch::{dispatch, Op};
+use crate::base::launch::{launch_1d, launch_1d_over};
+use crate::base::layout::{broadcast_shapes, broadcast_strides, merged_dims, numel};
+use crate::base::tensor::Tensor;
+use crate::fused::codegen::{
+    arithmetic_nodes, is_uniform, program, set_scalars, Form, FUSED_CONTIG, FUSED_STRIDED, VEC,
+};
+use crate::fused::expr::Expr;
+use crate::fused::host_eval;
+use crate::fused::plan::{plan, Plan};
+use netcl_core_devices::{DType, Device, Error, Result};
+use netcl_kernels::Kernel;
+
+/// Evaluate `outputs` elementwise over `inputs` (broadcast together) in one kernel; each output
+/// is written to its destination when one is given, else to a new contiguous tensor. `op` names
+/// the operation in errors.
+pub(crate) fn run(
+    op: &'static str,
+    inputs: &[&Tensor],
+    outputs: &[(&Expr, Option<&Tensor>)],
+) -> Result<Vec<Tensor>> {
+    let device = inputs
+        .first()
+        .map(|t| t.device.clone())
+        .ok_or_else(|| Error::invalid(op, "no input tensors"))?;
+    let dests: Vec<&Tensor> = outputs.iter().filter_map(|(_, d)| *d).collect();
+    for t in inputs.iter().chain(&dests) {
+        if t.device != device {
+            return Err(Error::device(
+                op,
+                format!("operands on {} and {}", device, t.device),
+            ));
+        }
+    }
+    let dtypes: Vec<DType> = inputs.iter().map(|t| t.dtype).collect();
+    let exprs: Vec<&Expr> = outputs.iter().map(|(e, _)| *e).collect();
+    let plan = plan(op, &dtypes, &exprs)?;
+    let describe = || {
+        inputs
+            .iter()
+            .map(|t| format!("{:?}", t.shape))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut shape: Vec<usize> = Vec::new();
+    for t in inputs.iter().chain(&dests) {
+        shape = broadcast_shapes(op, &shape, &t.shape)
+            .map_err(|_| Error::shape(op, format!("shapes {} do not broadcast", describe())))?;
+    }
+    let mut out_tensors = Vec::with_capacity(outputs.len());
+    for ((_, dest), &node) in outputs.iter().zip(&plan.key.outputs) {
+        let dtype = plan.key.nodes[node].1;
+        let t = match dest {
+            Some(d) => {
+                if d.shape != shape || d.dtype != dtype {
+                    return Err(Error::shape(
+                        op,
+                        format!(
+                            "destination is {} {:?} but the result is {dtype} {shape:?} (inputs {})",
+                            d.dtype,
+                            d.shape,
+                            describe()
+                        ),
+                    ));
+                }
+                if d.shape
+                    .iter()
+                    .zip(&d.strides)
+                    .any(|(&n, &s)| n > 1 && s == 0)
+                {
+                    return Err(Error::invalid(
+                        op,
+                        format!("destination {:?} overlaps itself (broadcast view)", d.shape),
+                    ));
+                }
+                (*d).clone()
+            }
+            None => Tensor::alloc(&shape, dtype, &device)?,
+        };
+        out_tensors.push(t);
+    }
+    let bstrides: Vec<Vec<usize>> = inputs
+        .iter()
+        .map(|t| broadcast_strides(op, &t.shape, &t.strides, &shape))
+        .collect::<Result<_>>()?;
+    // An input may alias a destination only element for element (in-place updates).
+    for (i, t) in inputs.iter().enumerate() {
+        for d in &dests {
+            if t.shares_storage(d) && (bstrides[i] != d.strides || t.offset != d.offset) {
+                return Err(Error::invalid(
+                    op,
+                    format!(
+                        "input {i} {:?} overlaps destination {:?} at other elements",
+                        t.shape, d.shape
+                    ),
+                ));
+            }
+        }
+    }
+    for (a, d) in dests.iter().enumerate() {
+        if dests[a + 1..].iter().any(|e| e.shares_storage(d)) {
+            return Err(Error::invalid(op, "two destinations share storage"));
+        }
+    }
+    let n = numel(&shape);
+    if n == 0 {
+        return Ok(out_tensors);
+    }
+    for d in &dests {
+        d.mark_modified();
+    }
+    let eval = FusedEval {
+        op,
+        plan: &plan,
+        inputs,
+        bstrides: &bstrides,
+        shape: &shape,
+        outputs: &out_tensors,
+    };
+    dispatch(&device, &eval)?;
+    Ok(out_tensors)
+}
+
+/// A planned elementwise evaluation: `plan` over `inputs` broadcast to `shape` (their strides
+/// over it in `bstrides`) into `outputs` (contiguous new tensors or checked destinations).
+struct FusedEval<'a> {
+    op: &'static str,
+    plan: &'a Plan,
+    inputs: &'a [&'a Tensor],
+    bstrides: &'a [Vec<usize>],
+    shape: &'a [usize],
+    outputs: &'a [Tensor],
+}
+
+impl std::fmt::Debug for FusedEval<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FusedEval")
+            .field("op", &self.op)
+            .field("plan", &self.plan.key)
+            .field("shape", &self.shape)
+            .field("bstrides", &self.bstrides)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Op for FusedEval<'_> {
+    type Output = ();
+    const NAME: &'static str = "fused";
+    fn name(&self) -> &'static str {
+        self.op
+    }
+    fn reference(&self) -> Result<()> {
+        let e = self;
+        host_eval::run_host(e.op, e.plan, e.inputs, e.bstrides, e.shape, e.outputs)
+    }
+    fn opencl(&self, device: &Device) -> Result<()> {
+        launch(self, device)
+    }
+}
+
+/// The plan's kernel on an OpenCL device: the contiguous form (4 elements per work-item where
+/// aligned) when every operand is dense, else the strided form.
+fn launch(e: &FusedEval<'_>, device: &Device) -> Result<()> {
+    let FusedEval {
+        op,
+        plan,
+        inputs,
+        bstrides,
+        shape,
+        outputs: out_tensors,
+    } = *e;
+    let n = numel(shape);
+    // Each input read once and each output written once; a flop per arithmetic node per element.
+    let bytes: usize = inputs
+        .iter()
+        .map(|t| t.numel() * t.dtype.size())
+        .sum::<usize>()
+        + out_tensors
+            .iter()
+            .map(|t| n * t.dtype.size())
+            .sum::<usize>();
+    let work = (bytes as u64, (n * arithmetic_nodes(&plan.key)) as u64);
+    // Single-element inputs (scalar tensors broadcast) are read once per work-item.
+    let uniform = inputs
+        .iter()
+        .take(64)
+        .enumerate()
+        .filter(|(_, t)| t.numel() == 1)
+        .fold(0u64, |m, (i, _)| m | 1 << i);
+    let dense = out_tensors.iter().all(|t| t.is_contiguous())
+        && inputs
+            .iter()
+            .enumerate()
+            .all(|(i, t)| is_uniform(uniform, i) || (t.shape == shape && t.is_contiguous()));
+    let mut operands: Vec<(&[usize], usize)> = out_tensors
+        .iter()
+        .map(|t| (&t.strides[..], t.offset))
+        .collect();
+    operands.extend(bstrides.iter().zip(inputs).map(|(s, t)| (&s[..], t.offset)));
+    let dims = merged_dims(op, shape, &operands)?;
+    let set_buffers = |k: &mut Kernel| -> Result<()> {
+        for t in out_tensors.iter().chain(inputs.iter().copied()) {
+            k.arg_mem(t.mem()?)?;
+        }
+        Ok(())
+    };
+    if dense {
+        // 4 elements per work-item when every dense operand's 4-element groups are aligned.
+        let no = out_tensors.len();
+        let aligned = |j: usize, off: usize| {
+            off.is_multiple_of(VEC) || (j >= no && is_uniform(uniform, j - no))
+        };
+        let vec = if operands
+            .iter()
+            .enumerate()
+            .all(|(j, (_, off))| aligned(j, *off))
+        {
+            VEC
+        } else {
+            1
+        };
+        let program = program(device, plan, vec, &Form::Single { uniform })?;
+        launch_1d_over(&program, FUSED_CONTIG, n.div_ceil(vec), n, |k| {
+            k.declare(work.0, work.1);
+            set_buffers(k)?;
+            for (_, off) in &operands {
+                k.arg(&(*off as u32))?;
+            }
+            set_scalars(k, &plan.scalars)
+        })?;
+    } else {
+        let k = operands.len();
+        let mut words = vec![0u32; 1 + crate::base::layout::MAX_DIMS * (1 + k) + k];
+        words[0] = dims.len() as u32;
+        for (d, (extent, strides)) in dims.iter().enumerate() {
+            words[1 + d] = *extent;
+            for (j, s) in strides.iter().enumerate() {
+                words[1 + crate::base::layout::MAX_DIMS * (1 + j) + d] = *s;
+            }
+        }
+        for (j, (_, off)) in operands.iter().enumerate() {
+            words[1 + crate::base::layout::MAX_DIMS * (1 + k) + j] = *off as u32;
+        }
+        let program = program(device, plan, 1, &Form::Single { uniform: 0 })?;
+        launch_1d(&program, FUSED_STRIDED, n, |k| {
+            k.declare(work.0, work.1);
+            set_buffers(k)?;
+            k.arg_bytes(bytemuck::cast_slice(&words))?;
+            set_scalars(k, &plan.scalars)
+        })?;
+    }
+    Ok(())
+}
+
+/// Evaluate the expressions `outputs` elementwise over `inputs` (NumPy broadcasting, any strides)
+/// in one kernel, returning one new contiguous tensor per expression. The kernel is generated
+/// from the expressions' structure and cached, so changing scalar values reuses it.
+pub fn fused(inputs: &[&Tensor], outputs: &[Expr]) -> Result<Vec<Tensor>> {
+    let outs: Vec<(&Expr, Option<&Tensor>)> = outputs.iter().map(|e| (e, None)).collect();
+    run("fused", inputs, &outs)
+}
+
+/// Like `fused`, writing each expression into its destination tensor (which has the broadcast
+/// shape and the expression's dtype). Inputs may be destinations (in-place updates such as
+/// optimizer steps) when they view the same elements.
+pub fn fused_into(inputs: &[&Tensor], outputs: &[(Expr, &Tensor)]) -> Result<()> {
+    let outs: Vec<(&Expr, Option<&Tensor>)> = outputs.iter().map(|(e, d)| (e, Some(*d))).collect();
+    run("fused_into", inputs, &outs).map(|_| ())
+}
+
+/// One expression over `inputs` into a new tensor; the building block of the named elementwise ops.
+pub(crate) fn map(op: &'static str, inputs: &[&Tensor], expr: Expr) -> Result<Tensor> {
+    let mut v = run(op, inputs, &[(&expr, None)])?;
+    Ok(v.remove(0))
+}
