@@ -1,4 +1,5 @@
 //! Argument checks shared by the ops: devices, dtypes and 32-bit kernel indices, with errors naming the op and the operands.
+pub(crate) use crate::base::layout::u32_arg;
 use crate::base::tensor::Tensor;
 use netcl_core_devices::{DType, Error, Result};
 
@@ -86,10 +87,4 @@ pub(crate) fn same_float(op: &str, ts: &[&Tensor]) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// `n` as a 32-bit kernel argument; an error naming `op` and `what` when it does not fit.
-pub(crate) fn u32_arg(op: &str, what: &str, n: usize) -> Result<u32> {
-    u32::try_from(n)
-        .map_err(|_| Error::shape(op, format!("{what} {n} exceeds the 32-bit kernel index")))
 }

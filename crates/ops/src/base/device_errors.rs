@@ -3,14 +3,13 @@
 //! A kernel that meets a bad index writes `{op code, position, value, bound}` into its device's
 //! 16-byte error record (the first report wins, `atomic_cmpxchg`) and carries on without touching
 //! memory out of bounds. No host sync is added to the op: the record (one per device and thread)
-//! is read back at the thread's next read of any tensor of that device ([`Tensor::to_host_data`] and everything built on it), and
+//! is read back at the thread's next read of any tensor of that device ([`Tensor::to_host_data`](crate::Tensor::to_host_data) and everything built on it), and
 //! only when an index kernel ran since the last check. That read then returns the error, naming
 //! the op, the index and the bound, as the host reports at once. Everything the bad op and later
 //! ops computed is suspect; the record is cleared so the device stays usable. With
 //! `NETCL_DEBUG=sync` the record is read right after each launch instead, so the op whose kernel
 //! found the index returns the error.
 use crate::base::dispatch::{backend, Backend};
-use crate::base::tensor::Tensor;
 use netcl_core_devices::opencl3::types::cl_mem;
 use netcl_core_devices::{Device, Error, Result};
 use netcl_core_memory::{read, write, Block, Pool};
@@ -67,11 +66,11 @@ pub(crate) fn record_arg(device: &Device) -> Result<cl_mem> {
     })
 }
 
-/// Reads the thread's error record of `t`'s device if an index kernel ran since the last read:
+/// Reads the thread's error record of `device` if an index kernel ran since the last read:
 /// the error it holds, once (the record is cleared).
-pub(crate) fn check(t: &Tensor) -> Result<()> {
+pub(crate) fn check(device: &Device) -> Result<()> {
     check_device(
-        t.device(),
+        device,
         "at the next read, so this op's result and later results are invalid",
     )
 }

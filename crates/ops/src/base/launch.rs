@@ -28,7 +28,7 @@ pub(crate) fn launch_1d_over(
     n: usize,
     args: impl FnOnce(&mut Kernel) -> Result<()>,
 ) -> Result<()> {
-    let n32 = crate::base::checks::u32_arg(name, "elements", n)?;
+    let n32 = crate::base::layout::u32_arg(name, "elements", n)?;
     let mut k = Kernel::new(program, name)?;
     args(&mut k)?;
     k.arg(&n32)?;

@@ -223,6 +223,12 @@ pub fn merged_dims(
         .collect())
 }
 
+/// `n` as a 32-bit kernel argument; an error naming `op` and `what` when it does not fit.
+pub(crate) fn u32_arg(op: &str, what: &str, n: usize) -> Result<u32> {
+    u32::try_from(n)
+        .map_err(|_| Error::shape(op, format!("{what} {n} exceeds the 32-bit kernel index")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

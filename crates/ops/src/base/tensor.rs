@@ -215,7 +215,7 @@ impl Tensor {
         let size = t.dtype.size();
         let mut bytes = vec![0u8; n * size];
         netcl_core_memory::read(block, start * size, &mut bytes)?;
-        crate::base::device_errors::check(&t)?;
+        crate::base::device_errors::check(t.device())?;
         Ok(HostData::from_bytes(t.dtype, &bytes))
     }
 
