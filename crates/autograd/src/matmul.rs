@@ -2,7 +2,7 @@
 use crate::autocast::product_dtype;
 use crate::binary::sum_to;
 use crate::tape::{record, Var};
-use netcl_ops::{Activation, DType, Error, Expr, MatmulOptions, Result, Tensor};
+use netcl_ops::{Activation, DType, Error, Expr, MatmulOptions, MatmulVectors, Result, Tensor};
 
 /// The last two dims swapped (a view; matmul reads it without a copy).
 fn t(x: &Tensor) -> Result<Tensor> {
@@ -14,33 +14,18 @@ impl Var {
     /// Matrix product with NumPy matmul semantics: batched over broadcast leading dims; a 1-D
     /// operand is a row (left) or column (right) vector whose dim is dropped from the result.
     pub fn matmul(&self, other: &Var) -> Result<Var> {
-        if self.ndim() == 0 || other.ndim() == 0 {
-            return Err(Error::shape(
-                "matmul",
-                format!(
-                    "operands {:?} and {:?}: matmul needs at least 1-D operands",
-                    self.shape(),
-                    other.shape()
-                ),
-            ));
-        }
-        let a = if self.ndim() == 1 {
-            self.unsqueeze(0)?
-        } else {
-            self.clone()
+        let vectors = MatmulVectors::of(self.shape(), other.shape())?;
+        let a = match vectors.left() {
+            Some(d) => self.unsqueeze(d)?,
+            None => self.clone(),
         };
-        let b = if other.ndim() == 1 {
-            other.unsqueeze(1)?
-        } else {
-            other.clone()
+        let b = match vectors.right() {
+            Some(d) => other.unsqueeze(d)?,
+            None => other.clone(),
         };
         let mut y = a.matmul_nd(&b)?;
-        if other.ndim() == 1 {
-            y = y.squeeze(y.ndim() - 1)?;
-        }
-        if self.ndim() == 1 {
-            let row = y.ndim() - if other.ndim() == 1 { 1 } else { 2 };
-            y = y.squeeze(row)?;
+        for d in vectors.dropped(y.ndim()) {
+            y = y.squeeze(d)?;
         }
         Ok(y)
     }

@@ -46,7 +46,7 @@ pub use matmul::tc::{
     set_device_float32_matmul_precision, set_float32_matmul_precision, MatmulPrecision,
     TensorCoreKind,
 };
-pub use matmul::MatmulOptions;
+pub use matmul::{MatmulOptions, MatmulVectors};
 pub use netcl_core_devices::{DType, Device, Error, Result};
 pub use netcl_kernels::GemmTile;
 pub use pool::Pool2dParams;

@@ -57,6 +57,54 @@ impl Op for Matmul<'_> {
     }
 }
 
+/// NumPy's 1-D matmul operands, for the op and its autograd rule alike: a left vector (K) is
+/// the row (1, K), a right vector (K) the column (K, 1), and the dims they add are dropped from
+/// the product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulVectors {
+    left: bool,
+    right: bool,
+}
+
+impl MatmulVectors {
+    /// The operands of shapes `a` and `b`; an error naming matmul when either is 0-dim.
+    pub fn of(a: &[usize], b: &[usize]) -> Result<MatmulVectors> {
+        if a.is_empty() || b.is_empty() {
+            return Err(Error::shape(
+                "matmul",
+                format!("operands {a:?} and {b:?} need at least one dim"),
+            ));
+        }
+        Ok(MatmulVectors {
+            left: a.len() == 1,
+            right: b.len() == 1,
+        })
+    }
+
+    /// The dim to unsqueeze the left operand at, when it is a vector.
+    pub fn left(self) -> Option<usize> {
+        self.left.then_some(0)
+    }
+
+    /// The dim to unsqueeze the right operand at, when it is a vector.
+    pub fn right(self) -> Option<usize> {
+        self.right.then_some(1)
+    }
+
+    /// The dims of an `n`-dim product of the unsqueezed operands to drop, last first (so each
+    /// can be removed in turn).
+    pub fn dropped(self, n: usize) -> Vec<usize> {
+        let mut dims = Vec::new();
+        if self.right {
+            dims.push(n - 1);
+        }
+        if self.left {
+            dims.push(n - 2);
+        }
+        dims
+    }
+}
+
 impl Tensor {
     /// The matrix product over the last two dims: (..., M, K) x (..., K, N) -> (..., M, N), batch
     /// dims broadcast. A 1-D left operand is a row (K), a 1-D right operand a column (K).
@@ -68,24 +116,14 @@ impl Tensor {
     pub fn matmul_with(&self, other: &Tensor, opts: MatmulOptions<'_>) -> Result<Tensor> {
         let op = "matmul";
         same_float(op, &[self, other])?;
-        if self.ndim() == 0 || other.ndim() == 0 {
-            return Err(Error::shape(
-                op,
-                format!(
-                    "operands {:?} and {:?} need at least one dim",
-                    self.shape, other.shape
-                ),
-            ));
-        }
-        let a = if self.ndim() == 1 {
-            self.unsqueeze(0)?
-        } else {
-            self.clone()
+        let vectors = MatmulVectors::of(&self.shape, &other.shape)?;
+        let a = match vectors.left() {
+            Some(d) => self.unsqueeze(d)?,
+            None => self.clone(),
         };
-        let b = if other.ndim() == 1 {
-            other.unsqueeze(1)?
-        } else {
-            other.clone()
+        let b = match vectors.right() {
+            Some(d) => other.unsqueeze(d)?,
+            None => other.clone(),
         };
         let (m, k) = (a.shape[a.ndim() - 2], a.shape[a.ndim() - 1]);
         let (k2, n) = (b.shape[b.ndim() - 2], b.shape[b.ndim() - 1]);
@@ -126,11 +164,8 @@ impl Tensor {
         let (sa, sb) = (strides(&a)?, strides(&b)?);
         let mut result_shape = batch.clone();
         result_shape.extend([m, n]);
-        if other.ndim() == 1 {
-            result_shape.pop();
-        }
-        if self.ndim() == 1 {
-            result_shape.remove(result_shape.len() - if other.ndim() == 1 { 1 } else { 2 });
+        for d in vectors.dropped(result_shape.len()) {
+            result_shape.remove(d);
         }
         let desc = Matmul {
             a,
