@@ -1,8 +1,9 @@
-//! The per-device bucket pool: size classes, slabs carved into aligned sub-buffers, free-lists, OOM retry.
+//! The per-device bucket pool: size classes, slabs carved into aligned sub-buffers, free-lists, reuse after other queues' events, OOM retry.
 use crate::size_class::{size_class, SLAB_BYTES, SMALL_MAX};
+use netcl_core_devices::opencl3::event::Event;
 use netcl_core_devices::opencl3::memory::{Buffer, ClMem, CL_MEM_READ_WRITE};
-use netcl_core_devices::opencl3::types::cl_mem;
-use netcl_core_devices::{ClResultExt, Device, Error, Result};
+use netcl_core_devices::opencl3::types::{cl_event, cl_mem};
+use netcl_core_devices::{cl3, ClResultExt, Device, Error, Result};
 use std::collections::HashMap;
 use std::fmt;
 use std::ptr;
@@ -29,8 +30,11 @@ pub struct PoolStats {
     pub hits: u64,
     /// Requests that needed a new block.
     pub misses: u64,
-    /// Blocks handed out and not yet returned.
+    /// Blocks handed out and not yet returned (those waiting for another queue included).
     pub live_blocks: usize,
+    /// Dropped blocks not yet reusable: work recorded with [`Block::record_use`] on another
+    /// queue has not completed. They count as in use until it has.
+    pub pending_blocks: usize,
 }
 
 impl fmt::Display for PoolStats {
@@ -56,9 +60,17 @@ struct Slab {
     live: usize,
 }
 
+/// A dropped block whose recorded uses on other queues are still running.
+struct Pending {
+    class: usize,
+    block: FreeBlock,
+    uses: Vec<Event>,
+}
+
 #[derive(Default)]
 struct State {
     free: HashMap<usize, Vec<FreeBlock>>,
+    pending: Vec<Pending>,
     slabs: HashMap<u64, Slab>,
     open_slab: HashMap<usize, u64>,
     next_slab: u64,
@@ -83,10 +95,25 @@ pub struct Block {
     class: usize,
     slab: Option<u64>,
     origin: usize,
+    /// Events of commands on queues other than the device's compute queue that use this block
+    /// ([`Block::record_use`]); the block is reused only once they have completed.
+    uses: Mutex<Vec<Event>>,
     pool: Arc<Shared>,
 }
 
 impl Block {
+    /// Record that the command of `event`, enqueued on another queue than the device's compute
+    /// queue (the copy queue, say), uses this block: when the block is dropped, the pool hands it
+    /// out again only after that command has completed (PyTorch's `record_stream`). Work on the
+    /// compute queue needs no record: the queue is in order, so later kernels on it run after.
+    pub fn record_use(&self, event: &Event) -> Result<()> {
+        let raw = event.get();
+        // SAFETY: `raw` is a live event; the retain is released by the new `Event`'s drop.
+        unsafe { cl3::event::retain_event(raw) }.cl("clRetainEvent")?;
+        lock(&self.uses).push(Event::new(raw));
+        Ok(())
+    }
+
     /// The OpenCL buffer (a sub-buffer for small blocks).
     pub fn buffer(&self) -> &Buffer<u8> {
         self.buf
@@ -144,27 +171,83 @@ impl Drop for Block {
                     class: self.class,
                     slab: self.slab,
                     origin: self.origin,
+                    uses: Mutex::new(std::mem::take(&mut *lock(&self.uses))),
                     pool: self.pool.clone(),
                 };
                 crate::watch::adopt(&graph, block);
                 return;
             }
-            let mut st = self.pool.lock();
-            st.stats.in_use -= self.class;
-            st.stats.live_blocks -= 1;
-            if let Some(id) = self.slab {
-                if let Some(s) = st.slabs.get_mut(&id) {
-                    s.live -= 1;
-                }
-            }
-            st.free.entry(self.class).or_default().push(FreeBlock {
+            let block = FreeBlock {
                 buf,
                 slab: self.slab,
                 origin: self.origin,
-            });
-            st.stats.cached = st.stats.reserved - st.stats.in_use;
+            };
+            let mut uses = std::mem::take(&mut *lock(&self.uses));
+            uses.retain(|e| !completed(e));
+            let mut st = self.pool.lock();
+            if uses.is_empty() {
+                release(&mut st, self.class, block);
+            } else {
+                st.stats.pending_blocks += 1;
+                st.pending.push(Pending {
+                    class: self.class,
+                    block,
+                    uses,
+                });
+            }
         }
     }
+}
+
+/// Whether the command of `event` has finished (an aborted command counts: it no longer
+/// touches memory).
+fn completed(event: &Event) -> bool {
+    event
+        .command_execution_status()
+        .map_or(true, |s| s.0 <= cl3::event::CL_COMPLETE)
+}
+
+/// A block back on its free-list: no longer in use.
+fn release(st: &mut State, class: usize, block: FreeBlock) {
+    st.stats.in_use -= class;
+    st.stats.live_blocks -= 1;
+    if let Some(id) = block.slab {
+        if let Some(s) = st.slabs.get_mut(&id) {
+            s.live -= 1;
+        }
+    }
+    st.free.entry(class).or_default().push(block);
+    st.stats.cached = st.stats.reserved - st.stats.in_use;
+}
+
+/// Pending blocks whose recorded uses have completed go back to their free-lists; with `wait`,
+/// every pending block does, after waiting for its uses.
+fn settle_pending(st: &mut State, wait: bool) -> Result<()> {
+    if st.pending.is_empty() {
+        return Ok(());
+    }
+    if wait {
+        let events: Vec<cl_event> = st
+            .pending
+            .iter()
+            .flat_map(|p| p.uses.iter().map(|e| e.get()))
+            .collect();
+        cl3::event::wait_for_events(&events).cl("clWaitForEvents")?;
+    }
+    let (done, still): (Vec<Pending>, Vec<Pending>) = std::mem::take(&mut st.pending)
+        .into_iter()
+        .partition(|p| p.uses.iter().all(completed));
+    st.pending = still;
+    for p in done {
+        st.stats.pending_blocks -= 1;
+        release(st, p.class, p.block);
+    }
+    Ok(())
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock leaves consistent data: keep going.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The memory pool of one OpenCL device.
@@ -175,8 +258,7 @@ pub struct Pool {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock leaves consistent counters: keep going.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 }
 
@@ -243,9 +325,13 @@ impl Pool {
         st.stats.peak = st.stats.in_use;
     }
 
-    /// Release every cached block and every slab with no live block back to the driver.
+    /// Release every cached block and every slab with no live block back to the driver (blocks
+    /// still used by another queue stay until that work completes).
     pub fn empty_cache(&self) {
-        release_cached(&mut self.shared.lock());
+        let mut st = self.shared.lock();
+        // A failed event query leaves the block pending: it is released by a later call.
+        let _ = settle_pending(&mut st, false);
+        release_cached(&mut st);
     }
 
     /// A block of at least `bytes` bytes. Out of memory: release the cache, retry once, then
@@ -265,6 +351,7 @@ impl Pool {
             ));
         }
         let mut st = sh.lock();
+        settle_pending(&mut st, false)?;
         if let Some(fb) = st.free.get_mut(&class).and_then(|v| v.pop()) {
             st.stats.hits += 1;
             return Ok(self.hand_out(&mut st, fb, bytes, class));
@@ -274,9 +361,14 @@ impl Pool {
             Ok(fb) => fb,
             Err(e) if e.is_out_of_memory() => {
                 log::info!(
-                    "pool on {}: out of memory for {bytes} B, releasing cache and retrying",
+                    "pool on {}: out of memory for {bytes} B, waiting for other queues, releasing cache and retrying",
                     sh.device
                 );
+                // Blocks other queues still use are waited for first: one may be the size asked.
+                settle_pending(&mut st, true)?;
+                if let Some(fb) = st.free.get_mut(&class).and_then(|v| v.pop()) {
+                    return Ok(self.hand_out(&mut st, fb, bytes, class));
+                }
                 release_cached(&mut st);
                 self.grow(&mut st, class).map_err(|e| match e {
                     Error::OutOfMemory { stats: why, .. } => self.oom(bytes, &st.stats, &why),
@@ -318,6 +410,7 @@ impl Pool {
             class,
             slab: fb.slab,
             origin: fb.origin,
+            uses: Mutex::new(Vec::new()),
             pool: self.shared.clone(),
         }
     }

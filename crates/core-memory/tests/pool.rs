@@ -1,5 +1,7 @@
-//! Pool behaviour on every OpenCL device: reuse without driver calls, aligned sub-buffers, baseline after churn, OOM recovery.
-use netcl_core_devices::{opencl_test_devices, Error};
+//! Pool behaviour on every OpenCL device: reuse without driver calls, aligned sub-buffers, baseline after churn, OOM recovery, reuse after a second queue's work.
+use netcl_core_devices::opencl3::event::Event;
+use netcl_core_devices::opencl3::types::{cl_event, CL_NON_BLOCKING};
+use netcl_core_devices::{cl3, opencl_test_devices, Error};
 use netcl_core_memory::{read, write, Pool, SMALL_MAX};
 
 const SIZES: [usize; 8] = [4, 100, 1000, 5000, 70_000, 600_000, 3_000_000, 9_000_000];
@@ -157,5 +159,111 @@ fn out_of_memory_releases_cache_then_errors_and_pool_still_works() {
         read(&four, 100, &mut back).unwrap();
         assert_eq!(back, [42u8; 16]);
         assert!(pool.stats().reserved <= 8 << 20);
+    }
+}
+
+/// A command on the copy queue that writes `src` into `block` once `gate` (a user event) is set:
+/// its event, still pending while the gate is closed.
+fn gated_copy_write(
+    dev: &netcl_core_devices::Device,
+    block: &netcl_core_memory::Block,
+    src: &[u8],
+    gate: cl_event,
+) -> Event {
+    let cl = dev.cl("test").unwrap();
+    // SAFETY: `src` outlives the command (the tests wait for it before returning); the write
+    // stays inside the block.
+    let ev = unsafe {
+        cl3::command_queue::enqueue_write_buffer(
+            cl.copy_queue.get(),
+            block.mem(),
+            CL_NON_BLOCKING,
+            0,
+            src.len(),
+            src.as_ptr().cast(),
+            1,
+            &gate,
+        )
+    }
+    .unwrap();
+    cl.copy_queue.flush().unwrap();
+    Event::new(ev)
+}
+
+fn user_event(dev: &netcl_core_devices::Device) -> Event {
+    let cl = dev.cl("test").unwrap();
+    Event::new(cl3::event::create_user_event(cl.context.get()).unwrap())
+}
+
+#[test]
+fn a_block_used_on_the_copy_queue_is_reused_only_after_that_work_completes() {
+    for dev in opencl_test_devices().unwrap() {
+        let pool = Pool::new(&dev).unwrap();
+        let src = vec![9u8; 1000];
+        let a = pool.alloc(1000).unwrap();
+        let mem_a = a.mem();
+        let gate = user_event(&dev);
+        let copy = gated_copy_write(&dev, &a, &src, gate.get());
+        a.record_use(&copy).unwrap();
+        drop(a);
+        let s = pool.stats();
+        assert_eq!((s.pending_blocks, s.live_blocks), (1, 1), "{dev}: {s}");
+        // The copy queue still owns a's memory: a new block of the same class is another one.
+        let b = pool.alloc(1000).unwrap();
+        assert_ne!(
+            b.mem(),
+            mem_a,
+            "{dev}: block reused while the copy queue used it"
+        );
+        cl3::event::set_user_event_status(gate.get(), cl3::event::CL_COMPLETE).unwrap();
+        copy.wait().unwrap();
+        // Now it comes back: the next allocation of its class is a again, holding the copy.
+        let c = pool.alloc(1000).unwrap();
+        assert_eq!(c.mem(), mem_a, "{dev}: completed block not reused");
+        let mut back = vec![0u8; 1000];
+        read(&c, 0, &mut back).unwrap();
+        assert_eq!(back, src);
+        let s = pool.stats();
+        assert_eq!((s.pending_blocks, s.live_blocks), (0, 2), "{dev}: {s}");
+        // Work on the compute queue needs no record: a block dropped without one is reused at once.
+        let mem_b = b.mem();
+        drop(b);
+        assert_eq!(pool.alloc(1000).unwrap().mem(), mem_b, "{dev}");
+    }
+}
+
+#[test]
+fn out_of_memory_waits_for_blocks_other_queues_still_use() {
+    for dev in opencl_test_devices().unwrap() {
+        let pool = Pool::new(&dev).unwrap();
+        let big = 2 * SMALL_MAX;
+        let a = pool.alloc(big).unwrap();
+        pool.set_limit(Some(pool.stats().reserved));
+        let (mem_a, allocations) = (a.mem(), pool.stats().driver_allocations);
+        let src = vec![3u8; 4096];
+        let gate = user_event(&dev);
+        let copy = gated_copy_write(&dev, &a, &src, gate.get());
+        a.record_use(&copy).unwrap();
+        drop(a);
+        // The only room is a's, still used by the copy queue: the allocation waits for it (the
+        // gate opens on another thread) instead of failing.
+        let raw_gate = gate.get() as usize;
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            cl3::event::set_user_event_status(raw_gate as cl_event, cl3::event::CL_COMPLETE)
+                .unwrap();
+        });
+        let b = pool.alloc(big).unwrap();
+        opener.join().unwrap();
+        assert_eq!(b.mem(), mem_a, "{dev}");
+        let s = pool.stats();
+        assert_eq!(s.driver_allocations, allocations, "{dev}: {s}");
+        assert_eq!(s.pending_blocks, 0, "{dev}: {s}");
+        let mut back = vec![0u8; 4096];
+        read(&b, 0, &mut back).unwrap();
+        assert_eq!(
+            back, src,
+            "{dev}: the copy finished before the block was handed out"
+        );
     }
 }

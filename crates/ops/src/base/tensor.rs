@@ -313,6 +313,14 @@ impl Tensor {
         Some(with_host!(&*h, v => Element::wrap(gather(v, shape, strides, self.offset))))
     }
 
+    /// Record that the command of `event`, enqueued on another queue than the device's compute
+    /// queue (its copy queue, say), reads or writes this tensor's memory: when the last handle
+    /// drops, the pool reuses the memory only after that command has completed (PyTorch's
+    /// `record_stream`). Host tensors have nothing to record.
+    pub fn record_use(&self, event: &netcl_core_devices::opencl3::event::Event) -> Result<()> {
+        self.block().map_or(Ok(()), |b| b.record_use(event))
+    }
+
     /// The OpenCL buffer holding this tensor's storage (elements start at `offset()`), for code
     /// that enqueues work on it itself (e.g. a BLAS library on the device's queue).
     pub fn mem(&self) -> Result<netcl_core_devices::opencl3::types::cl_mem> {
