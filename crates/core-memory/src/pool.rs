@@ -491,7 +491,15 @@ impl Pool {
         let byte = [0u8; 1];
         // SAFETY: a blocking write of one byte inside the buffer, from a live stack array.
         unsafe {
-            crate::transfer::enqueue_write(&cl.queue, buf.get(), bytes - 1, byte.as_ptr(), 1, true)
+            crate::transfer::enqueue_write(
+                &cl.queue,
+                buf.get(),
+                bytes - 1,
+                byte.as_ptr(),
+                1,
+                true,
+                &[],
+            )
         }
         .map_err(|e| match e {
             Error::OpenCl { code, .. } => Error::opencl("touch new buffer", code),

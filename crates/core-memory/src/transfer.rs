@@ -6,7 +6,7 @@ use netcl_core_devices::opencl3::event::Event;
 use netcl_core_devices::opencl3::memory::{
     Buffer, ClMem, CL_MAP_READ, CL_MAP_WRITE, CL_MEM_ALLOC_HOST_PTR, CL_MEM_READ_WRITE,
 };
-use netcl_core_devices::opencl3::types::{cl_mem, CL_BLOCKING, CL_NON_BLOCKING};
+use netcl_core_devices::opencl3::types::{cl_event, cl_mem, CL_BLOCKING, CL_NON_BLOCKING};
 use netcl_core_devices::{cl3, ClResultExt, Device, Error, Result};
 use std::ptr;
 use std::sync::{Mutex, OnceLock};
@@ -41,60 +41,65 @@ fn check_range(op: &str, block: &Block, offset: usize, len: usize) -> Result<()>
     }
 }
 
-/// SAFETY: `src` must stay valid and unchanged until the returned event completes.
-pub(crate) unsafe fn enqueue_write(
+/// The raw pointer and count of an event wait list, as the enqueue calls take them.
+fn wait_ptr(wait: &[cl_event]) -> (u32, *const cl_event) {
+    if wait.is_empty() {
+        (0, ptr::null())
+    } else {
+        (wait.len() as u32, wait.as_ptr())
+    }
+}
+
+/// Enqueue a write of `len` bytes from `src` into `dst` at byte `offset` on `q`, after the `wait`
+/// events; blocking or not. No capture record (the callers above record what a graph needs).
+///
+/// # Safety
+/// `src` must stay valid and unchanged until the returned event completes; the range
+/// must lie inside `dst`.
+pub unsafe fn enqueue_write(
     q: &CommandQueue,
     dst: cl_mem,
     offset: usize,
     src: *const u8,
     len: usize,
     blocking: bool,
+    wait: &[cl_event],
 ) -> Result<Event> {
+    let (n, list) = wait_ptr(wait);
     let b = if blocking {
         CL_BLOCKING
     } else {
         CL_NON_BLOCKING
     };
-    cl3::command_queue::enqueue_write_buffer(
-        q.get(),
-        dst,
-        b,
-        offset,
-        len,
-        src.cast(),
-        0,
-        ptr::null(),
-    )
-    .map(Event::new)
-    .cl("clEnqueueWriteBuffer")
+    cl3::command_queue::enqueue_write_buffer(q.get(), dst, b, offset, len, src.cast(), n, list)
+        .map(Event::new)
+        .cl("clEnqueueWriteBuffer")
 }
 
-/// SAFETY: `dst` must stay valid, and not be read, until the returned event completes.
-pub(crate) unsafe fn enqueue_read(
+/// Enqueue a read of `len` bytes of `src` at byte `offset` into `dst` on `q`, after the `wait`
+/// events; blocking or not.
+///
+/// # Safety
+/// `dst` must stay valid, and not be read, until the returned event completes; the
+/// range must lie inside `src`.
+pub unsafe fn enqueue_read(
     q: &CommandQueue,
     src: cl_mem,
     offset: usize,
     dst: *mut u8,
     len: usize,
     blocking: bool,
+    wait: &[cl_event],
 ) -> Result<Event> {
+    let (n, list) = wait_ptr(wait);
     let b = if blocking {
         CL_BLOCKING
     } else {
         CL_NON_BLOCKING
     };
-    cl3::command_queue::enqueue_read_buffer(
-        q.get(),
-        src,
-        b,
-        offset,
-        len,
-        dst.cast(),
-        0,
-        ptr::null(),
-    )
-    .map(Event::new)
-    .cl("clEnqueueReadBuffer")
+    cl3::command_queue::enqueue_read_buffer(q.get(), src, b, offset, len, dst.cast(), n, list)
+        .map(Event::new)
+        .cl("clEnqueueReadBuffer")
 }
 
 /// Page-locked host memory (CL_MEM_ALLOC_HOST_PTR, mapped once): the fast path for copies.
@@ -177,7 +182,7 @@ impl PinnedBuffer {
         record_write(dst, offset, &self.as_slice()[..len]);
         let q = &dst.device().cl("PinnedBuffer::write_to")?.queue;
         // SAFETY: the buffer (and its mapping) moves into Pending and is handed back only after the wait.
-        let ev = unsafe { enqueue_write(q, dst.mem(), offset, self.ptr, len, false)? };
+        let ev = unsafe { enqueue_write(q, dst.mem(), offset, self.ptr, len, false, &[])? };
         Ok(Pending {
             event: Some(ev),
             host: Some(self),
@@ -196,7 +201,7 @@ impl PinnedBuffer {
         capture::forbid(src.device(), "PinnedBuffer::read_from")?;
         let q = &src.device().cl("PinnedBuffer::read_from")?.queue;
         // SAFETY: as in write_to; nothing can read the buffer until the wait hands it back.
-        let ev = unsafe { enqueue_read(q, src.mem(), offset, self.ptr, len, false)? };
+        let ev = unsafe { enqueue_read(q, src.mem(), offset, self.ptr, len, false, &[])? };
         Ok(Pending {
             event: Some(ev),
             host: Some(self),
@@ -300,7 +305,17 @@ pub fn write_async<H: AsRef<[u8]> + Send + 'static>(
     }
     let q = &dst.device().cl("write_async")?.queue;
     // SAFETY: the bytes live on the heap inside the box, which moves into Pending untouched until done.
-    let ev = unsafe { enqueue_write(q, dst.mem(), offset, bytes.as_ptr(), bytes.len(), false)? };
+    let ev = unsafe {
+        enqueue_write(
+            q,
+            dst.mem(),
+            offset,
+            bytes.as_ptr(),
+            bytes.len(),
+            false,
+            &[],
+        )?
+    };
     Ok(Pending {
         event: Some(ev),
         host: Some(data),
@@ -320,7 +335,7 @@ pub fn read_async(src: &Block, offset: usize, len: usize) -> Result<Pending<Vec<
         });
     }
     // SAFETY: the vector's heap memory moves into Pending and is handed out only after the wait.
-    let ev = unsafe { enqueue_read(q, src.mem(), offset, host.as_mut_ptr(), len, false)? };
+    let ev = unsafe { enqueue_read(q, src.mem(), offset, host.as_mut_ptr(), len, false, &[])? };
     Ok(Pending {
         event: Some(ev),
         host: Some(host),
@@ -383,7 +398,7 @@ pub fn write(dst: &Block, offset: usize, data: &[u8]) -> Result<()> {
     let q = &dst.device().cl("write")?.queue;
     if data.len() <= STAGING_THRESHOLD {
         // SAFETY: blocking write from a live slice.
-        unsafe { enqueue_write(q, dst.mem(), offset, data.as_ptr(), data.len(), true)? };
+        unsafe { enqueue_write(q, dst.mem(), offset, data.as_ptr(), data.len(), true, &[])? };
         return Ok(());
     }
     with_ring(dst.device(), |ring| {
@@ -402,6 +417,7 @@ pub fn write(dst: &Block, offset: usize, data: &[u8]) -> Result<()> {
                     stage.ptr,
                     chunk.len(),
                     false,
+                    &[],
                 )?
             };
             events.0[slot] = Some(ev);
@@ -422,7 +438,7 @@ pub fn read(src: &Block, offset: usize, out: &mut [u8]) -> Result<()> {
     let q = &src.device().cl("read")?.queue;
     if out.len() <= STAGING_THRESHOLD {
         // SAFETY: blocking read into a live slice.
-        unsafe { enqueue_read(q, src.mem(), offset, out.as_mut_ptr(), out.len(), true)? };
+        unsafe { enqueue_read(q, src.mem(), offset, out.as_mut_ptr(), out.len(), true, &[])? };
         return Ok(());
     }
     with_ring(src.device(), |ring| {
@@ -433,7 +449,7 @@ pub fn read(src: &Block, offset: usize, out: &mut [u8]) -> Result<()> {
         let issue = |i: usize, ring: &mut [PinnedBuffer]| -> Result<Event> {
             let (a, b) = span(i);
             // SAFETY: the slot is read back only after this event has been waited for.
-            unsafe { enqueue_read(q, src.mem(), offset + a, ring[i % 2].ptr, b - a, false) }
+            unsafe { enqueue_read(q, src.mem(), offset + a, ring[i % 2].ptr, b - a, false, &[]) }
         };
         for (i, slot) in events.0.iter_mut().enumerate().take(n) {
             *slot = Some(issue(i, ring)?);

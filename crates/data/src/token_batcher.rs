@@ -1,12 +1,10 @@
 //! Language-model batches from a token stream: seeded windows of T+1 tokens as i32 inputs/targets `[B, T]`, uploaded through pinned buffers one batch ahead, with transfer counters.
 use netcl_core_devices::opencl3::event::{Event, CL_COMPLETE};
-use netcl_core_devices::opencl3::types::CL_NON_BLOCKING;
-use netcl_core_devices::{cl3, ClResultExt, DType, Device, Error, Result};
-use netcl_core_memory::PinnedBuffer;
+use netcl_core_devices::{ClResultExt, DType, Device, Error, Result};
+use netcl_core_memory::{enqueue_write, PinnedBuffer};
 use netcl_ops::Tensor;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
-use std::ptr;
 
 /// Pinned upload buffers per OpenCL batcher: a buffer is refilled three batches after its last
 /// upload, by which time that upload has normally long finished.
@@ -228,19 +226,16 @@ impl TokenBatcher {
             // again until this event has been waited for (above, or in Drop); the destination
             // range is the fresh, contiguous tensor's `i` bytes from its offset.
             let ev = unsafe {
-                cl3::command_queue::enqueue_write_buffer(
-                    q.get(),
+                enqueue_write(
+                    q,
                     out.mem()?,
-                    CL_NON_BLOCKING,
                     out.offset() * 4,
+                    slot.pinned.as_slice().as_ptr(),
                     i,
-                    slot.pinned.as_slice().as_ptr().cast(),
-                    0,
-                    ptr::null(),
-                )
-            }
-            .map(Event::new)
-            .cl("clEnqueueWriteBuffer")?;
+                    false,
+                    &[],
+                )?
+            };
             slot.upload = Some(ev);
             stats.h2d_bytes = i as u64;
             out

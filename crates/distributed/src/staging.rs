@@ -1,8 +1,9 @@
 //! Raw non-blocking copies between a device buffer and host memory on a chosen queue, ordered by event wait lists, and tensor <-> host f32 helpers.
 use netcl_core_devices::opencl3::command_queue::CommandQueue;
 use netcl_core_devices::opencl3::event::Event;
-use netcl_core_devices::opencl3::types::{cl_event, cl_mem, CL_NON_BLOCKING};
+use netcl_core_devices::opencl3::types::{cl_event, cl_mem};
 use netcl_core_devices::{cl3, ClResultExt, DType, Device, Error, Result};
+use netcl_core_memory::{enqueue_read, enqueue_write};
 use netcl_ops::{fused_into, Expr, Tensor};
 
 /// Which of a device's two in-order queues a copy goes on.
@@ -35,23 +36,15 @@ pub(crate) unsafe fn read(
     len: usize,
     wait: &[&Event],
 ) -> Result<Event> {
-    let list = wait_list(wait);
-    let ev = cl3::command_queue::enqueue_read_buffer(
-        queue(device, q)?.get(),
+    enqueue_read(
+        queue(device, q)?,
         mem,
-        CL_NON_BLOCKING,
         offset,
+        dst,
         len,
-        dst.cast(),
-        list.len() as u32,
-        if list.is_empty() {
-            std::ptr::null()
-        } else {
-            list.as_ptr()
-        },
+        false,
+        &wait_list(wait),
     )
-    .cl("clEnqueueReadBuffer")?;
-    Ok(Event::new(ev))
 }
 
 /// Start writing `len` bytes from `src` into `mem` at `offset`, after the `wait` events.
@@ -65,23 +58,15 @@ pub(crate) unsafe fn write(
     len: usize,
     wait: &[&Event],
 ) -> Result<Event> {
-    let list = wait_list(wait);
-    let ev = cl3::command_queue::enqueue_write_buffer(
-        queue(device, q)?.get(),
+    enqueue_write(
+        queue(device, q)?,
         mem,
-        CL_NON_BLOCKING,
         offset,
+        src,
         len,
-        src.cast(),
-        list.len() as u32,
-        if list.is_empty() {
-            std::ptr::null()
-        } else {
-            list.as_ptr()
-        },
+        false,
+        &wait_list(wait),
     )
-    .cl("clEnqueueWriteBuffer")?;
-    Ok(Event::new(ev))
 }
 
 /// An event that completes once everything enqueued on `q` so far (and the `wait` events) has.
