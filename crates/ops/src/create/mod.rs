@@ -1,50 +1,102 @@
 //! Creating tensors: zeros, ones, full, arange, from_vec, from_ndarray, and back to ndarray.
-use crate::base::acc::arg_acc;
-use crate::base::element::{Element, HostData};
-use crate::base::launch::{launch_1d, program_for};
+mod opencl;
+mod reference;
+use crate::base::dispatch::{dispatch, Op};
+use crate::base::element::Element;
 use crate::base::layout::{checked_numel, numel};
 use crate::base::tensor::Tensor;
+use crate::fused::expr::Expr;
+use crate::fused::eval::fused_into;
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
 use netcl_core_devices::{DType, Device, Error, Result};
-use netcl_kernels::sources::COPY;
+
+/// A new tensor of `shape` and `dtype` with every element `value` (converted to `dtype`).
+#[derive(Clone, Debug)]
+struct Full {
+    shape: Vec<usize>,
+    value: f64,
+    dtype: DType,
+}
+
+impl Op for Full {
+    type Output = Tensor;
+    const NAME: &'static str = "full";
+    fn opencl(&self, device: &Device) -> Result<Tensor> {
+        opencl::full(self, device)
+    }
+    fn reference(&self) -> Result<Tensor> {
+        reference::full(self)
+    }
+}
+
+/// Every element of `out`, a dense tensor (contiguous from its storage's first element), set to
+/// `value` in place.
+#[derive(Clone, Debug)]
+struct Fill {
+    out: Tensor,
+    value: f64,
+}
+
+impl Op for Fill {
+    type Output = ();
+    const NAME: &'static str = "fill_";
+    fn opencl(&self, device: &Device) -> Result<()> {
+        opencl::fill_(self, device)
+    }
+    fn reference(&self) -> Result<()> {
+        reference::fill_(self)
+    }
+}
+
+/// The checked range `start + i * step` for i below `n`, a new 1-D tensor of `dtype`.
+#[derive(Clone, Debug)]
+struct Arange {
+    start: f64,
+    step: f64,
+    n: usize,
+    dtype: DType,
+}
+
+impl Op for Arange {
+    type Output = Tensor;
+    const NAME: &'static str = "arange";
+    fn opencl(&self, device: &Device) -> Result<Tensor> {
+        opencl::arange(self, device)
+    }
+    fn reference(&self) -> Result<Tensor> {
+        reference::arange(self)
+    }
+}
+
+/// `t` (any view) set to `value` in place by an elementwise expression (a 0-dim `value`
+/// broadcast into it).
+fn fill_by_expr(t: &Tensor, value: f64) -> Result<()> {
+    let v = Tensor::full(&[], value, t.dtype, &t.device)?;
+    fused_into(&[&v], &[(Expr::input(0), t)])
+}
 
 impl Tensor {
     /// A tensor of `shape` filled with `value` (converted to `dtype`).
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: &Device) -> Result<Tensor> {
-        if device.is_host() {
-            return Ok(Tensor::from_host_data(
-                HostData::try_filled(dtype, checked_numel("full", shape, dtype.size())?, value)?,
-                shape,
-            ));
-        }
-        let out = Tensor::alloc(shape, dtype, device)?;
-        let program = program_for(device, &COPY, dtype)?;
-        launch_1d(&program, "fill", out.numel(), |k| {
-            k.arg_mem(out.mem()?)?;
-            arg_acc(k, dtype, value)
-        })?;
-        Ok(out)
+        let op = Full {
+            shape: shape.to_vec(),
+            value,
+            dtype,
+        };
+        dispatch(device, &op)
     }
 
     /// Sets every element of this tensor (a view is fine) to `value` in place: one `fill` kernel
     /// for a dense device tensor that starts at its storage's first element.
     pub fn fill_(&self, value: f64) -> Result<()> {
-        if self.device.is_host() || !(self.is_contiguous() && self.offset == 0) {
-            let v = Tensor::full(&[], value, self.dtype, &self.device)?;
-            return crate::fused::plan::fused_into(
-                &[&v],
-                &[(crate::fused::expr::Expr::input(0), self)],
-            );
+        if !(self.is_contiguous() && self.offset == 0) {
+            return fill_by_expr(self, value);
         }
-        self.mark_modified();
-        if self.numel() == 0 {
-            return Ok(());
-        }
-        let program = program_for(&self.device, &COPY, self.dtype)?;
-        launch_1d(&program, "fill", self.numel(), |k| {
-            k.arg_mem(self.mem()?)?;
-            arg_acc(k, self.dtype, value)
-        })
+        let op = Fill {
+            out: self.clone(),
+            value,
+        };
+        dispatch(&self.device, &op)
     }
 
     /// Copies `src` (same shape and dtype, any device and layout) into this tensor in place, so
@@ -64,7 +116,7 @@ impl Tensor {
         } else {
             src.to_device(&self.device)?
         };
-        crate::fused::plan::fused_into(&[&src], &[(crate::fused::expr::Expr::input(0), self)])
+        fused_into(&[&src], &[(Expr::input(0), self)])
     }
 
     pub fn zeros(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
@@ -99,32 +151,13 @@ impl Tensor {
                 format!("{count} elements exceed the 32-bit kernel index"),
             ));
         }
-        let n = count as usize;
-        if device.is_host() {
-            let data = match dtype {
-                DType::F64 => HostData::from_fn(dtype, n, |i| start + i as f64 * step),
-                DType::I32 => HostData::from_fn(dtype, n, |i| {
-                    (start as i64 as i32).wrapping_add((i as i32).wrapping_mul(step as i64 as i32))
-                        as f64
-                }),
-                DType::U32 => HostData::from_fn(dtype, n, |i| {
-                    (start as i64 as u32).wrapping_add((i as u32).wrapping_mul(step as i64 as u32))
-                        as f64
-                }),
-                _ => {
-                    HostData::from_fn(dtype, n, |i| (start as f32 + i as f32 * step as f32) as f64)
-                }
-            };
-            return Ok(Tensor::from_host_data(data, &[n]));
-        }
-        let out = Tensor::alloc(&[n], dtype, device)?;
-        let program = program_for(device, &COPY, dtype)?;
-        launch_1d(&program, "arange", n, |k| {
-            k.arg_mem(out.mem()?)?;
-            arg_acc(k, dtype, start)?;
-            arg_acc(k, dtype, step)
-        })?;
-        Ok(out)
+        let op = Arange {
+            start,
+            step,
+            n: count as usize,
+            dtype,
+        };
+        dispatch(device, &op)
     }
 
     /// A tensor of `shape` holding `data` (row-major) on `device`.
