@@ -3,16 +3,14 @@
 //! Element `i` (row-major) takes word `i` of the draw, exactly as `Tensor::rand` does (the draw
 //! advances the generator by `ceil(n / 4)` counter blocks), and is 1 when the word is below
 //! `round(prob * 2^32)`: an integer compare, so the mask is the same everywhere.
-use crate::base::acc::arg_acc;
+mod opencl;
+mod reference;
 use crate::base::checks::{check_float, u32_arg};
-use crate::base::element::{Element, HostData};
-use crate::base::generator::{philox_words, Generator};
-use crate::base::launch::program_for;
-use crate::base::layout::{checked_numel, contiguous_strides, KernelLayout};
+use crate::base::dispatch::{dispatch, Op};
+use crate::base::generator::Generator;
+use crate::base::layout::checked_numel;
 use crate::base::tensor::Tensor;
 use netcl_core_devices::{DType, Device, Error, Result};
-use netcl_kernels::sources::RANDOM;
-use netcl_kernels::{Kernel, GROUP_1D};
 
 /// The word threshold of a keep probability `prob` in [0, 1].
 fn threshold(prob: f64) -> u64 {
@@ -29,28 +27,61 @@ fn check_p(op: &str, p: f64, shape: &[usize]) -> Result<()> {
     Ok(())
 }
 
-/// Sets the stream arguments shared by the kernels: key, base counter, threshold.
-fn stream_args(k: &mut Kernel, key: [u32; 2], base: u128, thr: u64) -> Result<()> {
-    k.arg(&key[0])?
-        .arg(&key[1])?
-        .arg(&(base as u64))?
-        .arg(&((base >> 64) as u64))?
-        .arg(&thr)?;
-    Ok(())
+/// A draw taken from a generator: its Philox key, first counter block, and the word threshold
+/// below which an element is kept.
+#[derive(Clone, Debug)]
+struct Stream {
+    key: [u32; 2],
+    base: u128,
+    thr: u64,
 }
 
-/// y = keep ? x * scale : 0 with the kernels' arithmetic (f16/bf16 through f32).
-fn host_dropout<T: Element>(x: &[T], keep: &[bool], scale: f64, dtype: DType) -> HostData {
-    let f = |i: usize| -> f64 {
-        if !keep[i] {
-            return 0.0;
-        }
-        match dtype {
-            DType::F64 => x[i].to_f64() * scale,
-            _ => (x[i].to_f64() as f32 * scale as f32) as f64,
-        }
-    };
-    HostData::from_fn(dtype, x.len(), f)
+impl Stream {
+    /// Reserves the draw of `n` words from `gen`, keeping words below `thr`.
+    fn take(gen: &mut Generator, n: usize, thr: u64) -> Stream {
+        let (key, base) = (gen.key_words(), gen.take_blocks(n));
+        Stream { key, base, thr }
+    }
+}
+
+/// A checked mask of `shape` (`n` elements, at most `u32::MAX`) in `dtype`.
+#[derive(Clone, Debug)]
+struct Bernoulli {
+    shape: Vec<usize>,
+    dtype: DType,
+    n: usize,
+    stream: Stream,
+}
+
+impl Op for Bernoulli {
+    type Output = Tensor;
+    const NAME: &'static str = "bernoulli";
+    fn opencl(&self, device: &Device) -> Result<Tensor> {
+        opencl::bernoulli(self, device)
+    }
+    fn reference(&self) -> Result<Tensor> {
+        reference::bernoulli(self)
+    }
+}
+
+/// A checked dropout of float `x` (any view, at most `u32::MAX` elements): kept elements are
+/// scaled by `scale`; the outputs (y, mask) are contiguous, of x's shape and dtype.
+#[derive(Clone, Debug)]
+struct Dropout {
+    x: Tensor,
+    scale: f64,
+    stream: Stream,
+}
+
+impl Op for Dropout {
+    type Output = (Tensor, Tensor);
+    const NAME: &'static str = "dropout";
+    fn opencl(&self, device: &Device) -> Result<(Tensor, Tensor)> {
+        opencl::dropout(self, device)
+    }
+    fn reference(&self) -> Result<(Tensor, Tensor)> {
+        reference::dropout(self)
+    }
 }
 
 impl Tensor {
@@ -66,28 +97,15 @@ impl Tensor {
         netcl_core_memory::capture::forbid_random(device, op)?;
         check_p(op, p, shape)?;
         let n = checked_numel(op, shape, dtype.size())?;
-        let count = u32_arg(op, "elements", n)?;
-        let thr = threshold(p);
-        let (key, base) = (gen.key_words(), gen.take_blocks(n));
-        if device.is_host() {
-            let w = philox_words(key, base, n);
-            let data = HostData::from_fn(dtype, n, |i| ((w[i] as u64) < thr) as u8 as f64);
-            return Ok(Tensor::from_host_data(data, shape));
-        }
-        let out = Tensor::alloc(shape, dtype, device)?;
-        // random.cl only builds for float dtypes; integer masks come from its f32 program.
-        let (program, name) = if dtype.is_float() {
-            (program_for(device, &RANDOM, dtype)?, op)
-        } else {
-            (program_for(device, &RANDOM, DType::F32)?, "bernoulli_int")
+        u32_arg(op, "elements", n)?;
+        let stream = Stream::take(gen, n, threshold(p));
+        let desc = Bernoulli {
+            shape: shape.to_vec(),
+            dtype,
+            n,
+            stream,
         };
-        let mut k = Kernel::new(&program, name)?;
-        k.arg_mem(out.mem()?)?;
-        stream_args(&mut k, key, base, thr)?;
-        k.arg(&count)?;
-        let group = GROUP_1D.min(k.max_work_group_size());
-        k.launch(&[n.div_ceil(4)], &[group])?;
-        Ok(out)
+        dispatch(device, &desc)
     }
 
     /// Dropout with drop probability `p` (float dtypes): returns `(y, mask)` with `mask` (of this
@@ -100,44 +118,15 @@ impl Tensor {
         check_p(op, p, &self.shape)?;
         check_float(op, self, "input")?;
         let n = self.numel();
-        let count = u32_arg(op, "elements", n)?;
-        let thr = threshold(1.0 - p);
+        u32_arg(op, "elements", n)?;
         let scale = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
-        let (key, base) = (gen.key_words(), gen.take_blocks(n));
-        if let Some(x) = self.host_view(&self.shape, &self.strides) {
-            let w = philox_words(key, base, n);
-            let keep: Vec<bool> = w.iter().take(n).map(|&w| (w as u64) < thr).collect();
-            let y = with_host!(&x, v => host_dropout(v, &keep, scale, self.dtype));
-            let mask = HostData::from_fn(self.dtype, n, |i| keep[i] as u8 as f64);
-            return Ok((
-                Tensor::from_host_data(y, &self.shape),
-                Tensor::from_host_data(mask, &self.shape),
-            ));
-        }
-        let y = Tensor::alloc(&self.shape, self.dtype, &self.device)?;
-        let mask = Tensor::alloc(&self.shape, self.dtype, &self.device)?;
-        if n == 0 {
-            return Ok((y, mask));
-        }
-        let layout = KernelLayout::new(
-            op,
-            &self.shape,
-            &[
-                (&contiguous_strides(&self.shape), 0),
-                (&self.strides, self.offset),
-            ],
-        )?;
-        let program = program_for(&self.device, &RANDOM, self.dtype)?;
-        let mut k = Kernel::new(&program, op)?;
-        k.arg_mem(y.mem()?)?
-            .arg_mem(mask.mem()?)?
-            .arg_mem(self.mem()?)?;
-        stream_args(&mut k, key, base, thr)?;
-        arg_acc(&mut k, self.dtype, scale)?;
-        k.arg(&layout)?.arg(&count)?;
-        let group = GROUP_1D.min(k.max_work_group_size());
-        k.launch(&[n.div_ceil(4)], &[group])?;
-        Ok((y, mask))
+        let stream = Stream::take(gen, n, threshold(1.0 - p));
+        let desc = Dropout {
+            x: self.clone(),
+            scale,
+            stream,
+        };
+        dispatch(&self.device, &desc)
     }
 }
 
