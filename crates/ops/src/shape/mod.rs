@@ -1,49 +1,99 @@
 //! Shape ops: one_hot, concat, stack, split (views), constant pad, triu/tril and triangular (causal) masks.
-use crate::base::acc::arg_acc;
-use crate::base::checks::{need_i32, same_device, u32_arg};
-use crate::base::element::HostData;
+mod opencl;
+mod reference;
+use crate::base::checks::{need_i32, same_device};
+use crate::base::dispatch::{dispatch, Op};
 use crate::base::index_checks::check_indices;
-use crate::base::launch::{launch_1d, program_for};
-use crate::base::layout::{check_reach, strided_positions};
-use crate::base::layout::{checked_numel, contiguous_strides, numel, KernelLayout, MAX_DIMS};
+use crate::base::layout::checked_numel;
 use crate::base::tensor::Tensor;
 use netcl_core_devices::{DType, Device, Error, Result};
-use netcl_kernels::sources::{COPY, SHAPE};
 
-/// `PadLayout` of kernels/shape.cl.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct PadLayout {
-    ndim: u32,
-    shape: [u32; MAX_DIMS],
-    before: [u32; MAX_DIMS],
-    in_shape: [u32; MAX_DIMS],
-    x_stride: [u32; MAX_DIMS],
-    x_offset: u32,
+/// Checked one-hot rows: `ids` (i32, any strides) in `[0, classes)` where checked; the output
+/// is a new `shape = [..ids, classes]` tensor of `dtype`.
+#[derive(Clone, Debug)]
+struct OneHot {
+    ids: Tensor,
+    classes: usize,
+    dtype: DType,
+    shape: Vec<usize>,
 }
 
-/// Copy `src` into `dst`, a view of a freshly allocated device tensor of the same dtype (one kernel).
-fn copy_into(op: &str, dst: &Tensor, src: &Tensor) -> Result<()> {
-    if src.numel() == 0 {
-        return Ok(());
+/// A checked join along `dim` of tensors that differ only there (same dtype and device), into a
+/// new tensor of `shape`.
+#[derive(Clone, Debug)]
+struct Concat {
+    tensors: Vec<Tensor>,
+    dim: usize,
+    shape: Vec<usize>,
+}
+
+/// `x` at offset `before` (per dim) inside a new tensor of `shape` filled with `value`.
+#[derive(Clone, Debug)]
+struct Pad {
+    x: Tensor,
+    before: Vec<usize>,
+    shape: Vec<usize>,
+    value: f64,
+}
+
+/// triu (`upper`) or tril of the last two dims of `x` (at least 2 dims) into a new tensor: the
+/// elements outside the triangle 0.
+#[derive(Clone, Debug)]
+struct Tri {
+    x: Tensor,
+    diagonal: i64,
+    upper: bool,
+}
+
+/// A new `[rows, cols]` tensor of `dtype`: `values.0` where triu (`upper`) / tril keeps the
+/// element, else `values.1`; named `op` (triu_mask, tril_mask, causal_mask).
+#[derive(Clone, Debug)]
+struct TriMask {
+    op: &'static str,
+    rows: usize,
+    cols: usize,
+    diagonal: i64,
+    upper: bool,
+    values: (f64, f64),
+    dtype: DType,
+}
+
+impl Tri {
+    /// The op's name: triu or tril.
+    fn op(&self) -> &'static str {
+        if self.upper {
+            "triu"
+        } else {
+            "tril"
+        }
     }
-    let layout = KernelLayout::new(
-        op,
-        &src.shape,
-        &[(&dst.strides, dst.offset), (&src.strides, src.offset)],
-    )?;
-    let program = program_for(&src.device, &COPY, src.dtype)?;
-    launch_1d(&program, "strided_copy", src.numel(), |k| {
-        k.declare((2 * src.numel() * src.dtype.size()) as u64, 0);
-        k.arg_mem(dst.mem()?)?.arg_mem(src.mem()?)?.arg(&layout)?;
-        Ok(())
-    })
 }
 
-/// Row-major bytes of a host tensor.
-fn host_bytes(t: &Tensor) -> Result<Vec<u8>> {
-    Ok(t.to_host_data()?.as_bytes().to_vec())
+/// The [`Op`] impl of a description whose implementations are the functions of the same name in
+/// opencl.rs and reference.rs (named per call by the closure, when given).
+macro_rules! shape_op {
+    ($desc:ident, $f:ident, $name:literal $(, |$s:ident| $per_call:expr)?) => {
+        impl Op for $desc {
+            type Output = Tensor;
+            const NAME: &'static str = $name;
+            $(fn name(&self) -> &'static str {
+                let $s = self;
+                $per_call
+            })?
+            fn opencl(&self, device: &Device) -> Result<Tensor> {
+                opencl::$f(self, device)
+            }
+            fn reference(&self) -> Result<Tensor> {
+                reference::$f(self)
+            }
+        }
+    };
 }
+shape_op!(OneHot, one_hot, "one_hot");
+shape_op!(Concat, concat, "concat");
+shape_op!(Pad, pad, "pad");
+shape_op!(Tri, tri, "triu", |t| t.op());
+shape_op!(TriMask, tri_mask, "tri_mask", |m| m.op);
 
 impl Tensor {
     /// `ids` (i32, any shape) as one-hot rows: the result is `[..ids, classes]` of `dtype`, 1 at
@@ -56,35 +106,13 @@ impl Tensor {
         shape.push(classes);
         checked_numel(op, &shape, dtype.size())?;
         check_indices(op, ids, classes, &format!("{classes} classes"))?;
-        if let Some(v) = ids
-            .device
-            .is_host()
-            .then(|| ids.to_vec::<i32>())
-            .transpose()?
-        {
-            let data = HostData::from_fn(dtype, numel(&shape), |i| {
-                (v[i / classes] as usize == i % classes) as u8 as f64
-            });
-            return Ok(Tensor::from_host_data(data, &shape));
-        }
-        let out = Tensor::alloc(&shape, dtype, &ids.device)?;
-        if out.numel() == 0 {
-            return Ok(out);
-        }
-        let mut id_strides = ids.strides.clone();
-        id_strides.push(0);
-        let layout =
-            KernelLayout::new(op, &shape, &[(&out.strides, 0), (&id_strides, ids.offset)])?;
-        let c = u32_arg(op, "size", classes)?;
-        let program = program_for(&ids.device, &SHAPE, dtype)?;
-        launch_1d(&program, "one_hot", out.numel(), |k| {
-            k.arg_mem(out.mem()?)?
-                .arg_mem(ids.mem()?)?
-                .arg(&c)?
-                .arg(&layout)?;
-            Ok(())
-        })?;
-        Ok(out)
+        let desc = OneHot {
+            ids: ids.clone(),
+            classes,
+            dtype,
+            shape,
+        };
+        dispatch(&ids.device, &desc)
     }
 
     /// The tensors joined along `dim`: same dtype, device and rank, equal sizes but in `dim`.
@@ -128,33 +156,12 @@ impl Tensor {
         let mut shape = first.shape.clone();
         shape[dim] = total;
         checked_numel(op, &shape, first.dtype.size())?;
-        if first.device.is_host() {
-            let size = first.dtype.size();
-            let outer: usize = shape[..dim].iter().product();
-            let inner: usize = shape[dim + 1..].iter().product::<usize>() * size;
-            let parts = tensors
-                .iter()
-                .map(|t| host_bytes(t))
-                .collect::<Result<Vec<_>>>()?;
-            let mut bytes = Vec::with_capacity(numel(&shape) * size);
-            for o in 0..outer {
-                for (t, b) in tensors.iter().zip(&parts) {
-                    let row = t.shape[dim] * inner;
-                    bytes.extend_from_slice(&b[o * row..(o + 1) * row]);
-                }
-            }
-            return Ok(Tensor::from_host_data(
-                HostData::from_bytes(first.dtype, &bytes),
-                &shape,
-            ));
-        }
-        let out = Tensor::alloc(&shape, first.dtype, &first.device)?;
-        let mut start = 0;
-        for t in tensors {
-            copy_into(op, &out.narrow(dim, start, t.shape[dim])?, t)?;
-            start += t.shape[dim];
-        }
-        Ok(out)
+        let desc = Concat {
+            tensors: tensors.iter().map(|&t| t.clone()).collect(),
+            dim,
+            shape,
+        };
+        dispatch(&first.device, &desc)
     }
 
     /// The tensors (same shape, dtype and device) stacked along a new dim `dim` (0..=ndim).
@@ -255,122 +262,42 @@ impl Tensor {
                     Error::shape(op, format!("pads {pads:?} overflow shape {:?}", self.shape))
                 })?;
         }
-        let n = checked_numel(op, &shape, self.dtype.size())?;
-        if self.device.is_host() {
-            let size = self.dtype.size();
-            let mut bytes = HostData::filled(self.dtype, n, value).as_bytes().to_vec();
-            let out_strides = contiguous_strides(&shape);
-            let start: usize = before.iter().zip(&out_strides).map(|(b, s)| b * s).sum();
-            let src = host_bytes(self)?;
-            for (i, p) in strided_positions(&self.shape, &out_strides, start).enumerate() {
-                bytes[p * size..(p + 1) * size].copy_from_slice(&src[i * size..(i + 1) * size]);
-            }
-            return Ok(Tensor::from_host_data(
-                HostData::from_bytes(self.dtype, &bytes),
-                &shape,
-            ));
-        }
-        let out = Tensor::alloc(&shape, self.dtype, &self.device)?;
-        if n == 0 {
-            return Ok(out);
-        }
-        if nd > MAX_DIMS {
-            return Err(Error::shape(
-                op,
-                format!("{:?} has more than {MAX_DIMS} dims", self.shape),
-            ));
-        }
-        check_reach(op, &self.shape, &self.strides, self.offset)?;
-        let mut l = PadLayout {
-            ndim: nd as u32,
-            shape: [1; MAX_DIMS],
-            before: [0; MAX_DIMS],
-            in_shape: [1; MAX_DIMS],
-            x_stride: [0; MAX_DIMS],
-            x_offset: u32_arg(op, "offset", self.offset)?,
+        checked_numel(op, &shape, self.dtype.size())?;
+        let desc = Pad {
+            x: self.clone(),
+            before,
+            shape,
+            value,
         };
-        for d in 0..nd {
-            l.shape[d] = u32_arg(op, "size", shape[d])?;
-            l.before[d] = u32_arg(op, "size", before[d])?;
-            l.in_shape[d] = u32_arg(op, "size", self.shape[d])?;
-            l.x_stride[d] = u32_arg(op, "stride", self.strides[d])?;
-        }
-        let program = program_for(&self.device, &SHAPE, self.dtype)?;
-        launch_1d(&program, "pad_constant", n, |k| {
-            k.arg_mem(out.mem()?)?.arg_mem(self.mem()?)?.arg(&l)?;
-            arg_acc(k, self.dtype, value)
-        })?;
-        Ok(out)
+        dispatch(&self.device, &desc)
     }
 
     /// The upper triangle of the last two dims: elements with `col - row >= diagonal` kept, the
     /// rest 0 (`torch.triu`). One kernel.
     pub fn triu(&self, diagonal: i64) -> Result<Tensor> {
-        self.tri("triu", diagonal, true)
+        self.tri(diagonal, true)
     }
 
     /// The lower triangle of the last two dims: elements with `col - row <= diagonal` kept, the
     /// rest 0 (`torch.tril`). One kernel.
     pub fn tril(&self, diagonal: i64) -> Result<Tensor> {
-        self.tri("tril", diagonal, false)
+        self.tri(diagonal, false)
     }
 
-    fn tri(&self, op: &str, diagonal: i64, upper: bool) -> Result<Tensor> {
-        let nd = self.ndim();
-        if nd < 2 {
+    /// triu (`upper`) or tril after its check.
+    fn tri(&self, diagonal: i64, upper: bool) -> Result<Tensor> {
+        let desc = Tri {
+            x: self.clone(),
+            diagonal,
+            upper,
+        };
+        if self.ndim() < 2 {
             return Err(Error::shape(
-                op,
+                desc.op(),
                 format!("needs at least 2 dims, got {:?}", self.shape),
             ));
         }
-        let (rows, cols) = (self.shape[nd - 2], self.shape[nd - 1]);
-        let keep = |i: usize| {
-            let (r, c) = ((i / cols.max(1)) % rows.max(1), i % cols.max(1));
-            let d = c as i128 - r as i128;
-            if upper {
-                d >= diagonal as i128
-            } else {
-                d <= diagonal as i128
-            }
-        };
-        if self.device.is_host() {
-            let size = self.dtype.size();
-            let zero = HostData::filled(self.dtype, 1, 0.0).as_bytes().to_vec();
-            let mut bytes = host_bytes(self)?;
-            for i in 0..self.numel() {
-                if !keep(i) {
-                    bytes[i * size..(i + 1) * size].copy_from_slice(&zero);
-                }
-            }
-            return Ok(Tensor::from_host_data(
-                HostData::from_bytes(self.dtype, &bytes),
-                &self.shape,
-            ));
-        }
-        let out = Tensor::alloc(&self.shape, self.dtype, &self.device)?;
-        if out.numel() == 0 {
-            return Ok(out);
-        }
-        let layout = KernelLayout::new(
-            op,
-            &self.shape,
-            &[(&out.strides, 0), (&self.strides, self.offset)],
-        )?;
-        let (r, c) = (u32_arg(op, "size", rows)?, u32_arg(op, "size", cols)?);
-        let diag = diagonal.clamp(i32::MIN as i64, i32::MAX as i64) as i32;
-        let program = program_for(&self.device, &SHAPE, self.dtype)?;
-        launch_1d(&program, "tri_select", out.numel(), |k| {
-            k.arg_mem(out.mem()?)?
-                .arg_mem(self.mem()?)?
-                .arg(&r)?
-                .arg(&c)?
-                .arg(&diag)?
-                .arg(&(upper as u32))?;
-            arg_acc(k, self.dtype, 0.0)?;
-            k.arg(&layout)?;
-            Ok(())
-        })?;
-        Ok(out)
+        dispatch(&self.device, &desc)
     }
 
     /// A `[rows, cols]` mask: 1 where `col - row >= diagonal` (what `triu` keeps), else 0. One kernel.
@@ -433,9 +360,10 @@ impl Tensor {
     }
 }
 
-/// A `[rows, cols]` tensor: `values.0` where triu (`upper`) / tril keeps the element, else `values.1`.
+/// A checked `[rows, cols]` mask of `dtype`: `values.0` where triu (`upper`) / tril keeps the
+/// element, else `values.1`.
 fn tri_mask(
-    op: &str,
+    op: &'static str,
     [rows, cols]: [usize; 2],
     diagonal: i64,
     upper: bool,
@@ -443,33 +371,15 @@ fn tri_mask(
     dtype: DType,
     device: &Device,
 ) -> Result<Tensor> {
-    let n = checked_numel(op, &[rows, cols], dtype.size())?;
-    let keep = |i: usize| {
-        let d = (i % cols) as i128 - (i / cols) as i128;
-        if upper {
-            d >= diagonal as i128
-        } else {
-            d <= diagonal as i128
-        }
+    checked_numel(op, &[rows, cols], dtype.size())?;
+    let mask = TriMask {
+        op,
+        rows,
+        cols,
+        diagonal,
+        upper,
+        values,
+        dtype,
     };
-    if device.is_host() {
-        let data = HostData::from_fn(dtype, n, |i| if keep(i) { values.0 } else { values.1 });
-        return Ok(Tensor::from_host_data(data, &[rows, cols]));
-    }
-    let out = Tensor::alloc(&[rows, cols], dtype, device)?;
-    if n == 0 {
-        return Ok(out);
-    }
-    let c = u32_arg(op, "size", cols)?;
-    let diag = diagonal.clamp(i32::MIN as i64, i32::MAX as i64) as i32;
-    let program = program_for(device, &SHAPE, dtype)?;
-    launch_1d(&program, "tri_mask", n, |k| {
-        k.arg_mem(out.mem()?)?
-            .arg(&c)?
-            .arg(&diag)?
-            .arg(&(upper as u32))?;
-        arg_acc(k, dtype, values.0)?;
-        arg_acc(k, dtype, values.1)
-    })?;
-    Ok(out)
+    dispatch(device, &mask)
 }

@@ -1,0 +1,121 @@
+//! The host shape ops: row-major bytes of the inputs rearranged, or values made element by element.
+use super::{Concat, OneHot, Pad, Tri, TriMask};
+use crate::base::element::HostData;
+use crate::base::layout::{contiguous_strides, numel, strided_positions};
+use crate::base::tensor::Tensor;
+use netcl_core_devices::Result;
+
+/// Row-major bytes of a host tensor.
+fn host_bytes(t: &Tensor) -> Result<Vec<u8>> {
+    Ok(t.to_host_data()?.as_bytes().to_vec())
+}
+
+/// Whether element `(r, c)` lies in the triangle that triu (`upper`) / tril keeps.
+fn in_triangle(r: usize, c: usize, diagonal: i64, upper: bool) -> bool {
+    let d = c as i128 - r as i128;
+    if upper {
+        d >= diagonal as i128
+    } else {
+        d <= diagonal as i128
+    }
+}
+
+/// One-hot rows on the host.
+pub(super) fn one_hot(desc: &OneHot) -> Result<Tensor> {
+    let v = desc.ids.to_vec::<i32>()?;
+    let classes = desc.classes;
+    let data = HostData::from_fn(desc.dtype, numel(&desc.shape), |i| {
+        (v[i / classes] as usize == i % classes) as u8 as f64
+    });
+    Ok(Tensor::from_host_data(data, &desc.shape))
+}
+
+/// The join on the host: for every index of the dims before `dim`, each input's row in turn.
+pub(super) fn concat(desc: &Concat) -> Result<Tensor> {
+    let Concat {
+        tensors,
+        dim,
+        shape,
+    } = desc;
+    let (dim, dtype) = (*dim, tensors[0].dtype);
+    let size = dtype.size();
+    let outer: usize = shape[..dim].iter().product();
+    let inner: usize = shape[dim + 1..].iter().product::<usize>() * size;
+    let parts = tensors.iter().map(host_bytes).collect::<Result<Vec<_>>>()?;
+    let mut bytes = Vec::with_capacity(numel(shape) * size);
+    for o in 0..outer {
+        for (t, b) in tensors.iter().zip(&parts) {
+            let row = t.shape[dim] * inner;
+            bytes.extend_from_slice(&b[o * row..(o + 1) * row]);
+        }
+    }
+    Ok(Tensor::from_host_data(
+        HostData::from_bytes(dtype, &bytes),
+        shape,
+    ))
+}
+
+/// The padded tensor on the host: `value` everywhere, then the input's elements at `before`.
+pub(super) fn pad(desc: &Pad) -> Result<Tensor> {
+    let Pad {
+        x,
+        before,
+        shape,
+        value,
+    } = desc;
+    let size = x.dtype.size();
+    let mut bytes = HostData::filled(x.dtype, numel(shape), *value)
+        .as_bytes()
+        .to_vec();
+    let out_strides = contiguous_strides(shape);
+    let start: usize = before.iter().zip(&out_strides).map(|(b, s)| b * s).sum();
+    let src = host_bytes(x)?;
+    for (i, p) in strided_positions(&x.shape, &out_strides, start).enumerate() {
+        bytes[p * size..(p + 1) * size].copy_from_slice(&src[i * size..(i + 1) * size]);
+    }
+    Ok(Tensor::from_host_data(
+        HostData::from_bytes(x.dtype, &bytes),
+        shape,
+    ))
+}
+
+/// triu / tril on the host: the elements outside the triangle set to 0.
+pub(super) fn tri(desc: &Tri) -> Result<Tensor> {
+    let Tri { x, diagonal, upper } = desc;
+    let nd = x.ndim();
+    let (rows, cols) = (x.shape[nd - 2], x.shape[nd - 1]);
+    let size = x.dtype.size();
+    let zero = HostData::filled(x.dtype, 1, 0.0).as_bytes().to_vec();
+    let mut bytes = host_bytes(x)?;
+    for i in 0..x.numel() {
+        let (r, c) = ((i / cols.max(1)) % rows.max(1), i % cols.max(1));
+        if !in_triangle(r, c, *diagonal, *upper) {
+            bytes[i * size..(i + 1) * size].copy_from_slice(&zero);
+        }
+    }
+    Ok(Tensor::from_host_data(
+        HostData::from_bytes(x.dtype, &bytes),
+        &x.shape,
+    ))
+}
+
+/// A triangular mask on the host.
+pub(super) fn tri_mask(desc: &TriMask) -> Result<Tensor> {
+    let &TriMask {
+        rows,
+        cols,
+        diagonal,
+        upper,
+        values,
+        dtype,
+        ..
+    } = desc;
+    let data = HostData::from_fn(dtype, rows * cols, |i| {
+        if in_triangle(i / cols, i % cols, diagonal, upper) {
+            values.0
+        } else {
+            values.1
+        }
+    });
+    Ok(Tensor::from_host_data(data, &[rows, cols]))
+}
