@@ -9,15 +9,12 @@
 //! accumulator type (f32 for f32/f16/bf16, f64 for f64), and with the pair `(x0, x1)`:
 //! `y0 = x0 cos a - x1 sin a`, `y1 = x0 sin a + x1 cos a`.
 //! The backward is the inverse rotation (the transpose): `rope_backward` rotates by `-a`.
-use crate::base::acc::arg_acc;
-use crate::base::checks::{check_float, u32_arg};
-use crate::base::element::HostData;
-use crate::base::launch::{launch_1d, program_for};
-use crate::base::layout::check_reach;
-use crate::base::layout::KernelLayout;
+mod opencl;
+mod reference;
+use crate::base::checks::check_float;
+use crate::base::dispatch::{dispatch, Op};
 use crate::base::tensor::Tensor;
-use netcl_core_devices::{DType, Error, Result};
-use netcl_kernels::sources::ROPE;
+use netcl_core_devices::{DType, Device, Error, Result};
 
 /// Which elements of the head dim form a rotated pair (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -56,55 +53,33 @@ pub enum RopeFreqs {
     Table(Tensor),
 }
 
-/// Element offsets of pair `p`'s two elements within a head of `dh` elements (head-dim stride 1).
-fn pair_elements(style: RopeStyle, p: usize, dh: usize) -> (usize, usize) {
-    match style {
-        RopeStyle::Interleaved => (2 * p, 2 * p + 1),
-        RopeStyle::Halves => (p, p + dh / 2),
-    }
+/// A checked RoPE (`sign` 1) or its backward (`sign` -1, op `rope_backward`) of `x` [B, T, H, Dh]:
+/// positions `pos_offset + t`, or the contiguous I32 `ids` [T] / [B, T]; frequencies from the
+/// base `theta`, or the contiguous `table` [Dh/2] (theta 1). A new contiguous tensor of x's shape.
+#[derive(Clone, Debug)]
+struct Rope {
+    op: &'static str,
+    x: Tensor,
+    style: RopeStyle,
+    pos_offset: usize,
+    ids: Option<Tensor>,
+    theta: f64,
+    table: Option<Tensor>,
+    sign: f64,
 }
 
-/// Host RoPE with the kernel's arithmetic; `x` row-major `[B, T, H, Dh]`, `pos[b * T + t]`.
-fn host_rope(
-    x: &[f64],
-    shape: &[usize],
-    style: RopeStyle,
-    pos: &[u32],
-    freqs: (f64, Option<&[f64]>),
-    sign: f64,
-    dtype: DType,
-) -> Result<HostData> {
-    let (theta, table) = freqs;
-    let (t_len, heads, dh) = (shape[1], shape[2], shape[3]);
-    let half = dh / 2;
-    let mut y = vec![0.0f64; x.len()];
-    for pair in 0..x.len() / 2 {
-        let p = pair % half;
-        let bt = pair / (half * heads);
-        let pos = pos[bt % pos.len().max(1)];
-        let head = (pair / half) * dh;
-        let (e0, e1) = pair_elements(style, p, dh);
-        let (x0, x1) = (x[head + e0], x[head + e1]);
-        let (y0, y1) = if dtype == DType::F64 {
-            let freq = table.map_or_else(|| 1.0 / theta.powf((2 * p) as f64 / dh as f64), |t| t[p]);
-            let a = pos as f64 * freq;
-            let (c, s) = (a.cos(), sign * a.sin());
-            (x0 * c - x1 * s, x0 * s + x1 * c)
-        } else {
-            let freq = table.map_or_else(
-                || 1.0f32 / (theta as f32).powf((2 * p) as f32 / dh as f32),
-                |t| t[p] as f32,
-            );
-            let a = pos as f32 * freq;
-            let (c, s) = (a.cos(), sign as f32 * a.sin());
-            let (x0, x1) = (x0 as f32, x1 as f32);
-            ((x0 * c - x1 * s) as f64, (x0 * s + x1 * c) as f64)
-        };
-        y[head + e0] = y0;
-        y[head + e1] = y1;
+impl Op for Rope {
+    type Output = Tensor;
+    const NAME: &'static str = "rope";
+    fn name(&self) -> &'static str {
+        self.op
     }
-    let _ = t_len;
-    HostData::try_from_fn(dtype, y.len(), |i| y[i])
+    fn opencl(&self, device: &Device) -> Result<Tensor> {
+        opencl::rope(self, device)
+    }
+    fn reference(&self) -> Result<Tensor> {
+        reference::rope(self)
+    }
 }
 
 impl Tensor {
@@ -171,7 +146,7 @@ impl Tensor {
 
     fn rope_impl(
         &self,
-        op: &str,
+        op: &'static str,
         style: RopeStyle,
         positions: &RopePositions,
         freqs: &RopeFreqs,
@@ -198,77 +173,17 @@ impl Tensor {
             ));
         }
         let (pos_offset, ids) = self.rope_positions(op, positions)?;
-        if let Some(x) = self.host_view(&self.shape, &self.strides) {
-            let pos: Vec<u32> = match &ids {
-                Some(ids) => ids.to_vec::<i32>()?.iter().map(|&p| p as u32).collect(),
-                None => (0..self.shape[1])
-                    .map(|t| (pos_offset + t) as u32)
-                    .collect(),
-            };
-            let x = x.to_f64();
-            let tv = table.as_ref().map(|t| t.to_vec_f64()).transpose()?;
-            let f = (theta, tv.as_deref());
-            let data = host_rope(&x, &self.shape, style, &pos, f, sign, self.dtype)?;
-            return Ok(Tensor::from_host_data(data, &self.shape));
-        }
-        let out = Tensor::alloc(&self.shape, self.dtype, &self.device)?;
-        let n = self.numel() / 2;
-        if n == 0 {
-            return Ok(out);
-        }
-        check_reach(op, &self.shape, &self.strides, self.offset)?;
-        let (b, t, h, dh) = (self.shape[0], self.shape[1], self.shape[2], self.shape[3]);
-        let pairs = [b, t, h, dh / 2];
-        // Pair p starts at element p * step of the head; its partner is `second` elements on.
-        let (step, second) = match style {
-            RopeStyle::Interleaved => (2, 1),
-            RopeStyle::Halves => (1, dh / 2),
+        let desc = Rope {
+            op,
+            x: self.clone(),
+            style,
+            pos_offset,
+            ids,
+            theta,
+            table,
+            sign,
         };
-        let out_strides = [t * h * dh, h * dh, dh, step];
-        let x_strides = [
-            self.strides[0],
-            self.strides[1],
-            self.strides[2],
-            self.strides[3] * step,
-        ];
-        let layout =
-            KernelLayout::new(op, &pairs, &[(&out_strides, 0), (&x_strides, self.offset)])?;
-        let pos_rows = ids.as_ref().map_or(0, |ids| ids.numel() / t);
-        let args = [
-            u32_arg(op, "stride", self.strides[3] * second)?,
-            u32_arg(op, "stride", second)?,
-            u32_arg(op, "size", t)?,
-            u32_arg(op, "size", h)?,
-            u32_arg(op, "size", dh / 2)?,
-            u32_arg(op, "offset", pos_offset)?,
-            u32::from(ids.is_some()),
-            u32::from(pos_rows > 1),
-        ];
-        // Without ids the kernel never reads `pos`: any buffer of the device will do.
-        let pos_mem = match &ids {
-            Some(ids) => ids.mem()?,
-            None => out.mem()?,
-        };
-        let table_mem = match &table {
-            Some(t) => t.mem()?,
-            None => out.mem()?,
-        };
-        let program = program_for(&self.device, &ROPE, self.dtype)?;
-        launch_1d(&program, "rope", n, |k| {
-            k.arg_mem(out.mem()?)?
-                .arg_mem(self.mem()?)?
-                .arg_mem(pos_mem)?
-                .arg_mem(table_mem)?
-                .arg(&u32::from(table.is_some()))?;
-            for a in &args {
-                k.arg(a)?;
-            }
-            arg_acc(k, self.dtype, theta)?;
-            arg_acc(k, self.dtype, sign)?;
-            k.arg(&layout)?;
-            Ok(())
-        })?;
-        Ok(out)
+        dispatch(&self.device, &desc)
     }
 
     /// The base (1 with a table) and the checked contiguous frequency table, if any.
