@@ -1,8 +1,8 @@
 //! Scaled dot-product attention composed from matmul, one fused scale/mask kernel and softmax (a fused attention kernel comes later).
 use crate::base::checks::check_float;
 use crate::base::tensor::Tensor;
+use crate::fused::eval::map;
 use crate::fused::expr::Expr;
-use crate::fused::plan::map;
 use netcl_core_devices::{DType, Device, Error, Result};
 
 /// Result of `Tensor::attention`: the output and the attention probabilities.
