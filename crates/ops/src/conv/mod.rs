@@ -15,17 +15,16 @@
 //!   `N * L` sums over the batch: deterministic.
 //! - `conv2d_backward_bias`: the sum over N, Ho, Wo (the reduction ops).
 //!
-//! The host runs the same algorithm (host im2col/col2im in f64, host matmul).
-use crate::base::checks::{same_float, u32_arg};
-use crate::base::element::HostData;
-use crate::base::host::host_f64;
-use crate::base::launch::{launch_1d, program_for};
-use crate::base::layout::check_reach;
+//! The host runs the same algorithm (host im2col/col2im in f64, host matmul): `im2col`, `col2im` and
+//! the channel bias are ops (descriptions below, kernels in opencl.rs, host versions in
+//! reference.rs); the products are matmul's.
+mod opencl;
+mod reference;
+use crate::base::checks::same_float;
+use crate::base::dispatch::{dispatch, Op};
 use crate::base::tensor::Tensor;
-use crate::base::window::{View4, Window, Window2};
-use netcl_core_devices::{Error, Result};
-use netcl_kernels::sources::CONV;
-use rayon::prelude::*;
+use crate::base::window::Window;
+use netcl_core_devices::{Device, Error, Result};
 
 /// Geometry of `conv2d`: (height, width) pairs, and the number of channel groups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -46,16 +45,6 @@ impl Default for Conv2dParams {
             groups: 1,
         }
     }
-}
-
-/// `ConvGeom` of kernels/conv.cl.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct ConvGeom {
-    win: Window2,
-    groups: u32,
-    cg: u32,
-    col_stride: [u32; 4],
 }
 
 /// A validated convolution: the window of a weight (Cout, C/G, kh, kw) over the input
@@ -85,20 +74,6 @@ impl Geom {
     fn pointwise(&self) -> bool {
         let w = &self.win;
         w.kernel == (1, 1) && w.stride == (1, 1) && w.padding == (0, 0)
-    }
-    fn cl(&self, op: &str, col_stride: [usize; 4]) -> Result<ConvGeom> {
-        let s = |what: &str, x: usize| u32_arg(op, what, x);
-        Ok(ConvGeom {
-            win: self.win.cl(op)?,
-            groups: s("groups", self.groups)?,
-            cg: s("channels per group", self.cg())?,
-            col_stride: [
-                s("stride", col_stride[0])?,
-                s("stride", col_stride[1])?,
-                s("stride", col_stride[2])?,
-                s("stride", col_stride[3])?,
-            ],
-        })
     }
     /// The forward's operands, for errors.
     fn operands(&self) -> String {
@@ -180,103 +155,78 @@ fn group_view(t: &Tensor, groups: usize) -> Result<Tensor> {
     })
 }
 
-/// Columns of `x` as an (N, G, K, L) tensor; stored (G, K, N, L) when `batch_inner`, else
-/// (N, G, K, L).
-fn im2col(op: &str, x: &Tensor, g: &Geom, batch_inner: bool) -> Result<Tensor> {
-    let (gr, k, l, n) = (g.groups, g.k(), g.l(), g.win.n);
-    let w = &g.win;
-    if x.device.is_host() {
-        let xv = host_f64(op, x)?;
-        let mut cols = vec![0.0; n * gr * k * l];
-        let taps = w.kernel.0 * w.kernel.1;
-        cols.par_iter_mut().enumerate().for_each(|(i, col)| {
-            let (li, rest) = (i % l, i / l);
-            let (kk, rest) = (rest % k, rest / k);
-            let (gi, b) = (rest % gr, rest / gr);
-            let (ci, kr) = (kk / taps, kk % taps);
-            let (ki, kj) = (kr / w.kernel.1, kr % w.kernel.1);
-            let (oh, ow) = (li / w.wo, li % w.wo);
-            if let (Some(hh), Some(ww)) = (w.tap_in(0, oh, ki), w.tap_in(1, ow, kj)) {
-                let c = gi * g.cg() + ci;
-                *col = xv[((b * w.c + c) * w.h + hh) * w.w + ww];
-            }
-        });
-        let t = Tensor::from_host_data(
-            HostData::from_fn(x.dtype, cols.len(), |i| cols[i]),
-            &[n, gr, k, l],
-        );
-        return Ok(t);
-    }
-    let (out, strides) = if batch_inner {
-        let t = Tensor::alloc(&[gr, k, n, l], x.dtype, &x.device)?.permute(&[2, 0, 1, 3])?;
-        let s = [t.strides[0], t.strides[1], t.strides[2], t.strides[3]];
-        (t, s)
-    } else {
-        let t = Tensor::alloc(&[n, gr, k, l], x.dtype, &x.device)?;
-        (t, [gr * k * l, k * l, l, 1])
-    };
-    if out.numel() == 0 {
-        return Ok(out);
-    }
-    let (v, cg) = (View4::of(op, x)?, g.cl(op, strides)?);
-    let program = program_for(&x.device, &CONV, x.dtype)?;
-    launch_1d(&program, "im2col", out.numel(), |kern| {
-        kern.declare(((x.numel() + out.numel()) * x.dtype.size()) as u64, 0);
-        kern.arg_mem(out.mem()?)?
-            .arg_mem(x.mem()?)?
-            .arg(&v)?
-            .arg(&cg)?;
-        Ok(())
-    })?;
-    Ok(out)
+/// The columns of `x` (N, C, H, W, any view) for convolution `g`: an (N, G, K, L) tensor, stored
+/// (G, K, N, L) on devices when `batch_inner` (the weight gradient's layout), else contiguous.
+/// `op` names the public op in errors.
+#[derive(Clone, Debug)]
+struct Im2col {
+    op: &'static str,
+    x: Tensor,
+    g: Geom,
+    batch_inner: bool,
 }
 
-/// The input gradient (N, C, H, W) from column gradients `cols` (N, G, K, L), any strides.
-fn col2im(op: &str, cols: &Tensor, g: &Geom) -> Result<Tensor> {
-    let w = &g.win;
-    let shape = w.in_shape();
-    if cols.device.is_host() {
-        let cv = host_f64(op, cols)?;
-        let (gr, k, l) = (g.groups, g.k(), g.l());
-        let dx = w.per_input(|plane, h, x| {
-            let (b, c) = (plane / w.c, plane % w.c);
-            let (gi, ci) = (c / g.cg(), c % g.cg());
-            let taps = w.covering(h, x).into_iter();
-            taps.map(|(ki, kj, oh, ow)| {
-                let kk = (ci * w.kernel.0 + ki) * w.kernel.1 + kj;
-                cv[((b * gr + gi) * k + kk) * l + oh * w.wo + ow]
-            })
-            .sum()
-        });
-        let dx = HostData::from_fn(cols.dtype, dx.len(), |i| dx[i]);
-        return Ok(Tensor::from_host_data(dx, &shape));
+impl Op for Im2col {
+    type Output = Tensor;
+    const NAME: &'static str = "im2col";
+    fn opencl(&self, device: &Device) -> Result<Tensor> {
+        opencl::im2col(self, device)
     }
-    let out = Tensor::alloc(&shape, cols.dtype, &cols.device)?;
-    if out.numel() == 0 {
-        return Ok(out);
+    fn reference(&self) -> Result<Tensor> {
+        reference::im2col(self)
     }
-    check_reach(op, &cols.shape, &cols.strides, cols.offset)?;
-    if cols.offset != 0 {
-        return col2im(op, &cols.contiguous()?, g);
+}
+
+/// The input gradient (N, C, H, W) of convolution `g` from column gradients `cols`
+/// (N, G, K, L, any strides).
+#[derive(Clone, Debug)]
+struct Col2im {
+    op: &'static str,
+    cols: Tensor,
+    g: Geom,
+}
+
+impl Op for Col2im {
+    type Output = Tensor;
+    const NAME: &'static str = "col2im";
+    fn opencl(&self, device: &Device) -> Result<Tensor> {
+        opencl::col2im(self, device)
     }
-    let s = [
-        cols.strides[0],
-        cols.strides[1],
-        cols.strides[2],
-        cols.strides[3],
-    ];
-    let (v, cg) = (View4::of(op, &out)?, g.cl(op, s)?);
-    let program = program_for(&cols.device, &CONV, cols.dtype)?;
-    launch_1d(&program, "col2im", out.numel(), |kern| {
-        let bytes = (cols.numel() + out.numel()) * cols.dtype.size();
-        kern.declare(bytes as u64, cols.numel() as u64);
-        kern.arg_mem(out.mem()?)?
-            .arg_mem(cols.mem()?)?
-            .arg(&v)?
-            .arg(&cg)?;
-        Ok(())
-    })?;
-    Ok(out)
+    fn reference(&self) -> Result<Tensor> {
+        reference::col2im(self)
+    }
+}
+
+/// `y` (fresh from the product, contiguous (N, C, Ho, Wo)) plus `bias[c]` (C, any stride) on
+/// every channel: in place on devices (y is returned), a new tensor on the host.
+#[derive(Clone, Debug)]
+struct AddChannelBias {
+    op: &'static str,
+    y: Tensor,
+    bias: Tensor,
+}
+
+impl Op for AddChannelBias {
+    type Output = Tensor;
+    const NAME: &'static str = "add_channel_bias";
+    fn opencl(&self, device: &Device) -> Result<Tensor> {
+        opencl::add_channel_bias(self, device)
+    }
+    fn reference(&self) -> Result<Tensor> {
+        reference::add_channel_bias(self)
+    }
+}
+
+/// Columns of `x` as an (N, G, K, L) tensor; stored (G, K, N, L) when `batch_inner`, else
+/// (N, G, K, L).
+fn im2col(op: &'static str, x: &Tensor, g: &Geom, batch_inner: bool) -> Result<Tensor> {
+    let desc = Im2col {
+        op,
+        x: x.clone(),
+        g: *g,
+        batch_inner,
+    };
+    dispatch(&x.device, &desc)
 }
 
 impl Tensor {
@@ -314,7 +264,14 @@ impl Tensor {
         };
         let y = w3.matmul(&cols)?.reshape(&g.win.out_shape(g.cout))?;
         match bias {
-            Some(b) => add_channel_bias(op, y, b),
+            Some(b) => {
+                let desc = AddChannelBias {
+                    op,
+                    y,
+                    bias: b.clone(),
+                };
+                dispatch(&desc.y.device, &desc)
+            }
             None => Ok(y),
         }
     }
@@ -337,7 +294,8 @@ impl Tensor {
         if g.pointwise() {
             return cols.reshape(&g.win.in_shape());
         }
-        col2im(op, &cols, &g)
+        let desc = Col2im { op, cols, g };
+        dispatch(&desc.cols.device, &desc)
     }
 
     /// The gradient of `conv2d` with respect to its weight (of `weight_shape`), summed over the
@@ -378,35 +336,4 @@ impl Tensor {
         // The reduction kernels split each channel's sum over many work-groups.
         grad_y.sum(&[0, 2, 3], false)
     }
-}
-
-/// `y` (fresh, contiguous (N, C, Ho, Wo)) plus `bias[c]` on every channel, in place on devices.
-fn add_channel_bias(op: &str, y: Tensor, bias: &Tensor) -> Result<Tensor> {
-    let (c, p) = (y.shape[1], y.shape[2] * y.shape[3]);
-    if y.device.is_host() {
-        let (yv, bv) = (host_f64(op, &y)?, bias.to_vec_f64()?);
-        let data = HostData::from_fn(y.dtype, yv.len(), |i| yv[i] + bv[(i / p) % c]);
-        return Ok(Tensor::from_host_data(data, &y.shape));
-    }
-    if y.numel() == 0 {
-        return Ok(y);
-    }
-    check_reach(op, &bias.shape, &bias.strides, bias.offset)?;
-    let (bs, bo) = (
-        u32_arg(op, "stride", bias.strides[0])?,
-        u32_arg(op, "offset", bias.offset)?,
-    );
-    let program = program_for(&y.device, &CONV, y.dtype)?;
-    let (cu, pu) = (u32_arg(op, "size", c)?, u32_arg(op, "size", p)?);
-    launch_1d(&program, "add_channel_bias", y.numel(), |k| {
-        k.declare((2 * y.numel() * y.dtype.size()) as u64, y.numel() as u64);
-        k.arg_mem(y.mem()?)?
-            .arg_mem(bias.mem()?)?
-            .arg(&bs)?
-            .arg(&bo)?
-            .arg(&cu)?
-            .arg(&pu)?;
-        Ok(())
-    })?;
-    Ok(y)
 }
