@@ -209,6 +209,3 @@ pub(crate) fn cast_host(from: Class, to: DType, x: f64) -> f64 {
         DType::I32 | DType::U32 => Class::of(to).round(x),
     }
 }
-
-/// Until every family imports these from `eval` (removed after the families merge).
-pub(crate) use crate::fused::eval::{fused, fused_into, map};
