@@ -19,25 +19,15 @@
 //! (gather_backward, scatter_add, index ops along other dims) run one work-item per output
 //! element scanning the index entries along the indexed dim: `numel(out) * idx.shape[dim]`
 //! index reads.
-pub(crate) mod sorted_rows;
-use crate::base::checks::{need_i32, same_device, same_dtype, u32_arg};
-use crate::base::device_errors::{code_of, record_arg};
-use crate::base::element::{Element, HostData};
+mod opencl;
+mod reference;
+mod sorted_rows;
+use crate::base::checks::{need_i32, same_device, same_dtype};
+use crate::base::dispatch::{dispatch, Op};
 use crate::base::index_checks::check_indices;
-use crate::base::launch::{launch_1d, program_for};
-use crate::base::layout::check_reach;
-use crate::base::layout::{checked_numel, contiguous_strides, numel, KernelLayout, MAX_DIMS};
-use crate::index::sorted_rows::{as_matrix, sorted_row_add};
-
+use crate::base::layout::checked_numel;
 use crate::base::tensor::Tensor;
-use half::{bf16, f16};
-use netcl_core_devices::{Error, Result};
-use netcl_kernels::sources::INDEX;
-
-/// Storage positions of a strided view in row-major order (host reference paths).
-fn positions(shape: &[usize], strides: &[usize], offset: usize) -> Vec<usize> {
-    crate::base::layout::strided_positions(shape, strides, offset).collect()
-}
+use netcl_core_devices::{Device, Error, Result};
 
 /// Error unless `idx` holds I32 indices on the device of `t`.
 fn index_operands(op: &str, t: &Tensor, idx: &Tensor) -> Result<()> {
@@ -54,45 +44,11 @@ fn idx_along(idx: &Tensor, dim: usize, shape: &[usize]) -> Tensor {
     idx.view_of(with_dim(shape, dim, idx.shape[0]), strides, idx.offset)
 }
 
-/// Element types with the kernels' accumulator arithmetic (f16/bf16 in f32, integers wrapping).
-pub(crate) trait Accum: Element {
-    type A: Copy;
-    fn zero() -> Self::A;
-    fn to_acc(self) -> Self::A;
-    fn from_acc(a: Self::A) -> Self;
-    fn add(a: Self::A, b: Self::A) -> Self::A;
-}
-
-macro_rules! accum {
-    ($t:ty, $a:ty, $to:expr, $from:expr, $add:expr) => {
-        impl Accum for $t {
-            type A = $a;
-            fn zero() -> $a {
-                <$a>::default()
-            }
-            fn to_acc(self) -> $a {
-                ($to)(self)
-            }
-            fn from_acc(a: $a) -> $t {
-                ($from)(a)
-            }
-            fn add(a: $a, b: $a) -> $a {
-                ($add)(a, b)
-            }
-        }
-    };
-}
-accum!(f32, f32, |x| x, |a| a, |a: f32, b| a + b);
-accum!(f64, f64, |x| x, |a| a, |a: f64, b| a + b);
-accum!(f16, f32, f16::to_f32, f16::from_f32, |a: f32, b| a + b);
-accum!(bf16, f32, bf16::to_f32, bf16::from_f32, |a: f32, b| a + b);
-accum!(i32, i32, |x| x, |a| a, i32::wrapping_add);
-accum!(u32, u32, |x| x, |a| a, u32::wrapping_add);
-
 /// Where a gather reads: for output element i (row-major over `shape`), source position
 /// `base[i] + idx[idx_pos[i]] * stride`.
-struct GatherPlan<'a> {
-    op: &'a str,
+#[derive(Clone, Debug)]
+struct GatherPlan {
+    op: &'static str,
     shape: Vec<usize>,
     src_strides: Vec<usize>, // the indexed dim's stride is 0
     idx_strides: Vec<usize>,
@@ -100,9 +56,9 @@ struct GatherPlan<'a> {
     bound: usize,
 }
 
-impl GatherPlan<'_> {
+impl GatherPlan {
     /// out = src gathered along `dim` by `idx` (any strides): out has the shape of idx.
-    fn along<'a>(op: &'a str, src: &Tensor, dim: usize, idx: &Tensor) -> GatherPlan<'a> {
+    fn along(op: &'static str, src: &Tensor, dim: usize, idx: &Tensor) -> GatherPlan {
         GatherPlan {
             op,
             shape: idx.shape.clone(),
@@ -114,85 +70,20 @@ impl GatherPlan<'_> {
     }
 }
 
-fn host_gather<T: Element>(
-    src: &[T],
-    idx: &[i32],
-    plan: &GatherPlan,
-    src_off: usize,
-    idx_off: usize,
-) -> HostData {
-    let base = positions(&plan.shape, &plan.src_strides, src_off);
-    let ip = positions(&plan.shape, &plan.idx_strides, idx_off);
-    T::wrap(
-        base.iter()
-            .zip(&ip)
-            .map(|(&b, &p)| src[b + idx[p] as usize * plan.stride])
-            .collect(),
-    )
-}
-
-fn run_gather(src: &Tensor, idx: &Tensor, plan: GatherPlan) -> Result<Tensor> {
-    let op = plan.op;
-    if let (Some(s), Some(i)) = (src.host(), idx.host()) {
-        let HostData::I32(iv) = &*i else {
-            return Err(Error::dtype(op, "index storage is not i32"));
-        };
-        let data = with_host!(&*s, v => host_gather(v, iv, &plan, src.offset, idx.offset));
-        return Ok(Tensor::from_host_data(data, &plan.shape));
-    }
-    let out = Tensor::alloc(&plan.shape, src.dtype, &src.device)?;
-    if out.numel() == 0 {
-        return Ok(out);
-    }
-    check_reach(op, &src.shape, &src.strides, src.offset)?;
-    let layout = KernelLayout::new(
-        op,
-        &plan.shape,
-        &[
-            (&out.strides, 0),
-            (&plan.src_strides, src.offset),
-            (&plan.idx_strides, idx.offset),
-        ],
-    )?;
-    let (stride, bound) = (
-        u32_arg(op, "stride", plan.stride)?,
-        u32_arg(op, "size", plan.bound)?,
-    );
-    let program = program_for(&src.device, &INDEX, src.dtype)?;
-    launch_1d(&program, "gather_rows", out.numel(), |k| {
-        k.arg_mem(out.mem()?)?
-            .arg_mem(src.mem()?)?
-            .arg_mem(idx.mem()?)?
-            .arg(&stride)?
-            .arg(&bound)?
-            .arg(&layout)?;
-        k.arg_mem(record_arg(&src.device)?)?.arg(&code_of(op))?;
-        Ok(())
-    })?;
-    Ok(out)
-}
-
-/// `ScatterLayout` of kernels/index.cl.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct ScatterLayout {
-    ndim: u32,
-    dim: u32,
-    zero_init: u32,
-    shape: [u32; MAX_DIMS],
-    x_stride: [u32; MAX_DIMS],
-    idx_shape: [u32; MAX_DIMS],
-    idx_stride: [u32; MAX_DIMS],
-    src_stride: [u32; MAX_DIMS],
-    x_offset: u32,
-    idx_offset: u32,
-    src_offset: u32,
+/// A checked gather (embedding, index_select, gather): a new tensor of `plan.shape` and src's
+/// dtype read from `src` at the positions `plan` gives for the I32 `idx`.
+#[derive(Clone, Debug)]
+struct Gather {
+    src: Tensor,
+    idx: Tensor,
+    plan: GatherPlan,
 }
 
 /// A scatter-add: out (of `shape`) = x (or 0) + src scattered along `dim` by idx, where idx and
 /// src are walked over `idx_shape` with the given strides.
-struct ScatterPlan<'a> {
-    op: &'a str,
+#[derive(Clone, Debug)]
+struct ScatterPlan {
+    op: &'static str,
     shape: Vec<usize>,
     dim: usize,
     idx_shape: Vec<usize>,
@@ -200,135 +91,80 @@ struct ScatterPlan<'a> {
     src_strides: Vec<usize>,
 }
 
-fn host_scatter<T: Accum>(
-    x: Option<(&[T], &[usize], usize)>,
-    idx: &[i32],
-    src: &[T],
-    plan: &ScatterPlan,
-    idx_off: usize,
-    src_off: usize,
-) -> HostData {
-    let mut acc: Vec<T::A> = match x {
-        Some((v, strides, off)) => positions(&plan.shape, strides, off)
-            .iter()
-            .map(|&p| v[p].to_acc())
-            .collect(),
-        None => vec![T::zero(); numel(&plan.shape)],
-    };
-    let out_strides = contiguous_strides(&plan.shape);
-    let ip = positions(&plan.idx_shape, &plan.idx_strides, idx_off);
-    let sp = positions(&plan.idx_shape, &plan.src_strides, src_off);
-    // Output position of idx-space position p with the indexed coordinate removed.
-    let base = positions(
-        &plan.idx_shape,
-        &out_strides
-            .iter()
-            .enumerate()
-            .map(|(d, &s)| if d == plan.dim { 0 } else { s })
-            .collect::<Vec<_>>(),
-        0,
-    );
-    // Row-major order over idx space visits each output's contributions in ascending j, as the kernel does.
-    for ((&b, &i), &s) in base.iter().zip(&ip).zip(&sp) {
-        let o = b + idx[i] as usize * out_strides[plan.dim];
-        acc[o] = T::add(acc[o], src[s].to_acc());
-    }
-    T::wrap(acc.into_iter().map(T::from_acc).collect())
+/// A checked scatter-add (gather_backward, scatter_add, index ops along other dims than 0): a
+/// new tensor of `plan.shape` and src's dtype.
+#[derive(Clone, Debug)]
+struct ScatterAdd {
+    x: Option<Tensor>,
+    idx: Tensor,
+    src: Tensor,
+    plan: ScatterPlan,
 }
 
-fn run_scatter(
-    x: Option<&Tensor>,
-    idx: &Tensor,
-    src: &Tensor,
-    plan: ScatterPlan,
-) -> Result<Tensor> {
-    let op = plan.op;
-    let (dtype, device) = (src.dtype, src.device.clone());
-    if device.is_host() {
-        let (i, s) = (idx.host(), src.host());
-        let (Some(i), Some(s)) = (i, s) else {
-            return Err(Error::device(op, "host tensors without host storage"));
-        };
-        let HostData::I32(iv) = &*i else {
-            return Err(Error::dtype(op, "index storage is not i32"));
-        };
-        let xg = x.map(|t| (t, t.host()));
-        let data = match (&*s, xg.as_ref().map(|(t, g)| (t, g.as_deref()))) {
-            (s, None) => {
-                with_host!(s, v => host_scatter(None, iv, v, &plan, idx.offset, src.offset))
-            }
-            (s, Some((xt, Some(xd)))) => {
-                macro_rules! arm {
-                    ($($var:ident),*) => {
-                        match (s, xd) {
-                            $((HostData::$var(sv), HostData::$var(xv)) => host_scatter(
-                                Some((xv.as_slice(), xt.strides.as_slice(), xt.offset)),
-                                iv, sv, &plan, idx.offset, src.offset),)*
-                            _ => return Err(Error::dtype(op, "storage does not match the dtype")),
-                        }
-                    };
-                }
-                arm!(F32, F64, F16, BF16, I32, U32)
-            }
-            (_, Some((_, None))) => return Err(Error::device(op, "x has no host storage")),
-        };
-        return Ok(Tensor::from_host_data(data, &plan.shape));
-    }
-    let out = Tensor::alloc(&plan.shape, dtype, &device)?;
-    if out.numel() == 0 {
-        return Ok(out);
-    }
-    let nd = plan.shape.len();
-    if nd > MAX_DIMS {
-        return Err(Error::shape(
+impl ScatterAdd {
+    /// out (of `shape`) = x (or 0) + `src` scattered along `dim` by `idx` (the shape of the
+    /// region of src that is added, any strides).
+    fn new(
+        op: &'static str,
+        x: Option<&Tensor>,
+        shape: &[usize],
+        dim: usize,
+        idx: &Tensor,
+        src: &Tensor,
+    ) -> ScatterAdd {
+        let plan = ScatterPlan {
             op,
-            format!("{:?} has more than {MAX_DIMS} dims", plan.shape),
-        ));
-    }
-    check_reach(op, &plan.idx_shape, &plan.idx_strides, idx.offset)?;
-    check_reach(op, &plan.idx_shape, &plan.src_strides, src.offset)?;
-    let mut l = ScatterLayout {
-        ndim: nd as u32,
-        dim: plan.dim as u32,
-        zero_init: x.is_none() as u32,
-        shape: [1; MAX_DIMS],
-        x_stride: [0; MAX_DIMS],
-        idx_shape: [1; MAX_DIMS],
-        idx_stride: [0; MAX_DIMS],
-        src_stride: [0; MAX_DIMS],
-        x_offset: 0,
-        idx_offset: u32_arg(op, "offset", idx.offset)?,
-        src_offset: u32_arg(op, "offset", src.offset)?,
-    };
-    if let Some(x) = x {
-        check_reach(op, &x.shape, &x.strides, x.offset)?;
-        l.x_offset = u32_arg(op, "offset", x.offset)?;
-        for d in 0..nd {
-            l.x_stride[d] = u32_arg(op, "stride", x.strides[d])?;
+            shape: shape.to_vec(),
+            dim,
+            idx_shape: idx.shape.clone(),
+            idx_strides: idx.strides.clone(),
+            src_strides: src.strides.clone(),
+        };
+        ScatterAdd {
+            x: x.cloned(),
+            idx: idx.clone(),
+            src: src.clone(),
+            plan,
         }
     }
-    for d in 0..nd {
-        l.shape[d] = u32_arg(op, "size", plan.shape[d])?;
-        l.idx_shape[d] = u32_arg(op, "size", plan.idx_shape[d])?;
-        l.idx_stride[d] = u32_arg(op, "stride", plan.idx_strides[d])?;
-        l.src_stride[d] = u32_arg(op, "stride", plan.src_strides[d])?;
-    }
-    let program = program_for(&device, &INDEX, dtype)?;
-    let x_mem = match x {
-        Some(x) => x.mem()?,
-        None => out.mem()?,
-    };
-    launch_1d(&program, "scatter_add", out.numel(), |k| {
-        k.arg_mem(out.mem()?)?
-            .arg_mem(x_mem)?
-            .arg_mem(idx.mem()?)?
-            .arg_mem(src.mem()?)?
-            .arg(&l)?;
-        k.arg_mem(record_arg(&device)?)?.arg(&code_of(op))?;
-        Ok(())
-    })?;
-    Ok(out)
 }
+
+/// A checked whole-row scatter-add (embedding_backward, and index_select_backward / index_add
+/// along dim 0): out (of `shape`, `[V, ..]`) = x (or 0) + row j of `src` added at row `idx[j]`,
+/// where `src` is `idx`'s shape followed by the row's dims. OpenCL devices sort the indices
+/// (`sorted_rows.rs`); the host runs the scatter-add, in the same order.
+#[derive(Clone, Debug)]
+struct RowAdd {
+    op: &'static str,
+    x: Option<Tensor>,
+    idx: Tensor,
+    src: Tensor,
+    shape: Vec<usize>,
+}
+
+/// The [`Op`] impl of a description named per call by `$op`, whose implementations are the
+/// functions of the same name in opencl.rs and reference.rs.
+macro_rules! index_op {
+    ($desc:ident, $f:ident, $name:literal, |$s:ident| $op:expr) => {
+        impl Op for $desc {
+            type Output = Tensor;
+            const NAME: &'static str = $name;
+            fn name(&self) -> &'static str {
+                let $s = self;
+                $op
+            }
+            fn opencl(&self, device: &Device) -> Result<Tensor> {
+                opencl::$f(self, device)
+            }
+            fn reference(&self) -> Result<Tensor> {
+                reference::$f(self)
+            }
+        }
+    };
+}
+index_op!(Gather, gather, "gather", |g| g.plan.op);
+index_op!(ScatterAdd, scatter_add, "scatter_add", |s| s.plan.op);
+index_op!(RowAdd, row_add, "row_add", |r| r.op);
 
 /// Checks shared by index_select and index_add: `idx` 1-D i32 on the tensor's device, `dim` in range.
 fn check_index_list(op: &str, t: &Tensor, dim: usize, idx: &Tensor) -> Result<()> {
@@ -428,18 +264,15 @@ impl Tensor {
         src_strides.push(self.strides[1]);
         let mut idx_strides = ids.strides.clone();
         idx_strides.push(0);
-        run_gather(
-            self,
-            ids,
-            GatherPlan {
-                op,
-                shape,
-                src_strides,
-                idx_strides,
-                stride: self.strides[0],
-                bound: self.shape[0],
-            },
-        )
+        let plan = GatherPlan {
+            op,
+            shape,
+            src_strides,
+            idx_strides,
+            stride: self.strides[0],
+            bound: self.shape[0],
+        };
+        run_gather(self, ids, plan)
     }
 
     /// The gradient of [`Tensor::embedding`]'s `[V, D]` weight (`V = num_embeddings`) from
@@ -470,29 +303,7 @@ impl Tensor {
             num_embeddings,
             &format!("{num_embeddings} embeddings"),
         )?;
-        let n = ids.numel();
-        let shape = [num_embeddings, d];
-        if !grad.device.is_host() {
-            let grad = as_matrix(grad, ids.ndim())?;
-            let ids = as_matrix(ids, ids.ndim())?;
-            let ids = ids.view_of(vec![n], vec![ids.strides[0]], ids.offset);
-            return sorted_row_add(op, None, &ids, &grad, &shape);
-        }
-        let ids = ids.reshape(&[n])?;
-        let grad = grad.reshape(&[n, d])?;
-        run_scatter(
-            None,
-            &ids,
-            &grad,
-            ScatterPlan {
-                op,
-                shape: shape.to_vec(),
-                dim: 0,
-                idx_shape: vec![n, d],
-                idx_strides: vec![ids.strides[0], 0],
-                src_strides: grad.strides.clone(),
-            },
-        )
+        run_row_add(op, None, ids, grad, &[num_embeddings, d])
     }
 
     /// Entries `idx[0], idx[1], ...` (1-D i32) of `dim`, as in `torch.index_select`. One kernel.
@@ -525,17 +336,11 @@ impl Tensor {
             ));
         }
         check_indices(op, idx, shape[dim], &format!("dim {dim} of {shape:?}"))?;
-        if dim == 0 && !grad.device.is_host() {
-            return sorted_row_add(op, None, idx, grad, shape);
+        if dim == 0 {
+            return run_row_add(op, None, idx, grad, shape);
         }
-        scatter_plan(
-            op,
-            None,
-            shape,
-            dim,
-            &idx_along(idx, dim, grad.shape()),
-            grad,
-        )
+        let along = idx_along(idx, dim, grad.shape());
+        run_scatter(ScatterAdd::new(op, None, shape, dim, &along, grad))
     }
 
     /// `out[i][j][k] = self[i][idx[i][j][k]][k]` for dim 1 (and likewise for any dim), as in
@@ -567,7 +372,7 @@ impl Tensor {
             ));
         }
         check_gather_index(op, shape, dim, idx, Some(grad))?;
-        scatter_plan(op, None, shape, dim, idx, grad)
+        run_scatter(ScatterAdd::new(op, None, shape, dim, idx, grad))
     }
 
     /// A copy of this tensor with `src[i][j][k]` added at `[i][idx[i][j][k]][k]` for dim 1 (and
@@ -580,7 +385,7 @@ impl Tensor {
         same_device(op, self, src)?;
         same_dtype(op, self, src)?;
         check_gather_index(op, &self.shape, dim, idx, Some(src))?;
-        scatter_plan(op, Some(self), &self.shape, dim, idx, src)
+        run_scatter(ScatterAdd::new(op, Some(self), &self.shape, dim, idx, src))
     }
 
     /// A copy of this tensor with slice `j` of `src` along `dim` added at entry `idx[j]` (1-D i32),
@@ -601,39 +406,50 @@ impl Tensor {
                 ),
             ));
         }
-        if dim == 0 && !self.device.is_host() {
-            return sorted_row_add(op, Some(self), idx, src, &self.shape);
+        if dim == 0 {
+            return run_row_add(op, Some(self), idx, src, &self.shape);
         }
-        scatter_plan(
+        let along = idx_along(idx, dim, &src.shape);
+        run_scatter(ScatterAdd::new(
             op,
             Some(self),
             &self.shape,
             dim,
-            &idx_along(idx, dim, &src.shape),
+            &along,
             src,
-        )
+        ))
     }
 }
 
-fn scatter_plan(
-    op: &str,
+/// Dispatch a checked gather of `src` by `idx` on their device.
+fn run_gather(src: &Tensor, idx: &Tensor, plan: GatherPlan) -> Result<Tensor> {
+    let desc = Gather {
+        src: src.clone(),
+        idx: idx.clone(),
+        plan,
+    };
+    dispatch(&src.device, &desc)
+}
+
+/// Dispatch a checked scatter-add on its source's device.
+fn run_scatter(desc: ScatterAdd) -> Result<Tensor> {
+    dispatch(&desc.src.device, &desc)
+}
+
+/// Dispatch a checked whole-row scatter-add (see [`RowAdd`]).
+fn run_row_add(
+    op: &'static str,
     x: Option<&Tensor>,
-    shape: &[usize],
-    dim: usize,
     idx: &Tensor,
     src: &Tensor,
+    shape: &[usize],
 ) -> Result<Tensor> {
-    run_scatter(
-        x,
-        idx,
-        src,
-        ScatterPlan {
-            op,
-            shape: shape.to_vec(),
-            dim,
-            idx_shape: idx.shape.clone(),
-            idx_strides: idx.strides.clone(),
-            src_strides: src.strides.clone(),
-        },
-    )
+    let desc = RowAdd {
+        op,
+        x: x.cloned(),
+        idx: idx.clone(),
+        src: src.clone(),
+        shape: shape.to_vec(),
+    };
+    dispatch(&src.device, &desc)
 }
