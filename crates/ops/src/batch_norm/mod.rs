@@ -1,19 +1,14 @@
 //! Batch normalisation: training (batch statistics, running stats) and eval forwards, and the training backward.
-use crate::base::acc::acc_dtype;
-use crate::base::axis::{pow2_floor, AxisSplit};
-use crate::base::checks::{check_device, check_dtype, check_float, u32_arg};
-use crate::base::element::{Element, HostData};
-use crate::base::host::{dense, host_vals};
-use crate::base::launch::{launch_1d, launch_groups, program_for};
-use crate::base::layout::{contiguous_strides, strided_positions, KernelLayout};
+mod opencl;
+mod reference;
+use crate::base::checks::{check_device, check_dtype, check_float};
+use crate::base::dispatch::{dispatch, Op};
 use crate::base::norm_params::{check_eps, check_param, check_stat, NormGrads};
-use crate::base::tensor::{Storage, Tensor};
-use netcl_core_devices::{Error, Result};
-use netcl_kernels::sources::NORM;
-use netcl_kernels::Kernel;
+use crate::base::tensor::Tensor;
+use netcl_core_devices::{Device, Error, Result};
 
 /// Outputs of [`Tensor::batch_norm_train`]: the result and the saved batch statistics (`[C]`, in
-/// [`acc_dtype`]) that the backward needs.
+/// [`acc_dtype`](crate::acc_dtype)) that the backward needs.
 #[derive(Clone, Debug)]
 pub struct BatchNorm {
     pub y: Tensor,
@@ -21,41 +16,77 @@ pub struct BatchNorm {
     pub save_invstd: Tensor,
 }
 
-/// Write `vals` into the elements of host tensor `t` (its view, in row-major order).
-fn host_store(t: &Tensor, vals: &[f64]) {
-    fn put<T: Element>(v: &mut [T], t: &Tensor, vals: &[f64]) {
-        for (pos, &x) in strided_positions(&t.shape, &t.strides, t.offset).zip(vals) {
-            v[pos] = T::from_f64(x);
-        }
+/// A checked training forward of float `x` (N, C, ..., any view) with `cnt` >= 2 values per
+/// channel: weight and bias (C) in x's dtype, the running stats (mean, var; C, in the
+/// accumulator dtype) updated in place when given.
+#[derive(Clone, Debug)]
+struct BatchNormTrain {
+    x: Tensor,
+    c: usize,
+    cnt: usize,
+    weight: Option<Tensor>,
+    bias: Option<Tensor>,
+    running: Option<(Tensor, Tensor)>,
+    momentum: f64,
+    eps: f64,
+}
+
+impl Op for BatchNormTrain {
+    type Output = BatchNorm;
+    const NAME: &'static str = "batch_norm";
+    fn opencl(&self, device: &Device) -> Result<BatchNorm> {
+        opencl::train(self, device)
     }
-    if let Storage::Host(lock) = &t.storage.data {
-        let mut g = lock.write().unwrap_or_else(|p| p.into_inner());
-        with_host!(&mut *g, v => put(v, t, vals));
+    fn reference(&self) -> Result<BatchNorm> {
+        reference::train(self)
     }
 }
 
-/// `(strides, offset)` pairs as [`KernelLayout::new`] takes them.
-fn operands(v: &[(Vec<usize>, usize)]) -> Vec<(&[usize], usize)> {
-    v.iter().map(|(s, o)| (s.as_slice(), *o)).collect()
+/// A checked eval forward of float `x` (N, C, ..., any view) with running stats (C, in the
+/// accumulator dtype); y is contiguous in x's dtype.
+#[derive(Clone, Debug)]
+struct BatchNormEval {
+    x: Tensor,
+    c: usize,
+    running_mean: Tensor,
+    running_var: Tensor,
+    weight: Option<Tensor>,
+    bias: Option<Tensor>,
+    eps: f64,
 }
 
-/// Kernel layouts of a batch norm over `x` (N, C, ...): channel c at `lk` offsets and its
-/// (N, spatial) element r at `lr` offsets, for operand 0 the contiguous output (shaped like x)
-/// and then each of `inputs` (x's shape, any strides).
-fn bn_layouts(op: &str, x: &Tensor, inputs: &[&Tensor]) -> Result<(KernelLayout, KernelLayout)> {
-    let not_c =
-        |s: &[usize]| -> Vec<usize> { (0..s.len()).filter(|&d| d != 1).map(|d| s[d]).collect() };
-    let ys = contiguous_strides(&x.shape);
-    let mut channel = vec![(vec![ys[1]], 0)];
-    let mut rest = vec![(not_c(&ys), 0)];
-    for t in inputs {
-        channel.push((vec![t.strides[1]], t.offset));
-        rest.push((not_c(&t.strides), 0));
+impl Op for BatchNormEval {
+    type Output = Tensor;
+    const NAME: &'static str = "batch_norm";
+    fn opencl(&self, device: &Device) -> Result<Tensor> {
+        opencl::eval(self, device)
     }
-    Ok((
-        KernelLayout::new(op, &[x.shape[1]], &operands(&channel))?,
-        KernelLayout::new(op, &not_c(&x.shape), &operands(&rest))?,
-    ))
+    fn reference(&self) -> Result<Tensor> {
+        reference::eval(self)
+    }
+}
+
+/// A checked training backward: x and dy (N, C, ..., any views, one dtype and device), the saved
+/// statistics (C); dweight when `weight` is given, dbias always.
+#[derive(Clone, Debug)]
+struct BatchNormBackward {
+    x: Tensor,
+    dy: Tensor,
+    c: usize,
+    save_mean: Tensor,
+    save_invstd: Tensor,
+    weight: Option<Tensor>,
+}
+
+impl Op for BatchNormBackward {
+    type Output = NormGrads;
+    const NAME: &'static str = "batch_norm_backward";
+    fn opencl(&self, device: &Device) -> Result<NormGrads> {
+        opencl::backward(self, device)
+    }
+    fn reference(&self) -> Result<NormGrads> {
+        reference::backward(self)
+    }
 }
 
 impl Tensor {
@@ -87,7 +118,7 @@ impl Tensor {
     /// Batch normalisation in training mode for NC or NCHW (any trailing spatial dims, any
     /// strides): per-channel batch statistics over N and the spatial dims,
     /// `y = (x - mean) * invstd * weight + bias` with the biased variance. When running stats are given (`[C]`, in
-    /// [`acc_dtype`], updated in place): `running = (1 - momentum) * running + momentum * stat`,
+    /// [`acc_dtype`](crate::acc_dtype), updated in place): `running = (1 - momentum) * running + momentum * stat`,
     /// with the unbiased variance. One kernel (one work-group per channel). Errors when a channel
     /// has fewer than 2 values.
     #[allow(clippy::too_many_arguments)]
@@ -110,12 +141,18 @@ impl Tensor {
         for (t, _) in &running {
             t.mark_modified();
         }
-        if running_mean.is_some() != running_var.is_some() || !momentum.is_finite() {
-            return Err(Error::invalid(
-                op,
-                format!("need both running stats or neither, and a finite momentum ({momentum})"),
-            ));
-        }
+        let running = match (running_mean, running_var) {
+            (Some(m), Some(v)) if momentum.is_finite() => Some((m.clone(), v.clone())),
+            (None, None) if momentum.is_finite() => None,
+            _ => {
+                return Err(Error::invalid(
+                    op,
+                    format!(
+                        "need both running stats or neither, and a finite momentum ({momentum})"
+                    ),
+                ))
+            }
+        };
         let cnt = self.numel() / c.max(1);
         if cnt < 2 {
             return Err(Error::shape(
@@ -126,99 +163,20 @@ impl Tensor {
                 ),
             ));
         }
-        let acc = acc_dtype(self.dtype);
-        let mut mask = vec![true; self.ndim()];
-        mask[1] = false;
-        let split = AxisSplit::new(self, &mask);
-        let inner: usize = self.shape[2..].iter().product();
-        if let Some(x) = split.host_rows(self) {
-            let xs = self.to_vec_f64()?;
-            let (w, b) = (host_vals(weight)?, host_vals(bias)?);
-            let (mut mean, mut invstd, mut uvar) = (vec![0.0; c], vec![0.0; c], vec![0.0; c]);
-            for ch in 0..c {
-                let row = &x[ch * cnt..(ch + 1) * cnt];
-                let mu = row.iter().sum::<f64>() / cnt as f64;
-                let m2 = row.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>();
-                (mean[ch], invstd[ch]) = (mu, 1.0 / (m2 / cnt as f64 + eps).sqrt());
-                uvar[ch] = m2 / (cnt - 1) as f64;
-            }
-            let y = HostData::from_fn(self.dtype, xs.len(), |i| {
-                let ch = (i / inner) % c;
-                let mut v = (xs[i] - mean[ch]) * invstd[ch];
-                if let Some(w) = &w {
-                    v *= w[ch];
-                }
-                v + b.as_ref().map_or(0.0, |b| b[ch])
-            });
-            if let (Some(rm), Some(rv)) = (running_mean, running_var) {
-                let (m0, v0) = (rm.to_vec_f64()?, rv.to_vec_f64()?);
-                let upd = |old: &[f64], new: &[f64]| -> Vec<f64> {
-                    old.iter()
-                        .zip(new)
-                        .map(|(o, n)| (1.0 - momentum) * o + momentum * n)
-                        .collect()
-                };
-                host_store(rm, &upd(&m0, &mean));
-                host_store(rv, &upd(&v0, &uvar));
-            }
-            return Ok(BatchNorm {
-                y: Tensor::from_host_data(y, &self.shape),
-                save_mean: Tensor::from_host_data(HostData::from_fn(acc, c, |i| mean[i]), &[c]),
-                save_invstd: Tensor::from_host_data(HostData::from_fn(acc, c, |i| invstd[i]), &[c]),
-            });
-        }
-        for (t, what) in &running {
-            if !(t.is_contiguous() && t.offset == 0) {
-                return Err(Error::invalid(
-                    op,
-                    format!(
-                        "{what} {:?} must be a dense tensor (it is updated in place)",
-                        t.shape
-                    ),
-                ));
-            }
-        }
-        let (lk, lr) = bn_layouts(op, self, &[self])?;
-        let cnt32 = u32_arg(op, "values per channel", cnt)?;
-        let y = Tensor::alloc(&self.shape, self.dtype, &self.device)?;
-        let save_mean = Tensor::alloc(&[c], acc, &self.device)?;
-        let save_invstd = Tensor::alloc(&[c], acc, &self.device)?;
-        if c == 0 {
-            return Ok(BatchNorm {
-                y,
-                save_mean,
-                save_invstd,
-            });
-        }
-        let program = program_for(&self.device, &NORM, self.dtype)?;
-        let mut k = Kernel::new(&program, "bn_train")?;
-        let group = 256.min(pow2_floor(k.max_work_group_size()));
-        let (w, b) = (weight.map(dense).transpose()?, bias.map(dense).transpose()?);
-        k.arg_mem(y.mem()?)?
-            .arg_mem(save_mean.mem()?)?
-            .arg_mem(save_invstd.mem()?)?
-            .arg_mem(running_mean.unwrap_or(&save_mean).mem()?)?
-            .arg_mem(running_var.unwrap_or(&save_invstd).mem()?)?
-            .arg_mem(self.mem()?)?
-            .arg_mem(w.as_ref().unwrap_or(self).mem()?)?
-            .arg_mem(b.as_ref().unwrap_or(self).mem()?)?
-            .arg(&lk)?
-            .arg(&lr)?
-            .arg(&cnt32)?;
-        crate::base::acc::arg_acc(&mut k, self.dtype, eps)?;
-        crate::base::acc::arg_acc(&mut k, self.dtype, momentum)?;
-        k.arg(&(w.is_some() as i32))?
-            .arg(&(b.is_some() as i32))?
-            .arg(&(running_mean.is_some() as i32))?;
-        launch_groups(op, &mut k, c, group)?;
-        Ok(BatchNorm {
-            y,
-            save_mean,
-            save_invstd,
-        })
+        let desc = BatchNormTrain {
+            x: self.clone(),
+            c,
+            cnt,
+            weight: weight.cloned(),
+            bias: bias.cloned(),
+            running,
+            momentum,
+            eps,
+        };
+        dispatch(&self.device, &desc)
     }
 
-    /// Batch normalisation in eval mode with running statistics (`[C]`, [`acc_dtype`]):
+    /// Batch normalisation in eval mode with running statistics (`[C]`, [`acc_dtype`](crate::acc_dtype)):
     /// `y = (x - running_mean) / sqrt(running_var + eps) * weight + bias`. One kernel.
     pub fn batch_norm_eval(
         &self,
@@ -236,53 +194,20 @@ impl Tensor {
             &[(running_mean, "running_mean"), (running_var, "running_var")],
             eps,
         )?;
-        let inner: usize = self.shape[2..].iter().product();
-        if let Some(x) = self.host_view(&self.shape, &self.strides) {
-            let x = x.to_f64();
-            let (rm, rv) = (running_mean.to_vec_f64()?, running_var.to_vec_f64()?);
-            let (w, b) = (host_vals(weight)?, host_vals(bias)?);
-            let y = HostData::from_fn(self.dtype, x.len(), |i| {
-                let ch = (i / inner) % c;
-                let mut v = (x[i] - rm[ch]) / (rv[ch] + eps).sqrt();
-                if let Some(w) = &w {
-                    v *= w[ch];
-                }
-                v + b.as_ref().map_or(0.0, |b| b[ch])
-            });
-            return Ok(Tensor::from_host_data(y, &self.shape));
-        }
-        let ys = contiguous_strides(&self.shape);
-        let l = KernelLayout::new(op, &self.shape, &[(&ys, 0), (&self.strides, self.offset)])?;
-        let (c32, inner32) = (
-            u32_arg(op, "channels", c)?,
-            u32_arg(op, "inner", inner.max(1))?,
-        );
-        let y = Tensor::alloc(&self.shape, self.dtype, &self.device)?;
-        if y.numel() == 0 {
-            return Ok(y);
-        }
-        let program = program_for(&self.device, &NORM, self.dtype)?;
-        let (rm, rv) = (dense(running_mean)?, dense(running_var)?);
-        let (w, b) = (weight.map(dense).transpose()?, bias.map(dense).transpose()?);
-        launch_1d(&program, "bn_eval", y.numel(), |k| {
-            k.arg_mem(y.mem()?)?
-                .arg_mem(self.mem()?)?
-                .arg_mem(rm.mem()?)?
-                .arg_mem(rv.mem()?)?
-                .arg_mem(w.as_ref().unwrap_or(self).mem()?)?
-                .arg_mem(b.as_ref().unwrap_or(self).mem()?)?
-                .arg(&l)?
-                .arg(&c32)?
-                .arg(&inner32)?;
-            crate::base::acc::arg_acc(k, self.dtype, eps)?;
-            k.arg(&(w.is_some() as i32))?.arg(&(b.is_some() as i32))?;
-            Ok(())
-        })?;
-        Ok(y)
+        let desc = BatchNormEval {
+            x: self.clone(),
+            c,
+            running_mean: running_mean.clone(),
+            running_var: running_var.clone(),
+            weight: weight.cloned(),
+            bias: bias.cloned(),
+            eps,
+        };
+        dispatch(&self.device, &desc)
     }
 
     /// Gradients of [`Tensor::batch_norm_train`] for input `self` (N, C, ...) given `dy` (same
-    /// shape) and the forward's `save_mean` and `save_invstd` (`[C]`, [`acc_dtype`]): with
+    /// shape) and the forward's `save_mean` and `save_invstd` (`[C]`, [`acc_dtype`](crate::acc_dtype)): with
     /// xhat = (x - mean) * invstd over each channel's N * spatial values,
     /// `dx = weight * invstd * (dy - mean(dy) - xhat * mean(dy * xhat))`, dweight = sum(dy * xhat)
     /// when `weight` is given, and dbias = sum(dy) always. Any strides; dx is contiguous, all in
@@ -305,87 +230,14 @@ impl Tensor {
                 format!("dy {:?} does not match input {:?}", dy.shape, self.shape),
             ));
         }
-        let cnt = self.numel() / c.max(1);
-        let inner: usize = self.shape[2..].iter().product();
-        if self.device.is_host() {
-            let (x, g) = (self.to_vec_f64()?, dy.to_vec_f64()?);
-            let (mean, invstd) = (save_mean.to_vec_f64()?, save_invstd.to_vec_f64()?);
-            let w = host_vals(weight)?;
-            let ch = |i: usize| (i / inner.max(1)) % c;
-            let (mut sdy, mut sdyx) = (vec![0.0; c], vec![0.0; c]);
-            for i in 0..x.len() {
-                sdy[ch(i)] += g[i];
-                sdyx[ch(i)] += g[i] * (x[i] - mean[ch(i)]) * invstd[ch(i)];
-            }
-            let dx = HostData::from_fn(self.dtype, x.len(), |i| {
-                let k = ch(i);
-                let xh = (x[i] - mean[k]) * invstd[k];
-                let wk = w.as_ref().map_or(1.0, |w| w[k]);
-                wk * invstd[k] * (g[i] - sdy[k] / cnt as f64 - xh * sdyx[k] / cnt as f64)
-            });
-            let t = |v: &[f64]| {
-                Tensor::from_host_data(HostData::from_fn(self.dtype, c, |i| v[i]), &[c])
-            };
-            return Ok(NormGrads {
-                dx: Tensor::from_host_data(dx, &self.shape),
-                dweight: weight.map(|_| t(&sdyx)),
-                dbias: Some(t(&sdy)),
-            });
-        }
-        // Slices of at least 4096 values, at most 256 per channel (one work-group merges them).
-        let p = cnt.div_ceil(4096).clamp(1, 256);
-        let chunk = cnt.div_ceil(p).max(1);
-        let (lk, lr) = bn_layouts(op, self, &[self, dy])?;
-        let cnt32 = u32_arg(op, "values per channel", cnt)?;
-        // Kernels compute slice ends up to P * chunk in 32 bits.
-        u32_arg(op, "values per channel (rounded to slices)", chunk * p)?;
-        let (chunk32, p32) = (chunk as u32, p as u32);
-        let dx = Tensor::alloc(&self.shape, self.dtype, &self.device)?;
-        let dw = Tensor::alloc(&[c], self.dtype, &self.device)?;
-        let db = Tensor::alloc(&[c], self.dtype, &self.device)?;
-        if c > 0 {
-            let acc = acc_dtype(self.dtype);
-            let part = Tensor::alloc(&[c * p * 2], acc, &self.device)?;
-            let (mean, invstd) = (dense(save_mean)?, dense(save_invstd)?);
-            let w = weight.map(dense).transpose()?;
-            let program = program_for(&self.device, &NORM, self.dtype)?;
-            let mut k1 = Kernel::new(&program, "bn_bwd_part")?;
-            let mut k2 = Kernel::new(&program, "bn_bwd_dx")?;
-            let group = 256
-                .min(pow2_floor(k1.max_work_group_size()))
-                .min(pow2_floor(k2.max_work_group_size()));
-            k1.arg_mem(part.mem()?)?
-                .arg_mem(self.mem()?)?
-                .arg_mem(dy.mem()?)?
-                .arg_mem(mean.mem()?)?
-                .arg_mem(invstd.mem()?)?
-                .arg(&lk)?
-                .arg(&lr)?
-                .arg(&cnt32)?
-                .arg(&chunk32)?
-                .arg(&p32)?;
-            launch_groups(op, &mut k1, c * p, group)?;
-            k2.arg_mem(dx.mem()?)?
-                .arg_mem(dw.mem()?)?
-                .arg_mem(db.mem()?)?
-                .arg_mem(part.mem()?)?
-                .arg_mem(self.mem()?)?
-                .arg_mem(dy.mem()?)?
-                .arg_mem(mean.mem()?)?
-                .arg_mem(invstd.mem()?)?
-                .arg_mem(w.as_ref().unwrap_or(self).mem()?)?
-                .arg(&lk)?
-                .arg(&lr)?
-                .arg(&cnt32)?
-                .arg(&chunk32)?
-                .arg(&p32)?
-                .arg(&(w.is_some() as i32))?;
-            launch_groups(op, &mut k2, c * p, group)?;
-        }
-        Ok(NormGrads {
-            dx,
-            dweight: weight.map(|_| dw),
-            dbias: Some(db),
-        })
+        let desc = BatchNormBackward {
+            x: self.clone(),
+            dy: dy.clone(),
+            c,
+            save_mean: save_mean.clone(),
+            save_invstd: save_invstd.clone(),
+            weight: weight.cloned(),
+        };
+        dispatch(&self.device, &desc)
     }
 }
