@@ -130,18 +130,12 @@ pub(super) fn scatter_add(desc: &ScatterAdd, device: &Device) -> Result<Tensor> 
 /// output (`sorted_rows.rs`). Ids of another rank than 1 (embedding) and the grad rows they pick
 /// are seen as a list and a matrix first (views where the strides allow, else a copy).
 pub(super) fn row_add(desc: &RowAdd, _device: &Device) -> Result<Tensor> {
-    let RowAdd {
-        op,
-        x,
-        idx,
-        src,
-        shape,
-    } = desc;
+    let (op, x, idx) = (desc.op, desc.x.as_ref(), &desc.idx);
     if idx.ndim() == 1 {
-        return sorted_row_add(op, x.as_ref(), idx, src, shape);
+        return sorted_row_add(op, x, idx, &desc.src, &desc.shape);
     }
-    let src = as_matrix(src, idx.ndim())?;
+    let src = as_matrix(&desc.src, idx.ndim())?;
     let ids = as_matrix(idx, idx.ndim())?;
     let ids = ids.view_of(vec![idx.numel()], vec![ids.strides[0]], ids.offset);
-    sorted_row_add(op, x.as_ref(), &ids, &src, shape)
+    sorted_row_add(op, x, &ids, &src, &desc.shape)
 }

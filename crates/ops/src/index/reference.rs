@@ -150,13 +150,7 @@ fn host_scatter<T: Accum>(
 /// A whole-row scatter-add on the host: the scatter-add along dim 0 of the 1-D index list (ids of
 /// another rank flattened, and the grad rows with them), which sums each row in ascending j.
 pub(super) fn row_add(desc: &RowAdd) -> Result<Tensor> {
-    let RowAdd {
-        op,
-        x,
-        idx,
-        src,
-        shape,
-    } = desc;
+    let (idx, src) = (&desc.idx, &desc.src);
     let (idx, src) = if idx.ndim() == 1 {
         (idx.clone(), src.clone())
     } else {
@@ -165,5 +159,6 @@ pub(super) fn row_add(desc: &RowAdd) -> Result<Tensor> {
         (idx.reshape(&[n])?, src.reshape(&[n, row])?)
     };
     let along = idx_along(&idx, 0, &src.shape);
-    scatter_add(&ScatterAdd::new(op, x.as_ref(), shape, 0, &along, &src))
+    let x = desc.x.as_ref();
+    scatter_add(&ScatterAdd::new(desc.op, x, &desc.shape, 0, &along, &src))
 }

@@ -163,28 +163,20 @@ pub(super) fn tri(desc: &Tri, device: &Device) -> Result<Tensor> {
 
 /// A triangular mask on `device`: one kernel.
 pub(super) fn tri_mask(desc: &TriMask, device: &Device) -> Result<Tensor> {
-    let &TriMask {
-        op,
-        rows,
-        cols,
-        diagonal,
-        upper,
-        values,
-        dtype,
-    } = desc;
-    let out = Tensor::alloc(&[rows, cols], dtype, device)?;
+    let (dtype, values) = (desc.dtype, desc.values);
+    let out = Tensor::alloc(&[desc.rows, desc.cols], dtype, device)?;
     let n = out.numel();
     if n == 0 {
         return Ok(out);
     }
-    let c = u32_arg(op, "size", cols)?;
-    let diag = diag_arg(diagonal);
+    let c = u32_arg(desc.op, "size", desc.cols)?;
+    let diag = diag_arg(desc.diagonal);
     let program = program_for(device, &SHAPE, dtype)?;
     launch_1d(&program, "tri_mask", n, |k| {
         k.arg_mem(out.mem()?)?
             .arg(&c)?
             .arg(&diag)?
-            .arg(&(upper as u32))?;
+            .arg(&(desc.upper as u32))?;
         arg_acc(k, dtype, values.0)?;
         arg_acc(k, dtype, values.1)
     })?;

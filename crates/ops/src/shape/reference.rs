@@ -101,20 +101,12 @@ pub(super) fn tri(desc: &Tri) -> Result<Tensor> {
 
 /// A triangular mask on the host.
 pub(super) fn tri_mask(desc: &TriMask) -> Result<Tensor> {
-    let &TriMask {
-        rows,
-        cols,
-        diagonal,
-        upper,
-        values,
-        dtype,
-        ..
-    } = desc;
-    let data = HostData::from_fn(dtype, rows * cols, |i| {
-        if in_triangle(i / cols, i % cols, diagonal, upper) {
-            values.0
+    let (rows, cols, (inside, outside)) = (desc.rows, desc.cols, desc.values);
+    let data = HostData::from_fn(desc.dtype, rows * cols, |i| {
+        if in_triangle(i / cols, i % cols, desc.diagonal, desc.upper) {
+            inside
         } else {
-            values.1
+            outside
         }
     });
     Ok(Tensor::from_host_data(data, &[rows, cols]))
