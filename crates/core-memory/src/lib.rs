@@ -10,6 +10,6 @@ pub use host::{host_charge, host_check, host_memory, host_release, host_vec, set
 pub use pool::{parse_bytes, Block, Pool, PoolStats};
 pub use size_class::{size_class, SLAB_BYTES, SMALL_MAX};
 pub use transfer::{
-    copy, enqueue_read, enqueue_write, read, read_async, write, write_async, Pending, PinnedBuffer, STAGING_CHUNK,
-    STAGING_THRESHOLD,
+    copy, enqueue_read, enqueue_write, read, read_async, write, write_async, Pending, PinnedBuffer,
+    STAGING_CHUNK, STAGING_THRESHOLD,
 };

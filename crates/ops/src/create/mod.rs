@@ -5,8 +5,8 @@ use crate::base::dispatch::{dispatch, Op};
 use crate::base::element::Element;
 use crate::base::layout::{checked_numel, numel};
 use crate::base::tensor::Tensor;
-use crate::fused::expr::Expr;
 use crate::fused::eval::fused_into;
+use crate::fused::expr::Expr;
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
 use netcl_core_devices::{DType, Device, Error, Result};
 
