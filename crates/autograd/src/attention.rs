@@ -1,12 +1,16 @@
-//! Scaled dot-product attention composed from recorded ops (matmul, mask, softmax, matmul).
-use crate::tape::Var;
+//! Scaled dot-product attention: the fused kernel's op and backward rule (`Var::flash_attention`), and `Var::attention`, which takes it where it can and composes recorded ops (matmul, mask, softmax, matmul) elsewhere.
+use crate::tape::{any_tracked, record, Var};
 use netcl_ops::{Error, Result, Tensor};
 
 impl Var {
     /// softmax(q·kᵀ·scale + mask)·v over q, k, v: (..., T, D); `mask` is an additive constant
     /// broadcast to (..., Tq, Tk) (0 / -inf, as [`Tensor::attention`]); `causal` lets query i see
-    /// keys up to i + Tk − Tq.
-    /// `scale` defaults to 1/sqrt(D).
+    /// keys up to i + Tk − Tq. `scale` defaults to 1/sqrt(D).
+    ///
+    /// Without a mask, 4-D operands that [`Tensor::flash_attention_supports`] and at least
+    /// [`FLASH_MIN_QUERIES`] queries go to the fused kernel ([`Var::flash_attention`]); other
+    /// calls record the composed ops. With `causal`, a query that sees no key (Tq > Tk) gives 0
+    /// on the fused path and NaN on the composed one.
     pub fn attention(
         q: &Var,
         k: &Var,
@@ -26,6 +30,13 @@ impl Var {
                 ),
             ));
         }
+        if mask.is_none()
+            && q.ndim() == 4
+            && q.shape()[2] >= FLASH_MIN_QUERIES
+            && Tensor::flash_attention_supports(q.value(), k.value(), v.value())
+        {
+            return Var::flash_attention(q, k, v, causal, scale);
+        }
         let d = q.shape()[q.ndim() - 1];
         let scale = scale.unwrap_or(1.0 / (d as f64).sqrt());
         let kt = k.transpose(k.ndim() - 2, k.ndim() - 1)?;
@@ -42,4 +53,31 @@ impl Var {
         let p = s.softmax(s.ndim() - 1)?;
         p.matmul(v)
     }
+
+    /// Fused attention of q (B, H, Tq, D) over k, v (B, Hkv, Tk, D) ([`Tensor::flash_attention`]:
+    /// grouped-query heads, no materialised scores). The tape keeps q, k, v, the output and
+    /// the rows' log-sum-exp (B, H, Tq), and the backward is the fused two-kernel backward.
+    pub fn flash_attention(
+        q: &Var,
+        k: &Var,
+        v: &Var,
+        causal: bool,
+        scale: Option<f64>,
+    ) -> Result<Var> {
+        let (qv, kv, vv) = (q.value(), k.value(), v.value());
+        let (out, lse) = Tensor::flash_attention(qv, kv, vv, causal, scale)?;
+        if !any_tracked(&[q, k, v]) {
+            return Ok(Var::constant(out));
+        }
+        let (qv, kv, vv, o) = (qv.clone(), kv.clone(), vv.clone(), out.clone());
+        record("flash_attention", &[q, k, v], out, move |g, _| {
+            let (dq, dk, dv) =
+                Tensor::flash_attention_backward(&qv, &kv, &vv, &o, &lse, g, causal, scale)?;
+            Ok(vec![Some(dq), Some(dk), Some(dv)])
+        })
+    }
 }
+
+/// Fewest queries for which `Var::attention` takes the fused kernel: it runs a work-item per
+/// query, so a few decoding queries are faster through the composed GEMV and softmax.
+pub const FLASH_MIN_QUERIES: usize = 16;

@@ -19,6 +19,7 @@ mod tape;
 mod unary;
 mod views;
 
+pub use attention::FLASH_MIN_QUERIES;
 pub use autocast::{autocast, autocast_dtype};
 pub use gradcheck::{gradcheck, GradcheckOptions, GradcheckReport};
 pub use param::{GradBuffers, Parameter};

@@ -1,5 +1,5 @@
 //! Every differentiable op's backward rule against finite differences (f64), on the host and every OpenCL device.
-use netcl_autograd::{gradcheck, GradcheckOptions, Var};
+use netcl_autograd::{gradcheck, GradcheckOptions, Var, FLASH_MIN_QUERIES};
 use netcl_core_devices::test_devices;
 use netcl_ops::testing::random_tensor;
 use netcl_ops::{
@@ -494,6 +494,21 @@ fn rope_attention_dropout() {
             |v| Var::attention(&v[0], &v[1], &v[2], None, causal, None),
         );
     }
+    // 4-D with at least FLASH_MIN_QUERIES queries: the fused kernel and its backward, with
+    // grouped heads (4 query heads over 2 key/value heads) and fewer keys than queries.
+    for causal in [false, true] {
+        check(
+            "flash attention",
+            |d| {
+                vec![
+                    signed(d, &[1, 4, FLASH_MIN_QUERIES + 1, 4], 105),
+                    signed(d, &[1, 2, FLASH_MIN_QUERIES - 2, 4], 106),
+                    signed(d, &[1, 2, FLASH_MIN_QUERIES - 2, 4], 107),
+                ]
+            },
+            |v| Var::flash_attention(&v[0], &v[1], &v[2], causal, Some(0.7)),
+        );
+    }
     check(
         "dropout",
         |d| vec![signed(d, &[4, 5], 104)],
@@ -510,5 +525,44 @@ fn gradcheck_catches_a_wrong_gradient() {
             .unwrap_err()
             .to_string();
         assert!(err.contains("differ from finite differences"), "{err}");
+    }
+}
+
+/// `Var::attention` takes the fused kernel for 4-D operands with enough queries: its values and
+/// gradients equal the composed ops' (forced here by an all-zero mask) on every device.
+#[test]
+fn attention_fused_and_composed_agree() {
+    use netcl_autograd::Tape;
+    for dev in test_devices().unwrap() {
+        let t = FLASH_MIN_QUERIES + 3;
+        let shape = [2, 3, t, 8];
+        let inputs: Vec<Tensor> = (0..3).map(|i| signed(&dev, &shape, 200 + i)).collect();
+        let zeros = Tensor::zeros(&[t, t], DType::F64, &dev).unwrap();
+        let run = |mask: Option<&Tensor>| {
+            let tape = Tape::new();
+            let v: Vec<Var> = inputs.iter().map(|x| tape.leaf(x).unwrap()).collect();
+            let before = netcl_kernels::thread_launches("attention_fwd");
+            let y = Var::attention(&v[0], &v[1], &v[2], mask, true, None).unwrap();
+            let fused = netcl_kernels::thread_launches("attention_fwd") > before;
+            let loss = y.mul(&y).unwrap().sum_all().unwrap();
+            let grads = tape.backward(&loss).unwrap();
+            let mut vals = vec![y.value().to_vec_f64().unwrap()];
+            vals.extend(
+                v.iter()
+                    .map(|x| grads.get(x).unwrap().to_vec_f64().unwrap()),
+            );
+            (fused, vals)
+        };
+        let (fused, a) = run(None);
+        let (composed, b) = run(Some(&zeros));
+        assert_eq!((fused, composed), (dev.is_opencl(), false), "{dev}");
+        for (x, y) in a.iter().zip(&b) {
+            for (p, q) in x.iter().zip(y) {
+                assert!(
+                    (p - q).abs() <= 1e-10 * (1.0 + q.abs()),
+                    "{dev}: {p} vs {q}"
+                );
+            }
+        }
     }
 }

@@ -34,8 +34,9 @@ source!(NORM, "norm.cl");
 source!(CONV, "conv.cl");
 source!(POOL, "pool.cl");
 source!(SORT, "sort.cl");
+source!(ATTENTION, "attention.cl");
 
 /// Every op-family source (not the common header).
-pub const ALL: [Source; 12] = [
-    COPY, RANDOM, MATMUL, INDEX, SHAPE, ROPE, REDUCE, SOFTMAX, NORM, CONV, POOL, SORT,
+pub const ALL: [Source; 13] = [
+    COPY, RANDOM, MATMUL, INDEX, SHAPE, ROPE, REDUCE, SOFTMAX, NORM, CONV, POOL, SORT, ATTENTION,
 ];

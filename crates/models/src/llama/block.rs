@@ -1,7 +1,7 @@
 //! One Llama block: RMSNorm, grouped-query attention with RoPE and a causal mask (optionally through a KV cache), SwiGLU feed-forward, residuals.
 use super::cache::KvCache;
 use super::config::LlamaConfig;
-use netcl_autograd::{Parameter, Tape, Var};
+use netcl_autograd::{Parameter, Tape, Var, FLASH_MIN_QUERIES};
 use netcl_nn::{Init, Linear, Module, RmsNorm};
 use netcl_ops::{Device, Generator, Result, RopeFreqs, RopePositions, Tensor};
 
@@ -95,18 +95,23 @@ impl Attention {
             }
             None => (k, v),
         };
-        let s = k.shape()[2];
-        let rep = h / hkv;
-        // Query head j * rep + r uses key/value head j: group the queries, broadcast the keys.
-        let q = q.transpose(1, 2)?.reshape(&[b, hkv, rep, t, hd])?;
-        let wide = [b, hkv, rep, s, hd];
-        let k = k.unsqueeze(2)?.broadcast_to(&wide)?;
-        let v = v.unsqueeze(2)?.broadcast_to(&wide)?;
-        let o = Var::attention(&q, &k, &v, mask, true, None)?;
-        let o = o
-            .reshape(&[b, h, t, hd])?
-            .transpose(1, 2)?
-            .reshape(&[b, t, c.dim])?;
+        let q = q.transpose(1, 2)?;
+        let fused = mask.is_none()
+            && t >= FLASH_MIN_QUERIES
+            && Tensor::flash_attention_supports(q.value(), k.value(), v.value());
+        // [B, H, T, hd]: the fused kernel reads the grouped heads as they are; otherwise query
+        // head j * rep + r meets key/value head j through a broadcast.
+        let o = if fused {
+            Var::flash_attention(&q, &k, &v, true, None)?
+        } else {
+            let (s, rep) = (k.shape()[2], h / hkv);
+            let q = q.reshape(&[b, hkv, rep, t, hd])?;
+            let wide = [b, hkv, rep, s, hd];
+            let k = k.unsqueeze(2)?.broadcast_to(&wide)?;
+            let v = v.unsqueeze(2)?.broadcast_to(&wide)?;
+            Var::attention(&q, &k, &v, mask, true, None)?.reshape(&[b, h, t, hd])?
+        };
+        let o = o.transpose(1, 2)?.reshape(&[b, t, c.dim])?;
         self.wo.forward(tape, &o)
     }
 

@@ -1,0 +1,226 @@
+//! Fused scaled dot-product attention: softmax(q·kᵀ·scale, causal or not)·v in one kernel that never materialises the scores (online softmax), its two-kernel backward, grouped-query heads.
+//!
+//! q is (B, H, Tq, D), k and v (B, Hkv, Tk, D) with H a multiple of Hkv: query head h attends
+//! with key/value head h / (H / Hkv), so grouped-query attention needs no repeated keys. Inputs
+//! may be strided views (a transposed (B, T, H, D) projection, a KV cache's prefix) as long as
+//! the last dim is dense. Outputs are laid out (B, T, H, D) and returned as (B, H, T, D) views,
+//! so the usual transpose back to (B, T, H·D) costs no copy. Causal: query i sees keys
+//! j <= i + Tk - Tq (the queries being the last Tq positions); a query that sees no key gets
+//! output 0 and no gradient (the composed `Tensor::attention` gives NaN there).
+mod opencl;
+mod reference;
+
+use crate::base::acc::acc_dtype;
+use crate::base::checks::same_float;
+use crate::base::dispatch::{dispatch, Op};
+use crate::base::tensor::Tensor;
+use netcl_core_devices::{Device, Error, Result};
+
+/// Largest head dim the kernels take.
+pub const FLASH_ATTENTION_MAX_HEAD_DIM: usize = 128;
+
+/// The checked sizes of one attention: batch, query heads, key/value heads, query and key
+/// lengths, head dim; causal masking and the score scale.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Dims {
+    b: usize,
+    h: usize,
+    hkv: usize,
+    tq: usize,
+    tk: usize,
+    d: usize,
+    causal: bool,
+    scale: f64,
+}
+
+impl Dims {
+    /// The number of keys query `i` sees.
+    fn visible(&self, i: usize) -> usize {
+        if !self.causal {
+            return self.tk;
+        }
+        (i + 1 + self.tk).saturating_sub(self.tq).min(self.tk)
+    }
+}
+
+/// Why `q`, `k`, `v` cannot go to the fused kernels, or their sizes.
+fn dims(
+    op: &str,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    causal: bool,
+    scale: Option<f64>,
+) -> Result<Dims> {
+    same_float(op, &[q, k, v])?;
+    let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
+    if qs.len() != 4 || ks.len() != 4 || ks != vs || qs[0] != ks[0] || qs[3] != ks[3] {
+        return Err(Error::shape(
+            op,
+            format!("q {qs:?}, k {ks:?}, v {vs:?}: need q (B, H, Tq, D) and k, v (B, Hkv, Tk, D)"),
+        ));
+    }
+    let (b, h, tq, d) = (qs[0], qs[1], qs[2], qs[3]);
+    let (hkv, tk) = (ks[1], ks[2]);
+    if hkv == 0 || h % hkv != 0 {
+        return Err(Error::shape(
+            op,
+            format!(
+                "{h} query heads are not a multiple of {hkv} key/value heads (q {qs:?}, k {ks:?})"
+            ),
+        ));
+    }
+    if d == 0 || d % 4 != 0 || d > FLASH_ATTENTION_MAX_HEAD_DIM {
+        return Err(Error::shape(
+            op,
+            format!(
+                "head dim {d} (q {qs:?}) must be a multiple of 4 from 4 to {FLASH_ATTENTION_MAX_HEAD_DIM}"
+            ),
+        ));
+    }
+    if b == 0 || h == 0 || tq == 0 || tk == 0 {
+        return Err(Error::shape(
+            op,
+            format!("q {qs:?}, k {ks:?}: empty attention"),
+        ));
+    }
+    Ok(Dims {
+        b,
+        h,
+        hkv,
+        tq,
+        tk,
+        d,
+        causal,
+        scale: scale.unwrap_or(1.0 / (d as f64).sqrt()),
+    })
+}
+
+/// A checked forward: out (B, H, Tq, D) and the rows' log-sum-exp (B, H, Tq).
+#[derive(Clone, Debug)]
+struct FlashAttention {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dims: Dims,
+}
+
+impl Op for FlashAttention {
+    type Output = (Tensor, Tensor);
+    const NAME: &'static str = "flash_attention";
+    fn opencl(&self, device: &Device) -> Result<(Tensor, Tensor)> {
+        opencl::forward(self, device)
+    }
+    fn reference(&self) -> Result<(Tensor, Tensor)> {
+        reference::forward(self)
+    }
+}
+
+/// A checked backward: dq (B, H, Tq, D), dk and dv (B, Hkv, Tk, D).
+#[derive(Clone, Debug)]
+struct FlashAttentionBackward {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    grad: Tensor,
+    dims: Dims,
+}
+
+impl Op for FlashAttentionBackward {
+    type Output = (Tensor, Tensor, Tensor);
+    const NAME: &'static str = "flash_attention_backward";
+    fn opencl(&self, device: &Device) -> Result<Self::Output> {
+        opencl::backward(self, device)
+    }
+    fn reference(&self) -> Result<Self::Output> {
+        reference::backward(self)
+    }
+}
+
+/// Error unless `t` (named `what`) has `shape`.
+fn need_shape(op: &str, t: &Tensor, what: &str, shape: &[usize]) -> Result<()> {
+    if t.shape() != shape {
+        return Err(Error::shape(
+            op,
+            format!("{what} is {:?}; expected {shape:?}", t.shape()),
+        ));
+    }
+    Ok(())
+}
+
+impl Tensor {
+    /// Whether [`Tensor::flash_attention`] takes these operands (4-D, grouped heads, a head dim
+    /// that is a multiple of 4 up to 128, nothing empty); callers fall back to the composed
+    /// [`Tensor::attention`] otherwise.
+    pub fn flash_attention_supports(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
+        dims("flash_attention", q, k, v, false, None).is_ok()
+    }
+
+    /// softmax(q·kᵀ·scale)·v, causal or not, without materialising the scores: returns the
+    /// output (B, H, Tq, D), a view of a (B, Tq, H, D) tensor, and each row's log-sum-exp of the
+    /// scaled scores (B, H, Tq) in the accumulation dtype (f64 for f64, else f32), which the
+    /// backward needs. `scale` defaults to 1/sqrt(D).
+    pub fn flash_attention(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        causal: bool,
+        scale: Option<f64>,
+    ) -> Result<(Tensor, Tensor)> {
+        let dims = dims("flash_attention", q, k, v, causal, scale)?;
+        let op = FlashAttention {
+            q: q.clone(),
+            k: k.clone(),
+            v: v.clone(),
+            dims,
+        };
+        dispatch(q.device(), &op)
+    }
+
+    /// The gradients (dq, dk, dv) of [`Tensor::flash_attention`] given its inputs, its output
+    /// `out`, its `lse` and the output's gradient `grad` (B, H, Tq, D); laid out like the
+    /// forward's output. Two kernels: dq (with each row's rowsum(grad·out)), then dk and dv,
+    /// each key summing over the query heads of its group. No atomics: deterministic.
+    #[allow(clippy::too_many_arguments)]
+    pub fn flash_attention_backward(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        out: &Tensor,
+        lse: &Tensor,
+        grad: &Tensor,
+        causal: bool,
+        scale: Option<f64>,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let op = "flash_attention_backward";
+        let dims = dims(op, q, k, v, causal, scale)?;
+        same_float(op, &[q, out, grad])?;
+        need_shape(op, out, "out", q.shape())?;
+        need_shape(op, grad, "grad", q.shape())?;
+        need_shape(op, lse, "lse", &q.shape()[..3])?;
+        if lse.dtype() != acc_dtype(q.dtype()) || lse.device() != q.device() {
+            return Err(Error::dtype(
+                op,
+                format!(
+                    "lse is {} on {}; expected {} on {}",
+                    lse.dtype(),
+                    lse.device(),
+                    acc_dtype(q.dtype()),
+                    q.device()
+                ),
+            ));
+        }
+        let desc = FlashAttentionBackward {
+            q: q.clone(),
+            k: k.clone(),
+            v: v.clone(),
+            out: out.clone(),
+            lse: lse.clone(),
+            grad: grad.clone(),
+            dims,
+        };
+        dispatch(q.device(), &desc)
+    }
+}

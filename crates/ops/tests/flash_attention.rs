@@ -1,0 +1,246 @@
+//! Fused attention (forward, lse, backward; causal or not, grouped heads, strided inputs, every float dtype) against a naive f64 attention with the full probability matrix, and finite differences, on every device.
+use netcl_core_devices::test_devices;
+use netcl_ops::testing::{check_close, random_tensor, tolerance, Cases};
+use netcl_ops::{DType, Device, Tensor};
+
+const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+
+/// Naive attention in f64 over row-major q (B, H, Tq, D), k and v (B, Hkv, Tk, D) and the
+/// output gradient g: (out, lse, dq, dk, dv), through the whole (Tq, Tk) probability matrix of
+/// each head with -inf where the causal mask hides a key.
+#[allow(clippy::type_complexity)]
+fn naive(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    g: &[f64],
+    [b, h, hkv, tq, tk, d]: [usize; 6],
+    causal: bool,
+    scale: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
+    let mut out = vec![0.0; q.len()];
+    let mut lse = vec![0.0; b * h * tq];
+    let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+    for bi in 0..b {
+        for hi in 0..h {
+            let hk = hi / (h / hkv);
+            let qa = |i: usize| ((bi * h + hi) * tq + i) * d;
+            let ka = |j: usize| ((bi * hkv + hk) * tk + j) * d;
+            // Scores with the mask, then softmax row by row.
+            let mut p = vec![vec![f64::NEG_INFINITY; tk]; tq];
+            for (i, row) in p.iter_mut().enumerate() {
+                for (j, s) in row.iter_mut().enumerate() {
+                    if !causal || j + tq <= i + tk {
+                        *s = scale * (0..d).map(|e| q[qa(i) + e] * k[ka(j) + e]).sum::<f64>();
+                    }
+                }
+                let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                if m == f64::NEG_INFINITY {
+                    lse[(bi * h + hi) * tq + i] = m;
+                    row.iter_mut().for_each(|x| *x = 0.0);
+                    continue;
+                }
+                let z: f64 = row.iter().map(|x| (x - m).exp()).sum();
+                lse[(bi * h + hi) * tq + i] = m + z.ln();
+                row.iter_mut().for_each(|x| *x = (*x - m).exp() / z);
+            }
+            for i in 0..tq {
+                for j in 0..tk {
+                    for e in 0..d {
+                        out[qa(i) + e] += p[i][j] * v[ka(j) + e];
+                        dv[ka(j) + e] += p[i][j] * g[qa(i) + e];
+                    }
+                }
+                let dp: Vec<f64> = (0..tk)
+                    .map(|j| (0..d).map(|e| g[qa(i) + e] * v[ka(j) + e]).sum())
+                    .collect();
+                let rowdot: f64 = (0..tk).map(|j| p[i][j] * dp[j]).sum();
+                for j in 0..tk {
+                    let ds = p[i][j] * (dp[j] - rowdot) * scale;
+                    for e in 0..d {
+                        dq[qa(i) + e] += ds * k[ka(j) + e];
+                        dk[ka(j) + e] += ds * q[qa(i) + e];
+                    }
+                }
+            }
+        }
+    }
+    (out, lse, dq, dk, dv)
+}
+
+/// A (B, H, T, D) operand: plain, or the transposed view of a (B, T, H, D) tensor.
+fn operand(dtype: DType, shape: [usize; 4], seed: u64, transposed: bool) -> Tensor {
+    let [b, h, t, d] = shape;
+    if transposed {
+        random_tensor(dtype, &[b, t, h, d], -1.5, 1.5, seed)
+            .transpose(1, 2)
+            .unwrap()
+    } else {
+        random_tensor(dtype, &shape, -1.5, 1.5, seed)
+    }
+}
+
+fn max_abs(v: &[f64]) -> f64 {
+    v.iter().fold(1e-3f64, |m, x| m.max(x.abs()))
+}
+
+#[test]
+fn flash_attention_matches_naive_attention_on_every_device() {
+    let devices = test_devices().unwrap();
+    let mut c = Cases::new(0xF1A5);
+    for case in 0..48 {
+        let dtype = FLOATS[case % 4];
+        let (b, hkv, rep) = (1 + c.below(2), 1 + c.below(2), 1 + c.below(3));
+        let h = hkv * rep;
+        let d = [4, 8, 12, 16, 32, 64][c.below(6)];
+        // Lengths across the 64-query and 32-key tiles; causal with fewer keys than queries too.
+        let tq = [1, 3, 17, 64, 65, 70][c.below(6)];
+        let tk = [1, 5, 32, 33, 64, 70][c.below(6)].max(if c.below(4) == 0 { 1 } else { tq });
+        let causal = c.below(3) != 0;
+        let scale = if c.below(2) == 0 { None } else { Some(0.3) };
+        let dims = [b, h, hkv, tq, tk, d];
+        let seed = 1000 * case as u64;
+        let q = operand(dtype, [b, h, tq, d], seed, c.below(2) == 0);
+        let k = operand(dtype, [b, hkv, tk, d], seed + 1, c.below(2) == 0);
+        let v = operand(dtype, [b, hkv, tk, d], seed + 2, c.below(2) == 0);
+        let g = operand(dtype, [b, h, tq, d], seed + 3, false);
+        let vals = |t: &Tensor| t.to_vec_f64().unwrap();
+        let s = scale.unwrap_or(1.0 / (d as f64).sqrt());
+        let want = naive(&vals(&q), &vals(&k), &vals(&v), &vals(&g), dims, causal, s);
+        let tol = 4.0 * tolerance(dtype).max(1e-12);
+        for dev in &devices {
+            if dtype == DType::F64 && !dev.info().fp64 {
+                continue;
+            }
+            let what = format!("case {case} {dtype} {dims:?} causal {causal} on {dev}");
+            let on = |t: &Tensor| t.to_device(dev).unwrap();
+            let (qd, kd, vd) = (on(&q), on(&k), on(&v));
+            let (out, lse) = Tensor::flash_attention(&qd, &kd, &vd, causal, scale).unwrap();
+            assert_eq!(out.shape(), q.shape(), "{what}");
+            check_close(
+                &vals(&out),
+                &want.0,
+                tol,
+                max_abs(&want.0),
+                &format!("{what}: out"),
+            )
+            .unwrap();
+            check_close(&vals(&lse), &want.1, tol, 1.0, &format!("{what}: lse")).unwrap();
+            let grads =
+                Tensor::flash_attention_backward(&qd, &kd, &vd, &out, &lse, &on(&g), causal, scale)
+                    .unwrap();
+            for (name, got, want) in [
+                ("dq", grads.0, &want.2),
+                ("dk", grads.1, &want.3),
+                ("dv", grads.2, &want.4),
+            ] {
+                let msg = format!("{what}: {name}");
+                check_close(&vals(&got), want, 2.0 * tol, max_abs(want), &msg).unwrap();
+            }
+        }
+    }
+}
+
+/// sum(out * g) of the fused forward, in f64 on `dev`.
+fn loss(q: &Tensor, k: &Tensor, v: &Tensor, g: &[f64], causal: bool) -> f64 {
+    let (out, _) = Tensor::flash_attention(q, k, v, causal, None).unwrap();
+    let o = out.to_vec_f64().unwrap();
+    o.iter().zip(g).map(|(a, b)| a * b).sum()
+}
+
+#[test]
+fn flash_attention_backward_matches_finite_differences() {
+    for dev in test_devices().unwrap() {
+        if !dev.info().fp64 {
+            continue;
+        }
+        let (b, h, hkv, tq, tk, d) = (1, 4, 2, 5, 7, 8);
+        let mk = |shape: &[usize], seed| {
+            random_tensor(DType::F64, shape, -1.0, 1.0, seed)
+                .to_device(&dev)
+                .unwrap()
+        };
+        let (q, k, v) = (
+            mk(&[b, h, tq, d], 1),
+            mk(&[b, hkv, tk, d], 2),
+            mk(&[b, hkv, tk, d], 3),
+        );
+        let g = mk(&[b, h, tq, d], 4);
+        let gv = g.to_vec_f64().unwrap();
+        let (out, lse) = Tensor::flash_attention(&q, &k, &v, true, None).unwrap();
+        let grads =
+            Tensor::flash_attention_backward(&q, &k, &v, &out, &lse, &g, true, None).unwrap();
+        for (which, t, grad) in [(0, &q, &grads.0), (1, &k, &grads.1), (2, &v, &grads.2)] {
+            let base = t.to_vec_f64().unwrap();
+            let analytic = grad.to_vec_f64().unwrap();
+            for idx in [0, base.len() / 3, base.len() - 1] {
+                let bumped = |delta: f64| {
+                    let mut x = base.clone();
+                    x[idx] += delta;
+                    let t2 = Tensor::from_vec(x, t.shape(), &dev).unwrap();
+                    let (q2, k2, v2) = match which {
+                        0 => (&t2, &k, &v),
+                        1 => (&q, &t2, &v),
+                        _ => (&q, &k, &t2),
+                    };
+                    loss(q2, k2, v2, &gv, true)
+                };
+                let numeric = (bumped(1e-6) - bumped(-1e-6)) / 2e-6;
+                assert!(
+                    (numeric - analytic[idx]).abs() <= 1e-6 * (1.0 + numeric.abs()),
+                    "{dev}: input {which} element {idx}: analytic {} vs numeric {numeric}",
+                    analytic[idx]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_operands_are_errors_naming_the_shapes() {
+    let dev = Device::host();
+    let t = |shape: &[usize]| Tensor::zeros(shape, DType::F32, &dev).unwrap();
+    let q = t(&[1, 4, 3, 8]);
+    let err = |r: Result<(Tensor, Tensor), netcl_ops::Error>| r.err().unwrap().to_string();
+    let e = err(Tensor::flash_attention(
+        &q,
+        &t(&[1, 3, 3, 8]),
+        &t(&[1, 3, 3, 8]),
+        true,
+        None,
+    ));
+    assert!(
+        e.contains("4 query heads") && e.contains("3 key/value heads"),
+        "{e}"
+    );
+    let e = err(Tensor::flash_attention(
+        &t(&[1, 1, 3, 6]),
+        &t(&[1, 1, 3, 6]),
+        &t(&[1, 1, 3, 6]),
+        false,
+        None,
+    ));
+    assert!(e.contains("head dim 6"), "{e}");
+    let e = err(Tensor::flash_attention(
+        &t(&[4, 3, 8]),
+        &t(&[4, 3, 8]),
+        &t(&[4, 3, 8]),
+        false,
+        None,
+    ));
+    assert!(e.contains("[4, 3, 8]"), "{e}");
+    let f64q = Tensor::zeros(&[1, 4, 3, 8], DType::F64, &dev).unwrap();
+    assert!(
+        Tensor::flash_attention(&f64q, &t(&[1, 2, 3, 8]), &t(&[1, 2, 3, 8]), true, None).is_err()
+    );
+    assert!(!Tensor::flash_attention_supports(
+        &q,
+        &t(&[1, 3, 3, 8]),
+        &t(&[1, 3, 3, 8])
+    ));
+    assert!(Tensor::flash_attention_supports(
+        &q,
+        &t(&[1, 2, 5, 8]),
+        &t(&[1, 2, 5, 8])
+    ));
+}
