@@ -1,4 +1,4 @@
-// attention.cl: fused scaled dot-product attention (online softmax, never materialising the scores): forward, backward dq (with delta), backward dk/dv; causal or not, grouped-query heads.
+// attention.cl: fused scaled dot-product attention (online softmax, never materialising the scores): forward, backward dq (with delta), backward dk and dv; causal or not, grouped-query heads.
 //
 // Shapes: q (B, H, Tq, D), k and v (B, Hkv, Tk, D) at any element strides over (b, h, t) with
 // unit stride over d; query head h reads key/value head h / (H / Hkv). o is written at the
@@ -25,8 +25,6 @@
 #ifndef BQT
 #define BQT 32  // queries per local tile of the dk/dv kernel
 #endif
-// Own-row local arrays get an odd row stride in 16-byte units: conflict-free vector reads.
-#define ROW4 (D4 + ((D4 % 2 == 0) ? 1 : 2))
 
 typedef struct {
     uint batch, heads, kv_heads, tq, tk;
@@ -58,7 +56,8 @@ inline void store4(__global T* p, uint at, uint c, ACC4 v) {
 #endif
 }
 
-inline ACC dot4(ACC4 a, ACC4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+// Dot products accumulate four lanes apart (four independent fma chains), summed at the end.
+inline ACC hsum(ACC4 a) { return (a.x + a.y) + (a.z + a.w); }
 
 // Number of keys query i may see.
 inline uint visible(const AttnGeom* g, uint i) {
@@ -110,9 +109,10 @@ __kernel void attention_fwd(__global T* o, __global ACC* lse, __global const T* 
         barrier(CLK_LOCAL_MEM_FENCE);
         uint jn = mine > j0 ? min((uint)BK, mine - j0) : 0;
         for (uint jj = 0; jj < jn; jj++) {
-            ACC s = 0;
+            ACC4 s4 = (ACC4)(0);
             #pragma unroll
-            for (uint c = 0; c < D4; c++) s += dot4(qr[c], ks[jj][c]);
+            for (uint c = 0; c < D4; c++) s4 = fma(qr[c], ks[jj][c], s4);
+            ACC s = hsum(s4);
             if (s > m) {
                 ACC r = exp(m - s);
                 l *= r;
@@ -123,7 +123,7 @@ __kernel void attention_fwd(__global T* o, __global ACC* lse, __global const T* 
             ACC p = exp(s - m);
             l += p;
             #pragma unroll
-            for (uint c = 0; c < D4; c++) acc[c] += p * vs[jj][c];
+            for (uint c = 0; c < D4; c++) acc[c] = fma((ACC4)(p), vs[jj][c], acc[c]);
         }
     }
     if (!active) return;
@@ -152,14 +152,15 @@ __kernel void attention_bwd_dq(__global T* dq, __global ACC* delta, __global con
     uint dat = g.o_off + b * g.o_sb + h * g.o_sh + iq * g.o_st;
     uint oat = g.x_off + b * g.x_sb + h * g.x_sh + iq * g.x_st;
     ACC4 qr[D4], dor[D4], acc[D4];
-    ACC dl = 0;
+    ACC4 dl4 = (ACC4)(0);
     #pragma unroll
     for (uint c = 0; c < D4; c++) {
         qr[c] = load4(q, qat, c) * scale;
         dor[c] = load4(dout, dat, c);
-        dl += dot4(dor[c], load4(o, oat, c));
+        dl4 = fma(dor[c], load4(o, oat, c), dl4);
         acc[c] = (ACC4)(0);
     }
+    ACC dl = hsum(dl4);
     ACC li = lse[bh * g.tq + iq];
     uint mine = active ? visible(&g, i) : 0;
     uint kend = visible(&g, min(qb * BQ + BQ - 1, g.tq - 1));
@@ -169,15 +170,16 @@ __kernel void attention_bwd_dq(__global T* dq, __global ACC* delta, __global con
         barrier(CLK_LOCAL_MEM_FENCE);
         uint jn = mine > j0 ? min((uint)BK, mine - j0) : 0;
         for (uint jj = 0; jj < jn; jj++) {
-            ACC s = 0, dp = 0;
+            ACC4 s4 = (ACC4)(0), dp4 = (ACC4)(0);
             #pragma unroll
             for (uint c = 0; c < D4; c++) {
-                s += dot4(qr[c], ks[jj][c]);
-                dp += dot4(dor[c], vs[jj][c]);
+                s4 = fma(qr[c], ks[jj][c], s4);
+                dp4 = fma(dor[c], vs[jj][c], dp4);
             }
+            ACC s = hsum(s4), dp = hsum(dp4);
             ACC ds = exp(s - li) * (dp - dl);
             #pragma unroll
-            for (uint c = 0; c < D4; c++) acc[c] += ds * ks[jj][c];
+            for (uint c = 0; c < D4; c++) acc[c] = fma((ACC4)(ds), ks[jj][c], acc[c]);
         }
     }
     if (!active) return;
@@ -187,83 +189,100 @@ __kernel void attention_bwd_dq(__global T* dq, __global ACC* delta, __global con
     for (uint c = 0; c < D4; c++) store4(dq, at, c, acc[c] * scale);
 }
 
-// dk, dv: (B, Hkv, Tk, D) stored as dense (B, Tk, Hkv, D); delta from attention_bwd_dq; do at
-// o_*. Groups: B * Hkv * ceil(Tk / BKV), BKV items; each key sums over the H / Hkv query heads of its group.
-__kernel void attention_bwd_dkdv(__global T* dk, __global T* dv, __global const T* q,
-                                 __global const T* k, __global const T* v,
-                                 __global const T* dout, __global const ACC* lse,
-                                 __global const ACC* delta, AttnGeom g,
-                                 ACC scale) {
-    __local ACC4 qs[BQT][D4];
-    __local ACC4 ds_[BQT][D4];
-    __local ACC ls[BQT], dls[BQT];
-    __local ACC4 vl[BKV][ROW4];
-    uint nkb = (g.tk + BKV - 1) / BKV;
+// The gradient of one key's row, summed over the H / Hkv query heads of its group: dk (want_dk)
+// or dv. One work-item per key, its rows in registers; the queries stream through local tiles.
+// dk needs k and v (the probability and its gradient), dv only k: two kernels keep each one's
+// registers at three rows (dk) or two (dv), where one kernel for both would need four.
+inline void bwd_kv(__global T* out, __global const T* q, __global const T* k,
+                   __global const T* v, __global const T* dout, __global const ACC* lse,
+                   __global const ACC* delta, const AttnGeom* g, ACC scale, const bool want_dk,
+                   __local ACC4 (*qs)[D4], __local ACC4 (*dos)[D4], __local ACC* ls,
+                   __local ACC* dls) {
+    uint nkb = (g->tk + BKV - 1) / BKV;
     uint grp = get_group_id(0), kb = grp % nkb, bhk = grp / nkb;
-    uint hk = bhk % g.kv_heads, b = bhk / g.kv_heads, rep = g.heads / g.kv_heads;
+    uint hk = bhk % g->kv_heads, b = bhk / g->kv_heads, rep = g->heads / g->kv_heads;
     uint lid = get_local_id(0), j = kb * BKV + lid;
-    bool active = j < g.tk;
-    uint jk = min(j, g.tk - 1);
-    uint kat = g.k_off + b * g.k_sb + hk * g.k_sh + jk * g.k_st;
-    uint vat = g.v_off + b * g.v_sb + hk * g.v_sh + jk * g.v_st;
-    ACC4 kr[D4], dka[D4], dva[D4];
+    bool active = j < g->tk;
+    uint jk = min(j, g->tk - 1);
+    uint kat = g->k_off + b * g->k_sb + hk * g->k_sh + jk * g->k_st;
+    uint vat = g->v_off + b * g->v_sb + hk * g->v_sh + jk * g->v_st;
+    ACC4 kr[D4], vr[D4], acc[D4];
     #pragma unroll
     for (uint c = 0; c < D4; c++) {
         kr[c] = load4(k, kat, c);
-        vl[lid][c] = load4(v, vat, c);
-        dka[c] = (ACC4)(0);
-        dva[c] = (ACC4)(0);
+        vr[c] = want_dk ? load4(v, vat, c) : (ACC4)(0);
+        acc[c] = (ACC4)(0);
     }
     // The first query that sees key j, and the first that sees any key of this block.
-    int first_i = g.causal ? (int)j - g.offset : 0;
-    int first_blk = g.causal ? (int)(kb * BKV) - g.offset : 0;
+    int first_i = g->causal ? (int)j - g->offset : 0;
+    int first_blk = g->causal ? (int)(kb * BKV) - g->offset : 0;
     uint i_lo = first_blk < 0 ? 0u : (uint)first_blk;
     uint mine = first_i < 0 ? 0u : (uint)first_i;
     for (uint r = 0; r < rep; r++) {
-        uint h = hk * rep + r, bh = b * g.heads + h;
-        for (uint i0 = i_lo - i_lo % BQT; i0 < g.tq; i0 += BQT) {
+        uint h = hk * rep + r, bh = b * g->heads + h;
+        for (uint i0 = i_lo - i_lo % BQT; i0 < g->tq; i0 += BQT) {
             barrier(CLK_LOCAL_MEM_FENCE);
             for (uint e = lid; e < BQT * D4; e += BKV) {
                 uint ii = e / D4, c = e % D4, i = i0 + ii;
                 ACC4 qv = (ACC4)(0), dv4 = (ACC4)(0);
-                if (i < g.tq) {
-                    qv = load4(q, g.q_off + b * g.q_sb + h * g.q_sh + i * g.q_st, c) * scale;
-                    dv4 = load4(dout, g.o_off + b * g.o_sb + h * g.o_sh + i * g.o_st, c);
+                if (i < g->tq) {
+                    qv = load4(q, g->q_off + b * g->q_sb + h * g->q_sh + i * g->q_st, c) * scale;
+                    dv4 = load4(dout, g->o_off + b * g->o_sb + h * g->o_sh + i * g->o_st, c);
                 }
                 qs[ii][c] = qv;
-                ds_[ii][c] = dv4;
+                dos[ii][c] = dv4;
             }
             for (uint ii = lid; ii < BQT; ii += BKV) {
                 uint i = i0 + ii;
-                ls[ii] = i < g.tq ? (ACC)lse[bh * g.tq + i] : (-INFINITY);
-                dls[ii] = i < g.tq ? (ACC)delta[bh * g.tq + i] : 0;
+                ls[ii] = i < g->tq ? lse[bh * g->tq + i] : (-INFINITY);
+                dls[ii] = i < g->tq && want_dk ? delta[bh * g->tq + i] : 0;
             }
             barrier(CLK_LOCAL_MEM_FENCE);
             if (!active) continue;
             uint ii0 = mine > i0 ? min((uint)BQT, mine - i0) : 0;
-            uint ii1 = min((uint)BQT, g.tq - i0);
+            uint ii1 = min((uint)BQT, g->tq - i0);
             for (uint ii = ii0; ii < ii1; ii++) {
-                ACC s = 0, dp = 0;
+                ACC4 s4 = (ACC4)(0);
                 #pragma unroll
-                for (uint c = 0; c < D4; c++) {
-                    s += dot4(qs[ii][c], kr[c]);
-                    dp += dot4(ds_[ii][c], vl[lid][c]);
-                }
-                ACC p = ls[ii] == (-INFINITY) ? 0 : exp(s - ls[ii]);
-                ACC dsv = p * (dp - dls[ii]);
-                #pragma unroll
-                for (uint c = 0; c < D4; c++) {
-                    dva[c] += p * ds_[ii][c];
-                    dka[c] += dsv * qs[ii][c];
+                for (uint c = 0; c < D4; c++) s4 = fma(qs[ii][c], kr[c], s4);
+                ACC p = ls[ii] == (-INFINITY) ? 0 : exp(hsum(s4) - ls[ii]);
+                if (want_dk) {
+                    ACC4 dp4 = (ACC4)(0);
+                    #pragma unroll
+                    for (uint c = 0; c < D4; c++) dp4 = fma(dos[ii][c], vr[c], dp4);
+                    ACC ds = p * (hsum(dp4) - dls[ii]);
+                    #pragma unroll
+                    for (uint c = 0; c < D4; c++) acc[c] = fma((ACC4)(ds), qs[ii][c], acc[c]);
+                } else {
+                    #pragma unroll
+                    for (uint c = 0; c < D4; c++) acc[c] = fma((ACC4)(p), dos[ii][c], acc[c]);
                 }
             }
         }
     }
     if (!active) return;
-    uint at = ((b * g.tk + j) * g.kv_heads + hk) * HEAD_DIM;
+    uint at = ((b * g->tk + j) * g->kv_heads + hk) * HEAD_DIM;
     #pragma unroll
-    for (uint c = 0; c < D4; c++) {
-        store4(dk, at, c, dka[c]);
-        store4(dv, at, c, dva[c]);
-    }
+    for (uint c = 0; c < D4; c++) store4(out, at, c, acc[c]);
+}
+
+// dk: (B, Hkv, Tk, D) stored as dense (B, Tk, Hkv, D); delta from attention_bwd_dq; do at o_*.
+// Groups: B * Hkv * ceil(Tk / BKV), BKV items.
+__kernel void attention_bwd_dk(__global T* dk, __global const T* q, __global const T* k,
+                               __global const T* v, __global const T* dout,
+                               __global const ACC* lse, __global const ACC* delta, AttnGeom g,
+                               ACC scale) {
+    __local ACC4 qs[BQT][D4], dos[BQT][D4];
+    __local ACC ls[BQT], dls[BQT];
+    bwd_kv(dk, q, k, v, dout, lse, delta, &g, scale, true, qs, dos, ls, dls);
+}
+
+// dv: as dk (v and delta unused).
+__kernel void attention_bwd_dv(__global T* dv, __global const T* q, __global const T* k,
+                               __global const T* v, __global const T* dout,
+                               __global const ACC* lse, __global const ACC* delta, AttnGeom g,
+                               ACC scale) {
+    __local ACC4 qs[BQT][D4], dos[BQT][D4];
+    __local ACC ls[BQT], dls[BQT];
+    bwd_kv(dv, q, k, v, dout, lse, delta, &g, scale, false, qs, dos, ls, dls);
 }

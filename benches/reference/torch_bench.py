@@ -63,7 +63,7 @@ class Llama(torch.nn.Module):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--suite", default="all")  # gemm,elementwise,softmax,norm,embedding,train,llama
+    p.add_argument("--suite", default="all")  # gemm,elementwise,softmax,norm,embedding,train,llama,attention
     p.add_argument("--json")
     p.add_argument("--netcl", help="netcl-bench --json output to compare against")
     a = p.parse_args()
@@ -191,6 +191,16 @@ def main():
                 x.copy_(batch)
                 graph.replay()
             rec("train", name + "_graph", timed(replay))
+    if want("attention"):
+        # Causal attention at the Llama benchmark shapes (netcl-bench --suite attention): PyTorch's
+        # scaled_dot_product_attention (its fp32 kernels), forward and backward alone.
+        for b, h, t, d in ((16, 12, 512, 64), (32, 6, 256, 48)):
+            q, k, v, g = (torch.randn(b, h, t, d, device=dev, requires_grad=True) for _ in range(4))
+            pairs = b * h * t * (t + 1) / 2
+            tag = f"B{b}_H{h}_T{t}_D{d}"
+            sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            rec("attention", f"attention_fwd_{tag}", timed(sdpa), flops=4 * pairs * d)
+            rec("attention", f"attention_bwd_{tag}", timed(bwd(sdpa(), (q, k, v), g)), flops=10 * pairs * d)
     if want("llama"):
         for name, (d, layers, hidden, b, t) in (("llama15m_step_B32_T256", (288, 6, 768, 32, 256)),
                                                  ("llama110m_step_B16_T512", (768, 12, 2048, 16, 512))):

@@ -56,7 +56,7 @@ impl Var {
 
     /// Fused attention of q (B, H, Tq, D) over k, v (B, Hkv, Tk, D) ([`Tensor::flash_attention`]:
     /// grouped-query heads, no materialised scores). The tape keeps q, k, v, the output and
-    /// the rows' log-sum-exp (B, H, Tq), and the backward is the fused two-kernel backward.
+    /// the rows' log-sum-exp (B, H, Tq), and the backward is the fused one (dq, dk and dv kernels).
     pub fn flash_attention(
         q: &Var,
         k: &Var,

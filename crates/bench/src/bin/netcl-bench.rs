@@ -251,6 +251,55 @@ impl Runner {
         })
     }
 
+    /// Causal fused attention at the Llama benchmark shapes, forward and backward (flops of
+    /// the visible pairs: 4·B·H·pairs·D forward, 2.5 times that backward, as PyTorch's
+    /// flash-attention counts), the composed forward beside it, and each kernel's device time.
+    fn attention(&mut self) -> Result<()> {
+        for (b, h, t, d) in [(16usize, 12usize, 512usize, 64usize), (32, 6, 256, 48)] {
+            let shape = [b, h, t, d];
+            let (q, k, v, g) = (
+                self.randn(&shape)?,
+                self.randn(&shape)?,
+                self.randn(&shape)?,
+                self.randn(&shape)?,
+            );
+            let pairs = (b * h * t * (t + 1) / 2) as f64;
+            let fwd = 4.0 * pairs * d as f64;
+            let tag = format!("B{b}_H{h}_T{t}_D{d}");
+            let (o, lse) = Tensor::flash_attention(&q, &k, &v, true, None)?;
+            self.measure(
+                "attention",
+                format!("attention_fwd_{tag}"),
+                (0.0, fwd, 1),
+                || Tensor::flash_attention(&q, &k, &v, true, None).map(|_| ()),
+            )?;
+            self.measure(
+                "attention",
+                format!("attention_bwd_{tag}"),
+                (0.0, 2.5 * fwd, 2),
+                || {
+                    Tensor::flash_attention_backward(&q, &k, &v, &o, &lse, &g, true, None)
+                        .map(|_| ())
+                },
+            )?;
+            self.measure(
+                "attention",
+                format!("attention_composed_fwd_{tag}"),
+                (0.0, fwd, 0),
+                || Tensor::attention(&q, &k, &v, None, true, None).map(|_| ()),
+            )?;
+            let p = netcl_profiling::Profiler::start();
+            Tensor::flash_attention(&q, &k, &v, true, None)?;
+            Tensor::flash_attention_backward(&q, &k, &v, &o, &lse, &g, true, None)?;
+            self.dev.synchronize()?;
+            for kr in p.stop().kernels {
+                let ms = kr.device_ns().unwrap_or(0) as f64 / 1e6;
+                println!("             {tag} kernel {:<22} {ms:>9.3} ms", kr.kernel);
+            }
+        }
+        Ok(())
+    }
+
     /// One Adam training step of the MLP and of the CNN (see `netcl_bench::train`).
     fn train(&mut self) -> Result<()> {
         type Build = fn(&Device, &mut Generator) -> Result<TrainStep>;
@@ -521,7 +570,7 @@ impl Runner {
     }
 }
 
-const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama] [--sizes 1024,2048,4096] [--llama 15m,110m,15m_bf16,110m_bf16,110m_lora,generate] [--json FILE]
+const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama,attention] [--sizes 1024,2048,4096] [--llama 15m,110m,15m_bf16,110m_bf16,110m_lora,generate] [--json FILE]
   Times each workload (median of 5 batches, device synchronised around each) and prints
   one line per workload; --json writes the records for benches/reference/torch_bench.py --netcl.
   NETCL_CLBLAST=/path/libclblast.so adds CLBlast as the OpenCL GEMM peer.";
@@ -542,6 +591,7 @@ fn main() -> Result<()> {
         "embedding",
         "train",
         "llama",
+        "attention",
     ];
     if let Some(bad) = suite
         .split(',')
@@ -591,6 +641,9 @@ fn main() -> Result<()> {
     }
     if want("train") {
         r.train()?;
+    }
+    if want("attention") {
+        r.attention()?;
     }
     if want("llama") {
         r.llama(flag_value(&args, "--llama").unwrap_or("all"))?;

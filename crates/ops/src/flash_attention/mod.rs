@@ -1,4 +1,4 @@
-//! Fused scaled dot-product attention: softmax(q·kᵀ·scale, causal or not)·v in one kernel that never materialises the scores (online softmax), its two-kernel backward, grouped-query heads.
+//! Fused scaled dot-product attention: softmax(q·kᵀ·scale, causal or not)·v in one kernel that never materialises the scores (online softmax), its backward (dq, dk, dv kernels), grouped-query heads.
 //!
 //! q is (B, H, Tq, D), k and v (B, Hkv, Tk, D) with H a multiple of Hkv: query head h attends
 //! with key/value head h / (H / Hkv), so grouped-query attention needs no repeated keys. Inputs
@@ -181,7 +181,7 @@ impl Tensor {
 
     /// The gradients (dq, dk, dv) of [`Tensor::flash_attention`] given its inputs, its output
     /// `out`, its `lse` and the output's gradient `grad` (B, H, Tq, D); laid out like the
-    /// forward's output. Two kernels: dq (with each row's rowsum(grad·out)), then dk and dv,
+    /// forward's output. Three kernels: dq (with each row's rowsum(grad·out)), then dk and dv,
     /// each key summing over the query heads of its group. No atomics: deterministic.
     #[allow(clippy::too_many_arguments)]
     pub fn flash_attention_backward(

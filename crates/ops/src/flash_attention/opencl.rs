@@ -48,33 +48,26 @@ fn rows_dense(t: &Tensor) -> Result<Tensor> {
     }
 }
 
-/// The program for `dtype` and head dim `d`, with tiles that fit the device's local memory,
-/// and the dk/dv kernel's work-group (`BKV`).
-fn attention_program(device: &Device, dtype: DType, d: usize) -> Result<(Arc<Program>, usize)> {
+/// The program for `dtype` and head dim `d`, with tiles that fit the device's local memory.
+/// Every kernel runs a work-item per query (forward, dq) or key (dk, dv), `BQ` to a group.
+fn attention_program(device: &Device, dtype: DType, d: usize) -> Result<Arc<Program>> {
     let esz = acc_dtype(dtype).size() / 4;
-    // Key tiles of the forward/dq kernels and query tiles of the dk/dv kernel: 8 KiB of f32
-    // each (32 rows at D = 64), 4 to 32 rows.
+    // Key tiles of the forward/dq kernels and query tiles of the dk/dv kernels: two of 8 KiB of
+    // f32 (32 rows at D = 64), 4 to 32 rows.
     let tile = (2048 / (d * esz)).clamp(4, 32);
-    let bkv = if d * esz > 128 { 16 } else { 32 };
-    let row4 = d / 4 + if (d / 4).is_multiple_of(2) { 1 } else { 2 };
-    let vec = 16 * esz;
-    let fwd = 2 * tile * d / 4 * vec;
-    let dkdv = 2 * tile * d / 4 * vec + 2 * tile * 4 * esz + bkv * row4 * vec;
+    let need = 2 * tile * d * 4 * esz + 2 * tile * 4 * esz;
     let local = device.info().local_mem_bytes as usize;
-    if fwd.max(dkdv) > local {
+    if need > local {
         return Err(Error::device(
             "flash_attention",
-            format!(
-                "head dim {d} in {dtype} needs {} B of local memory; {device} has {local}",
-                fwd.max(dkdv)
-            ),
+            format!("head dim {d} in {dtype} needs {need} B of local memory; {device} has {local}"),
         ));
     }
     let options = format!(
-        "{} -DHEAD_DIM={d} -DBQ={BQ} -DBK={tile} -DBKV={bkv} -DBQT={tile}",
+        "{} -DHEAD_DIM={d} -DBQ={BQ} -DBK={tile} -DBKV={BQ} -DBQT={tile}",
         dtype.build_option()
     );
-    Ok((program(device, &ATTENTION, &options)?, bkv))
+    program(device, &ATTENTION, &options)
 }
 
 impl Dims {
@@ -123,7 +116,7 @@ pub(super) fn forward(desc: &FlashAttention, device: &Device) -> Result<(Tensor,
     let dtype = q.dtype();
     let out = d.t_major(d.tq, d.h, dtype, device)?;
     let lse = Tensor::alloc(&[d.b, d.h, d.tq], acc_dtype(dtype), device)?;
-    let (program, _) = attention_program(device, dtype, d.d)?;
+    let program = attention_program(device, dtype, d.d)?;
     let views = [
         view(op, &q)?,
         view(op, &k)?,
@@ -160,7 +153,7 @@ pub(super) fn backward(
         crate::base::host::dense(&desc.lse)?,
     );
     let dtype = q.dtype();
-    let (program, bkv) = attention_program(device, dtype, d.d)?;
+    let program = attention_program(device, dtype, d.d)?;
     let views = [
         view(op, &q)?,
         view(op, &k)?,
@@ -186,20 +179,24 @@ pub(super) fn backward(
         .arg(&geom)?;
     arg_acc(&mut kern, dtype, d.scale)?;
     launch(op, &mut kern, d.b * d.h, d.tq, BQ)?;
-    let dk = d.t_major(d.tk, d.hkv, dtype, device)?;
-    let dv = d.t_major(d.tk, d.hkv, dtype, device)?;
-    let mut kern = Kernel::new(&program, "attention_bwd_dkdv")?;
-    kern.declare(bytes(&[&q, &k, &v, &grad, &dk, &dv]), 4 * d.pair_flops());
-    kern.arg_mem(dk.mem()?)?
-        .arg_mem(dv.mem()?)?
-        .arg_mem(q.mem()?)?
-        .arg_mem(k.mem()?)?
-        .arg_mem(v.mem()?)?
-        .arg_mem(grad.mem()?)?
-        .arg_mem(lse.mem()?)?
-        .arg_mem(delta.mem()?)?
-        .arg(&geom)?;
-    arg_acc(&mut kern, dtype, d.scale)?;
-    launch(op, &mut kern, d.b * d.hkv, d.tk, bkv)?;
+    // dk needs three products per visible pair (score, its gradient, the update), dv two.
+    let key_grad = |name: &str, products: u64| -> Result<Tensor> {
+        let out = d.t_major(d.tk, d.hkv, dtype, device)?;
+        let mut kern = Kernel::new(&program, name)?;
+        kern.declare(bytes(&[&q, &k, &v, &grad, &out]), products * d.pair_flops());
+        kern.arg_mem(out.mem()?)?
+            .arg_mem(q.mem()?)?
+            .arg_mem(k.mem()?)?
+            .arg_mem(v.mem()?)?
+            .arg_mem(grad.mem()?)?
+            .arg_mem(lse.mem()?)?
+            .arg_mem(delta.mem()?)?
+            .arg(&geom)?;
+        arg_acc(&mut kern, dtype, d.scale)?;
+        launch(op, &mut kern, d.b * d.hkv, d.tk, BQ)?;
+        Ok(out)
+    };
+    let dk = key_grad("attention_bwd_dk", 3)?;
+    let dv = key_grad("attention_bwd_dv", 2)?;
     Ok((dq, dk, dv))
 }
