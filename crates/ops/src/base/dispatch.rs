@@ -55,3 +55,29 @@ pub(crate) fn backend(device: &Device) -> Backend {
         Backend::OpenCl
     }
 }
+
+/// Implements [`Op`] for a family's description `$desc` with output `$out` and name `$name`:
+/// its OpenCL side is `opencl::$f(self, device)` and its reference `reference::$f(self)` (the
+/// family's two modules, resolved where the macro is used); `|d| expr` names each call instead
+/// (ops that share a description, `softmax`/`log_softmax`).
+macro_rules! impl_op {
+    ($desc:ty, $out:ty, $name:literal, $f:ident $(, |$d:ident| $per_call:expr)?) => {
+        impl $crate::base::dispatch::Op for $desc {
+            type Output = $out;
+            const NAME: &'static str = $name;
+            $(fn name(&self) -> &'static str {
+                let $d = self;
+                $per_call
+            })?
+            fn opencl(
+                &self,
+                device: &netcl_core_devices::Device,
+            ) -> netcl_core_devices::Result<$out> {
+                opencl::$f(self, device)
+            }
+            fn reference(&self) -> netcl_core_devices::Result<$out> {
+                reference::$f(self)
+            }
+        }
+    };
+}

@@ -5,6 +5,7 @@ pub(crate) mod acc;
 pub(crate) mod axis;
 pub(crate) mod checks;
 pub(crate) mod device_errors;
+#[macro_use]
 pub(crate) mod dispatch;
 mod display;
 pub(crate) mod generator;

@@ -2,10 +2,10 @@
 mod opencl;
 mod reference;
 use crate::base::checks::{check_device, check_dtype, check_float};
-use crate::base::dispatch::{dispatch, Op};
+use crate::base::dispatch::dispatch;
 use crate::base::norm_params::{check_eps, check_param, check_stat, NormGrads};
 use crate::base::tensor::Tensor;
-use netcl_core_devices::{Device, Error, Result};
+use netcl_core_devices::{Error, Result};
 
 /// Outputs of [`Tensor::batch_norm_train`]: the result and the saved batch statistics (`[C]`, in
 /// [`acc_dtype`](crate::acc_dtype)) that the backward needs.
@@ -31,16 +31,7 @@ struct BatchNormTrain {
     eps: f64,
 }
 
-impl Op for BatchNormTrain {
-    type Output = BatchNorm;
-    const NAME: &'static str = "batch_norm";
-    fn opencl(&self, device: &Device) -> Result<BatchNorm> {
-        opencl::train(self, device)
-    }
-    fn reference(&self) -> Result<BatchNorm> {
-        reference::train(self)
-    }
-}
+impl_op!(BatchNormTrain, BatchNorm, "batch_norm", train);
 
 /// A checked eval forward of float `x` (N, C, ..., any view) with running stats (C, in the
 /// accumulator dtype); y is contiguous in x's dtype.
@@ -55,16 +46,7 @@ struct BatchNormEval {
     eps: f64,
 }
 
-impl Op for BatchNormEval {
-    type Output = Tensor;
-    const NAME: &'static str = "batch_norm";
-    fn opencl(&self, device: &Device) -> Result<Tensor> {
-        opencl::eval(self, device)
-    }
-    fn reference(&self) -> Result<Tensor> {
-        reference::eval(self)
-    }
-}
+impl_op!(BatchNormEval, Tensor, "batch_norm", eval);
 
 /// A checked training backward: x and dy (N, C, ..., any views, one dtype and device), the saved
 /// statistics (C); dweight when `weight` is given, dbias always.
@@ -78,16 +60,12 @@ struct BatchNormBackward {
     weight: Option<Tensor>,
 }
 
-impl Op for BatchNormBackward {
-    type Output = NormGrads;
-    const NAME: &'static str = "batch_norm_backward";
-    fn opencl(&self, device: &Device) -> Result<NormGrads> {
-        opencl::backward(self, device)
-    }
-    fn reference(&self) -> Result<NormGrads> {
-        reference::backward(self)
-    }
-}
+impl_op!(
+    BatchNormBackward,
+    NormGrads,
+    "batch_norm_backward",
+    backward
+);
 
 impl Tensor {
     fn bn_check(

@@ -21,10 +21,10 @@
 mod opencl;
 mod reference;
 use crate::base::checks::same_float;
-use crate::base::dispatch::{dispatch, Op};
+use crate::base::dispatch::dispatch;
 use crate::base::tensor::Tensor;
 use crate::base::window::Window;
-use netcl_core_devices::{Device, Error, Result};
+use netcl_core_devices::{Error, Result};
 
 /// Geometry of `conv2d`: (height, width) pairs, and the number of channel groups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -166,16 +166,7 @@ struct Im2col {
     batch_inner: bool,
 }
 
-impl Op for Im2col {
-    type Output = Tensor;
-    const NAME: &'static str = "im2col";
-    fn opencl(&self, device: &Device) -> Result<Tensor> {
-        opencl::im2col(self, device)
-    }
-    fn reference(&self) -> Result<Tensor> {
-        reference::im2col(self)
-    }
-}
+impl_op!(Im2col, Tensor, "im2col", im2col);
 
 /// The input gradient (N, C, H, W) of convolution `g` from column gradients `cols`
 /// (N, G, K, L, any strides).
@@ -186,16 +177,7 @@ struct Col2im {
     g: Geom,
 }
 
-impl Op for Col2im {
-    type Output = Tensor;
-    const NAME: &'static str = "col2im";
-    fn opencl(&self, device: &Device) -> Result<Tensor> {
-        opencl::col2im(self, device)
-    }
-    fn reference(&self) -> Result<Tensor> {
-        reference::col2im(self)
-    }
-}
+impl_op!(Col2im, Tensor, "col2im", col2im);
 
 /// `y` (fresh from the product, contiguous (N, C, Ho, Wo)) plus `bias[c]` (C, any stride) on
 /// every channel: in place on devices (y is returned), a new tensor on the host.
@@ -206,16 +188,7 @@ struct AddChannelBias {
     bias: Tensor,
 }
 
-impl Op for AddChannelBias {
-    type Output = Tensor;
-    const NAME: &'static str = "add_channel_bias";
-    fn opencl(&self, device: &Device) -> Result<Tensor> {
-        opencl::add_channel_bias(self, device)
-    }
-    fn reference(&self) -> Result<Tensor> {
-        reference::add_channel_bias(self)
-    }
-}
+impl_op!(AddChannelBias, Tensor, "add_channel_bias", add_channel_bias);
 
 /// Columns of `x` as an (N, G, K, L) tensor; stored (G, K, N, L) when `batch_inner`, else
 /// (N, G, K, L).

@@ -1,7 +1,7 @@
 //! Creating tensors: zeros, ones, full, arange, from_vec, from_ndarray, and back to ndarray.
 mod opencl;
 mod reference;
-use crate::base::dispatch::{dispatch, Op};
+use crate::base::dispatch::dispatch;
 use crate::base::element::Element;
 use crate::base::layout::{checked_numel, numel};
 use crate::base::tensor::Tensor;
@@ -18,16 +18,7 @@ struct Full {
     dtype: DType,
 }
 
-impl Op for Full {
-    type Output = Tensor;
-    const NAME: &'static str = "full";
-    fn opencl(&self, device: &Device) -> Result<Tensor> {
-        opencl::full(self, device)
-    }
-    fn reference(&self) -> Result<Tensor> {
-        reference::full(self)
-    }
-}
+impl_op!(Full, Tensor, "full", full);
 
 /// Every element of `out`, a dense tensor (contiguous from its storage's first element), set to
 /// `value` in place.
@@ -37,16 +28,7 @@ struct Fill {
     value: f64,
 }
 
-impl Op for Fill {
-    type Output = ();
-    const NAME: &'static str = "fill_";
-    fn opencl(&self, device: &Device) -> Result<()> {
-        opencl::fill_(self, device)
-    }
-    fn reference(&self) -> Result<()> {
-        reference::fill_(self)
-    }
-}
+impl_op!(Fill, (), "fill_", fill_);
 
 /// The checked range `start + i * step` for i below `n`, a new 1-D tensor of `dtype`.
 #[derive(Clone, Debug)]
@@ -57,16 +39,7 @@ struct Arange {
     dtype: DType,
 }
 
-impl Op for Arange {
-    type Output = Tensor;
-    const NAME: &'static str = "arange";
-    fn opencl(&self, device: &Device) -> Result<Tensor> {
-        opencl::arange(self, device)
-    }
-    fn reference(&self) -> Result<Tensor> {
-        reference::arange(self)
-    }
-}
+impl_op!(Arange, Tensor, "arange", arange);
 
 /// `t` (any view) set to `value` in place by an elementwise expression (a 0-dim `value`
 /// broadcast into it).

@@ -6,7 +6,7 @@
 mod opencl;
 mod reference;
 use crate::base::checks::{check_float, u32_arg};
-use crate::base::dispatch::{dispatch, Op};
+use crate::base::dispatch::dispatch;
 use crate::base::generator::Generator;
 use crate::base::layout::checked_numel;
 use crate::base::tensor::Tensor;
@@ -53,16 +53,7 @@ struct Bernoulli {
     stream: Stream,
 }
 
-impl Op for Bernoulli {
-    type Output = Tensor;
-    const NAME: &'static str = "bernoulli";
-    fn opencl(&self, device: &Device) -> Result<Tensor> {
-        opencl::bernoulli(self, device)
-    }
-    fn reference(&self) -> Result<Tensor> {
-        reference::bernoulli(self)
-    }
-}
+impl_op!(Bernoulli, Tensor, "bernoulli", bernoulli);
 
 /// A checked dropout of float `x` (any view, at most `u32::MAX` elements): kept elements are
 /// scaled by `scale`; the outputs (y, mask) are contiguous, of x's shape and dtype.
@@ -73,16 +64,7 @@ struct Dropout {
     stream: Stream,
 }
 
-impl Op for Dropout {
-    type Output = (Tensor, Tensor);
-    const NAME: &'static str = "dropout";
-    fn opencl(&self, device: &Device) -> Result<(Tensor, Tensor)> {
-        opencl::dropout(self, device)
-    }
-    fn reference(&self) -> Result<(Tensor, Tensor)> {
-        reference::dropout(self)
-    }
-}
+impl_op!(Dropout, (Tensor, Tensor), "dropout", dropout);
 
 impl Tensor {
     /// A mask of `shape`: 1 with probability `p`, else 0 (any dtype). One kernel.

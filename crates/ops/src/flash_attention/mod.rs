@@ -12,9 +12,9 @@ mod reference;
 
 use crate::base::acc::acc_dtype;
 use crate::base::checks::same_float;
-use crate::base::dispatch::{dispatch, Op};
+use crate::base::dispatch::dispatch;
 use crate::base::tensor::Tensor;
-use netcl_core_devices::{Device, Error, Result};
+use netcl_core_devices::{Error, Result};
 
 /// Largest head dim the kernels take.
 pub const FLASH_ATTENTION_MAX_HEAD_DIM: usize = 128;
@@ -105,16 +105,7 @@ struct FlashAttention {
     dims: Dims,
 }
 
-impl Op for FlashAttention {
-    type Output = (Tensor, Tensor);
-    const NAME: &'static str = "flash_attention";
-    fn opencl(&self, device: &Device) -> Result<(Tensor, Tensor)> {
-        opencl::forward(self, device)
-    }
-    fn reference(&self) -> Result<(Tensor, Tensor)> {
-        reference::forward(self)
-    }
-}
+impl_op!(FlashAttention, (Tensor, Tensor), "flash_attention", forward);
 
 /// A checked backward: dq (B, H, Tq, D), dk and dv (B, Hkv, Tk, D).
 #[derive(Clone, Debug)]
@@ -128,16 +119,12 @@ struct FlashAttentionBackward {
     dims: Dims,
 }
 
-impl Op for FlashAttentionBackward {
-    type Output = (Tensor, Tensor, Tensor);
-    const NAME: &'static str = "flash_attention_backward";
-    fn opencl(&self, device: &Device) -> Result<Self::Output> {
-        opencl::backward(self, device)
-    }
-    fn reference(&self) -> Result<Self::Output> {
-        reference::backward(self)
-    }
-}
+impl_op!(
+    FlashAttentionBackward,
+    (Tensor, Tensor, Tensor),
+    "flash_attention_backward",
+    backward
+);
 
 /// Error unless `t` (named `what`) has `shape`.
 fn need_shape(op: &str, t: &Tensor, what: &str, shape: &[usize]) -> Result<()> {

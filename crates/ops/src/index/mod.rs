@@ -23,11 +23,11 @@ mod opencl;
 mod reference;
 mod sorted_rows;
 use crate::base::checks::{need_i32, same_device, same_dtype};
-use crate::base::dispatch::{dispatch, Op};
+use crate::base::dispatch::dispatch;
 use crate::base::index_checks::check_indices;
 use crate::base::layout::checked_numel;
 use crate::base::tensor::Tensor;
-use netcl_core_devices::{Device, Error, Result};
+use netcl_core_devices::{Error, Result};
 
 /// Error unless `idx` holds I32 indices on the device of `t`.
 fn index_operands(op: &str, t: &Tensor, idx: &Tensor) -> Result<()> {
@@ -142,29 +142,11 @@ struct RowAdd {
     shape: Vec<usize>,
 }
 
-/// The [`Op`] impl of a description named per call by `$op`, whose implementations are the
-/// functions of the same name in opencl.rs and reference.rs.
-macro_rules! index_op {
-    ($desc:ident, $f:ident, $name:literal, |$s:ident| $op:expr) => {
-        impl Op for $desc {
-            type Output = Tensor;
-            const NAME: &'static str = $name;
-            fn name(&self) -> &'static str {
-                let $s = self;
-                $op
-            }
-            fn opencl(&self, device: &Device) -> Result<Tensor> {
-                opencl::$f(self, device)
-            }
-            fn reference(&self) -> Result<Tensor> {
-                reference::$f(self)
-            }
-        }
-    };
-}
-index_op!(Gather, gather, "gather", |g| g.plan.op);
-index_op!(ScatterAdd, scatter_add, "scatter_add", |s| s.plan.op);
-index_op!(RowAdd, row_add, "row_add", |r| r.op);
+impl_op!(Gather, Tensor, "gather", gather, |g| g.plan.op);
+impl_op!(ScatterAdd, Tensor, "scatter_add", scatter_add, |s| s
+    .plan
+    .op);
+impl_op!(RowAdd, Tensor, "row_add", row_add, |r| r.op);
 
 /// Checks shared by index_select and index_add: `idx` 1-D i32 on the tensor's device, `dim` in range.
 fn check_index_list(op: &str, t: &Tensor, dim: usize, idx: &Tensor) -> Result<()> {

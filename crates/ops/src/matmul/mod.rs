@@ -4,11 +4,11 @@ mod opencl;
 mod reference;
 pub(crate) mod tc;
 use crate::base::checks::same_float;
-use crate::base::dispatch::{dispatch, Op};
+use crate::base::dispatch::dispatch;
 use crate::base::layout::{broadcast_shapes, broadcast_strides, numel};
 use crate::base::tensor::Tensor;
 use crate::fused::activation::Activation;
-use netcl_core_devices::{Device, Error, Result};
+use netcl_core_devices::{Error, Result};
 use netcl_kernels::GemmTile;
 pub(crate) use opencl::matmul_source;
 
@@ -46,16 +46,7 @@ impl Matmul<'_> {
     }
 }
 
-impl Op for Matmul<'_> {
-    type Output = Tensor;
-    const NAME: &'static str = "matmul";
-    fn opencl(&self, device: &Device) -> Result<Tensor> {
-        opencl::matmul(self, device)
-    }
-    fn reference(&self) -> Result<Tensor> {
-        reference::matmul(self)
-    }
-}
+impl_op!(Matmul<'_>, Tensor, "matmul", matmul);
 
 /// NumPy's 1-D matmul operands, for the op and its autograd rule alike: a left vector (K) is
 /// the row (1, K), a right vector (K) the column (K, 1), and the dims they add are dropped from

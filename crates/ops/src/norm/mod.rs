@@ -3,11 +3,11 @@ mod opencl;
 mod reference;
 use crate::base::axis::AxisSplit;
 use crate::base::checks::{check_device, check_dtype, check_float};
-use crate::base::dispatch::{dispatch, Op};
+use crate::base::dispatch::dispatch;
 use crate::base::layout::numel;
 use crate::base::norm_params::{check_eps, check_param, check_stat, NormGrads};
 use crate::base::tensor::Tensor;
-use netcl_core_devices::{Device, Error, Result};
+use netcl_core_devices::{Error, Result};
 
 /// Rows and row length of `x` normalised over its trailing `normalized_shape`.
 fn norm_rows(op: &str, x: &Tensor, normalized_shape: &[usize]) -> Result<(Vec<usize>, usize)> {
@@ -57,19 +57,7 @@ struct NormForward {
     stats: Stats,
 }
 
-impl Op for NormForward {
-    type Output = NormOut;
-    const NAME: &'static str = "layer_norm";
-    fn name(&self) -> &'static str {
-        self.op
-    }
-    fn opencl(&self, device: &Device) -> Result<NormOut> {
-        opencl::forward(self, device)
-    }
-    fn reference(&self) -> Result<NormOut> {
-        reference::forward(self)
-    }
-}
+impl_op!(NormForward, NormOut, "layer_norm", forward, |d| d.op);
 
 /// A checked norm backward (`op`: layer_norm_backward with `mean`, rms_norm_backward without)
 /// for input `x` and `dy` (x's shape, dtype and device, any views), `lead` rows of `n`
@@ -88,19 +76,13 @@ struct NormBackward {
     want_bias: bool,
 }
 
-impl Op for NormBackward {
-    type Output = NormGrads;
-    const NAME: &'static str = "layer_norm_backward";
-    fn name(&self) -> &'static str {
-        self.op
-    }
-    fn opencl(&self, device: &Device) -> Result<NormGrads> {
-        opencl::backward(self, device)
-    }
-    fn reference(&self) -> Result<NormGrads> {
-        reference::backward(self)
-    }
-}
+impl_op!(
+    NormBackward,
+    NormGrads,
+    "layer_norm_backward",
+    backward,
+    |d| d.op
+);
 
 impl Tensor {
     #[allow(clippy::too_many_arguments)]

@@ -9,10 +9,10 @@
 mod opencl;
 mod reference;
 use crate::base::checks::{need_i32, same_device, same_float};
-use crate::base::dispatch::{dispatch, Op};
+use crate::base::dispatch::dispatch;
 use crate::base::tensor::Tensor;
 use crate::base::window::Window;
-use netcl_core_devices::{Device, Error, Result};
+use netcl_core_devices::{Error, Result};
 
 /// Window of a pooling op: (height, width) pairs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -148,16 +148,7 @@ struct MaxPool2d {
     g: Geom,
 }
 
-impl Op for MaxPool2d {
-    type Output = (Tensor, Tensor);
-    const NAME: &'static str = "max_pool2d";
-    fn opencl(&self, device: &Device) -> Result<(Tensor, Tensor)> {
-        opencl::max_pool2d(self, device)
-    }
-    fn reference(&self) -> Result<(Tensor, Tensor)> {
-        reference::max_pool2d(self)
-    }
-}
+impl_op!(MaxPool2d, (Tensor, Tensor), "max_pool2d", max_pool2d);
 
 /// A checked max pooling gradient: `grad_y` and I32 `indices` (N, C, Ho, Wo) on one device to
 /// dx (N, C, H, W) in grad_y's dtype.
@@ -168,16 +159,12 @@ struct MaxPool2dBackward {
     g: Geom,
 }
 
-impl Op for MaxPool2dBackward {
-    type Output = Tensor;
-    const NAME: &'static str = "max_pool2d_backward";
-    fn opencl(&self, device: &Device) -> Result<Tensor> {
-        opencl::max_pool2d_backward(self, device)
-    }
-    fn reference(&self) -> Result<Tensor> {
-        reference::max_pool2d_backward(self)
-    }
-}
+impl_op!(
+    MaxPool2dBackward,
+    Tensor,
+    "max_pool2d_backward",
+    max_pool2d_backward
+);
 
 /// Which average: forwards map (N, C, H, W) to (N, C, Ho, Wo), gradients the other way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -218,19 +205,7 @@ impl AvgPool {
     }
 }
 
-impl Op for AvgPool {
-    type Output = Tensor;
-    const NAME: &'static str = "avg_pool2d";
-    fn name(&self) -> &'static str {
-        self.kind.name()
-    }
-    fn opencl(&self, device: &Device) -> Result<Tensor> {
-        opencl::avg_pool(self, device)
-    }
-    fn reference(&self) -> Result<Tensor> {
-        reference::avg_pool(self)
-    }
-}
+impl_op!(AvgPool, Tensor, "avg_pool2d", avg_pool, |d| d.kind.name());
 
 /// Dispatches the average `kind` of `src` over `g`.
 fn avg(kind: Avg, src: &Tensor, g: Geom) -> Result<Tensor> {

@@ -7,7 +7,7 @@
 //! they match across devices to within the devices' `log`/`cos` accuracy (a few ulp), not bit for bit.
 mod opencl;
 mod reference;
-use crate::base::dispatch::{dispatch, Op};
+use crate::base::dispatch::dispatch;
 use crate::base::generator::Generator;
 use crate::base::layout::numel;
 use crate::base::tensor::Tensor;
@@ -37,23 +37,10 @@ impl Random {
     }
 }
 
-impl Op for Random {
-    type Output = Tensor;
-    const NAME: &'static str = "random";
-    /// The kernel's name: `uniform` or `normal`.
-    fn name(&self) -> &'static str {
-        match self.dist {
-            Dist::Uniform { .. } => "uniform",
-            Dist::Normal { .. } => "normal",
-        }
-    }
-    fn opencl(&self, device: &Device) -> Result<Tensor> {
-        opencl::random(self, device)
-    }
-    fn reference(&self) -> Result<Tensor> {
-        reference::random(self)
-    }
-}
+impl_op!(Random, Tensor, "random", random, |d| match d.dist {
+    Dist::Uniform { .. } => "uniform",
+    Dist::Normal { .. } => "normal",
+});
 
 impl Tensor {
     fn random(

@@ -2,9 +2,9 @@
 mod opencl;
 mod reference;
 use crate::base::axis::AxisSplit;
-use crate::base::dispatch::{dispatch, Op};
+use crate::base::dispatch::dispatch;
 use crate::base::tensor::Tensor;
-use netcl_core_devices::{DType, Device, Error, Result};
+use netcl_core_devices::{DType, Error, Result};
 
 /// A reduction. Its name is the kernel prefix (`sum_wg`, `sum_merge`, `sum_col`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -103,19 +103,7 @@ struct Reduce {
     out_shape: Vec<usize>,
 }
 
-impl Op for Reduce {
-    type Output = Tensor;
-    const NAME: &'static str = "reduce";
-    fn name(&self) -> &'static str {
-        self.op.name()
-    }
-    fn opencl(&self, device: &Device) -> Result<Tensor> {
-        opencl::reduce(self, device)
-    }
-    fn reference(&self) -> Result<Tensor> {
-        reference::reduce(self)
-    }
-}
+impl_op!(Reduce, Tensor, "reduce", reduce, |d| d.op.name());
 
 impl Tensor {
     /// Reduce over `axes` (each at most once; `&[]` reduces nothing). With `keepdim` the reduced

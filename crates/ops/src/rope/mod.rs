@@ -12,9 +12,9 @@
 mod opencl;
 mod reference;
 use crate::base::checks::check_float;
-use crate::base::dispatch::{dispatch, Op};
+use crate::base::dispatch::dispatch;
 use crate::base::tensor::Tensor;
-use netcl_core_devices::{DType, Device, Error, Result};
+use netcl_core_devices::{DType, Error, Result};
 
 /// Which elements of the head dim form a rotated pair (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -68,19 +68,7 @@ struct Rope {
     sign: f64,
 }
 
-impl Op for Rope {
-    type Output = Tensor;
-    const NAME: &'static str = "rope";
-    fn name(&self) -> &'static str {
-        self.op
-    }
-    fn opencl(&self, device: &Device) -> Result<Tensor> {
-        opencl::rope(self, device)
-    }
-    fn reference(&self) -> Result<Tensor> {
-        reference::rope(self)
-    }
-}
+impl_op!(Rope, Tensor, "rope", rope, |d| d.op);
 
 impl Tensor {
     /// Rotary position embedding of `x: [B, T, H, Dh]` (even `Dh`, float dtype) for positions

@@ -2,7 +2,7 @@
 mod opencl;
 mod reference;
 use crate::base::checks::{need_i32, same_device};
-use crate::base::dispatch::{dispatch, Op};
+use crate::base::dispatch::dispatch;
 use crate::base::index_checks::check_indices;
 use crate::base::layout::checked_numel;
 use crate::base::tensor::Tensor;
@@ -69,31 +69,11 @@ impl Tri {
     }
 }
 
-/// The [`Op`] impl of a description whose implementations are the functions of the same name in
-/// opencl.rs and reference.rs (named per call by the closure, when given).
-macro_rules! shape_op {
-    ($desc:ident, $f:ident, $name:literal $(, |$s:ident| $per_call:expr)?) => {
-        impl Op for $desc {
-            type Output = Tensor;
-            const NAME: &'static str = $name;
-            $(fn name(&self) -> &'static str {
-                let $s = self;
-                $per_call
-            })?
-            fn opencl(&self, device: &Device) -> Result<Tensor> {
-                opencl::$f(self, device)
-            }
-            fn reference(&self) -> Result<Tensor> {
-                reference::$f(self)
-            }
-        }
-    };
-}
-shape_op!(OneHot, one_hot, "one_hot");
-shape_op!(Concat, concat, "concat");
-shape_op!(Pad, pad, "pad");
-shape_op!(Tri, tri, "triu", |t| t.op());
-shape_op!(TriMask, tri_mask, "tri_mask", |m| m.op);
+impl_op!(OneHot, Tensor, "one_hot", one_hot);
+impl_op!(Concat, Tensor, "concat", concat);
+impl_op!(Pad, Tensor, "pad", pad);
+impl_op!(Tri, Tensor, "triu", tri, |t| t.op());
+impl_op!(TriMask, Tensor, "tri_mask", tri_mask, |m| m.op);
 
 impl Tensor {
     /// `ids` (i32, any shape) as one-hot rows: the result is `[..ids, classes]` of `dtype`, 1 at

@@ -3,10 +3,10 @@ mod opencl;
 mod reference;
 use crate::base::acc::acc_dtype;
 use crate::base::checks::{check_device, check_dtype, check_float, u32_arg};
-use crate::base::dispatch::{dispatch, Op};
+use crate::base::dispatch::dispatch;
 use crate::base::layout::KernelLayout;
 use crate::base::tensor::Tensor;
-use netcl_core_devices::{DType, Device, Error, Result};
+use netcl_core_devices::{DType, Error, Result};
 
 /// Outputs of [`Tensor::cross_entropy`].
 #[derive(Clone, Debug)]
@@ -107,19 +107,7 @@ impl Softmax {
     }
 }
 
-impl Op for Softmax {
-    type Output = Tensor;
-    const NAME: &'static str = "softmax";
-    fn name(&self) -> &'static str {
-        self.op()
-    }
-    fn opencl(&self, device: &Device) -> Result<Tensor> {
-        opencl::softmax(self, device)
-    }
-    fn reference(&self) -> Result<Tensor> {
-        reference::softmax(self)
-    }
-}
+impl_op!(Softmax, Tensor, "softmax", softmax, |d| d.op());
 
 /// A checked softmax (or log_softmax, `log`) gradient along `dim` from the output `y` and the
 /// upstream gradient `dy` (same shape, dtype and device): a new contiguous tensor of y's shape.
@@ -141,19 +129,13 @@ impl SoftmaxBackward {
     }
 }
 
-impl Op for SoftmaxBackward {
-    type Output = Tensor;
-    const NAME: &'static str = "softmax_backward";
-    fn name(&self) -> &'static str {
-        self.op()
-    }
-    fn opencl(&self, device: &Device) -> Result<Tensor> {
-        opencl::softmax_backward(self, device)
-    }
-    fn reference(&self) -> Result<Tensor> {
-        reference::softmax_backward(self)
-    }
-}
+impl_op!(
+    SoftmaxBackward,
+    Tensor,
+    "softmax_backward",
+    softmax_backward,
+    |d| d.op()
+);
 
 /// Checked per-row cross-entropy of `logits` [N, C] against I32 `targets` [N]: (losses [N],
 /// lse [N]) in the accumulator dtype.
@@ -165,16 +147,12 @@ struct CrossEntropyRows {
     args: CeArgs,
 }
 
-impl Op for CrossEntropyRows {
-    type Output = (Tensor, Tensor);
-    const NAME: &'static str = "cross_entropy";
-    fn opencl(&self, device: &Device) -> Result<(Tensor, Tensor)> {
-        opencl::cross_entropy_rows(self, device)
-    }
-    fn reference(&self) -> Result<(Tensor, Tensor)> {
-        reference::cross_entropy_rows(self)
-    }
-}
+impl_op!(
+    CrossEntropyRows,
+    (Tensor, Tensor),
+    "cross_entropy",
+    cross_entropy_rows
+);
 
 /// The mean of per-row `losses` [N] over the rows whose target is not `ignore_index`: (loss,
 /// count), 0-dim in the accumulator dtype of logits of `dtype`.
@@ -188,16 +166,12 @@ struct CrossEntropyMean {
     dtype: DType,
 }
 
-impl Op for CrossEntropyMean {
-    type Output = (Tensor, Tensor);
-    const NAME: &'static str = "cross_entropy_mean";
-    fn opencl(&self, device: &Device) -> Result<(Tensor, Tensor)> {
-        opencl::cross_entropy_mean(self, device)
-    }
-    fn reference(&self) -> Result<(Tensor, Tensor)> {
-        reference::cross_entropy_mean(self)
-    }
-}
+impl_op!(
+    CrossEntropyMean,
+    (Tensor, Tensor),
+    "cross_entropy_mean",
+    cross_entropy_mean
+);
 
 /// A checked cross-entropy gradient w.r.t. `logits` [N, C]: `lse` [N], `grad` [] / [1] (read at
 /// stride `gs` = 0) or [N], `count` [] / [1] when the loss was the mean; a new contiguous tensor
@@ -215,16 +189,12 @@ struct CrossEntropyBackward {
     gs: usize,
 }
 
-impl Op for CrossEntropyBackward {
-    type Output = Tensor;
-    const NAME: &'static str = "cross_entropy_backward";
-    fn opencl(&self, device: &Device) -> Result<Tensor> {
-        opencl::cross_entropy_backward(self, device)
-    }
-    fn reference(&self) -> Result<Tensor> {
-        reference::cross_entropy_backward(self)
-    }
-}
+impl_op!(
+    CrossEntropyBackward,
+    Tensor,
+    "cross_entropy_backward",
+    cross_entropy_backward
+);
 
 impl Tensor {
     fn softmax_impl(&self, dim: usize, log: bool) -> Result<Tensor> {

@@ -2,9 +2,9 @@
 mod opencl;
 mod reference;
 use crate::base::checks::need_i32;
-use crate::base::dispatch::{dispatch, Op};
+use crate::base::dispatch::dispatch;
 use crate::base::tensor::Tensor;
-use netcl_core_devices::{Device, Error, Result};
+use netcl_core_devices::{Error, Result};
 
 /// A checked sort: `x` is 1-D i32 of at most `i32::MAX` keys; the outputs are the sorted keys
 /// and the permutation, new contiguous i32 tensors of x's length.
@@ -13,16 +13,7 @@ struct SortStable {
     x: Tensor,
 }
 
-impl Op for SortStable {
-    type Output = (Tensor, Tensor);
-    const NAME: &'static str = "sort_stable";
-    fn opencl(&self, device: &Device) -> Result<(Tensor, Tensor)> {
-        opencl::sort_stable(self, device)
-    }
-    fn reference(&self) -> Result<(Tensor, Tensor)> {
-        reference::sort_stable(self)
-    }
-}
+impl_op!(SortStable, (Tensor, Tensor), "sort_stable", sort_stable);
 
 impl Tensor {
     /// This 1-D i32 tensor's keys in ascending order and the i32 permutation that sorts them
