@@ -66,27 +66,6 @@ inline uint visible(const AttnGeom* g, uint i) {
     return last < 0 ? 0u : min((uint)(last + 1), g->tk);
 }
 
-// The query row of this work-item in the forward and dq kernels: group -> (b, h, query block).
-typedef struct {
-    uint b, h, hk, bh, qb, lid, i, iq;  // iq: i clamped to a real row (inactive items read it)
-    bool active;
-} QueryItem;
-
-inline QueryItem query_item(const AttnGeom* g) {
-    QueryItem r;
-    uint nqb = (g->tq + BQ - 1) / BQ, grp = get_group_id(0);
-    r.qb = grp % nqb;
-    r.bh = grp / nqb;
-    r.h = r.bh % g->heads;
-    r.b = r.bh / g->heads;
-    r.hk = r.h / (g->heads / g->kv_heads);
-    r.lid = get_local_id(0);
-    r.i = r.qb * BQ + r.lid;
-    r.active = r.i < g->tq;
-    r.iq = min(r.i, g->tq - 1);
-    return r;
-}
-
 // Loads keys [j0, j0 + BK) of (b, hk) into ks and vs (zeros past tk), by the n work-items.
 inline void load_kv_tile(__local ACC4 (*ks)[D4], __local ACC4 (*vs)[D4], __global const T* k,
                          __global const T* v, const AttnGeom* g, uint b, uint hk, uint j0,
@@ -108,9 +87,12 @@ __kernel void attention_fwd(__global T* o, __global ACC* lse, __global const T* 
                             __global const T* k, __global const T* v, AttnGeom g, ACC scale) {
     __local ACC4 ks[BK][D4];
     __local ACC4 vs[BK][D4];
-    QueryItem w = query_item(&g);
-    uint b = w.b, h = w.h, hk = w.hk, bh = w.bh, qb = w.qb, lid = w.lid, i = w.i, iq = w.iq;
-    bool active = w.active;
+    uint nqb = (g.tq + BQ - 1) / BQ;
+    uint grp = get_group_id(0), qb = grp % nqb, bh = grp / nqb;
+    uint h = bh % g.heads, b = bh / g.heads, hk = h / (g.heads / g.kv_heads);
+    uint lid = get_local_id(0), i = qb * BQ + lid;
+    bool active = i < g.tq;
+    uint iq = min(i, g.tq - 1);
     uint qat = g.q_off + b * g.q_sb + h * g.q_sh + iq * g.q_st;
     ACC4 qr[D4], acc[D4];
     #pragma unroll
@@ -160,9 +142,12 @@ __kernel void attention_bwd_dq(__global T* dq, __global ACC* delta, __global con
                                ACC scale) {
     __local ACC4 ks[BK][D4];
     __local ACC4 vs[BK][D4];
-    QueryItem w = query_item(&g);
-    uint b = w.b, h = w.h, hk = w.hk, bh = w.bh, qb = w.qb, lid = w.lid, i = w.i, iq = w.iq;
-    bool active = w.active;
+    uint nqb = (g.tq + BQ - 1) / BQ;
+    uint grp = get_group_id(0), qb = grp % nqb, bh = grp / nqb;
+    uint h = bh % g.heads, b = bh / g.heads, hk = h / (g.heads / g.kv_heads);
+    uint lid = get_local_id(0), i = qb * BQ + lid;
+    bool active = i < g.tq;
+    uint iq = min(i, g.tq - 1);
     uint qat = g.q_off + b * g.q_sb + h * g.q_sh + iq * g.q_st;
     uint dat = g.o_off + b * g.o_sb + h * g.o_sh + iq * g.o_st;
     uint oat = g.x_off + b * g.x_sb + h * g.x_sh + iq * g.x_st;
