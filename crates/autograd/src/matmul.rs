@@ -102,19 +102,18 @@ impl Var {
         let last = y_shape.len() - 1;
         y_shape[last] = out;
         let y = y2.reshape(&y_shape)?;
-        // Only ReLU's backward reads the output: any other linear keeps nothing of it alive.
-        let saved_y = matches!(activation, Activation::Relu).then(|| y2.clone());
+        let saved_y = y2.clone();
         let mut inputs = vec![self, weight];
         inputs.extend(bias);
         record(op, &inputs, y, move |g, need| {
             let g2 = g.reshape(&[rows, out])?;
-            let gz = match &saved_y {
-                Some(y) => netcl_ops::fused(
-                    &[y, &g2],
+            let gz = match activation {
+                Activation::Relu => netcl_ops::fused(
+                    &[&saved_y, &g2],
                     &[Expr::select(Expr::input(0).gt(0.0), Expr::input(1), 0.0)],
                 )?
                 .remove(0),
-                None => g2,
+                _ => g2,
             };
             let dx = if need[0] {
                 Some(gz.matmul(&w)?.reshape(&x_shape)?)
