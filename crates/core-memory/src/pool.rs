@@ -104,8 +104,11 @@ pub struct Block {
 impl Block {
     /// Record that the command of `event`, enqueued on another queue than the device's compute
     /// queue (the copy queue, say), uses this block: when the block is dropped, the pool hands it
-    /// out again only after that command has completed (PyTorch's `record_stream`). Work on the
+    /// out again only after that command has completed (PyTorch's `record_stream`); flush that
+    /// queue, or the block stays pending until an out-of-memory waits for it. Work on the
     /// compute queue needs no record: the queue is in order, so later kernels on it run after.
+    /// The other direction is the caller's: a block's first use on another queue must wait for
+    /// the compute queue (a marker event), since its previous owner's kernels may still run.
     pub fn record_use(&self, event: &Event) -> Result<()> {
         let raw = event.get();
         // SAFETY: `raw` is a live event; the retain is released by the new `Event`'s drop.
@@ -220,19 +223,10 @@ fn release(st: &mut State, class: usize, block: FreeBlock) {
     st.stats.cached = st.stats.reserved - st.stats.in_use;
 }
 
-/// Pending blocks whose recorded uses have completed go back to their free-lists; with `wait`,
-/// every pending block does, after waiting for its uses.
-fn settle_pending(st: &mut State, wait: bool) -> Result<()> {
+/// Pending blocks whose recorded uses have completed go back to their free-lists.
+fn settle_pending(st: &mut State) {
     if st.pending.is_empty() {
-        return Ok(());
-    }
-    if wait {
-        let events: Vec<cl_event> = st
-            .pending
-            .iter()
-            .flat_map(|p| p.uses.iter().map(|e| e.get()))
-            .collect();
-        cl3::event::wait_for_events(&events).cl("clWaitForEvents")?;
+        return;
     }
     let (done, still): (Vec<Pending>, Vec<Pending>) = std::mem::take(&mut st.pending)
         .into_iter()
@@ -242,7 +236,30 @@ fn settle_pending(st: &mut State, wait: bool) -> Result<()> {
         st.stats.pending_blocks -= 1;
         release(st, p.class, p.block);
     }
-    Ok(())
+}
+
+/// Own handles of every pending block's recorded events, to wait on without the pool's lock.
+fn pending_events(st: &State) -> Vec<Event> {
+    let raw = st
+        .pending
+        .iter()
+        .flat_map(|p| p.uses.iter().map(|e| e.get()));
+    // SAFETY: each handle is live (held by its pending block); the retain is released by the
+    // new `Event`'s drop. A failed retain leaves that event out (it is then not waited for).
+    raw.filter(|&e| unsafe { cl3::event::retain_event(e) }.is_ok())
+        .map(Event::new)
+        .collect()
+}
+
+/// Waits for `events` after flushing the device's queues (a command on one queue may wait on
+/// the other's). A failed command counts as finished (`completed`), so errors are ignored.
+fn wait_for(device: &Device, events: &[Event]) {
+    if let Ok(cl) = device.cl("Pool::alloc") {
+        let _ = cl.queue.flush();
+        let _ = cl.copy_queue.flush();
+    }
+    let raw: Vec<cl_event> = events.iter().map(|e| e.get()).collect();
+    let _ = cl3::event::wait_for_events(&raw);
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -329,8 +346,7 @@ impl Pool {
     /// still used by another queue stay until that work completes).
     pub fn empty_cache(&self) {
         let mut st = self.shared.lock();
-        // A failed event query leaves the block pending: it is released by a later call.
-        let _ = settle_pending(&mut st, false);
+        settle_pending(&mut st);
         release_cached(&mut st);
     }
 
@@ -351,7 +367,7 @@ impl Pool {
             ));
         }
         let mut st = sh.lock();
-        settle_pending(&mut st, false)?;
+        settle_pending(&mut st);
         if let Some(fb) = st.free.get_mut(&class).and_then(|v| v.pop()) {
             st.stats.hits += 1;
             return Ok(self.hand_out(&mut st, fb, bytes, class));
@@ -364,10 +380,18 @@ impl Pool {
                     "pool on {}: out of memory for {bytes} B, waiting for other queues, releasing cache and retrying",
                     sh.device
                 );
-                // Blocks other queues still use are waited for first: one may be the size asked.
-                settle_pending(&mut st, true)?;
-                if let Some(fb) = st.free.get_mut(&class).and_then(|v| v.pop()) {
-                    return Ok(self.hand_out(&mut st, fb, bytes, class));
+                // Blocks other queues still use are waited for first, one may be the size asked;
+                // without the lock, since that work may wait on a thread that needs the pool.
+                let events = pending_events(&st);
+                if !events.is_empty() {
+                    drop(st);
+                    wait_for(&sh.device, &events);
+                    st = sh.lock();
+                    settle_pending(&mut st);
+                    if let Some(fb) = st.free.get_mut(&class).and_then(|v| v.pop()) {
+                        st.stats.hits += 1;
+                        return Ok(self.hand_out(&mut st, fb, bytes, class));
+                    }
                 }
                 release_cached(&mut st);
                 self.grow(&mut st, class).map_err(|e| match e {
