@@ -28,9 +28,14 @@ struct AttnGeom {
     views: [[u32; 4]; 5],
 }
 
-/// Offset and element strides over (b, h, t) of a 4-D tensor: `[offset, sb, sh, st]`.
+/// Offset and element strides over (b, h, t) of a 4-D tensor: `[offset, sb, sh, st]`; an
+/// error when an element it reaches lies past the kernels' 32-bit indices.
 fn view(op: &str, t: &Tensor) -> Result<[u32; 4]> {
-    let s = t.strides();
+    let (s, n) = (t.strides(), t.shape());
+    let reach = (0..3).fold(t.offset() + n[3], |r, i| {
+        r.saturating_add((n[i].max(1) - 1).saturating_mul(s[i]))
+    });
+    u32_arg(op, "element index", reach)?;
     Ok([
         u32_arg(op, "offset", t.offset())?,
         u32_arg(op, "stride", s[0])?,
@@ -84,8 +89,14 @@ impl Dims {
         })
     }
 
-    /// A new (B, T, heads, D) tensor returned as its (B, heads, T, D) view.
+    /// A new (B, T, heads, D) tensor returned as its (B, heads, T, D) view; an error when it
+    /// has more elements than the kernels' 32-bit indices reach.
     fn t_major(&self, t: usize, heads: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+        u32_arg(
+            "flash_attention",
+            "output elements",
+            self.b * t * heads * self.d,
+        )?;
         Tensor::alloc(&[self.b, t, heads, self.d], dtype, device)?.transpose(1, 2)
     }
 
