@@ -238,9 +238,9 @@ inline void bwd_kv(__global T* out, __global const T* q, __global const T* k,
                 dls[ii] = i < g->tq && want_dk ? delta[bh * g->tq + i] : 0;
             }
             barrier(CLK_LOCAL_MEM_FENCE);
-            // An item past the last key runs an empty range: no branch around the barriers.
+            if (!active) continue;
             uint ii0 = mine > i0 ? min((uint)BQT, mine - i0) : 0;
-            uint ii1 = active ? min((uint)BQT, g->tq - i0) : 0;
+            uint ii1 = min((uint)BQT, g->tq - i0);
             for (uint ii = ii0; ii < ii1; ii++) {
                 ACC4 s4 = (ACC4)(0);
                 #pragma unroll
