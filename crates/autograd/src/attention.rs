@@ -30,11 +30,7 @@ impl Var {
                 ),
             ));
         }
-        if mask.is_none()
-            && q.ndim() == 4
-            && q.shape()[2] >= FLASH_MIN_QUERIES
-            && Tensor::flash_attention_supports(q.value(), k.value(), v.value())
-        {
+        if Var::attention_is_fused(q, k, v, mask) {
             return Var::flash_attention(q, k, v, causal, scale);
         }
         let d = q.shape()[q.ndim() - 1];
@@ -52,6 +48,16 @@ impl Var {
         }
         let p = s.softmax(s.ndim() - 1)?;
         p.matmul(v)
+    }
+
+    /// Whether attention over these operands takes the fused kernel: no mask, 4-D operands that
+    /// [`Tensor::flash_attention_supports`] (grouped heads included) and at least
+    /// [`FLASH_MIN_QUERIES`] queries. `Var::attention` and the Llama block decide by it.
+    pub fn attention_is_fused(q: &Var, k: &Var, v: &Var, mask: Option<&Tensor>) -> bool {
+        mask.is_none()
+            && q.ndim() == 4
+            && q.shape()[2] >= FLASH_MIN_QUERIES
+            && Tensor::flash_attention_supports(q.value(), k.value(), v.value())
     }
 
     /// Fused attention of q (B, H, Tq, D) over k, v (B, Hkv, Tk, D) ([`Tensor::flash_attention`]:

@@ -1,7 +1,7 @@
 //! One Llama block: RMSNorm, grouped-query attention with RoPE and a causal mask (optionally through a KV cache), SwiGLU feed-forward, residuals.
 use super::cache::KvCache;
 use super::config::LlamaConfig;
-use netcl_autograd::{Parameter, Tape, Var, FLASH_MIN_QUERIES};
+use netcl_autograd::{Parameter, Tape, Var};
 use netcl_nn::{Init, Linear, Module, RmsNorm};
 use netcl_ops::{Device, Generator, Result, RopeFreqs, RopePositions, Tensor};
 
@@ -96,9 +96,7 @@ impl Attention {
             None => (k, v),
         };
         let q = q.transpose(1, 2)?;
-        let fused = mask.is_none()
-            && t >= FLASH_MIN_QUERIES
-            && Tensor::flash_attention_supports(q.value(), k.value(), v.value());
+        let fused = Var::attention_is_fused(&q, &k, &v, mask);
         // [B, H, T, hd]: the fused kernel reads the grouped heads as they are; otherwise query
         // head j * rep + r meets key/value head j through a broadcast.
         let o = if fused {

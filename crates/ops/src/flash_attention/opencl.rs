@@ -2,6 +2,7 @@
 use super::{Dims, FlashAttention, FlashAttentionBackward};
 use crate::base::acc::{acc_dtype, arg_acc};
 use crate::base::checks::u32_arg;
+use crate::base::host::dense;
 use crate::base::launch::launch_groups;
 use crate::base::tensor::Tensor;
 use netcl_core_devices::{DType, Device, Error, Result};
@@ -111,9 +112,38 @@ impl Dims {
     }
 }
 
-/// Launches `k` over one work-group per `per` rows of each of `bh` (batch, head) pairs.
-fn launch(op: &str, k: &mut Kernel, bh: usize, rows: usize, per: usize) -> Result<()> {
-    launch_groups(op, k, bh * rows.div_ceil(per), per)
+/// What every attention kernel takes besides its buffers: the program, the geometry, the sizes
+/// (scale, visible pairs) and the dtype.
+struct Kernels<'a> {
+    op: &'static str,
+    program: Arc<Program>,
+    geom: AttnGeom,
+    d: &'a Dims,
+    dtype: DType,
+}
+
+impl Kernels<'_> {
+    /// Runs kernel `name` on `bufs` (its buffer arguments in order), then the geometry and the
+    /// scale: a work-item per row of `rows` in each of `pairs` (batch, head) pairs, `BQ` to a
+    /// group. Declares the buffers' bytes and `products` passes over the visible pairs.
+    fn run(
+        &self,
+        name: &str,
+        bufs: &[&Tensor],
+        products: u64,
+        pairs: usize,
+        rows: usize,
+    ) -> Result<()> {
+        let mut k = Kernel::new(&self.program, name)?;
+        let bytes: usize = bufs.iter().map(|t| t.numel() * t.dtype().size()).sum();
+        k.declare(bytes as u64, products * self.d.pair_flops());
+        for t in bufs {
+            k.arg_mem(t.mem()?)?;
+        }
+        k.arg(&self.geom)?;
+        arg_acc(&mut k, self.dtype, self.d.scale)?;
+        launch_groups(self.op, &mut k, pairs * rows.div_ceil(BQ), BQ)
+    }
 }
 
 pub(super) fn forward(desc: &FlashAttention, device: &Device) -> Result<(Tensor, Tensor)> {
@@ -127,7 +157,6 @@ pub(super) fn forward(desc: &FlashAttention, device: &Device) -> Result<(Tensor,
     let dtype = q.dtype();
     let out = d.t_major(d.tq, d.h, dtype, device)?;
     let lse = Tensor::alloc(&[d.b, d.h, d.tq], acc_dtype(dtype), device)?;
-    let program = attention_program(device, dtype, d.d)?;
     let views = [
         view(op, &q)?,
         view(op, &k)?,
@@ -135,18 +164,20 @@ pub(super) fn forward(desc: &FlashAttention, device: &Device) -> Result<(Tensor,
         view(op, &out)?,
         [0; 4],
     ];
-    let geom = d.geom(op, views)?;
-    let mut kern = Kernel::new(&program, "attention_fwd")?;
-    let bytes = (q.numel() + k.numel() + v.numel() + out.numel()) * dtype.size();
-    kern.declare(bytes as u64, 2 * d.pair_flops());
-    kern.arg_mem(out.mem()?)?
-        .arg_mem(lse.mem()?)?
-        .arg_mem(q.mem()?)?
-        .arg_mem(k.mem()?)?
-        .arg_mem(v.mem()?)?
-        .arg(&geom)?;
-    arg_acc(&mut kern, dtype, d.scale)?;
-    launch(op, &mut kern, d.b * d.h, d.tq, BQ)?;
+    let kernels = Kernels {
+        op,
+        program: attention_program(device, dtype, d.d)?,
+        geom: d.geom(op, views)?,
+        d,
+        dtype,
+    };
+    kernels.run(
+        "attention_fwd",
+        &[&out, &lse, &q, &k, &v],
+        2,
+        d.b * d.h,
+        d.tq,
+    )?;
     Ok((out, lse))
 }
 
@@ -156,15 +187,17 @@ pub(super) fn backward(
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let op = "flash_attention_backward";
     let d = &desc.dims;
-    let dense = |t: &Tensor| rows_dense(t);
-    let (q, k, v) = (dense(&desc.q)?, dense(&desc.k)?, dense(&desc.v)?);
+    let (q, k, v) = (
+        rows_dense(&desc.q)?,
+        rows_dense(&desc.k)?,
+        rows_dense(&desc.v)?,
+    );
     let (out, grad, lse) = (
-        dense(&desc.out)?,
-        dense(&desc.grad)?,
-        crate::base::host::dense(&desc.lse)?,
+        rows_dense(&desc.out)?,
+        rows_dense(&desc.grad)?,
+        dense(&desc.lse)?,
     );
     let dtype = q.dtype();
-    let program = attention_program(device, dtype, d.d)?;
     let views = [
         view(op, &q)?,
         view(op, &k)?,
@@ -172,40 +205,23 @@ pub(super) fn backward(
         view(op, &grad)?,
         view(op, &out)?,
     ];
-    let geom = d.geom(op, views)?;
+    let kernels = Kernels {
+        op,
+        program: attention_program(device, dtype, d.d)?,
+        geom: d.geom(op, views)?,
+        d,
+        dtype,
+    };
     let dq = d.t_major(d.tq, d.h, dtype, device)?;
     let delta = Tensor::alloc(&[d.b, d.h, d.tq], acc_dtype(dtype), device)?;
-    let bytes =
-        |ts: &[&Tensor]| (ts.iter().map(|t| t.numel()).sum::<usize>() * dtype.size()) as u64;
-    let mut kern = Kernel::new(&program, "attention_bwd_dq")?;
-    kern.declare(bytes(&[&q, &k, &v, &grad, &out, &dq]), 3 * d.pair_flops());
-    kern.arg_mem(dq.mem()?)?
-        .arg_mem(delta.mem()?)?
-        .arg_mem(q.mem()?)?
-        .arg_mem(k.mem()?)?
-        .arg_mem(v.mem()?)?
-        .arg_mem(grad.mem()?)?
-        .arg_mem(out.mem()?)?
-        .arg_mem(lse.mem()?)?
-        .arg(&geom)?;
-    arg_acc(&mut kern, dtype, d.scale)?;
-    launch(op, &mut kern, d.b * d.h, d.tq, BQ)?;
+    let dq_bufs = [&dq, &delta, &q, &k, &v, &grad, &out, &lse];
+    kernels.run("attention_bwd_dq", &dq_bufs, 3, d.b * d.h, d.tq)?;
     // dk needs three products per visible pair (score, its gradient, the update), dv two.
     let key_grad = |name: &str, products: u64| -> Result<Tensor> {
-        let out = d.t_major(d.tk, d.hkv, dtype, device)?;
-        let mut kern = Kernel::new(&program, name)?;
-        kern.declare(bytes(&[&q, &k, &v, &grad, &out]), products * d.pair_flops());
-        kern.arg_mem(out.mem()?)?
-            .arg_mem(q.mem()?)?
-            .arg_mem(k.mem()?)?
-            .arg_mem(v.mem()?)?
-            .arg_mem(grad.mem()?)?
-            .arg_mem(lse.mem()?)?
-            .arg_mem(delta.mem()?)?
-            .arg(&geom)?;
-        arg_acc(&mut kern, dtype, d.scale)?;
-        launch(op, &mut kern, d.b * d.hkv, d.tk, BQ)?;
-        Ok(out)
+        let t = d.t_major(d.tk, d.hkv, dtype, device)?;
+        let bufs = [&t, &q, &k, &v, &grad, &lse, &delta];
+        kernels.run(name, &bufs, products, d.b * d.hkv, d.tk)?;
+        Ok(t)
     };
     let dk = key_grad("attention_bwd_dk", 3)?;
     let dv = key_grad("attention_bwd_dv", 2)?;
