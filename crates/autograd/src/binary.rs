@@ -70,10 +70,11 @@ fn record_binary(
 ) -> Result<Var> {
     // Keep only the values the derivatives read (add and sub keep none): inputs 0, 1, 2 of the
     // derivative expressions are a, b, y and input 3 is the output gradient.
+    // Only the derivatives of tracked inputs count: `x * frozen_w` keeps w alone.
     let reads = |i: usize| {
-        grads
-            .as_ref()
-            .is_some_and(|(da, db)| da.reads_input(i) || db.reads_input(i))
+        grads.as_ref().is_some_and(|(da, db)| {
+            (a.is_tracked() && da.reads_input(i)) || (b.is_tracked() && db.reads_input(i))
+        })
     };
     let (a_shape, b_shape) = (a.shape().to_vec(), b.shape().to_vec());
     let [av, bv, yv] = [
@@ -98,17 +99,23 @@ fn record_binary(
         if need[1] {
             exprs.push(db);
         }
-        let mut outs = fused(&[av, bv, yv, g], &exprs)?.into_iter();
-        let mut take = |needed: bool, shape: &[usize]| -> Result<Option<Tensor>> {
-            match (needed, outs.next()) {
-                (true, Some(t)) => Ok(Some(sum_to(&t, shape)?)),
-                _ => Ok(None),
-            }
-        };
-        let ga = take(need[0], &a_shape)?;
-        let gb = take(need[1], &b_shape)?;
-        Ok(vec![ga, gb])
+        let outs = fused(&[av, bv, yv, g], &exprs)?;
+        reduced(outs, need, [&a_shape, &b_shape])
     })
+}
+
+/// The gradients of two broadcast operands from the kernel outputs `outs` (one per needed
+/// operand, in order), each summed to its operand's shape.
+fn reduced(outs: Vec<Tensor>, need: &[bool], shapes: [&[usize]; 2]) -> Result<Vec<Option<Tensor>>> {
+    let mut outs = outs.into_iter();
+    let mut grads = Vec::with_capacity(2);
+    for (needed, shape) in need.iter().zip(shapes) {
+        grads.push(match needed.then(|| outs.next()).flatten() {
+            Some(t) => Some(sum_to(&t, shape)?),
+            None => None,
+        });
+    }
+    Ok(grads)
 }
 
 macro_rules! binary_vars {
@@ -164,6 +171,35 @@ impl Var {
             let keep = Expr::select(Expr::input(0).ne(0.0), 0.0, Expr::input(1));
             let t = fused(&[&m, g], &[keep])?;
             Ok(vec![Some(sum_to(&t[0], &shape)?)])
+        })
+    }
+}
+
+impl Var {
+    /// SwiGLU's gating, `silu(gate) * up`, as one kernel each way that keeps only `gate` and
+    /// `up` for backward (silu then mul would also keep `silu(gate)`).
+    pub fn swiglu(gate: &Var, up: &Var) -> Result<Var> {
+        let (g_in, u_in) = (Expr::input(0), Expr::input(1));
+        let y = fused(
+            &[gate.value(), up.value()],
+            &[g_in.clone().silu() * u_in.clone()],
+        )?
+        .remove(0);
+        let (gv, uv) = (gate.value().clone(), up.value().clone());
+        let (g_shape, u_shape) = (gate.shape().to_vec(), up.shape().to_vec());
+        record("swiglu", &[gate, up], y, move |dy, need| {
+            let (s, dy_in) = (g_in.clone().sigmoid(), Expr::input(2));
+            // d silu(x) = s (1 + x (1 - s)), s = sigmoid(x).
+            let dsilu = s.clone() * (Expr::scalar(1.0) + g_in.clone() * (Expr::scalar(1.0) - s));
+            let mut exprs = Vec::new();
+            if need[0] {
+                exprs.push(dy_in.clone() * u_in * dsilu);
+            }
+            if need[1] {
+                exprs.push(dy_in * g_in.silu());
+            }
+            let outs = fused(&[&gv, &uv, dy], &exprs)?;
+            reduced(outs, need, [&g_shape, &u_shape])
         })
     }
 }

@@ -36,17 +36,19 @@ impl Var {
             return a.matmul_nd(&b)?.to_dtype(DType::F32);
         }
         let y = self.value().matmul(other.value())?;
-        let (a, b) = (self.value().clone(), other.value().clone());
+        // Each operand is kept only for the other's gradient: a frozen weight's product keeps
+        // no activation alive (PyTorch saves the same way).
+        let (a_shape, b_shape) = (self.shape().to_vec(), other.shape().to_vec());
+        let a = other.is_tracked().then(|| self.value().clone());
+        let b = self.is_tracked().then(|| other.value().clone());
         record("matmul", &[self, other], y, move |g, need| {
-            let da = if need[0] {
-                Some(sum_to(&g.matmul(&t(&b)?)?, a.shape())?)
-            } else {
-                None
+            let da = match (&b, need[0]) {
+                (Some(b), true) => Some(sum_to(&g.matmul(&t(b)?)?, &a_shape)?),
+                _ => None,
             };
-            let db = if need[1] {
-                Some(sum_to(&t(&a)?.matmul(g)?, b.shape())?)
-            } else {
-                None
+            let db = match (&a, need[1]) {
+                (Some(a), true) => Some(sum_to(&t(a)?.matmul(g)?, &b_shape)?),
+                _ => None,
             };
             Ok(vec![da, db])
         })
@@ -102,28 +104,30 @@ impl Var {
         let last = y_shape.len() - 1;
         y_shape[last] = out;
         let y = y2.reshape(&y_shape)?;
-        let saved_y = y2.clone();
+        // Kept for backward only where a gradient reads it: the output under ReLU (its
+        // derivative), the input for the weight's gradient (none when the weight is frozen).
+        let saved_y = matches!(activation, Activation::Relu).then(|| y2.clone());
+        let x2 = weight.is_tracked().then_some(x2);
         let mut inputs = vec![self, weight];
         inputs.extend(bias);
         record(op, &inputs, y, move |g, need| {
             let g2 = g.reshape(&[rows, out])?;
-            let gz = match activation {
-                Activation::Relu => netcl_ops::fused(
-                    &[&saved_y, &g2],
+            let gz = match &saved_y {
+                Some(saved_y) => netcl_ops::fused(
+                    &[saved_y, &g2],
                     &[Expr::select(Expr::input(0).gt(0.0), Expr::input(1), 0.0)],
                 )?
                 .remove(0),
-                _ => g2,
+                None => g2,
             };
             let dx = if need[0] {
                 Some(gz.matmul(&w)?.reshape(&x_shape)?)
             } else {
                 None
             };
-            let dw = if need[1] {
-                Some(t(&gz)?.matmul(&x2)?)
-            } else {
-                None
+            let dw = match (&x2, need[1]) {
+                (Some(x2), true) => Some(t(&gz)?.matmul(x2)?),
+                _ => None,
             };
             let mut grads = vec![dx, dw];
             if need.len() > 2 {

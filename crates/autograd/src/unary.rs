@@ -3,12 +3,18 @@ use crate::tape::{record, Var};
 use netcl_ops::{fused, DType, Expr, Result, Tensor, UnaryOp};
 
 /// Record an elementwise op whose input gradient is `dx` over (x, y, dy).
+/// Only the values `dx` reads are kept (silu keeps x, exp keeps y).
 fn pointwise(op: &'static str, x: &Var, y: Tensor, dx: Option<Expr>) -> Result<Var> {
-    let xs = x.value().clone();
-    let ys = y.clone();
+    let reads = |i: usize| dx.as_ref().is_some_and(|e| e.reads_input(i));
+    let xs = reads(0).then(|| x.value().clone());
+    let ys = reads(1).then(|| y.clone());
     record(op, &[x], y, move |g, _| {
         Ok(vec![match dx {
-            Some(e) => Some(fused(&[&xs, &ys, g], &[e])?.remove(0)),
+            // An unread slot is filled with g, which the expression never reads there.
+            Some(e) => {
+                let (xs, ys) = (xs.as_ref().unwrap_or(g), ys.as_ref().unwrap_or(g));
+                Some(fused(&[xs, ys, g], &[e])?.remove(0))
+            }
             None => None,
         }])
     })

@@ -37,6 +37,11 @@ fn signed(dev: &Device, shape: &[usize], seed: u64) -> Tensor {
     Tensor::from_vec(v, shape, dev).unwrap()
 }
 
+/// A constant operand on `like`'s device (a frozen weight: no gradient, nothing saved for one).
+fn frozen(like: &Var, shape: &[usize], seed: u64) -> Var {
+    Var::constant(signed(like.device(), shape, seed))
+}
+
 fn ids(dev: &Device, v: &[i32], shape: &[usize]) -> Tensor {
     Tensor::from_vec(v.to_vec(), shape, dev).unwrap()
 }
@@ -101,8 +106,9 @@ fn unary_ops() {
 #[test]
 fn binary_ops_with_broadcasting() {
     type Op = fn(&Var, &Var) -> Result<Var>;
-    let ops: [(&str, Op, bool); 7] = [
+    let ops: [(&str, Op, bool); 8] = [
         ("add", Var::add, false),
+        ("swiglu", Var::swiglu, false),
         ("sub", Var::sub, false),
         ("mul", Var::mul, false),
         ("div", Var::div, true),
@@ -192,7 +198,24 @@ fn matmul_and_linear() {
             |d| vec![signed(d, &[3, 4], 17), signed(d, &[2, 4], 18)],
             |v| v[0].linear(&v[1], None, act),
         );
+        // A frozen (constant) weight or operand: the input's gradient without the saved
+        // activation the weight's gradient would need.
+        check(
+            "linear_frozen_weight",
+            |d| vec![signed(d, &[3, 4], 19)],
+            |v| v[0].linear(&frozen(&v[0], &[2, 4], 20), None, act),
+        );
     }
+    check(
+        "matmul_frozen_right",
+        |d| vec![signed(d, &[2, 3, 4], 21)],
+        |v| v[0].matmul(&frozen(&v[0], &[4, 2], 22)),
+    );
+    check(
+        "matmul_frozen_left",
+        |d| vec![signed(d, &[4, 2], 23)],
+        |v| frozen(&v[0], &[2, 3, 4], 24).matmul(&v[0]),
+    );
 }
 
 #[test]

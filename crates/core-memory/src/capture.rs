@@ -30,6 +30,10 @@ pub struct LaunchRecord {
     pub local: Vec<usize>,
     /// (bytes, flops) declared to the profiler.
     pub work: Option<(u64, u64)>,
+    /// Argument pairs (output, input) that may be one buffer: the kernel reads each element of
+    /// the input only in the work-item that writes the same element of the output, before
+    /// writing it (elementwise kernels over dense operands at equal offsets).
+    pub in_place: Vec<(usize, usize)>,
 }
 
 /// What happened on the capturing device, in queue order.

@@ -202,7 +202,7 @@ impl Graph {
     }
 
     fn from_capture(device: &Device, mut r: Resolved, g: Capture, align: usize) -> Result<Graph> {
-        let slots = plan::assign(&mut r.internals, align);
+        let slots = plan::assign(&mut r.internals, &r.in_place, align);
         let mut desc = GraphDesc {
             schema_version: SCHEMA_VERSION,
             device: device.to_string(),

@@ -1,20 +1,33 @@
-//! The buffer plan: internal buffers whose node ranges do not overlap share one buffer (a slot). Largest first, each into the smallest slot none of whose buffers lives alongside it, else a new slot of its size. Slots are whole buffers, never overlapping sub-buffers of one arena: NVIDIA's OpenCL crashes releasing overlapping sub-buffers.
+//! The buffer plan: internal buffers whose node ranges do not overlap, or meet at a kernel declared safe to run in place, share one buffer (a slot). Largest first, each into the smallest slot none of whose buffers lives alongside it, else a new slot of its size. Slots are whole buffers, never overlapping sub-buffers of one arena: NVIDIA's OpenCL crashes releasing overlapping sub-buffers.
 use crate::desc::Internal;
 use crate::record::aligned;
+use std::collections::HashSet;
 
-/// Sets every buffer's `slot` and returns the slots' sizes in bytes.
-pub(crate) fn assign(bufs: &mut [Internal], align: usize) -> Vec<usize> {
+/// Sets every buffer's `slot` and returns the slots' sizes in bytes. `in_place` lists pairs
+/// (input, output) where one kernel may read the input and write the output as one buffer: the
+/// two may share a slot although their ranges meet at that kernel.
+pub(crate) fn assign(
+    bufs: &mut [Internal],
+    in_place: &[(usize, usize)],
+    align: usize,
+) -> Vec<usize> {
+    let pairs: HashSet<(usize, usize)> = in_place.iter().copied().collect();
     let mut order: Vec<usize> = (0..bufs.len()).collect();
     order.sort_by_key(|&i| (std::cmp::Reverse(bufs[i].bytes), bufs[i].first));
-    // Per slot: its size and the node ranges of its buffers.
-    let mut slots: Vec<(usize, Vec<(usize, usize)>)> = Vec::new();
+    // Per slot: its size and its buffers.
+    let mut slots: Vec<(usize, Vec<usize>)> = Vec::new();
     for i in order {
         let (first, last) = (bufs[i].first, bufs[i].last);
-        let clear =
-            |ranges: &Vec<(usize, usize)>| ranges.iter().all(|&(f, l)| l < first || last < f);
+        let apart = |j: usize| {
+            let (f, l) = (bufs[j].first, bufs[j].last);
+            l < first
+                || last < f
+                || (l == first && pairs.contains(&(j, i)))
+                || (last == f && pairs.contains(&(i, j)))
+        };
         // The smallest slot that is free over this buffer's range (all are large enough).
         let best = (slots.iter().enumerate())
-            .filter(|(_, (_, r))| clear(r))
+            .filter(|(_, (_, held))| held.iter().all(|&j| apart(j)))
             .min_by_key(|(_, (size, _))| *size)
             .map(|(s, _)| s);
         let s = match best {
@@ -25,7 +38,7 @@ pub(crate) fn assign(bufs: &mut [Internal], align: usize) -> Vec<usize> {
                 slots.len() - 1
             }
         };
-        slots[s].1.push((first, last));
+        slots[s].1.push(i);
         bufs[i].slot = s;
     }
     slots.into_iter().map(|(size, _)| size).collect()
@@ -44,12 +57,16 @@ mod tests {
         }
     }
 
-    /// Every slot holds its buffers, and no two buffers of a slot are alive together.
-    fn check(bufs: &[Internal], slots: &[usize]) {
+    /// Every slot holds its buffers, and no two buffers of a slot are alive together (except
+    /// a declared in-place pair meeting at one node).
+    fn check(bufs: &[Internal], slots: &[usize], in_place: &[(usize, usize)]) {
         for (a, x) in bufs.iter().enumerate() {
             assert!(x.bytes <= slots[x.slot], "buffer {a} fits its slot");
             for (b, y) in bufs.iter().enumerate().skip(a + 1) {
-                let live = x.first <= y.last && y.first <= x.last;
+                let meet = |p: usize, q: usize| {
+                    bufs[p].last == bufs[q].first && in_place.contains(&(p, q))
+                };
+                let live = x.first <= y.last && y.first <= x.last && !meet(a, b) && !meet(b, a);
                 assert!(!(live && x.slot == y.slot), "{a} and {b} collide");
             }
         }
@@ -59,8 +76,8 @@ mod tests {
     fn buffers_alive_together_never_share_and_disjoint_ones_do() {
         // A chain: each buffer lives over two nodes, so neighbours overlap and every other one can share.
         let mut bufs: Vec<Internal> = (0..10).map(|i| buf(1000 + i * 10, i, i + 1)).collect();
-        let slots = assign(&mut bufs, 64);
-        check(&bufs, &slots);
+        let slots = assign(&mut bufs, &[], 64);
+        check(&bufs, &slots, &[]);
         assert_eq!(
             slots.len(),
             2,
@@ -86,7 +103,22 @@ mod tests {
                 buf(1 + next(5000), first, first + next(20))
             })
             .collect();
-        let slots = assign(&mut bufs, 128);
-        check(&bufs, &slots);
+        let slots = assign(&mut bufs, &[], 128);
+        check(&bufs, &slots, &[]);
+    }
+
+    #[test]
+    fn an_elementwise_chain_runs_in_one_slot_only_where_declared() {
+        // x0 -> x1 -> x2 -> x3, each made by the kernel that last reads the one before.
+        let make = || -> Vec<Internal> { (0..4).map(|i| buf(4096, i, i + 1)).collect() };
+        let chain = [(0, 1), (1, 2), (2, 3)];
+        let mut bufs = make();
+        let slots = assign(&mut bufs, &chain, 256);
+        check(&bufs, &slots, &chain);
+        assert_eq!(slots, vec![4096], "the whole chain in place");
+        let mut bufs = make();
+        let slots = assign(&mut bufs, &chain[..1], 256);
+        check(&bufs, &slots, &chain[..1]);
+        assert_eq!(slots.len(), 2, "only x0 -> x1 in place: {slots:?}");
     }
 }

@@ -16,6 +16,9 @@ pub(crate) struct Resolved {
     /// The buffer of each external.
     pub external_mems: Vec<Mem>,
     pub eager_peak_bytes: usize,
+    /// Internal buffers (input, output) that one kernel may run in place on: the input's last
+    /// node is the output's first, and the kernel declared the pair safe.
+    pub in_place: Vec<(usize, usize)>,
 }
 
 /// Rounds `n` up to a multiple of `align` (at least one `align`).
@@ -85,6 +88,8 @@ pub(crate) fn resolve(rec: Recording, bytes_of: impl Fn(Mem) -> usize) -> Result
     let mut programs: Vec<Arc<Program>> = Vec::new();
     let mut program_descs = Vec::new();
     let (mut in_use, mut peak) = (0usize, 0usize);
+    // (node, input internal, output internal) declared in place at that node.
+    let mut in_place = Vec::new();
     for e in rec.events {
         let n = nodes.len();
         let mut buf = |b: &mut Builder, mem: Mem| -> Result<BufRef> {
@@ -177,6 +182,24 @@ pub(crate) fn resolve(rec: Recording, bytes_of: impl Fn(Mem) -> usize) -> Result
                         Arg::Local(n) => NodeArg::Local(n),
                     });
                 }
+                // Declared pairs of internal buffers that appear once each in this launch.
+                let once = |r: BufRef| {
+                    args.iter()
+                        .filter(|a| matches!(a, NodeArg::Buf(x) if *x == r))
+                        .count()
+                        == 1
+                };
+                for &(o, i) in &l.in_place {
+                    if let (Some(NodeArg::Buf(y)), Some(NodeArg::Buf(x))) =
+                        (args.get(o), args.get(i))
+                    {
+                        if let (BufRef::Internal(yi), BufRef::Internal(xi)) = (*y, *x) {
+                            if xi != yi && once(*x) && once(*y) {
+                                in_place.push((n, xi, yi));
+                            }
+                        }
+                    }
+                }
                 Node::Launch {
                     program: p,
                     kernel: l.kernel,
@@ -206,7 +229,14 @@ pub(crate) fn resolve(rec: Recording, bytes_of: impl Fn(Mem) -> usize) -> Result
         };
         nodes.push(node);
     }
+    // A pair counts where the input dies at the node that makes the output.
+    let in_place = in_place
+        .into_iter()
+        .filter(|&(n, x, y)| internals[x].last == n && internals[y].first == n)
+        .map(|(_, x, y)| (x, y))
+        .collect();
     Ok(Resolved {
+        in_place,
         nodes,
         programs,
         program_descs,

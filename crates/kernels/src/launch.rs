@@ -53,6 +53,8 @@ pub struct Kernel {
     work: Option<Work>,
     /// The arguments set so far, while this thread captures a graph on the kernel's device.
     recorded: Option<Vec<capture::Arg>>,
+    /// Argument pairs of the next launch that may share a buffer (see `allow_in_place`).
+    in_place: Vec<(usize, usize)>,
 }
 
 impl Kernel {
@@ -100,6 +102,7 @@ impl Kernel {
             dynamic_local: 0,
             work: None,
             recorded: capture::capturing(&program.device).then(Vec::new),
+            in_place: Vec::new(),
         })
     }
 
@@ -207,6 +210,15 @@ impl Kernel {
         self
     }
 
+    /// Declare that output argument `output` and input argument `input` of the next launch may
+    /// be one buffer: the kernel reads each input element only in the work-item that writes the
+    /// same output element, before writing it. A captured graph's planner uses it to run such a
+    /// kernel in place when the input dies there.
+    pub fn allow_in_place(&mut self, output: usize, input: usize) -> &mut Self {
+        self.in_place.push((output, input));
+        self
+    }
+
     /// The OpenCL kernel object (arguments as set so far), for code that enqueues it itself.
     pub fn cl_kernel(&self) -> cl_kernel {
         self.entry().kernel.get()
@@ -217,7 +229,8 @@ impl Kernel {
     /// is checked before the enqueue; nothing is enqueued on error, and the arguments are reset.
     pub fn launch(&mut self, global: &[usize], local: &[usize]) -> Result<()> {
         let work = self.work.take();
-        let result = self.try_launch(global, local, work);
+        let in_place = std::mem::take(&mut self.in_place);
+        let result = self.try_launch(global, local, work, in_place);
         self.next_arg = 0;
         self.dynamic_local = 0;
         if let Some(r) = &mut self.recorded {
@@ -229,7 +242,13 @@ impl Kernel {
         result
     }
 
-    fn try_launch(&self, global: &[usize], local: &[usize], work: Option<Work>) -> Result<()> {
+    fn try_launch(
+        &self,
+        global: &[usize],
+        local: &[usize],
+        work: Option<Work>,
+        in_place: Vec<(usize, usize)>,
+    ) -> Result<()> {
         let probe = Probe::begin();
         let fail = |msg: String| {
             Err(Error::Launch {
@@ -315,6 +334,7 @@ impl Kernel {
                     global: rounded[..dims].to_vec(),
                     local: local.to_vec(),
                     work: work.map(|w| (w.bytes, w.flops)),
+                    in_place,
                 })
             });
         }

@@ -140,9 +140,9 @@ impl FeedForward {
     }
 
     pub fn forward(&self, tape: &Tape, x: &Var) -> Result<Var> {
-        let gate = self.w1.forward(tape, x)?.silu()?;
+        let gate = self.w1.forward(tape, x)?;
         let up = self.w3.forward(tape, x)?;
-        self.w2.forward(tape, &gate.mul(&up)?)
+        self.w2.forward(tape, &Var::swiglu(&gate, &up)?)
     }
 
     pub fn named_parameters(&self) -> Vec<(String, Parameter)> {

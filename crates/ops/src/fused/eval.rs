@@ -199,6 +199,19 @@ fn launch(e: &FusedEval<'_>, device: &Device) -> Result<()> {
         .collect();
     operands.extend(bstrides.iter().zip(inputs).map(|(s, t)| (&s[..], t.offset)));
     let dims = merged_dims(op, shape, &operands)?;
+    // A work-item reads every input element it needs, then writes the outputs' elements at the
+    // same index: an output and an input laid out alike (strides, offset, element size) may be
+    // one buffer (a captured graph runs the kernel in place where the input dies there).
+    let allow_in_place = |k: &mut Kernel| {
+        let no = out_tensors.len();
+        for (j, o) in out_tensors.iter().enumerate() {
+            for (i, t) in inputs.iter().enumerate() {
+                if operands[j] == operands[no + i] && t.dtype.size() == o.dtype.size() {
+                    k.allow_in_place(j, no + i);
+                }
+            }
+        }
+    };
     let set_buffers = |k: &mut Kernel| -> Result<()> {
         for t in out_tensors.iter().chain(inputs.iter().copied()) {
             k.arg_mem(t.mem()?)?;
@@ -223,6 +236,7 @@ fn launch(e: &FusedEval<'_>, device: &Device) -> Result<()> {
         let program = program(device, plan, vec, &Form::Single { uniform })?;
         launch_1d_over(&program, FUSED_CONTIG, n.div_ceil(vec), n, |k| {
             k.declare(work.0, work.1);
+            allow_in_place(k);
             set_buffers(k)?;
             for (_, off) in &operands {
                 k.arg(&(*off as u32))?;
@@ -245,6 +259,7 @@ fn launch(e: &FusedEval<'_>, device: &Device) -> Result<()> {
         let program = program(device, plan, 1, &Form::Single { uniform: 0 })?;
         launch_1d(&program, FUSED_STRIDED, n, |k| {
             k.declare(work.0, work.1);
+            allow_in_place(k);
             set_buffers(k)?;
             k.arg_bytes(bytemuck::cast_slice(&words))?;
             set_scalars(k, &plan.scalars)
