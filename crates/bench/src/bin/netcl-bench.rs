@@ -498,8 +498,24 @@ impl Runner {
             (
                 "110m_lora_b2",
                 "llama110m_lora_qv_r8_B2_T512",
-                c110,
+                c110.clone(),
                 2,
+                Some(&lora),
+                None,
+            ),
+            (
+                "110m_b1",
+                "llama110m_step_B1_T512",
+                c110.clone(),
+                1,
+                None,
+                None,
+            ),
+            (
+                "110m_lora_b1",
+                "llama110m_lora_qv_r8_B1_T512",
+                c110,
+                1,
                 Some(&lora),
                 None,
             ),
@@ -588,7 +604,7 @@ impl Runner {
     }
 }
 
-const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama,attention] [--sizes 1024,2048,4096] [--llama 15m,110m,15m_bf16,110m_bf16,110m_lora,110m_b2,110m_lora_b2,generate] [--json FILE]
+const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama,attention] [--sizes 1024,2048,4096] [--llama 15m,110m,15m_bf16,110m_bf16,110m_lora,110m_b2,110m_lora_b2,110m_b1,110m_lora_b1,generate] [--json FILE]
   Times each workload (median of 5 batches, device synchronised around each) and prints
   one line per workload; --json writes the records for benches/reference/torch_bench.py --netcl.
   NETCL_CLBLAST=/path/libclblast.so adds CLBlast as the OpenCL GEMM peer.";
