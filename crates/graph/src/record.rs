@@ -190,13 +190,13 @@ pub(crate) fn resolve(rec: Recording, bytes_of: impl Fn(Mem) -> usize) -> Result
                         == 1
                 };
                 for &(o, i) in &l.in_place {
-                    if let (Some(NodeArg::Buf(y)), Some(NodeArg::Buf(x))) =
-                        (args.get(o), args.get(i))
+                    if let (
+                        Some(&NodeArg::Buf(y @ BufRef::Internal(yi))),
+                        Some(&NodeArg::Buf(x @ BufRef::Internal(xi))),
+                    ) = (args.get(o), args.get(i))
                     {
-                        if let (BufRef::Internal(yi), BufRef::Internal(xi)) = (*y, *x) {
-                            if xi != yi && once(*x) && once(*y) {
-                                in_place.push((n, xi, yi));
-                            }
+                        if xi != yi && once(x) && once(y) {
+                            in_place.push((n, xi, yi));
                         }
                     }
                 }

@@ -213,9 +213,12 @@ impl Kernel {
     /// Declare that output argument `output` and input argument `input` of the next launch may
     /// be one buffer: the kernel reads each input element only in the work-item that writes the
     /// same output element, before writing it. A captured graph's planner uses it to run such a
-    /// kernel in place when the input dies there.
+    /// kernel in place when the input dies there. Kept only while capturing (an eager launch
+    /// allocates nothing for it).
     pub fn allow_in_place(&mut self, output: usize, input: usize) -> &mut Self {
-        self.in_place.push((output, input));
+        if self.recorded.is_some() {
+            self.in_place.push((output, input));
+        }
         self
     }
 
