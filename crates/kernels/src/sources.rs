@@ -35,8 +35,10 @@ source!(CONV, "conv.cl");
 source!(POOL, "pool.cl");
 source!(SORT, "sort.cl");
 source!(ATTENTION, "attention.cl");
+source!(DECODE, "decode.cl");
 
 /// Every op-family source (not the common header).
-pub const ALL: [Source; 13] = [
+pub const ALL: [Source; 14] = [
     COPY, RANDOM, MATMUL, INDEX, SHAPE, ROPE, REDUCE, SOFTMAX, NORM, CONV, POOL, SORT, ATTENTION,
+    DECODE,
 ];

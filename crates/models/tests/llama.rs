@@ -1,7 +1,7 @@
 //! Llama on every device: KV-cache decoding equals the full forward, batched padded generation equals one prompt at a time, a tiny model learns, parameter gradients match finite differences in f64, bad input is an error.
 use netcl_autograd::Tape;
 use netcl_core_devices::test_devices;
-use netcl_models::{generate, KvCache, Llama, LlamaConfig, Sampler, Sampling};
+use netcl_models::{generate, KvCache, Llama, LlamaConfig, RopeScaling, Sampler, Sampling};
 use netcl_nn::{load_checkpoint, save_checkpoint, Module};
 use netcl_ops::{DType, Device, Generator, RopeStyle, Tensor};
 use netcl_optim::{AdamW, Optimizer};
@@ -68,6 +68,70 @@ fn cache_decoding_gives_the_full_forward_logits() {
                     }
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn fused_decoding_gives_the_full_forward_logits() {
+    // Both RoPE pairings, and Llama 3's scaled frequency table; grouped heads (4 over 2).
+    const T: usize = 12;
+    let scaled = Some(RopeScaling {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 8,
+    });
+    let configs = [
+        (RopeStyle::Interleaved, None),
+        (RopeStyle::Halves, None),
+        (RopeStyle::Halves, scaled),
+    ];
+    for (style, scaling) in configs {
+        let scaled = scaling.is_some();
+        let cfg = LlamaConfig {
+            rope_style: style,
+            rope_scaling: scaling,
+            ..LlamaConfig::tiny(50)
+        };
+        for dev in test_devices().unwrap() {
+            let model = Llama::new(cfg.clone(), &dev, &mut Generator::new(4)).unwrap();
+            assert!(model.decode_supported());
+            let seq = tokens(2 * T, 50, 5);
+            let tape = Tape::no_grad();
+            let full = model
+                .logits(&tape, &ids(&seq, 2, &dev), None, None, None)
+                .unwrap()
+                .value()
+                .to_vec::<f32>()
+                .unwrap();
+            // Prefill 3 positions, then one token per row at a time through the decode kernels.
+            let cache = KvCache::new(&cfg, 2, &dev).unwrap();
+            let prefill: Vec<i32> = (0..2).flat_map(|b| seq[b * T..b * T + 3].to_vec()).collect();
+            model
+                .logits(&tape, &ids(&prefill, 2, &dev), None, Some(&cache), None)
+                .unwrap();
+            for p in 3..T {
+                let step = Tensor::from_vec(vec![seq[p], seq[T + p]], &[2], &dev).unwrap();
+                let got = model.decode(&step, &cache, None).unwrap();
+                assert_eq!(got.shape(), [2, 50]);
+                let got = got.to_vec::<f32>().unwrap();
+                for b in 0..2 {
+                    for v in 0..50 {
+                        let want = full[(b * T + p) * 50 + v];
+                        let g = got[b * 50 + v];
+                        assert!(
+                            (g - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                            "{dev} {style:?} scaled {scaled} row {b} pos {p} token {v}: {g} vs {want}"
+                        );
+                    }
+                }
+            }
+            assert_eq!(cache.len(), T);
+            // Bad input: ids of another batch, and a full cache.
+            let one = Tensor::from_vec(vec![1i32], &[1], &dev).unwrap();
+            let e = model.decode(&one, &cache, None).unwrap_err().to_string();
+            assert!(e.contains("I32 [2]"), "{e}");
         }
     }
 }

@@ -41,7 +41,7 @@ pub struct Attention {
     pub wo: Linear,
     cfg: LlamaConfig,
     /// The pair frequencies: the base, or Llama 3's scaled table (on the device).
-    freqs: RopeFreqs,
+    pub(super) freqs: RopeFreqs,
 }
 
 impl Attention {

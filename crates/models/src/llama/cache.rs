@@ -67,19 +67,22 @@ impl KvCache {
     pub fn append(&self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         let (pos, t) = (self.len(), k.shape()[2]);
         self.check_room(t)?;
-        let (kc, vc) = match (self.k.get(layer), self.v.get(layer)) {
-            (Some(k), Some(v)) => (k, v),
-            _ => {
-                return Err(Error::invalid(
-                    "KvCache",
-                    format!("layer {layer} of a {}-layer cache", self.k.len()),
-                ))
-            }
-        };
+        let (kc, vc) = self.layer(layer)?;
         for (new, cache) in [(k, kc), (v, vc)] {
             fused_into(&[new], &[(Expr::input(0), &cache.narrow(2, pos, t)?)])?;
         }
         Ok((kc.narrow(2, 0, pos + t)?, vc.narrow(2, 0, pos + t)?))
+    }
+
+    /// The whole key and value caches of `layer`, `[B, n_kv_heads, max_seq_len, head_dim]`.
+    pub(super) fn layer(&self, layer: usize) -> Result<(&Tensor, &Tensor)> {
+        match (self.k.get(layer), self.v.get(layer)) {
+            (Some(k), Some(v)) => Ok((k, v)),
+            _ => Err(Error::invalid(
+                "KvCache",
+                format!("layer {layer} of a {}-layer cache", self.k.len()),
+            )),
+        }
     }
 
     /// Moves `len` on by `t` positions (after every layer has appended them).

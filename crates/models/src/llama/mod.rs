@@ -2,6 +2,7 @@
 mod block;
 mod cache;
 mod config;
+mod decode;
 mod hf;
 mod lora;
 mod model;

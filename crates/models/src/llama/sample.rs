@@ -185,31 +185,62 @@ pub fn generate(
     let steps = max_new.min(cfg.max_seq_len - longest);
     let mut out = vec![Vec::new(); b];
     let mut done = vec![false; b];
+    // After the prefill, one token per row goes through `Llama::decode` (five kernels a layer)
+    // where the model allows it; greedy picks on the device, so only the token ids come back.
+    let fast = model.decode_supported();
+    let pad_ids = pads
+        .iter()
+        .any(|&p| p > 0)
+        .then(|| Tensor::from_vec(pads.iter().map(|&p| p as i32).collect(), &[b], dev))
+        .transpose()?;
     let mut input = Tensor::from_vec(ids, &[b, longest], dev)?;
-    let mut positions = Tensor::from_vec(pos, &[b, longest], dev)?;
+    let prefill_positions = Tensor::from_vec(pos, &[b, longest], dev)?;
     for step in 0..steps {
-        let t = input.shape()[1];
-        let mask = pad_mask(&pads, cache.len(), t, model)?;
-        let at = RopePositions::Ids(positions.clone());
-        let logits = model.logits(&tape, &input, Some(&at), Some(&cache), mask.as_ref())?;
-        let last = logits.value().narrow(1, t - 1, 1)?;
-        let rows = last.to_dtype(netcl_ops::DType::F32)?.to_vec::<f32>()?;
-        let mut next = Vec::with_capacity(b);
-        for r in 0..b {
-            let tok = sampler.sample(&rows[r * cfg.vocab_size..(r + 1) * cfg.vocab_size]);
-            if !done[r] {
-                out[r].push(tok);
-                on_token(r, tok)?;
-                done[r] = stop == Some(tok);
+        let last = if step > 0 && fast {
+            model.decode(&input.reshape(&[b])?, &cache, pad_ids.as_ref())?
+        } else {
+            let t = input.shape()[1];
+            let mask = pad_mask(&pads, cache.len(), t, model)?;
+            let at = match step {
+                0 => prefill_positions.clone(),
+                _ => {
+                    let p = pads.iter().map(|&pad| (cache.len() - pad) as i32).collect();
+                    Tensor::from_vec(p, &[b, 1], dev)?
+                }
+            };
+            let at = RopePositions::Ids(at);
+            let logits = model.logits(&tape, &input, Some(&at), Some(&cache), mask.as_ref())?;
+            let v = logits.value();
+            v.narrow(1, t - 1, 1)?.reshape(&[b, cfg.vocab_size])?
+        };
+        let (next, on_device) = match sampler.sampling {
+            Sampling::Greedy => {
+                let picked = last.argmax(&[1], false)?;
+                (picked.to_vec::<i32>()?, Some(picked))
             }
-            next.push(tok as i32);
+            Sampling::Random { .. } => {
+                let rows = last.to_dtype(netcl_ops::DType::F32)?.to_vec::<f32>()?;
+                let v = cfg.vocab_size;
+                let next = (0..b)
+                    .map(|r| sampler.sample(&rows[r * v..(r + 1) * v]) as i32)
+                    .collect();
+                (next, None)
+            }
+        };
+        for (r, &tok) in next.iter().enumerate() {
+            if !done[r] {
+                out[r].push(tok as u32);
+                on_token(r, tok as u32)?;
+                done[r] = stop == Some(tok as u32);
+            }
         }
         if done.iter().all(|&d| d) || step + 1 == steps {
             break;
         }
-        let p: Vec<i32> = pads.iter().map(|&pad| (cache.len() - pad) as i32).collect();
-        input = Tensor::from_vec(next, &[b, 1], dev)?;
-        positions = Tensor::from_vec(p, &[b, 1], dev)?;
+        input = match on_device {
+            Some(t) => t.reshape(&[b, 1])?,
+            None => Tensor::from_vec(next, &[b, 1], dev)?,
+        };
     }
     Ok(out)
 }

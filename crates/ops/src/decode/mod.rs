@@ -1,0 +1,312 @@
+//! One-token decoding ops (a Llama layer in five kernels): GEMV with a fused RMSNorm and a residual, SwiGLU or RoPE-and-KV-cache epilogue, and single-query attention over a KV cache.
+//!
+//! A decode step reads each weight once for a handful of rows, so its cost is the number of
+//! kernels it launches; these ops fold a layer's norms, projections, rotations, cache writes,
+//! activations and residual adds into five. Inputs are rows `x` (B, K) with small B; weights
+//! (N, K) as `Linear` stores them; every tensor on one device and (but for the I32 `pads`) of
+//! one float dtype.
+mod opencl;
+mod reference;
+
+use crate::base::checks::{check_dtype, check_float, same_float};
+use crate::base::dispatch::dispatch;
+use crate::base::tensor::Tensor;
+use crate::rope::{RopeFreqs, RopeStyle};
+use netcl_core_devices::{DType, Error, Result};
+
+/// Largest head dim [`Tensor::decode_attention`] takes (two dims per work-item).
+pub const DECODE_MAX_HEAD_DIM: usize = 256;
+
+/// Where [`Tensor::decode_qkv`] writes this step's keys and values, and how it rotates them.
+#[derive(Clone, Debug)]
+pub struct KvWrite {
+    /// (B, Hkv, S, hd), contiguous: the keys of one layer.
+    pub k_cache: Tensor,
+    /// (B, Hkv, S, hd), contiguous: the values of one layer.
+    pub v_cache: Tensor,
+    /// The cache position written (`< S`).
+    pub at: usize,
+    /// (B) I32 left padding of each row (batched prompts of different lengths): row b's RoPE
+    /// position is `at - pads[b]`; `None`: every row is at `at`. Each pad must be `<= at`.
+    pub pads: Option<Tensor>,
+    pub style: RopeStyle,
+    pub freqs: RopeFreqs,
+}
+
+/// The RMSNorm folded into a decode GEMV's input: `x / rms(x) * weight` over K.
+#[derive(Clone, Debug)]
+pub struct RmsScale {
+    /// (K), the input's dtype.
+    pub weight: Tensor,
+    pub eps: f64,
+}
+
+/// What a decode GEMV does with its dot products.
+#[derive(Clone, Debug)]
+enum Epilogue {
+    /// y = W0·x (+ residual (B, N0)).
+    Plain(Option<Tensor>),
+    /// y = silu(W0·x) * (W1·x).
+    SwiGlu,
+    /// q = rope(Wq·x) returned; rope(Wk·x) and Wv·x written into the caches.
+    Qkv(KvWrite),
+}
+
+/// A checked decode GEMV: x (B, K) contiguous, weights (N_i, K) contiguous.
+#[derive(Clone, Debug)]
+struct DecodeGemv {
+    x: Tensor,
+    norm: Option<RmsScale>,
+    weights: Vec<Tensor>,
+    epilogue: Epilogue,
+}
+
+impl_op!(DecodeGemv, Tensor, "decode_gemv", gemv);
+
+/// A checked decode attention: q (B, H·hd), caches (B, Hkv, S, hd), keys `0..len`.
+#[derive(Clone, Debug)]
+struct DecodeAttention {
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    len: usize,
+    pads: Option<Tensor>,
+    heads: usize,
+}
+
+impl_op!(DecodeAttention, Tensor, "decode_attention", attention);
+
+impl DecodeGemv {
+    fn new(op: &str, x: &Tensor, norm: Option<&RmsScale>, weights: &[&Tensor]) -> Result<Self> {
+        let mut all = vec![x];
+        all.extend(weights);
+        all.extend(norm.map(|n| &n.weight));
+        same_float(op, &all)?;
+        if x.ndim() != 2 || x.shape[0] == 0 || x.shape[1] == 0 {
+            return Err(Error::shape(
+                op,
+                format!("x is {:?}; need non-empty rows (B, K)", x.shape),
+            ));
+        }
+        let k = x.shape[1];
+        for (i, w) in weights.iter().enumerate() {
+            if w.ndim() != 2 || w.shape[1] != k || w.shape[0] == 0 {
+                return Err(Error::shape(
+                    op,
+                    format!(
+                        "weight {i} is {:?}; need (N, {k}) for x {:?}",
+                        w.shape, x.shape
+                    ),
+                ));
+            }
+        }
+        if let Some(n) = norm {
+            if n.weight.shape != [k] || !(n.eps.is_finite() && n.eps >= 0.0) {
+                return Err(Error::shape(
+                    op,
+                    format!(
+                        "norm weight {:?} and eps {} for x {:?}: need ({k}) and a finite eps >= 0",
+                        n.weight.shape, n.eps, x.shape
+                    ),
+                ));
+            }
+        }
+        Ok(DecodeGemv {
+            x: x.clone(),
+            norm: norm.cloned(),
+            weights: weights.iter().map(|&w| w.clone()).collect(),
+            epilogue: Epilogue::SwiGlu,
+        })
+    }
+
+    fn run(mut self, epilogue: Epilogue) -> Result<Tensor> {
+        self.epilogue = epilogue;
+        let device = self.x.device.clone();
+        dispatch(&device, &self)
+    }
+}
+
+/// Error unless `t` is (B, Hkv, S, hd) and contiguous with x's dtype and device.
+fn check_cache(op: &str, x: &Tensor, t: &Tensor, what: &str) -> Result<()> {
+    same_float(op, &[x, t])?;
+    if t.ndim() != 4 || !t.is_contiguous() || t.offset != 0 {
+        return Err(Error::shape(
+            op,
+            format!(
+                "{what} is {:?} (strides {:?}, offset {}); need a whole contiguous (B, Hkv, S, hd)",
+                t.shape, t.strides, t.offset
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Error unless `pads` is an I32 (B) tensor on x's device.
+fn check_pads(op: &str, x: &Tensor, pads: Option<&Tensor>, b: usize) -> Result<()> {
+    if let Some(p) = pads {
+        check_dtype(op, p, "pads", DType::I32)?;
+        crate::base::checks::check_device(op, x, p, "pads")?;
+        if p.shape != [b] {
+            return Err(Error::shape(
+                op,
+                format!("pads are {:?}; need ({b}) for x {:?}", p.shape, x.shape),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Tensor {
+    /// `norm(x) · wᵀ (+ residual)` for rows x (B, K), w (N, K), residual (B, N): one kernel.
+    pub fn decode_linear(
+        &self,
+        norm: Option<&RmsScale>,
+        w: &Tensor,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let op = "decode_linear";
+        let desc = DecodeGemv::new(op, self, norm, &[w])?;
+        if let Some(r) = residual {
+            same_float(op, &[self, r])?;
+            if r.shape != [self.shape[0], w.shape[0]] {
+                return Err(Error::shape(
+                    op,
+                    format!(
+                        "residual is {:?}; need ({}, {})",
+                        r.shape, self.shape[0], w.shape[0]
+                    ),
+                ));
+            }
+        }
+        desc.run(Epilogue::Plain(residual.cloned()))
+    }
+
+    /// `silu(norm(x) · gateᵀ) * (norm(x) · upᵀ)` for rows x (B, K), gate and up (N, K): one
+    /// kernel, (B, N).
+    pub fn decode_swiglu(
+        &self,
+        norm: Option<&RmsScale>,
+        gate: &Tensor,
+        up: &Tensor,
+    ) -> Result<Tensor> {
+        let op = "decode_swiglu";
+        let desc = DecodeGemv::new(op, self, norm, &[gate, up])?;
+        if gate.shape != up.shape {
+            return Err(Error::shape(
+                op,
+                format!("gate {:?} and up {:?} differ", gate.shape, up.shape),
+            ));
+        }
+        desc.run(Epilogue::SwiGlu)
+    }
+
+    /// One token's attention inputs in one kernel: `q = rope(norm(x) · wqᵀ)` is returned (B,
+    /// H·hd); `rope(norm(x) · wkᵀ)` and `norm(x) · wvᵀ` are written into `kv`'s caches at
+    /// position `kv.at`. wq (H·hd, K), wk and wv (Hkv·hd, K) with hd the caches' last dim.
+    pub fn decode_qkv(
+        &self,
+        norm: Option<&RmsScale>,
+        wq: &Tensor,
+        wk: &Tensor,
+        wv: &Tensor,
+        kv: &KvWrite,
+    ) -> Result<Tensor> {
+        let op = "decode_qkv";
+        let desc = DecodeGemv::new(op, self, norm, &[wq, wk, wv])?;
+        check_cache(op, self, &kv.k_cache, "k_cache")?;
+        check_cache(op, self, &kv.v_cache, "v_cache")?;
+        let cs = &kv.k_cache.shape;
+        let (b, hkv, s, hd) = (cs[0], cs[1], cs[2], cs[3]);
+        let fits = kv.v_cache.shape == *cs
+            && b == self.shape[0]
+            && hd % 2 == 0
+            && wq.shape[0] % hd == 0
+            && wk.shape[0] == hkv * hd
+            && wv.shape[0] == hkv * hd
+            && kv.at < s;
+        if !fits {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "x {:?}, wq {:?}, wk {:?}, wv {:?}, caches {:?} and {:?} at {}: need caches \
+                     (B, Hkv, S, hd) with an even hd, wq (H·hd, K), wk and wv (Hkv·hd, K), at < S",
+                    self.shape, wq.shape, wk.shape, wv.shape, cs, kv.v_cache.shape, kv.at
+                ),
+            ));
+        }
+        check_pads(op, self, kv.pads.as_ref(), b)?;
+        if let RopeFreqs::Theta(theta) = kv.freqs {
+            if !(theta.is_finite() && theta > 0.0) {
+                return Err(Error::invalid(
+                    op,
+                    format!("theta {theta} must be finite and positive"),
+                ));
+            }
+        }
+        if let RopeFreqs::Table(t) = &kv.freqs {
+            crate::base::checks::check_device(op, self, t, "frequency table")?;
+            check_dtype(op, t, "frequency table", crate::acc_dtype(self.dtype))?;
+            if t.shape != [hd / 2] || !t.is_contiguous() {
+                return Err(Error::shape(
+                    op,
+                    format!(
+                        "frequency table {:?}; need contiguous ({})",
+                        t.shape,
+                        hd / 2
+                    ),
+                ));
+            }
+        }
+        desc.run(Epilogue::Qkv(kv.clone()))
+    }
+
+    /// Attention of one query per row over a KV cache: q (B, H·hd) against keys and values
+    /// `0..len` of the caches (B, Hkv, S, hd), query head h using key/value head h / (H /
+    /// Hkv); keys before `pads[b]` (I32 (B)) are hidden from row b. Scores are scaled by
+    /// 1/sqrt(hd). One kernel, (B, H·hd).
+    pub fn decode_attention(
+        &self,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        len: usize,
+        pads: Option<&Tensor>,
+        heads: usize,
+    ) -> Result<Tensor> {
+        let op = "decode_attention";
+        check_float(op, self, "q")?;
+        check_cache(op, self, k_cache, "k_cache")?;
+        check_cache(op, self, v_cache, "v_cache")?;
+        let cs = &k_cache.shape;
+        let (b, hkv, s, hd) = (cs[0], cs[1], cs[2], cs[3]);
+        let fits = self.ndim() == 2
+            && v_cache.shape == *cs
+            && self.shape[0] == b
+            && heads > 0
+            && hkv > 0
+            && heads % hkv == 0
+            && self.shape[1] == heads * hd
+            && (1..=DECODE_MAX_HEAD_DIM).contains(&hd)
+            && (1..=s).contains(&len);
+        if !fits {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "q {:?} with {heads} heads over caches {cs:?} and {:?}, {len} keys: need q \
+                     (B, H·hd), caches (B, Hkv, S, hd) with H a multiple of Hkv, hd <= \
+                     {DECODE_MAX_HEAD_DIM} and 1 <= len <= S",
+                    self.shape, v_cache.shape
+                ),
+            ));
+        }
+        check_pads(op, self, pads, b)?;
+        let desc = DecodeAttention {
+            q: self.clone(),
+            k_cache: k_cache.clone(),
+            v_cache: v_cache.clone(),
+            len,
+            pads: pads.cloned(),
+            heads,
+        };
+        dispatch(&self.device, &desc)
+    }
+}

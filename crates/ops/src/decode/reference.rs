@@ -1,0 +1,96 @@
+//! The host reference of the decode ops, composed of the general ops (RMSNorm, matmul, RoPE, elementwise) and a plain softmax loop for attention.
+use super::{DecodeAttention, DecodeGemv, Epilogue};
+use crate::base::element::HostData;
+use crate::base::tensor::Tensor;
+use crate::fused::eval::{fused, fused_into};
+use crate::fused::expr::Expr;
+use crate::rope::RopePositions;
+use netcl_core_devices::Result;
+
+/// `norm(x) · wᵀ` (B, N).
+fn project(desc: &DecodeGemv, w: &Tensor) -> Result<Tensor> {
+    let k = desc.x.shape[1];
+    let x = match &desc.norm {
+        Some(n) => desc.x.rms_norm_inference(&[k], Some(&n.weight), n.eps)?,
+        None => desc.x.clone(),
+    };
+    x.matmul(&w.transpose(0, 1)?)
+}
+
+pub(super) fn gemv(desc: &DecodeGemv) -> Result<Tensor> {
+    let w = &desc.weights;
+    match &desc.epilogue {
+        Epilogue::Plain(res) => {
+            let y = project(desc, &w[0])?;
+            match res {
+                Some(r) => Ok(fused(&[&y, r], &[Expr::input(0) + Expr::input(1)])?.remove(0)),
+                None => Ok(y),
+            }
+        }
+        Epilogue::SwiGlu => {
+            let (g, u) = (project(desc, &w[0])?, project(desc, &w[1])?);
+            Ok(fused(&[&g, &u], &[Expr::input(0).silu() * Expr::input(1)])?.remove(0))
+        }
+        Epilogue::Qkv(kv) => {
+            let b = desc.x.shape[0];
+            let hd = kv.k_cache.shape[3];
+            let pads = match &kv.pads {
+                Some(p) => p.to_vec::<i32>()?,
+                None => vec![0; b],
+            };
+            let pos: Vec<i32> = pads.iter().map(|&p| kv.at as i32 - p).collect();
+            let pos = Tensor::from_host_data(HostData::I32(pos), &[b, 1]);
+            let at = RopePositions::Ids(pos);
+            // (B, 1, heads, hd) rotated, as the model's prefill computes it.
+            let rotate = |y: Tensor| {
+                let heads = y.shape[1] / hd;
+                y.reshape(&[b, 1, heads, hd])?
+                    .rope_with_freqs(kv.style, &at, &kv.freqs)
+            };
+            let q = rotate(project(desc, &w[0])?)?;
+            let k = rotate(project(desc, &w[1])?)?;
+            let v = project(desc, &w[2])?.reshape(&[b, 1, w[2].shape[0] / hd, hd])?;
+            for (new, cache) in [(&k, &kv.k_cache), (&v, &kv.v_cache)] {
+                let slot = cache.narrow(2, kv.at, 1)?;
+                fused_into(&[&new.transpose(1, 2)?], &[(Expr::input(0), &slot)])?;
+            }
+            q.reshape(&[b, w[0].shape[0]])
+        }
+    }
+}
+
+pub(super) fn attention(desc: &DecodeAttention) -> Result<Tensor> {
+    let cs = &desc.k_cache.shape;
+    let (b, hkv, s, hd) = (cs[0], cs[1], cs[2], cs[3]);
+    let h = desc.heads;
+    let q = desc.q.to_vec_f64()?;
+    let (k, v) = (desc.k_cache.to_vec_f64()?, desc.v_cache.to_vec_f64()?);
+    let pads = match &desc.pads {
+        Some(p) => p.to_vec::<i32>()?,
+        None => vec![0; b],
+    };
+    let scale = 1.0 / (hd as f64).sqrt();
+    let mut out = vec![0.0; b * h * hd];
+    for bi in 0..b {
+        for hi in 0..h {
+            let qr = &q[(bi * h + hi) * hd..][..hd];
+            let head = (bi * hkv + hi / (h / hkv)) * s * hd;
+            let keys = (pads[bi].max(0) as usize).min(desc.len)..desc.len;
+            let scores: Vec<f64> = keys
+                .clone()
+                .map(|j| (0..hd).map(|d| qr[d] * k[head + j * hd + d]).sum::<f64>() * scale)
+                .collect();
+            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = scores.iter().map(|sc| (sc - m).exp()).collect();
+            let total: f64 = e.iter().sum();
+            let o = &mut out[(bi * h + hi) * hd..][..hd];
+            for (j, p) in keys.zip(&e) {
+                for d in 0..hd {
+                    o[d] += p / total * v[head + j * hd + d];
+                }
+            }
+        }
+    }
+    let data = HostData::try_from_fn(desc.q.dtype, out.len(), |i| out[i])?;
+    Ok(Tensor::from_host_data(data, &[b, h * hd]))
+}

@@ -1,0 +1,243 @@
+// decode.cl: one-token decoding of a Llama-style model: a GEMV over up to three weight matrices with the input's RMSNorm fused in and an epilogue (residual add, SwiGLU, or RoPE with the KV-cache write), and attention of one query per batch row over the cache.
+//
+// A decode step reads every weight once and does little else, so what it costs is kernel launches:
+// with these two kernels a Llama layer takes five (norm+QKV+RoPE+cache, attention, wo+residual,
+// norm+w1/w3+SwiGLU, w2+residual).
+
+#if !defined(DT_I32) && !defined(DT_U32)  // float dtypes only (decode/mod.rs rejects the others)
+
+#define GEMV_TEAM 32   // work-items sharing one unit: two output rows
+#define GEMV_UNITS 4   // units per work-group
+#define GEMV_GROUP (GEMV_TEAM * GEMV_UNITS)
+#define GEMV_MAXB 4    // batch rows per work-group (grid dim 1 covers the others)
+
+#define EPI_PLAIN 0    // unit u: rows 2u, 2u + 1 of w0; y[b, r] = dot (+ res[b, r])
+#define EPI_SWIGLU 1   // unit u: row u of w0 and of w1; y[b, u] = silu(dot0) * dot1
+#define EPI_QKV 2      // unit u: a RoPE pair of q (w0) or k (w1) rows, or two rows of v (w2)
+
+// The two rows of unit u: matrix (0..2) and row of each; *second is 0 when the unit has one row.
+inline void gemv_rows(uint u, int mode, uint n0, uint n1, uint hd, int halves,
+                      uint* m, uint* r0, uint* r1, uint* second) {
+    *second = 1;
+    if (mode == EPI_PLAIN) {
+        *m = 0; *r0 = 2 * u; *r1 = 2 * u + 1; *second = (2 * u + 1 < n0);
+        if (!*second) *r1 = *r0;
+    } else if (mode == EPI_SWIGLU) {
+        *m = 0; *r0 = u; *r1 = u;  // row u of w0 and row u of w1
+    } else {
+        uint pairs = hd / 2, p = u;
+        *m = 0;
+        if (p >= n0 / 2) { p -= n0 / 2; *m = 1; }
+        if (*m == 1 && p >= n1 / 2) { p -= n1 / 2; *m = 2; }
+        uint head = p / pairs, i = p % pairs;
+        uint e0 = (halves && *m < 2) ? i : 2 * i;
+        uint e1 = (halves && *m < 2) ? i + pairs : 2 * i + 1;
+        *r0 = head * hd + e0; *r1 = head * hd + e1;
+    }
+}
+
+// y = epilogue(W · rmsnorm(x)) for B rows of x: GEMV_UNITS units per work-group, a team of GEMV_TEAM
+// work-items per unit reading the unit's two weight rows once for up to GEMV_MAXB batch rows. The
+// RMSNorm's sum of squares comes from the same loads of x: y = (W · (x * g)) * rstd.
+__kernel __attribute__((reqd_work_group_size(GEMV_GROUP, 1, 1)))
+void decode_gemv(__global T* y,               /* PLAIN, SWIGLU: (B, n0 or N); QKV: (B, n0) rotated queries */
+                 __global const T* x,         /* (B, K) */
+                 __global const T* g,         /* (K) RMSNorm weight, read when has_norm */
+                 __global const T* w0,        /* (n0, K) */
+                 __global const T* w1,        /* (n1, K): SWIGLU's up rows, QKV's key rows */
+                 __global const T* w2,        /* (n2, K): QKV's value rows */
+                 __global const T* res,       /* (B, n0) added in PLAIN when has_res */
+                 __global T* kc,              /* QKV: (B, n1 / hd, smax, hd) key cache, written at position at */
+                 __global T* vc,              /* QKV: (B, n2 / hd, smax, hd) value cache, written at position at */
+                 __global const int* pads,    /* (B) left padding: row b's RoPE position is at - pads[b] (has_pads) */
+                 __global const ACC* inv_freq,/* (hd / 2) pair frequencies when use_table */
+                 uint K, uint B, uint n0, uint n1, uint units, int mode, int has_norm, int has_res, ACC eps,
+                 uint hd, uint smax, uint at, int has_pads, int halves, int use_table, ACC theta) {
+    __local ACC part[3 * GEMV_MAXB * GEMV_GROUP];
+    uint lid = get_local_id(0), t = lid % GEMV_TEAM, team = lid / GEMV_TEAM;
+    uint u = get_group_id(0) * GEMV_UNITS + team;
+    uint b0 = get_group_id(1) * GEMV_MAXB;
+    uint nb = min((uint)GEMV_MAXB, B - b0);
+    uint m = 0, r0 = 0, r1 = 0, second = 0;
+    bool active = u < units;
+    if (active) gemv_rows(u, mode, n0, n1, hd, halves, &m, &r0, &r1, &second);
+    __global const T* w = m == 0 ? w0 : (m == 1 ? w1 : w2);
+    __global const T* wa = w + (size_t)r0 * K;
+    __global const T* wb = (mode == EPI_SWIGLU ? w1 : w) + (size_t)r1 * K;
+    ACC d0[GEMV_MAXB], d1[GEMV_MAXB], ss[GEMV_MAXB];
+    for (uint b = 0; b < GEMV_MAXB; b++) { d0[b] = 0; d1[b] = 0; ss[b] = 0; }
+    if (active && (K & 3) == 0) {
+        __global const T* xb = x + (size_t)b0 * K;
+        for (uint k = t; k < K / 4; k += GEMV_TEAM) {
+            ACC4 a = LOAD4(wa, k), c = LOAD4(wb, k);
+            ACC4 s = has_norm ? LOAD4(g, k) : (ACC4)((ACC)1);
+            for (uint b = 0; b < GEMV_MAXB; b++) {
+                if (b < nb) {
+                    ACC4 v = LOAD4(xb + b * K, k);
+                    ss[b] += dot(v, v);
+                    v *= s;
+                    d0[b] += dot(a, v);
+                    d1[b] += dot(c, v);
+                }
+            }
+        }
+    } else if (active) {
+        for (uint k = t; k < K; k += GEMV_TEAM) {
+            ACC a = LOAD(wa, k), c = LOAD(wb, k);
+            ACC s = has_norm ? LOAD(g, k) : (ACC)1;
+            for (uint b = 0; b < GEMV_MAXB; b++) {
+                if (b < nb) {
+                    ACC v = LOAD(x, (b0 + b) * K + k);
+                    ss[b] += v * v;
+                    v *= s;
+                    d0[b] += a * v;
+                    d1[b] += c * v;
+                }
+            }
+        }
+    }
+    for (uint b = 0; b < GEMV_MAXB; b++) {
+        part[(3 * b) * GEMV_GROUP + lid] = d0[b];
+        part[(3 * b + 1) * GEMV_GROUP + lid] = d1[b];
+        part[(3 * b + 2) * GEMV_GROUP + lid] = ss[b];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (!active || t >= nb) return;
+    // Work-item t of the team finishes batch row b0 + t: the team's sums in a fixed order.
+    uint b = t, base = team * GEMV_TEAM;
+    ACC v0 = 0, v1 = 0, sq = 0;
+    for (uint i = 0; i < GEMV_TEAM; i++) {
+        v0 += part[(3 * b) * GEMV_GROUP + base + i];
+        v1 += part[(3 * b + 1) * GEMV_GROUP + base + i];
+        sq += part[(3 * b + 2) * GEMV_GROUP + base + i];
+    }
+    if (has_norm) {
+        ACC rs = (ACC)1 / sqrt(sq / (ACC)K + eps);
+        v0 *= rs;
+        v1 *= rs;
+    }
+    uint row = b0 + b;
+    if (mode == EPI_PLAIN) {
+        size_t o = (size_t)row * n0;
+        STORE(y, o + r0, v0 + (has_res ? LOAD(res, o + r0) : (ACC)0));
+        if (second) STORE(y, o + r1, v1 + (has_res ? LOAD(res, o + r1) : (ACC)0));
+    } else if (mode == EPI_SWIGLU) {
+        STORE(y, (size_t)row * n0 + r0, v0 / ((ACC)1 + exp(-v0)) * v1);
+    } else {
+        uint pairs = hd / 2;
+        if (m < 2) {
+            // RoPE as rope.cl computes it: a = pos * inv_freq, or pos / theta^(2i / hd).
+            uint i = (halves ? r0 : r0 / 2) % pairs;
+            uint pos = at - (has_pads ? (uint)pads[row] : 0u);
+            ACC freq = use_table ? inv_freq[i] : (ACC)1 / pow(theta, (ACC)(2 * i) / (ACC)(2 * pairs));
+            ACC a = (ACC)pos * freq;
+            ACC cs = cos(a), sn = sin(a);
+            ACC x0 = v0, x1 = v1;
+            v0 = x0 * cs - x1 * sn;
+            v1 = x0 * sn + x1 * cs;
+        }
+        if (m == 0) {
+            STORE(y, (size_t)row * n0 + r0, v0);
+            STORE(y, (size_t)row * n0 + r1, v1);
+        } else {
+            // (head, position at) of this row's cache: heads = n1 / hd (keys and values alike).
+            uint head = r0 / hd;
+            size_t o = (((size_t)row * (n1 / hd) + head) * smax + at) * hd;
+            __global T* cache = m == 1 ? kc : vc;
+            STORE(cache, o + r0 % hd, v0);
+            STORE(cache, o + r1 % hd, v1);
+        }
+    }
+}
+
+#define ATT_GROUP 128
+#define ATT_MAX_DPT 2  // head dims per work-item: hd <= ATT_GROUP * ATT_MAX_DPT
+
+// One query per (batch row, head) over keys pads[b] .. len - 1 of the cache: one work-group each.
+// Keys are scored a chunk of ATT_GROUP at a time (one per work-item), then the output's hd dims
+// are accumulated by ATT_GROUP / hd groups of work-items taking every group-th key of the chunk
+// (online softmax across chunks); the groups' sums are added at the end.
+__kernel __attribute__((reqd_work_group_size(ATT_GROUP, 1, 1)))
+void decode_attention(__global T* o,            /* (B, H * hd) */
+                      __global const T* q,      /* (B, H * hd) */
+                      __global const T* kc,     /* (B, Hkv, smax, hd) */
+                      __global const T* vc,     /* (B, Hkv, smax, hd) */
+                      __global const int* pads, /* (B) keys before pads[b] are hidden (has_pads) */
+                      uint H, uint Hkv, uint hd, uint smax, uint len, int has_pads, ACC scale) {
+    __local ACC qs[ATT_GROUP * ATT_MAX_DPT];
+    __local ACC p[ATT_GROUP];
+    __local ACC red[ATT_GROUP];
+    __local ACC sums[ATT_GROUP * ATT_MAX_DPT];
+    __local ACC ls[ATT_GROUP];
+    uint lid = get_local_id(0);
+    uint b = get_group_id(0) / H, h = get_group_id(0) % H, kvh = h / (H / Hkv);
+    uint start = has_pads ? (uint)pads[b] : 0u;
+    size_t head = ((size_t)b * Hkv + kvh) * smax * hd;
+    __global const T* kh = kc + head;
+    __global const T* vh = vc + head;
+    for (uint d = lid; d < hd; d += ATT_GROUP) qs[d] = LOAD(q, ((size_t)b * H + h) * hd + d) * scale;
+    uint groups = hd <= ATT_GROUP ? ATT_GROUP / hd : 1;
+    uint grp = hd <= ATT_GROUP ? lid / hd : 0;
+    uint dim = hd <= ATT_GROUP ? lid % hd : lid;
+    bool out = grp < groups && dim < hd;
+    ACC mx = -INFINITY, l = 0, acc[ATT_MAX_DPT];
+    for (uint i = 0; i < ATT_MAX_DPT; i++) acc[i] = 0;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint c0 = start; c0 < len; c0 += ATT_GROUP) {
+        uint j = c0 + lid;
+        ACC s = -INFINITY;
+        if (j < len) {
+            s = 0;
+            if ((hd & 3) == 0) {
+                for (uint d = 0; d < hd / 4; d++) {
+                    ACC4 kv = LOAD4(kh + (size_t)j * hd, d);
+                    s += qs[4 * d] * kv.x + qs[4 * d + 1] * kv.y + qs[4 * d + 2] * kv.z + qs[4 * d + 3] * kv.w;
+                }
+            } else {
+                for (uint d = 0; d < hd; d++) s += qs[d] * LOAD(kh, (size_t)j * hd + d);
+            }
+        }
+        red[lid] = s;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (uint off = ATT_GROUP / 2; off > 0; off >>= 1) {
+            if (lid < off) red[lid] = fmax(red[lid], red[lid + off]);
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+        ACC mn = fmax(mx, red[0]);  // finite: key c0 < len is in the chunk
+        ACC alpha = exp(mx - mn);
+        p[lid] = exp(s - mn);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (out) {
+            l *= alpha;
+            uint n = min((uint)ATT_GROUP, len - c0);
+            for (uint i = 0; i < ATT_MAX_DPT; i++) acc[i] *= alpha;
+            for (uint jj = grp; jj < n; jj += groups) {
+                ACC pj = p[jj];
+                l += pj;
+                __global const T* vr = vh + (size_t)(c0 + jj) * hd;
+                for (uint i = 0; i < ATT_MAX_DPT; i++)
+                    if (dim + i * ATT_GROUP < hd) acc[i] += pj * LOAD(vr, dim + i * ATT_GROUP);
+            }
+        }
+        mx = mn;
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    // The groups' partial sums (hd <= ATT_GROUP), added in group order.
+    if (out) {
+        for (uint i = 0; i < ATT_MAX_DPT; i++) sums[i * ATT_GROUP + lid] = acc[i];
+        if (dim == 0) ls[grp] = l;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (grp != 0 || !out) return;
+    ACC total = 0;
+    for (uint gi = 0; gi < groups; gi++) total += ls[gi];
+    for (uint i = 0; i < ATT_MAX_DPT; i++) {
+        uint d = dim + i * ATT_GROUP;
+        if (d >= hd) break;
+        ACC v = 0;
+        for (uint gi = 0; gi < groups; gi++) v += sums[i * ATT_GROUP + gi * hd + dim];
+        STORE(o, ((size_t)b * H + h) * hd + d, total > (ACC)0 ? v / total : (ACC)0);
+    }
+}
+
+#endif
