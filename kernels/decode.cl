@@ -6,17 +6,24 @@
 
 #if !defined(DT_I32) && !defined(DT_U32)  // float dtypes only (decode/mod.rs rejects the others)
 
-#define GEMV_TEAM 32   // work-items sharing one unit: two output rows
-#define GEMV_UNITS 4   // units per work-group
-#define GEMV_GROUP (GEMV_TEAM * GEMV_UNITS)
+#define GEMV_GROUP 256 // work-items per work-group: teams of `team` (32..256) work-items, one unit each
 #define GEMV_MAXB 4    // batch rows per work-group (grid dim 1 covers the others)
 
 #define EPI_PLAIN 0    // unit u: rows 2u, 2u + 1 of w0; y[b, r] = dot (+ res[b, r])
 #define EPI_SWIGLU 1   // unit u: row u of w0 and of w1; y[b, u] = silu(dot0) * dot1
 #define EPI_QKV 2      // unit u: a RoPE pair of q (w0) or k (w1) rows, or two rows of v (w2)
 
+// The sizes and switches of a decode_gemv launch (decode/opencl.rs: GemvArgs), one argument.
+typedef struct {
+    uint K, B, n0, n1;         // x (B, K); w0 (n0, K); w1 (n1, K)
+    uint units, mode, team;    // units in the grid; EPI_*; work-items per unit
+    uint has_norm, has_res;
+    uint hd, smax, at;         // QKV: head dim, cache length, the position written
+    uint has_pads, halves, use_table;
+} GemvArgs;
+
 // The two rows of unit u: matrix (0..2) and row of each; *second is 0 when the unit has one row.
-inline void gemv_rows(uint u, int mode, uint n0, uint n1, uint hd, int halves,
+inline void gemv_rows(uint u, uint mode, uint n0, uint n1, uint hd, uint halves,
                       uint* m, uint* r0, uint* r1, uint* second) {
     *second = 1;
     if (mode == EPI_PLAIN) {
@@ -36,9 +43,11 @@ inline void gemv_rows(uint u, int mode, uint n0, uint n1, uint hd, int halves,
     }
 }
 
-// y = epilogue(W · rmsnorm(x)) for B rows of x: GEMV_UNITS units per work-group, a team of GEMV_TEAM
-// work-items per unit reading the unit's two weight rows once for up to GEMV_MAXB batch rows. The
-// RMSNorm's sum of squares comes from the same loads of x: y = (W · (x * g)) * rstd.
+// y = epilogue(W · rmsnorm(x)) for B rows of x: GEMV_GROUP / team units per work-group, a team of
+// `team` work-items per unit reading the unit's two weight rows once for up to GEMV_MAXB batch rows
+// (the host picks `team` so that each work-item makes about four vector loads per row: enough
+// loads in flight to keep the memory busy). The RMSNorm's sum of squares comes from the same
+// loads of x: y = (W · (x * g)) * rstd. Team sums: a tree in local memory, in a fixed order.
 __kernel __attribute__((reqd_work_group_size(GEMV_GROUP, 1, 1)))
 void decode_gemv(__global T* y,               /* PLAIN, SWIGLU: (B, n0 or N); QKV: (B, n0) rotated queries */
                  __global const T* x,         /* (B, K) */
@@ -51,11 +60,13 @@ void decode_gemv(__global T* y,               /* PLAIN, SWIGLU: (B, n0 or N); QK
                  __global T* vc,              /* QKV: (B, n2 / hd, smax, hd) value cache, written at position at */
                  __global const int* pads,    /* (B) left padding: row b's RoPE position is at - pads[b] (has_pads) */
                  __global const ACC* inv_freq,/* (hd / 2) pair frequencies when use_table */
-                 uint K, uint B, uint n0, uint n1, uint units, int mode, int has_norm, int has_res, ACC eps,
-                 uint hd, uint smax, uint at, int has_pads, int halves, int use_table, ACC theta) {
+                 GemvArgs a, ACC eps, ACC theta) {
     __local ACC part[3 * GEMV_MAXB * GEMV_GROUP];
-    uint lid = get_local_id(0), t = lid % GEMV_TEAM, team = lid / GEMV_TEAM;
-    uint u = get_group_id(0) * GEMV_UNITS + team;
+    uint K = a.K, B = a.B, n0 = a.n0, n1 = a.n1, units = a.units, team = a.team, hd = a.hd;
+    uint smax = a.smax, at = a.at, mode = a.mode, halves = a.halves;
+    uint has_norm = a.has_norm, has_res = a.has_res, has_pads = a.has_pads, use_table = a.use_table;
+    uint lid = get_local_id(0), t = lid % team, base = lid - t;
+    uint u = (get_group_id(0) * GEMV_GROUP + lid) / team;
     uint b0 = get_group_id(1) * GEMV_MAXB;
     uint nb = min((uint)GEMV_MAXB, B - b0);
     uint m = 0, r0 = 0, r1 = 0, second = 0;
@@ -68,29 +79,30 @@ void decode_gemv(__global T* y,               /* PLAIN, SWIGLU: (B, n0 or N); QK
     for (uint b = 0; b < GEMV_MAXB; b++) { d0[b] = 0; d1[b] = 0; ss[b] = 0; }
     if (active && (K & 3) == 0) {
         __global const T* xb = x + (size_t)b0 * K;
-        for (uint k = t; k < K / 4; k += GEMV_TEAM) {
-            ACC4 a = LOAD4(wa, k), c = LOAD4(wb, k);
+        #pragma unroll 4
+        for (uint k = t; k < K / 4; k += team) {
+            ACC4 wr = LOAD4(wa, k), c = LOAD4(wb, k);
             ACC4 s = has_norm ? LOAD4(g, k) : (ACC4)((ACC)1);
             for (uint b = 0; b < GEMV_MAXB; b++) {
                 if (b < nb) {
                     ACC4 v = LOAD4(xb + b * K, k);
                     ss[b] += dot(v, v);
                     v *= s;
-                    d0[b] += dot(a, v);
+                    d0[b] += dot(wr, v);
                     d1[b] += dot(c, v);
                 }
             }
         }
     } else if (active) {
-        for (uint k = t; k < K; k += GEMV_TEAM) {
-            ACC a = LOAD(wa, k), c = LOAD(wb, k);
+        for (uint k = t; k < K; k += team) {
+            ACC wr = LOAD(wa, k), c = LOAD(wb, k);
             ACC s = has_norm ? LOAD(g, k) : (ACC)1;
             for (uint b = 0; b < GEMV_MAXB; b++) {
                 if (b < nb) {
                     ACC v = LOAD(x, (b0 + b) * K + k);
                     ss[b] += v * v;
                     v *= s;
-                    d0[b] += a * v;
+                    d0[b] += wr * v;
                     d1[b] += c * v;
                 }
             }
@@ -102,15 +114,17 @@ void decode_gemv(__global T* y,               /* PLAIN, SWIGLU: (B, n0 or N); QK
         part[(3 * b + 2) * GEMV_GROUP + lid] = ss[b];
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (!active || t >= nb) return;
-    // Work-item t of the team finishes batch row b0 + t: the team's sums in a fixed order.
-    uint b = t, base = team * GEMV_TEAM;
-    ACC v0 = 0, v1 = 0, sq = 0;
-    for (uint i = 0; i < GEMV_TEAM; i++) {
-        v0 += part[(3 * b) * GEMV_GROUP + base + i];
-        v1 += part[(3 * b + 1) * GEMV_GROUP + base + i];
-        sq += part[(3 * b + 2) * GEMV_GROUP + base + i];
+    for (uint off = team / 2; off > 0; off >>= 1) {
+        if (t < off)
+            for (uint j = 0; j < 3 * nb; j++) part[j * GEMV_GROUP + lid] += part[j * GEMV_GROUP + lid + off];
+        barrier(CLK_LOCAL_MEM_FENCE);
     }
+    if (!active || t >= nb) return;
+    // Work-item t of the team finishes batch row b0 + t.
+    uint b = t;
+    ACC v0 = part[(3 * b) * GEMV_GROUP + base];
+    ACC v1 = part[(3 * b + 1) * GEMV_GROUP + base];
+    ACC sq = part[(3 * b + 2) * GEMV_GROUP + base];
     if (has_norm) {
         ACC rs = (ACC)1 / sqrt(sq / (ACC)K + eps);
         v0 *= rs;
@@ -150,24 +164,27 @@ void decode_gemv(__global T* y,               /* PLAIN, SWIGLU: (B, n0 or N); QK
     }
 }
 
-#define ATT_GROUP 128
-#define ATT_MAX_DPT 2  // head dims per work-item: hd <= ATT_GROUP * ATT_MAX_DPT
+#define ATT_GROUP 256
+#define ATT_MAX_HD 256
 
 // One query per (batch row, head) over keys pads[b] .. len - 1 of the cache: one work-group each.
-// Keys are scored a chunk of ATT_GROUP at a time (one per work-item), then the output's hd dims
-// are accumulated by ATT_GROUP / hd groups of work-items taking every group-th key of the chunk
-// (online softmax across chunks); the groups' sums are added at the end.
+// Keys are scored a chunk of ATT_GROUP at a time (one per work-item); then groups of hd / 4
+// work-items (hd when hd is not a multiple of 4) each take every group-th key of the chunk and
+// accumulate four dims of its value row per work-item (online softmax across chunks); the
+// groups' sums are added at the end in group order.
 __kernel __attribute__((reqd_work_group_size(ATT_GROUP, 1, 1)))
 void decode_attention(__global T* o,            /* (B, H * hd) */
                       __global const T* q,      /* (B, H * hd) */
                       __global const T* kc,     /* (B, Hkv, smax, hd) */
                       __global const T* vc,     /* (B, Hkv, smax, hd) */
                       __global const int* pads, /* (B) keys before pads[b] are hidden (has_pads) */
-                      uint H, uint Hkv, uint hd, uint smax, uint len, int has_pads, ACC scale) {
-    __local ACC qs[ATT_GROUP * ATT_MAX_DPT];
+                      uint8 a,                  /* H, Hkv, hd, smax, len (keys 0..len-1), has_pads */
+                      ACC scale) {
+    uint H = a.s0, Hkv = a.s1, hd = a.s2, smax = a.s3, len = a.s4, has_pads = a.s5;
+    __local ACC qs[ATT_MAX_HD];
     __local ACC p[ATT_GROUP];
     __local ACC red[ATT_GROUP];
-    __local ACC sums[ATT_GROUP * ATT_MAX_DPT];
+    __local ACC4 sums[ATT_GROUP];
     __local ACC ls[ATT_GROUP];
     uint lid = get_local_id(0);
     uint b = get_group_id(0) / H, h = get_group_id(0) % H, kvh = h / (H / Hkv);
@@ -176,25 +193,27 @@ void decode_attention(__global T* o,            /* (B, H * hd) */
     __global const T* kh = kc + head;
     __global const T* vh = vc + head;
     for (uint d = lid; d < hd; d += ATT_GROUP) qs[d] = LOAD(q, ((size_t)b * H + h) * hd + d) * scale;
-    uint groups = hd <= ATT_GROUP ? ATT_GROUP / hd : 1;
-    uint grp = hd <= ATT_GROUP ? lid / hd : 0;
-    uint dim = hd <= ATT_GROUP ? lid % hd : lid;
-    bool out = grp < groups && dim < hd;
-    ACC mx = -INFINITY, l = 0, acc[ATT_MAX_DPT];
-    for (uint i = 0; i < ATT_MAX_DPT; i++) acc[i] = 0;
+    bool vec = (hd & 3) == 0;
+    uint per_row = vec ? hd / 4 : hd;
+    uint groups = ATT_GROUP / per_row, grp = lid / per_row, col = lid % per_row;
+    bool out = grp < groups;
+    ACC mx = -INFINITY, l = 0;
+    ACC4 acc = (ACC4)((ACC)0);
     barrier(CLK_LOCAL_MEM_FENCE);
     for (uint c0 = start; c0 < len; c0 += ATT_GROUP) {
         uint j = c0 + lid;
         ACC s = -INFINITY;
         if (j < len) {
             s = 0;
-            if ((hd & 3) == 0) {
+            __global const T* kr = kh + (size_t)j * hd;
+            if (vec) {
+                #pragma unroll 16
                 for (uint d = 0; d < hd / 4; d++) {
-                    ACC4 kv = LOAD4(kh + (size_t)j * hd, d);
+                    ACC4 kv = LOAD4(kr, d);
                     s += qs[4 * d] * kv.x + qs[4 * d + 1] * kv.y + qs[4 * d + 2] * kv.z + qs[4 * d + 3] * kv.w;
                 }
             } else {
-                for (uint d = 0; d < hd; d++) s += qs[d] * LOAD(kh, (size_t)j * hd + d);
+                for (uint d = 0; d < hd; d++) s += qs[d] * LOAD(kr, d);
             }
         }
         red[lid] = s;
@@ -209,35 +228,34 @@ void decode_attention(__global T* o,            /* (B, H * hd) */
         barrier(CLK_LOCAL_MEM_FENCE);
         if (out) {
             l *= alpha;
+            acc *= alpha;
             uint n = min((uint)ATT_GROUP, len - c0);
-            for (uint i = 0; i < ATT_MAX_DPT; i++) acc[i] *= alpha;
+            #pragma unroll 8
             for (uint jj = grp; jj < n; jj += groups) {
                 ACC pj = p[jj];
                 l += pj;
                 __global const T* vr = vh + (size_t)(c0 + jj) * hd;
-                for (uint i = 0; i < ATT_MAX_DPT; i++)
-                    if (dim + i * ATT_GROUP < hd) acc[i] += pj * LOAD(vr, dim + i * ATT_GROUP);
+                if (vec) acc += pj * LOAD4(vr, col);
+                else acc.x += pj * LOAD(vr, col);
             }
         }
         mx = mn;
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    // The groups' partial sums (hd <= ATT_GROUP), added in group order.
-    if (out) {
-        for (uint i = 0; i < ATT_MAX_DPT; i++) sums[i * ATT_GROUP + lid] = acc[i];
-        if (dim == 0) ls[grp] = l;
-    }
+    sums[lid] = acc;
+    if (out && col == 0) ls[grp] = l;
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (grp != 0 || !out) return;
+    if (grp != 0) return;
     ACC total = 0;
-    for (uint gi = 0; gi < groups; gi++) total += ls[gi];
-    for (uint i = 0; i < ATT_MAX_DPT; i++) {
-        uint d = dim + i * ATT_GROUP;
-        if (d >= hd) break;
-        ACC v = 0;
-        for (uint gi = 0; gi < groups; gi++) v += sums[i * ATT_GROUP + gi * hd + dim];
-        STORE(o, ((size_t)b * H + h) * hd + d, total > (ACC)0 ? v / total : (ACC)0);
+    ACC4 v = (ACC4)((ACC)0);
+    for (uint gi = 0; gi < groups; gi++) {
+        total += ls[gi];
+        v += sums[gi * per_row + col];
     }
+    v = total > (ACC)0 ? v / total : (ACC4)((ACC)0);
+    size_t at = ((size_t)b * H + h) * hd;
+    if (vec) STORE4(o + at, col, v);
+    else STORE(o, at + col, v.x);
 }
 
 #endif

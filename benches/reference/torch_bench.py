@@ -230,6 +230,46 @@ def main():
             rec("llama", name + "_bf16_autocast", ms)
             print(f"torch {name} bf16 autocast: {b * t / ms * 1e3:.0f} tokens/s")
             del model, opt
+    if want("decode"):
+        # The one-token decode ops at the 110M shape, batch 1 (netcl-bench --suite decode):
+        # cuBLAS GEMV (F.linear) with the same epilogues, SDPA over 256 cached positions.
+        d, hidden, vocab, heads, hd, s = 768, 2048, 32000, 12, 64, 256
+        x, long = torch.randn(1, d, device=dev), torch.randn(1, hidden, device=dev)
+        for name, n, k in (("decode_linear_N768_K768", d, d), ("decode_linear_N768_K2048", d, hidden),
+                           ("decode_linear_N32000_K768", vocab, d)):
+            w = torch.randn(n, k, device=dev)
+            inp = x if k == d else long
+            fn = (lambda: F.linear(inp, w) + x) if n == d else (lambda: F.linear(inp, w))
+            rec("decode", name, timed(fn), bytes_=4 * (n * k + k + 2 * n), flops=2 * n * k)
+        w1, w3 = torch.randn(hidden, d, device=dev), torch.randn(hidden, d, device=dev)
+        rec("decode", "decode_swiglu_N2048_K768", timed(lambda: F.silu(F.linear(x, w1)) * F.linear(x, w3)),
+            bytes_=4 * (2 * hidden * d + d + hidden), flops=4 * hidden * d)
+        wqkv = torch.randn(3 * d, d, device=dev)
+        rec("decode", "decode_qkv_N2304_K768", timed(lambda: F.linear(x, wqkv)), bytes_=4 * (3 * d * d + 4 * d), flops=6 * d * d)
+        q = torch.randn(1, heads, 1, hd, device=dev)
+        kc, vc = torch.randn(1, heads, s, hd, device=dev), torch.randn(1, heads, s, hd, device=dev)
+        rec("decode", "decode_attention_H12_D64_S256", timed(lambda: F.scaled_dot_product_attention(q, kc, vc)),
+            bytes_=4 * (2 * heads * s * hd + 2 * d), flops=4 * heads * s * hd)
+    if want("generate"):
+        # Hugging Face transformers' greedy generate with its KV cache, the 110M shape in f32:
+        # 256 new tokens after a 4-token prompt, batch 1 (netcl-bench --llama generate).
+        import time
+        from transformers import LlamaConfig, LlamaForCausalLM
+        torch.manual_seed(0)
+        cfg = LlamaConfig(vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                          num_key_value_heads=12, intermediate_size=2048, max_position_embeddings=512)
+        model = LlamaForCausalLM(cfg).to(dev).eval()
+        prompt = torch.tensor([[1, 50, 300, 7]], device=dev)
+        def gen():
+            with torch.no_grad():
+                model.generate(prompt, max_new_tokens=256, min_new_tokens=256, do_sample=False)
+            torch.cuda.synchronize()
+        gen()
+        t0 = time.perf_counter()
+        gen()
+        secs = time.perf_counter() - t0
+        rec("llama", "llama110m_generate_per_token", secs * 1e3 / 256)
+        print(f"torch llama110m_generate (transformers {__import__('transformers').__version__}): {256 / secs:.0f} tokens/s")
     out = dict(framework="pytorch " + torch.__version__, device=torch.cuda.get_device_name(), records=records)
     if a.json:
         json.dump(out, open(a.json, "w"), indent=2)

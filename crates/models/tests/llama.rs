@@ -107,7 +107,9 @@ fn fused_decoding_gives_the_full_forward_logits() {
                 .unwrap();
             // Prefill 3 positions, then one token per row at a time through the decode kernels.
             let cache = KvCache::new(&cfg, 2, &dev).unwrap();
-            let prefill: Vec<i32> = (0..2).flat_map(|b| seq[b * T..b * T + 3].to_vec()).collect();
+            let prefill: Vec<i32> = (0..2)
+                .flat_map(|b| seq[b * T..b * T + 3].to_vec())
+                .collect();
             model
                 .logits(&tape, &ids(&prefill, 2, &dev), None, Some(&cache), None)
                 .unwrap();

@@ -36,6 +36,7 @@ pub use base::element::{Element, HostData};
 pub use base::generator::Generator;
 pub use base::index_checks::INDEX_CHECK_LIMIT;
 pub use base::norm_params::NormGrads;
+pub use base::read_async::TensorRead;
 pub use base::tensor::{Storage, Tensor, VersionWatch};
 pub use batch_norm::BatchNorm;
 pub use conv::Conv2dParams;

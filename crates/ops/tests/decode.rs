@@ -33,8 +33,16 @@ fn decode_linear_and_swiglu_match_the_composed_ops() {
     for dev in test_devices().unwrap() {
         for dtype in floats(&dev) {
             // Batches below, at and above a work-group's 4 rows; K a multiple of 4 or not
-            // (vector or scalar loads); an odd N (a unit with one row).
-            for (case, &(b, k, n)) in [(1, 40, 7), (4, 42, 16), (6, 9, 5)].iter().enumerate() {
+            // (vector or scalar loads) and long enough for teams of 32, 64 and 256 work-items;
+            // an odd N (a unit with one row).
+            let cases = [
+                (1, 40, 7),
+                (4, 42, 16),
+                (6, 9, 5),
+                (1, 1024, 6),
+                (5, 4100, 3),
+            ];
+            for (case, &(b, k, n)) in cases.iter().enumerate() {
                 let seed = case as u64 * 10;
                 let x = rand(dtype, &[b, k], seed);
                 let w = rand(dtype, &[n, k], seed + 1);

@@ -2,7 +2,7 @@
 use super::cache::KvCache;
 use super::model::Llama;
 use netcl_nn::{Linear, RmsNorm};
-use netcl_ops::{DType, Error, KvWrite, RmsScale, Result, Tensor, DECODE_MAX_HEAD_DIM};
+use netcl_ops::{DType, Error, KvWrite, Result, RmsScale, Tensor, DECODE_MAX_HEAD_DIM};
 
 fn scale(norm: &RmsNorm) -> RmsScale {
     RmsScale {
@@ -28,7 +28,7 @@ impl Llama {
                 .all(|lin| plain(lin).is_some())
         });
         let output = self.output.as_ref().is_none_or(|o| plain(o).is_some());
-        linears && output && hd % 2 == 0 && hd <= DECODE_MAX_HEAD_DIM
+        linears && output && hd.is_multiple_of(2) && hd <= DECODE_MAX_HEAD_DIM
     }
 
     /// Logits `[B, vocab]` for one new token per row (`ids`: I32 `[B]` on the model's device)

@@ -186,37 +186,45 @@ pub fn generate(
     let mut out = vec![Vec::new(); b];
     let mut done = vec![false; b];
     // After the prefill, one token per row goes through `Llama::decode` (five kernels a layer)
-    // where the model allows it; greedy picks on the device, so only the token ids come back.
+    // where the model allows it. Greedy picks on the device and the next step is queued before
+    // the picked ids are read back, so the device never waits for the host between tokens.
     let fast = model.decode_supported();
     let pad_ids = pads
         .iter()
         .any(|&p| p > 0)
         .then(|| Tensor::from_vec(pads.iter().map(|&p| p as i32).collect(), &[b], dev))
         .transpose()?;
-    let mut input = Tensor::from_vec(ids, &[b, longest], dev)?;
-    let prefill_positions = Tensor::from_vec(pos, &[b, longest], dev)?;
-    for step in 0..steps {
-        let last = if step > 0 && fast {
-            model.decode(&input.reshape(&[b])?, &cache, pad_ids.as_ref())?
-        } else {
-            let t = input.shape()[1];
-            let mask = pad_mask(&pads, cache.len(), t, model)?;
-            let at = match step {
-                0 => prefill_positions.clone(),
-                _ => {
-                    let p = pads.iter().map(|&pad| (cache.len() - pad) as i32).collect();
-                    Tensor::from_vec(p, &[b, 1], dev)?
-                }
-            };
-            let at = RopePositions::Ids(at);
-            let logits = model.logits(&tape, &input, Some(&at), Some(&cache), mask.as_ref())?;
-            let v = logits.value();
-            v.narrow(1, t - 1, 1)?.reshape(&[b, cfg.vocab_size])?
+    // The last position's logits [B, vocab] after `input` ([B, T] ids on the device).
+    let logits_after = |input: &Tensor, first: bool| -> Result<Tensor> {
+        if !first && fast {
+            return model.decode(&input.reshape(&[b])?, &cache, pad_ids.as_ref());
+        }
+        let t = input.shape()[1];
+        let mask = pad_mask(&pads, cache.len(), t, model)?;
+        let at = match first {
+            true => Tensor::from_vec(pos.clone(), &[b, t], dev)?,
+            false => {
+                let p = pads.iter().map(|&pad| (cache.len() - pad) as i32).collect();
+                Tensor::from_vec(p, &[b, 1], dev)?
+            }
         };
-        let (next, on_device) = match sampler.sampling {
+        let at = RopePositions::Ids(at);
+        let logits = model.logits(&tape, input, Some(&at), Some(&cache), mask.as_ref())?;
+        let v = logits.value();
+        v.narrow(1, t - 1, 1)?.reshape(&[b, cfg.vocab_size])
+    };
+    let mut last = logits_after(&Tensor::from_vec(ids, &[b, longest], dev)?, true)?;
+    for step in 0..steps {
+        let more = step + 1 < steps;
+        let (next, queued) = match sampler.sampling {
             Sampling::Greedy => {
-                let picked = last.argmax(&[1], false)?;
-                (picked.to_vec::<i32>()?, Some(picked))
+                let picked = last.argmax(&[1], false)?.reshape(&[b, 1])?;
+                let read = picked.read_async()?;
+                let queued = (more && fast)
+                    .then(|| logits_after(&picked, false))
+                    .transpose()?;
+                let next = read.wait::<i32>()?;
+                (next, queued)
             }
             Sampling::Random { .. } => {
                 let rows = last.to_dtype(netcl_ops::DType::F32)?.to_vec::<f32>()?;
@@ -234,12 +242,12 @@ pub fn generate(
                 done[r] = stop == Some(tok as u32);
             }
         }
-        if done.iter().all(|&d| d) || step + 1 == steps {
+        if done.iter().all(|&d| d) || !more {
             break;
         }
-        input = match on_device {
-            Some(t) => t.reshape(&[b, 1])?,
-            None => Tensor::from_vec(next, &[b, 1], dev)?,
+        last = match queued {
+            Some(logits) => logits,
+            None => logits_after(&Tensor::from_vec(next, &[b, 1], dev)?, false)?,
         };
     }
     Ok(out)

@@ -14,6 +14,7 @@ pub(crate) mod index_checks;
 pub(crate) mod launch;
 pub mod layout;
 pub(crate) mod norm_params;
+pub(crate) mod read_async;
 pub(crate) mod rows;
 pub(crate) mod tensor;
 mod views;

@@ -49,7 +49,7 @@ enum Epilogue {
     /// y = silu(W0·x) * (W1·x).
     SwiGlu,
     /// q = rope(Wq·x) returned; rope(Wk·x) and Wv·x written into the caches.
-    Qkv(KvWrite),
+    Qkv(Box<KvWrite>),
 }
 
 /// A checked decode GEMV: x (B, K) contiguous, weights (N_i, K) contiguous.
@@ -219,8 +219,8 @@ impl Tensor {
         let (b, hkv, s, hd) = (cs[0], cs[1], cs[2], cs[3]);
         let fits = kv.v_cache.shape == *cs
             && b == self.shape[0]
-            && hd % 2 == 0
-            && wq.shape[0] % hd == 0
+            && hd.is_multiple_of(2)
+            && wq.shape[0].is_multiple_of(hd)
             && wk.shape[0] == hkv * hd
             && wv.shape[0] == hkv * hd
             && kv.at < s;
@@ -257,7 +257,7 @@ impl Tensor {
                 ));
             }
         }
-        desc.run(Epilogue::Qkv(kv.clone()))
+        desc.run(Epilogue::Qkv(Box::new(kv.clone())))
     }
 
     /// Attention of one query per row over a KV cache: q (B, H·hd) against keys and values
@@ -283,7 +283,7 @@ impl Tensor {
             && self.shape[0] == b
             && heads > 0
             && hkv > 0
-            && heads % hkv == 0
+            && heads.is_multiple_of(hkv)
             && self.shape[1] == heads * hd
             && (1..=DECODE_MAX_HEAD_DIM).contains(&hd)
             && (1..=s).contains(&len);

@@ -10,11 +10,32 @@ use netcl_core_devices::{Device, Result};
 use netcl_kernels::sources::DECODE;
 use netcl_kernels::Kernel;
 
-/// `GEMV_TEAM * GEMV_UNITS`, `GEMV_UNITS`, `GEMV_MAXB` and `ATT_GROUP` of decode.cl.
-const GEMV_GROUP: usize = 128;
-const GEMV_UNITS: usize = 4;
+/// `GemvArgs` of decode.cl: sizes and switches in one kernel argument (each argument set costs
+/// host time on every launch, and a decode step is made of launches).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct GemvArgs {
+    k: u32,
+    b: u32,
+    n0: u32,
+    n1: u32,
+    units: u32,
+    mode: u32,
+    team: u32,
+    has_norm: u32,
+    has_res: u32,
+    hd: u32,
+    smax: u32,
+    at: u32,
+    has_pads: u32,
+    halves: u32,
+    use_table: u32,
+}
+
+/// `GEMV_GROUP`, `GEMV_MAXB` and `ATT_GROUP` of decode.cl.
+const GEMV_GROUP: usize = 256;
 const GEMV_MAXB: usize = 4;
-const ATT_GROUP: usize = 128;
+const ATT_GROUP: usize = 256;
 
 pub(super) fn gemv(desc: &DecodeGemv, device: &Device) -> Result<Tensor> {
     let op = "decode_gemv";
@@ -26,7 +47,7 @@ pub(super) fn gemv(desc: &DecodeGemv, device: &Device) -> Result<Tensor> {
     let g = desc.norm.as_ref().map(|n| dense(&n.weight)).transpose()?;
     // Mode, units and the QKV-only arguments: caches, pads, frequencies, hd, S, at, style.
     let (mode, units, out_cols) = match &desc.epilogue {
-        Epilogue::Plain(_) => (0, n0.div_ceil(2), n0),
+        Epilogue::Plain(_) => (0u32, n0.div_ceil(2), n0),
         Epilogue::SwiGlu => (1, n0, n0),
         Epilogue::Qkv(_) => (2, (n0 + n1 + n2) / 2, n0),
     };
@@ -45,14 +66,31 @@ pub(super) fn gemv(desc: &DecodeGemv, device: &Device) -> Result<Tensor> {
         .arg_mem(any(w.get(1))?)?
         .arg_mem(any(w.get(2))?)?
         .arg_mem(any(res.as_ref())?)?;
-    let (mut hd, mut smax, mut at, mut halves, mut theta) = (2usize, 1usize, 0usize, 0i32, 1.0);
-    let mut table = None;
-    let mut pads = None;
+    let mut args = GemvArgs {
+        k: u32_arg(op, "K", k)?,
+        b: u32_arg(op, "rows", b)?,
+        n0: u32_arg(op, "N", n0)?,
+        n1: u32_arg(op, "N", n1)?,
+        units: u32_arg(op, "units", units)?,
+        mode,
+        team: 0,
+        has_norm: g.is_some() as u32,
+        has_res: res.is_some() as u32,
+        hd: 2,
+        smax: 1,
+        at: 0,
+        has_pads: 0,
+        halves: 0,
+        use_table: 0,
+    };
+    let (mut theta, mut table, mut pads) = (1.0, None, None);
     match &desc.epilogue {
         Epilogue::Qkv(kv) => {
             let cs = &kv.k_cache.shape;
-            (hd, smax, at) = (cs[3], cs[2], kv.at);
-            halves = (kv.style == RopeStyle::Halves) as i32;
+            args.hd = u32_arg(op, "head dim", cs[3])?;
+            args.smax = u32_arg(op, "cache length", cs[2])?;
+            args.at = u32_arg(op, "position", kv.at)?;
+            args.halves = (kv.style == RopeStyle::Halves) as u32;
             match &kv.freqs {
                 RopeFreqs::Theta(t) => theta = *t,
                 RopeFreqs::Table(t) => table = Some(dense(t)?),
@@ -65,33 +103,27 @@ pub(super) fn gemv(desc: &DecodeGemv, device: &Device) -> Result<Tensor> {
             kern.arg_mem(y.mem()?)?.arg_mem(y.mem()?)?;
         }
     }
+    args.has_pads = pads.is_some() as u32;
+    args.use_table = table.is_some() as u32;
+    // Work-items per unit: about four (vector) loads of each row per work-item, 32 to 256, so
+    // that short and long rows alike keep enough loads in flight.
+    let per_row = if k % 4 == 0 { k / 4 } else { k };
+    let team = (per_row / 4).next_power_of_two().clamp(32, GEMV_GROUP);
+    args.team = team as u32;
     kern.arg_mem(any(pads.as_ref())?)?
         .arg_mem(any(table.as_ref())?)?
-        .arg(&u32_arg(op, "K", k)?)?
-        .arg(&u32_arg(op, "rows", b)?)?
-        .arg(&u32_arg(op, "N", n0)?)?
-        .arg(&u32_arg(op, "N", n1)?)?
-        .arg(&u32_arg(op, "units", units)?)?
-        .arg(&(mode as i32))?
-        .arg(&(g.is_some() as i32))?
-        .arg(&(res.is_some() as i32))?;
+        .arg(&args)?;
     arg_acc(
         &mut kern,
         x.dtype,
         desc.norm.as_ref().map_or(0.0, |n| n.eps),
     )?;
-    kern.arg(&u32_arg(op, "head dim", hd)?)?
-        .arg(&u32_arg(op, "cache length", smax)?)?
-        .arg(&u32_arg(op, "position", at)?)?
-        .arg(&(pads.is_some() as i32))?
-        .arg(&halves)?
-        .arg(&(table.is_some() as i32))?;
     arg_acc(&mut kern, x.dtype, theta)?;
     // Every weight read once, x once per work-group, y (and the residual) once.
     let es = x.dtype.size();
     let bytes = ((n0 + n1 + n2) * k + 2 * b * out_cols) * es;
     kern.declare(bytes as u64, (2 * b * (n0 + n1 + n2) * k) as u64);
-    let groups = units.div_ceil(GEMV_UNITS);
+    let groups = units.div_ceil(GEMV_GROUP / team);
     u32_arg(op, "elements", b * (n0 + n1 + n2).max(k))?;
     kern.launch(
         &[groups * GEMV_GROUP, b.div_ceil(GEMV_MAXB)],
@@ -116,12 +148,16 @@ pub(super) fn attention(desc: &DecodeAttention, device: &Device) -> Result<Tenso
         .arg_mem(desc.k_cache.mem()?)?
         .arg_mem(desc.v_cache.mem()?)?
         .arg_mem(pads.as_ref().unwrap_or(&q).mem()?)?
-        .arg(&u32_arg(op, "heads", h)?)?
-        .arg(&u32_arg(op, "kv heads", hkv)?)?
-        .arg(&u32_arg(op, "head dim", hd)?)?
-        .arg(&u32_arg(op, "cache length", s)?)?
-        .arg(&u32_arg(op, "keys", desc.len)?)?
-        .arg(&(pads.is_some() as i32))?;
+        .arg(&[
+            u32_arg(op, "heads", h)?,
+            u32_arg(op, "kv heads", hkv)?,
+            u32_arg(op, "head dim", hd)?,
+            u32_arg(op, "cache length", s)?,
+            u32_arg(op, "keys", desc.len)?,
+            pads.is_some() as u32,
+            0,
+            0,
+        ])?;
     arg_acc(&mut kern, q.dtype, 1.0 / (hd as f64).sqrt())?;
     // Each query head reads its keys and values (grouped heads share them through the cache).
     let es = q.dtype.size();
