@@ -230,6 +230,15 @@ def main():
             rec("llama", name + "_bf16_autocast", ms)
             print(f"torch {name} bf16 autocast: {b * t / ms * 1e3:.0f} tokens/s")
             del model, opt
+    if want("llama_gemm"):
+        # The f32 products of a Llama-110M step, 8192 tokens (netcl-bench --suite llama_gemm).
+        t, d, h, v = 8192, 768, 2048, 32000
+        for n, k in ((d, d), (h, d), (d, h), (v, d)):
+            for layout, m, nn, kk in (("nt", t, n, k), ("nn", t, k, n), ("tn", n, k, t)):
+                ga = torch.randn(kk, m, device=dev).t() if layout == "tn" else torch.randn(m, kk, device=dev)
+                gb = torch.randn(nn, kk, device=dev).t() if layout == "nt" else torch.randn(kk, nn, device=dev)
+                rec("llama_gemm", f"llama_gemm_{layout}_{m}x{nn}x{kk}", timed(lambda: ga @ gb), flops=2 * m * nn * kk)
+                del ga, gb
     if want("decode"):
         # The one-token decode ops at the 110M shape, batch 1 (netcl-bench --suite decode):
         # cuBLAS GEMV (F.linear) with the same epilogues, SDPA over 256 cached positions.

@@ -251,6 +251,35 @@ impl Runner {
         })
     }
 
+    /// The f32 products of a Llama-110M training step (B 16 x T 512 = 8192 tokens): forward
+    /// `x·Wᵀ` (nt), the input gradient `dY·W` (nn) and the weight gradient `dYᵀ·X` (tn), named
+    /// `llama_gemm_{layout}_{M}x{N}x{K}`.
+    fn llama_gemm(&mut self) -> Result<()> {
+        let (t, d, h, v) = (8192, 768, 2048, 32000);
+        let mut shapes = Vec::new();
+        for (n, k) in [(d, d), (h, d), (d, h), (v, d)] {
+            shapes.push(("nt", t, n, k));
+            shapes.push(("nn", t, k, n));
+            shapes.push(("tn", n, k, t));
+        }
+        for (layout, m, n, k) in shapes {
+            let a = match layout {
+                "tn" => self.randn(&[k, m])?.transpose(0, 1)?,
+                _ => self.randn(&[m, k])?,
+            };
+            let b = match layout {
+                "nt" => self.randn(&[n, k])?.transpose(0, 1)?,
+                _ => self.randn(&[k, n])?,
+            };
+            let flops = 2.0 * (m * n * k) as f64;
+            let name = format!("llama_gemm_{layout}_{m}x{n}x{k}");
+            self.measure("llama_gemm", name, (0.0, flops, 1), || {
+                a.matmul(&b).map(|_| ())
+            })?;
+        }
+        Ok(())
+    }
+
     /// The one-token decode ops at the Llama-110M shape (batch 1, f32): each GEMV with its
     /// epilogue (bytes: the weights read once), and attention over 256 cached positions.
     fn decode(&mut self) -> Result<()> {
@@ -684,7 +713,7 @@ impl Runner {
     }
 }
 
-const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama,attention,decode] [--sizes 1024,2048,4096] [--llama 15m,110m,15m_bf16,110m_bf16,110m_lora,110m_b2,110m_lora_b2,110m_b1,110m_lora_b1,generate] [--json FILE]
+const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama,attention,decode,llama_gemm] [--sizes 1024,2048,4096] [--llama 15m,110m,15m_bf16,110m_bf16,110m_lora,110m_b2,110m_lora_b2,110m_b1,110m_lora_b1,generate] [--json FILE]
   Times each workload (median of 5 batches, device synchronised around each) and prints
   one line per workload; --json writes the records for benches/reference/torch_bench.py --netcl.
   NETCL_CLBLAST=/path/libclblast.so adds CLBlast as the OpenCL GEMM peer.";
@@ -707,6 +736,7 @@ fn main() -> Result<()> {
         "llama",
         "attention",
         "decode",
+        "llama_gemm",
     ];
     if let Some(bad) = suite
         .split(',')
@@ -762,6 +792,9 @@ fn main() -> Result<()> {
     }
     if want("decode") {
         r.decode()?;
+    }
+    if want("llama_gemm") {
+        r.llama_gemm()?;
     }
     if want("llama") {
         r.llama(flag_value(&args, "--llama").unwrap_or("all"))?;
