@@ -1,4 +1,4 @@
-//! The buffer plan: internal buffers whose node ranges do not overlap, or meet at a kernel declared safe to run in place, share one buffer (a slot). Largest first, each into the smallest slot none of whose buffers lives alongside it, else a new slot of its size. Slots are whole buffers, never overlapping sub-buffers of one arena: NVIDIA's OpenCL crashes releasing overlapping sub-buffers.
+//! The buffer plan: internal buffers whose node ranges do not overlap, or meet at a kernel declared safe to run in place, share one buffer (a slot). A few orders of placement (largest first, first use first, longest lived first), each buffer into the compatible slot that grows least, else a new slot; the smallest total wins. Slots are whole buffers, never overlapping sub-buffers of one arena: NVIDIA's OpenCL crashes releasing overlapping sub-buffers.
 use crate::desc::Internal;
 use crate::record::aligned;
 use std::collections::HashSet;
@@ -12,12 +12,48 @@ pub(crate) fn assign(
     align: usize,
 ) -> Vec<usize> {
     let pairs: HashSet<(usize, usize)> = in_place.iter().copied().collect();
-    let mut order: Vec<usize> = (0..bufs.len()).collect();
-    order.sort_by_key(|&i| (std::cmp::Reverse(bufs[i].bytes), bufs[i].first));
+    let by = |key: &dyn Fn(&Internal) -> (usize, usize, usize)| {
+        let mut order: Vec<usize> = (0..bufs.len()).collect();
+        order.sort_by_key(|&i| (key(&bufs[i]), i));
+        order
+    };
+    let orders = [
+        by(&|b| (usize::MAX - b.bytes, b.first, 0)),
+        by(&|b| (b.first, usize::MAX - b.bytes, 0)),
+        by(&|b| {
+            (
+                usize::MAX - (b.last - b.first),
+                usize::MAX - b.bytes,
+                b.first,
+            )
+        }),
+    ];
+    let (slot_of, sizes) = orders
+        .iter()
+        .map(|order| place(bufs, order, &pairs, align))
+        .min_by_key(|(_, sizes)| sizes.iter().sum::<usize>())
+        .unwrap_or_default();
+    for (b, s) in bufs.iter_mut().zip(slot_of) {
+        b.slot = s;
+    }
+    sizes
+}
+
+/// Places the buffers in `order`: each into the slot free over its range that grows least
+/// (then the smallest), or a new slot when growing one would cost as much. Returns each
+/// buffer's slot and the slots' sizes.
+fn place(
+    bufs: &[Internal],
+    order: &[usize],
+    pairs: &HashSet<(usize, usize)>,
+    align: usize,
+) -> (Vec<usize>, Vec<usize>) {
+    let mut slot_of = vec![usize::MAX; bufs.len()];
     // Per slot: its size and its buffers.
     let mut slots: Vec<(usize, Vec<usize>)> = Vec::new();
-    for i in order {
+    for &i in order {
         let (first, last) = (bufs[i].first, bufs[i].last);
+        let bytes = aligned(bufs[i].bytes, align);
         let apart = |j: usize| {
             let (f, l) = (bufs[j].first, bufs[j].last);
             l < first
@@ -25,23 +61,25 @@ pub(crate) fn assign(
                 || (l == first && pairs.contains(&(j, i)))
                 || (last == f && pairs.contains(&(i, j)))
         };
-        // The smallest slot that is free over this buffer's range (all are large enough).
         let best = (slots.iter().enumerate())
             .filter(|(_, (_, held))| held.iter().all(|&j| apart(j)))
-            .min_by_key(|(_, (size, _))| *size)
-            .map(|(s, _)| s);
+            .map(|(s, (size, _))| (bytes.saturating_sub(*size), *size, s))
+            .min_by_key(|&(grow, size, _)| (grow, size))
+            .filter(|&(grow, _, _)| grow < bytes);
         let s = match best {
-            Some(s) => s,
+            Some((_, size, s)) => {
+                slots[s].0 = size.max(bytes);
+                s
+            }
             None => {
-                // Sizes come in decreasing order: a new slot's first buffer is its largest.
-                slots.push((aligned(bufs[i].bytes, align), Vec::new()));
+                slots.push((bytes, Vec::new()));
                 slots.len() - 1
             }
         };
         slots[s].1.push(i);
-        bufs[i].slot = s;
+        slot_of[i] = s;
     }
-    slots.into_iter().map(|(size, _)| size).collect()
+    (slot_of, slots.into_iter().map(|(size, _)| size).collect())
 }
 
 #[cfg(test)]
