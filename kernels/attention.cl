@@ -286,3 +286,205 @@ __kernel void attention_bwd_dv(__global T* dv, __global const T* q, __global con
     __local ACC ls[BQT], dls[BQT];
     bwd_kv(dv, q, k, v, dout, lse, delta, &g, scale, false, qs, dos, ls, dls);
 }
+
+#if HEAD_DIM <= 64
+// The register-blocked backward, for head dims up to 64 (the host picks it where its tiles fit the
+// local memory): a work-group of TG work-items holds a block of TB keys (dk and dv together) or TB
+// queries (dq) and streams the other side through local memory in blocks of TB. The TB x TB scores
+// and their gradients are small GEMMs with a 2 x 4 tile (queries x keys) per work-item; the products
+// with the queries, the output gradients or the keys, 4 x 4 tiles (rows x dims). Each local value
+// read feeds 5 to 8 multiply-adds, where the streaming kernels above read one per 4.
+#define TB 32         // rows per block (queries or keys)
+#define TG 128        // work-items per group
+#define DP4 (D4 + 1)  // a local row in ACC4, padded: rows kc + 8u of a 2 x 4 tile fall in different banks
+#define TP (TB + 4)   // a local row of the probability tiles, in ACC
+
+// Rows [r0, r0 + TB) of one (batch, head) of an operand, row r at base + r * st (zeros from n on),
+// times mul, into t.
+inline void load_rows(__local ACC4 (*t)[DP4], __global const T* p, uint base, uint st, uint r0,
+                      uint n, ACC mul, uint lid) {
+    for (uint e = lid; e < TB * D4; e += TG) {
+        uint rr = e / D4, c = e % D4, r = r0 + rr;
+        t[rr][c] = r < n ? load4(p, base + r * st, c) * mul : (ACC4)(0);
+    }
+}
+
+// The 2 x 4 tile of work-item lid: s = q·k and dp = do·v for queries qr + 16v (v < 2) of qs and
+// ds, keys kc + 8u (u < 4) of ks and vs, with qr = lid / 8, kc = lid % 8.
+inline void score_tile(__local ACC4 (*qs)[DP4], __local ACC4 (*ds)[DP4], __local ACC4 (*ks)[DP4],
+                       __local ACC4 (*vs)[DP4], uint lid, ACC s[2][4], ACC dp[2][4]) {
+    uint qr = lid / 8, kc = lid % 8;
+    ACC4 s4[2][4], d4[2][4];
+    for (uint w = 0; w < 2; w++)
+        for (uint u = 0; u < 4; u++) { s4[w][u] = (ACC4)(0); d4[w][u] = (ACC4)(0); }
+    #pragma unroll
+    for (uint c = 0; c < D4; c++) {
+        ACC4 kk[4], vv[4];
+        for (uint u = 0; u < 4; u++) { kk[u] = ks[kc + 8 * u][c]; vv[u] = vs[kc + 8 * u][c]; }
+        for (uint w = 0; w < 2; w++) {
+            ACC4 qv = qs[qr + 16 * w][c], dv = ds[qr + 16 * w][c];
+            for (uint u = 0; u < 4; u++) {
+                s4[w][u] = fma(qv, kk[u], s4[w][u]);
+                d4[w][u] = fma(dv, vv[u], d4[w][u]);
+            }
+        }
+    }
+    for (uint w = 0; w < 2; w++)
+        for (uint u = 0; u < 4; u++) { s[w][u] = hsum(s4[w][u]); dp[w][u] = hsum(d4[w][u]); }
+}
+
+// Whether query i sees key j (both in range).
+inline bool sees(const AttnGeom* g, uint i, uint j) {
+    return i < g->tq && j < g->tk && (!g->causal || (int)j <= (int)i + g->offset);
+}
+
+// dk and dv of a block of TB keys, summed over the H / Hkv query heads of their group. Stored as
+// dense (B, Tk, Hkv, D). Groups: B * Hkv * ceil(Tk / TB), TG items. delta from attention_bwd_dq_blocked.
+__kernel __attribute__((reqd_work_group_size(TG, 1, 1)))
+void attention_bwd_dkdv(__global T* dk, __global T* dv, __global const T* q, __global const T* k,
+                        __global const T* v, __global const T* dout, __global const ACC* lse,
+                        __global const ACC* delta, AttnGeom g, ACC scale) {
+    __local ACC4 ks[TB][DP4], vs[TB][DP4], qs[TB][DP4], ds[TB][DP4];
+    __local ACC pm[TB][TP], sm[TB][TP];
+    __local ACC ls[TB], dls[TB];
+    uint nkb = (g.tk + TB - 1) / TB;
+    uint grp = get_group_id(0), kb = grp % nkb, bhk = grp / nkb;
+    uint hk = bhk % g.kv_heads, b = bhk / g.kv_heads, rep = g.heads / g.kv_heads;
+    uint lid = get_local_id(0), j0 = kb * TB;
+    load_rows(ks, k, g.k_off + b * g.k_sb + hk * g.k_sh, g.k_st, j0, g.tk, (ACC)1, lid);
+    load_rows(vs, v, g.v_off + b * g.v_sb + hk * g.v_sh, g.v_st, j0, g.tk, (ACC)1, lid);
+    uint qr = lid / 8, kc = lid % 8;  // the score tile's queries and keys
+    uint kg = lid % 8, dg = lid / 8;  // the update's keys kg * 4 + u and dims 4 dg .. 4 dg + 3
+    ACC4 adk[4], adv[4];
+    for (uint u = 0; u < 4; u++) { adk[u] = (ACC4)(0); adv[u] = (ACC4)(0); }
+    // The first block of queries that sees key j0.
+    int first = g.causal ? (int)j0 - g.offset : 0;
+    uint i_start = first <= 0 ? 0u : (uint)first / TB * TB;
+    for (uint r = 0; r < rep; r++) {
+        uint h = hk * rep + r, bh = b * g.heads + h;
+        for (uint i0 = i_start; i0 < g.tq; i0 += TB) {
+            barrier(CLK_LOCAL_MEM_FENCE);
+            load_rows(qs, q, g.q_off + b * g.q_sb + h * g.q_sh, g.q_st, i0, g.tq, scale, lid);
+            load_rows(ds, dout, g.o_off + b * g.o_sb + h * g.o_sh, g.o_st, i0, g.tq, (ACC)1, lid);
+            if (lid < TB) {
+                uint i = i0 + lid;
+                ls[lid] = i < g.tq ? lse[bh * g.tq + i] : (-INFINITY);
+                dls[lid] = i < g.tq ? delta[bh * g.tq + i] : 0;
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+            ACC s[2][4], dp[2][4];
+            score_tile(qs, ds, ks, vs, lid, s, dp);
+            for (uint w = 0; w < 2; w++) {
+                uint rr = qr + 16 * w;
+                ACC li = ls[rr], dl = dls[rr];
+                for (uint u = 0; u < 4; u++) {
+                    uint cc = kc + 8 * u;
+                    bool on = sees(&g, i0 + rr, j0 + cc) && li != (-INFINITY);
+                    ACC p = on ? exp(s[w][u] - li) : 0;
+                    pm[rr][cc] = p;
+                    sm[rr][cc] = p * (dp[w][u] - dl);
+                }
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+            if (dg < D4) {
+                uint rn = min((uint)TB, g.tq - i0);
+                for (uint rr = 0; rr < rn; rr++) {
+                    ACC4 p = vload4(0, &pm[rr][4 * kg]), dsr = vload4(0, &sm[rr][4 * kg]);
+                    ACC4 o = ds[rr][dg], qv = qs[rr][dg];
+                    adv[0] = fma((ACC4)(p.x), o, adv[0]);
+                    adv[1] = fma((ACC4)(p.y), o, adv[1]);
+                    adv[2] = fma((ACC4)(p.z), o, adv[2]);
+                    adv[3] = fma((ACC4)(p.w), o, adv[3]);
+                    adk[0] = fma((ACC4)(dsr.x), qv, adk[0]);
+                    adk[1] = fma((ACC4)(dsr.y), qv, adk[1]);
+                    adk[2] = fma((ACC4)(dsr.z), qv, adk[2]);
+                    adk[3] = fma((ACC4)(dsr.w), qv, adk[3]);
+                }
+            }
+        }
+    }
+    if (dg >= D4) return;
+    for (uint u = 0; u < 4; u++) {
+        uint j = j0 + 4 * kg + u;
+        if (j >= g.tk) break;
+        uint at = ((b * g.tk + j) * g.kv_heads + hk) * HEAD_DIM;
+        store4(dk, at, dg, adk[u]);
+        store4(dv, at, dg, adv[u]);
+    }
+}
+
+// dq of a block of TB queries, and delta = rowsum(do * o) for attention_bwd_dkdv. dq stored as dense
+// (B, Tq, H, D). Groups: B * H * ceil(Tq / TB), TG items.
+__kernel __attribute__((reqd_work_group_size(TG, 1, 1)))
+void attention_bwd_dq_blocked(__global T* dq, __global ACC* delta, __global const T* q,
+                              __global const T* k, __global const T* v, __global const T* dout,
+                              __global const T* o, __global const ACC* lse, AttnGeom g, ACC scale) {
+    __local ACC4 ks[TB][DP4], vs[TB][DP4], qs[TB][DP4], ds[TB][DP4];
+    __local ACC st[TB][TP];
+    __local ACC ls[TB], dls[TB], part[TG];
+    uint nqb = (g.tq + TB - 1) / TB;
+    uint grp = get_group_id(0), qb = grp % nqb, bh = grp / nqb;
+    uint h = bh % g.heads, b = bh / g.heads, hk = h / (g.heads / g.kv_heads);
+    uint lid = get_local_id(0), i0 = qb * TB;
+    load_rows(qs, q, g.q_off + b * g.q_sb + h * g.q_sh, g.q_st, i0, g.tq, scale, lid);
+    load_rows(ds, dout, g.o_off + b * g.o_sb + h * g.o_sh, g.o_st, i0, g.tq, (ACC)1, lid);
+    {
+        // delta: four work-items per query.
+        uint rr = lid / 4, i = i0 + rr;
+        ACC4 acc = (ACC4)(0);
+        if (i < g.tq) {
+            uint dat = g.o_off + b * g.o_sb + h * g.o_sh + i * g.o_st;
+            uint oat = g.x_off + b * g.x_sb + h * g.x_sh + i * g.x_st;
+            for (uint c = lid % 4; c < D4; c += 4) acc = fma(load4(dout, dat, c), load4(o, oat, c), acc);
+        }
+        part[lid] = hsum(acc);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid < TB) {
+        uint i = i0 + lid;
+        ACC dl = (part[4 * lid] + part[4 * lid + 1]) + (part[4 * lid + 2] + part[4 * lid + 3]);
+        ls[lid] = i < g.tq ? lse[bh * g.tq + i] : (-INFINITY);
+        dls[lid] = dl;
+        if (i < g.tq) delta[bh * g.tq + i] = dl;
+    }
+    uint qr = lid / 8, kc = lid % 8;  // the score tile's queries and keys
+    uint qg = lid % 8, dg = lid / 8;  // the update's queries qg * 4 + u and dims 4 dg .. 4 dg + 3
+    ACC4 adq[4];
+    for (uint u = 0; u < 4; u++) adq[u] = (ACC4)(0);
+    uint kend = visible(&g, min(i0 + TB - 1, g.tq - 1));
+    for (uint j0 = 0; j0 < kend; j0 += TB) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        load_rows(ks, k, g.k_off + b * g.k_sb + hk * g.k_sh, g.k_st, j0, g.tk, (ACC)1, lid);
+        load_rows(vs, v, g.v_off + b * g.v_sb + hk * g.v_sh, g.v_st, j0, g.tk, (ACC)1, lid);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        ACC s[2][4], dp[2][4];
+        score_tile(qs, ds, ks, vs, lid, s, dp);
+        for (uint w = 0; w < 2; w++) {
+            uint rr = qr + 16 * w;
+            ACC li = ls[rr], dl = dls[rr];
+            for (uint u = 0; u < 4; u++) {
+                uint cc = kc + 8 * u;
+                bool on = sees(&g, i0 + rr, j0 + cc) && li != (-INFINITY);
+                st[cc][rr] = on ? exp(s[w][u] - li) * (dp[w][u] - dl) : 0;
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (dg < D4) {
+            uint cn = min((uint)TB, kend - j0);
+            for (uint cc = 0; cc < cn; cc++) {
+                ACC4 d = vload4(0, &st[cc][4 * qg]), kv = ks[cc][dg];
+                adq[0] = fma((ACC4)(d.x), kv, adq[0]);
+                adq[1] = fma((ACC4)(d.y), kv, adq[1]);
+                adq[2] = fma((ACC4)(d.z), kv, adq[2]);
+                adq[3] = fma((ACC4)(d.w), kv, adq[3]);
+            }
+        }
+    }
+    if (dg >= D4) return;
+    for (uint u = 0; u < 4; u++) {
+        uint i = i0 + 4 * qg + u;
+        if (i >= g.tq) break;
+        store4(dq, ((b * g.tq + i) * g.heads + h) * HEAD_DIM, dg, adq[u] * scale);
+    }
+}
+#endif

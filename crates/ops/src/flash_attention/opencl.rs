@@ -13,6 +13,18 @@ use std::sync::Arc;
 /// Queries per work-group of the forward and dq kernels (`BQ`): one per work-item.
 const BQ: usize = 64;
 
+/// `TB` and `TG` of attention.cl's register-blocked backward: rows per block, work-items.
+const BLOCK_ROWS: usize = 32;
+const BLOCK_GROUP: usize = 128;
+
+/// Whether the register-blocked backward takes head dim `d` in `dtype` on `device`: d <= 64 and
+/// its tiles (four blocks of rows, two of probabilities) in local memory.
+fn blocked_fits(device: &Device, dtype: DType, d: usize) -> bool {
+    let rows = 4 * BLOCK_ROWS * (d + 4) + 2 * BLOCK_ROWS * (BLOCK_ROWS + 4) + 2 * BLOCK_ROWS;
+    let need = (rows + BLOCK_GROUP) * acc_dtype(dtype).size();
+    d <= 64 && need as u64 <= device.info().local_mem_bytes
+}
+
 /// `AttnGeom` of kernels/attention.cl.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -124,8 +136,10 @@ struct Kernels<'a> {
 
 impl Kernels<'_> {
     /// Runs kernel `name` on `bufs` (its buffer arguments in order), then the geometry and the
-    /// scale: a work-item per row of `rows` in each of `pairs` (batch, head) pairs, `BQ` to a
-    /// group. Declares the buffers' bytes and `products` passes over the visible pairs.
+    /// scale: `rows` of each of `pairs` (batch, head) pairs, `per_group` rows to a work-group of
+    /// `group` work-items. Declares the buffers' bytes and `products` passes over the visible
+    /// pairs.
+    #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
         name: &str,
@@ -133,6 +147,7 @@ impl Kernels<'_> {
         products: u64,
         pairs: usize,
         rows: usize,
+        (per_group, group): (usize, usize),
     ) -> Result<()> {
         let mut k = Kernel::new(&self.program, name)?;
         let bytes: usize = bufs.iter().map(|t| t.numel() * t.dtype().size()).sum();
@@ -142,7 +157,7 @@ impl Kernels<'_> {
         }
         k.arg(&self.geom)?;
         arg_acc(&mut k, self.dtype, self.d.scale)?;
-        launch_groups(self.op, &mut k, pairs * rows.div_ceil(BQ), BQ)
+        launch_groups(self.op, &mut k, pairs * rows.div_ceil(per_group), group)
     }
 }
 
@@ -177,6 +192,7 @@ pub(super) fn forward(desc: &FlashAttention, device: &Device) -> Result<(Tensor,
         2,
         d.b * d.h,
         d.tq,
+        (BQ, BQ),
     )?;
     Ok((out, lse))
 }
@@ -215,15 +231,36 @@ pub(super) fn backward(
     let dq = d.t_major(d.tq, d.h, dtype, device)?;
     let delta = Tensor::alloc(&[d.b, d.h, d.tq], acc_dtype(dtype), device)?;
     let dq_bufs = [&dq, &delta, &q, &k, &v, &grad, &out, &lse];
-    kernels.run("attention_bwd_dq", &dq_bufs, 3, d.b * d.h, d.tq)?;
+    let key_grad = || d.t_major(d.tk, d.hkv, dtype, device);
+    let rest = [&q, &k, &v, &grad, &lse, &delta];
+    if blocked_fits(device, dtype, d.d) {
+        // Register-blocked: dq (and delta), then dk and dv in one kernel (five products per
+        // visible pair: two scores, the probability's and the gradient's updates, dq's).
+        let block = (BLOCK_ROWS, BLOCK_GROUP);
+        kernels.run(
+            "attention_bwd_dq_blocked",
+            &dq_bufs,
+            3,
+            d.b * d.h,
+            d.tq,
+            block,
+        )?;
+        let (dk, dv) = (key_grad()?, key_grad()?);
+        let mut bufs = vec![&dk, &dv];
+        bufs.extend(rest);
+        kernels.run("attention_bwd_dkdv", &bufs, 4, d.b * d.hkv, d.tk, block)?;
+        return Ok((dq, dk, dv));
+    }
+    kernels.run("attention_bwd_dq", &dq_bufs, 3, d.b * d.h, d.tq, (BQ, BQ))?;
     // dk needs three products per visible pair (score, its gradient, the update), dv two.
-    let key_grad = |name: &str, products: u64| -> Result<Tensor> {
-        let t = d.t_major(d.tk, d.hkv, dtype, device)?;
-        let bufs = [&t, &q, &k, &v, &grad, &lse, &delta];
-        kernels.run(name, &bufs, products, d.b * d.hkv, d.tk)?;
+    let one = |name: &str, products: u64| -> Result<Tensor> {
+        let t = key_grad()?;
+        let mut bufs = vec![&t];
+        bufs.extend(rest);
+        kernels.run(name, &bufs, products, d.b * d.hkv, d.tk, (BQ, BQ))?;
         Ok(t)
     };
-    let dk = key_grad("attention_bwd_dk", 3)?;
-    let dv = key_grad("attention_bwd_dv", 2)?;
+    let dk = one("attention_bwd_dk", 3)?;
+    let dv = one("attention_bwd_dv", 2)?;
     Ok((dq, dk, dv))
 }
