@@ -73,16 +73,26 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, N) contiguous per batc
 // Tile coordinates of staged element r: consecutive work-items walk the contiguous dim.
 #define A_MK(r, mm, kk) uint e_ = tid + (r) * NT; uint mm = sak == 1 ? e_ / BK : e_ % BM; uint kk = sak == 1 ? e_ % BK : e_ / BM;
 #define B_NK(r, nn, kk) uint e_ = tid + (r) * NT; uint nn = sbn == 1 ? e_ % BN : e_ / BK; uint kk = sbn == 1 ? e_ / BN : e_ % BK;
+// Staged element r of this work-item sits at a fixed place in every tile: its offsets in A and B at
+// k0 = 0 are computed once, and each step adds k0 times the K stride.
+#if (BM * BK) % NT == 0
+#define A_IN(r) 1
+#else
+#define A_IN(r) (tid + (r) * NT < BM * BK)
+#endif
+#if (BN * BK) % NT == 0
+#define B_IN(r) 1
+#else
+#define B_IN(r) (tid + (r) * NT < BN * BK)
+#endif
 #define FETCH(k0)                                                                              \
     for (int r = 0; r < A_PER; ++r) {                                                          \
-        A_MK(r, mm, kk)                                                                        \
-        uint gm = m0 + mm, gk = (k0) + kk;                                                     \
-        ra_next[r] = (e_ < BM * BK && IN_A(gm, gk)) ? LOAD(a, o.y + gm * sam + gk * sak) : (ACC)0; \
+        uint gk = (k0) + a_k[r];                                                               \
+        ra_next[r] = (A_IN(r) && IN_A(a_m[r], gk)) ? LOAD(a, a_at[r] + (k0) * sak) : (ACC)0;   \
     }                                                                                          \
     for (int r = 0; r < B_PER; ++r) {                                                          \
-        B_NK(r, nn, kk)                                                                        \
-        uint gn = n0 + nn, gk = (k0) + kk;                                                     \
-        rb_next[r] = (e_ < BN * BK && IN_B(gn, gk)) ? LOAD(b, o.z + gk * sbk + gn * sbn) : (ACC)0; \
+        uint gk = (k0) + b_k[r];                                                               \
+        rb_next[r] = (B_IN(r) && IN_B(b_n[r], gk)) ? LOAD(b, b_at[r] + (k0) * sbk) : (ACC)0;   \
     }
 #define STAGE()                                                                                \
     for (int r = 0; r < A_PER; ++r) {                                                          \
@@ -94,6 +104,19 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, N) contiguous per batc
         if (e_ < BN * BK) Bs[kk][nn] = rb_next[r];                                             \
     }
 
+    uint a_m[A_PER], a_k[A_PER], a_at[A_PER], b_n[B_PER], b_k[B_PER], b_at[B_PER];
+    for (int r = 0; r < A_PER; ++r) {
+        A_MK(r, mm, kk)
+        a_m[r] = m0 + mm;
+        a_k[r] = kk;
+        a_at[r] = o.y + (m0 + mm) * sam + kk * sak;
+    }
+    for (int r = 0; r < B_PER; ++r) {
+        B_NK(r, nn, kk)
+        b_n[r] = n0 + nn;
+        b_k[r] = kk;
+        b_at[r] = o.z + kk * sbk + (n0 + nn) * sbn;
+    }
     FETCH(0)
     for (uint k0 = 0; k0 < K; k0 += BK) {
         STAGE()
@@ -101,6 +124,7 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, N) contiguous per batc
         if (k0 + BK < K) {
             FETCH(k0 + BK)
         }
+        #pragma unroll
         for (int kk = 0; kk < BK; ++kk) {
             ACC ra[WM], rb[WN];
             for (int i = 0; i < WM; ++i) ra[i] = As[kk][ROW(i)];
