@@ -338,6 +338,96 @@ inline bool sees(const AttnGeom* g, uint i, uint j) {
     return i < g->tq && j < g->tk && (!g->causal || (int)j <= (int)i + g->offset);
 }
 
+// The forward over a block of TB queries (online softmax over blocks of TB keys): the 2 x 4 score
+// tile per work-item as in the backward, each row's block maximum through local memory, the
+// probabilities into local memory transposed, and the output as a 4 x 4 tile (queries x dims) per
+// work-item. Both roles keep the running maximum of their own rows (computed alike from the same
+// values). o at o_*; lse (B, H, Tq). Groups: B * H * ceil(Tq / TB), TG items.
+__kernel __attribute__((reqd_work_group_size(TG, 1, 1)))
+void attention_fwd_blocked(__global T* o, __global ACC* lse, __global const T* q,
+                           __global const T* k, __global const T* v, AttnGeom g, ACC scale) {
+    __local ACC4 ks[TB][DP4], vs[TB][DP4], qs[TB][DP4];
+    __local ACC pt[TB][TP];
+    __local ACC red[TB][9];
+    uint nqb = (g.tq + TB - 1) / TB;
+    uint grp = get_group_id(0), qb = grp % nqb, bh = grp / nqb;
+    uint h = bh % g.heads, b = bh / g.heads, hk = h / (g.heads / g.kv_heads);
+    uint lid = get_local_id(0), i0 = qb * TB;
+    load_rows(qs, q, g.q_off + b * g.q_sb + h * g.q_sh, g.q_st, i0, g.tq, scale, lid);
+    uint qr = lid / 8, kc = lid % 8;  // the score tile's queries qr + 16w and keys kc + 8u
+    uint qg = lid % 8, dg = lid / 8;  // the output's queries 4 qg + u and dims 4 dg .. 4 dg + 3
+    ACC ms[2] = {-INFINITY, -INFINITY};  // running maxima of the score rows
+    ACC mo[4], lo[4];                     // and of the output rows, with their sums
+    ACC4 acc[4];
+    for (uint u = 0; u < 4; u++) { mo[u] = -INFINITY; lo[u] = 0; acc[u] = (ACC4)(0); }
+    uint kend = visible(&g, min(i0 + TB - 1, g.tq - 1));
+    for (uint j0 = 0; j0 < kend; j0 += TB) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        load_rows(ks, k, g.k_off + b * g.k_sb + hk * g.k_sh, g.k_st, j0, g.tk, (ACC)1, lid);
+        load_rows(vs, v, g.v_off + b * g.v_sb + hk * g.v_sh, g.v_st, j0, g.tk, (ACC)1, lid);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        ACC4 s4[2][4];
+        for (uint w = 0; w < 2; w++)
+            for (uint u = 0; u < 4; u++) s4[w][u] = (ACC4)(0);
+        #pragma unroll
+        for (uint c = 0; c < D4; c++) {
+            ACC4 kk[4];
+            for (uint u = 0; u < 4; u++) kk[u] = ks[kc + 8 * u][c];
+            for (uint w = 0; w < 2; w++) {
+                ACC4 qv = qs[qr + 16 * w][c];
+                for (uint u = 0; u < 4; u++) s4[w][u] = fma(qv, kk[u], s4[w][u]);
+            }
+        }
+        ACC s[2][4];
+        for (uint w = 0; w < 2; w++) {
+            uint rr = qr + 16 * w;
+            ACC mx = -INFINITY;
+            for (uint u = 0; u < 4; u++) {
+                s[w][u] = sees(&g, i0 + rr, j0 + kc + 8 * u) ? hsum(s4[w][u]) : (-INFINITY);
+                mx = fmax(mx, s[w][u]);
+            }
+            red[rr][kc] = mx;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (uint w = 0; w < 2; w++) {
+            uint rr = qr + 16 * w;
+            for (uint e = 0; e < 8; e++) ms[w] = fmax(ms[w], red[rr][e]);
+            for (uint u = 0; u < 4; u++)
+                pt[kc + 8 * u][rr] = s[w][u] == (-INFINITY) ? 0 : exp(s[w][u] - ms[w]);
+        }
+        ACC alpha[4];
+        for (uint u = 0; u < 4; u++) {
+            uint rr = 4 * qg + u;
+            ACC mn = mo[u];
+            for (uint e = 0; e < 8; e++) mn = fmax(mn, red[rr][e]);
+            alpha[u] = mo[u] == (-INFINITY) ? 0 : exp(mo[u] - mn);
+            mo[u] = mn;
+            lo[u] *= alpha[u];
+            acc[u] *= alpha[u];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        uint cn = min((uint)TB, kend - j0);
+        for (uint cc = 0; cc < cn; cc++) {
+            ACC4 p = vload4(0, &pt[cc][4 * qg]);
+            lo[0] += p.x; lo[1] += p.y; lo[2] += p.z; lo[3] += p.w;
+            if (dg < D4) {
+                ACC4 vv = vs[cc][dg];
+                acc[0] = fma((ACC4)(p.x), vv, acc[0]);
+                acc[1] = fma((ACC4)(p.y), vv, acc[1]);
+                acc[2] = fma((ACC4)(p.z), vv, acc[2]);
+                acc[3] = fma((ACC4)(p.w), vv, acc[3]);
+            }
+        }
+    }
+    for (uint u = 0; u < 4; u++) {
+        uint i = i0 + 4 * qg + u;
+        if (i >= g.tq) break;
+        ACC inv = lo[u] > 0 ? 1 / lo[u] : 0;
+        if (dg < D4) store4(o, g.o_off + b * g.o_sb + h * g.o_sh + i * g.o_st, dg, acc[u] * inv);
+        if (dg == 0) lse[bh * g.tq + i] = lo[u] > 0 ? mo[u] + log(lo[u]) : (-INFINITY);
+    }
+}
+
 // dk and dv of a block of TB keys, summed over the H / Hkv query heads of their group. Stored as
 // dense (B, Tk, Hkv, D). Groups: B * Hkv * ceil(Tk / TB), TG items. delta from attention_bwd_dq_blocked.
 __kernel __attribute__((reqd_work_group_size(TG, 1, 1)))

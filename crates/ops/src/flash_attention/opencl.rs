@@ -17,7 +17,7 @@ const BQ: usize = 64;
 const BLOCK_ROWS: usize = 32;
 const BLOCK_GROUP: usize = 128;
 
-/// Whether the register-blocked backward takes head dim `d` in `dtype` on `device`: d <= 64 and
+/// Whether the register-blocked kernels (forward and backward) take head dim `d` in `dtype` on `device`: d <= 64 and
 /// its tiles (four blocks of rows, two of probabilities) in local memory.
 fn blocked_fits(device: &Device, dtype: DType, d: usize) -> bool {
     let rows = 4 * BLOCK_ROWS * (d + 4) + 2 * BLOCK_ROWS * (BLOCK_ROWS + 4) + 2 * BLOCK_ROWS;
@@ -186,14 +186,11 @@ pub(super) fn forward(desc: &FlashAttention, device: &Device) -> Result<(Tensor,
         d,
         dtype,
     };
-    kernels.run(
-        "attention_fwd",
-        &[&out, &lse, &q, &k, &v],
-        2,
-        d.b * d.h,
-        d.tq,
-        (BQ, BQ),
-    )?;
+    let (name, block) = match blocked_fits(device, dtype, d.d) {
+        true => ("attention_fwd_blocked", (BLOCK_ROWS, BLOCK_GROUP)),
+        false => ("attention_fwd", (BQ, BQ)),
+    };
+    kernels.run(name, &[&out, &lse, &q, &k, &v], 2, d.b * d.h, d.tq, block)?;
     Ok((out, lse))
 }
 
