@@ -231,9 +231,9 @@ def main():
             print(f"torch {name} bf16 autocast: {b * t / ms * 1e3:.0f} tokens/s")
             del model, opt
     if want("llama_gemm"):
-        # The f32 products of a Llama-110M step, 8192 tokens (netcl-bench --suite llama_gemm).
-        t, d, h, v = 8192, 768, 2048, 32000
-        for n, k in ((d, d), (h, d), (d, h), (v, d)):
+        # The f32 products of the Llama-110M and -15M steps, 8192 tokens (netcl-bench --suite llama_gemm).
+        t, v = 8192, 32000
+        for n, k in [s for d, h in ((768, 2048), (288, 768)) for s in ((d, d), (h, d), (d, h), (v, d))]:
             for layout, m, nn, kk in (("nt", t, n, k), ("nn", t, k, n), ("tn", n, k, t)):
                 ga = torch.randn(kk, m, device=dev).t() if layout == "tn" else torch.randn(m, kk, device=dev)
                 gb = torch.randn(nn, kk, device=dev).t() if layout == "nt" else torch.randn(kk, nn, device=dev)

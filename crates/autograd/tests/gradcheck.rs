@@ -564,9 +564,14 @@ fn attention_fused_and_composed_agree() {
         let run = |mask: Option<&Tensor>| {
             let tape = Tape::new();
             let v: Vec<Var> = inputs.iter().map(|x| tape.leaf(x).unwrap()).collect();
-            let before = netcl_kernels::thread_launches("attention_fwd");
+            // The fused forward: the streaming kernel or the register-blocked one.
+            let forwards = || {
+                netcl_kernels::thread_launches("attention_fwd")
+                    + netcl_kernels::thread_launches("attention_fwd_blocked")
+            };
+            let before = forwards();
             let y = Var::attention(&v[0], &v[1], &v[2], mask, true, None).unwrap();
-            let fused = netcl_kernels::thread_launches("attention_fwd") > before;
+            let fused = forwards() > before;
             let loss = y.mul(&y).unwrap().sum_all().unwrap();
             let grads = tape.backward(&loss).unwrap();
             let mut vals = vec![y.value().to_vec_f64().unwrap()];

@@ -251,16 +251,18 @@ impl Runner {
         })
     }
 
-    /// The f32 products of a Llama-110M training step (B 16 x T 512 = 8192 tokens): forward
-    /// `x·Wᵀ` (nt), the input gradient `dY·W` (nn) and the weight gradient `dYᵀ·X` (tn), named
-    /// `llama_gemm_{layout}_{M}x{N}x{K}`.
+    /// The f32 products of the Llama-110M and Llama-15M training steps (8192 tokens each: B 16
+    /// x T 512, B 32 x T 256): forward `x·Wᵀ` (nt), the input gradient `dY·W` (nn) and the
+    /// weight gradient `dYᵀ·X` (tn), named `llama_gemm_{layout}_{M}x{N}x{K}`.
     fn llama_gemm(&mut self) -> Result<()> {
-        let (t, d, h, v) = (8192, 768, 2048, 32000);
+        let (t, v) = (8192, 32000);
         let mut shapes = Vec::new();
-        for (n, k) in [(d, d), (h, d), (d, h), (v, d)] {
-            shapes.push(("nt", t, n, k));
-            shapes.push(("nn", t, k, n));
-            shapes.push(("tn", n, k, t));
+        for (d, h) in [(768, 2048), (288, 768)] {
+            for (n, k) in [(d, d), (h, d), (d, h), (v, d)] {
+                shapes.push(("nt", t, n, k));
+                shapes.push(("nn", t, k, n));
+                shapes.push(("tn", n, k, t));
+            }
         }
         for (layout, m, n, k) in shapes {
             let a = match layout {
