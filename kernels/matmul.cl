@@ -43,9 +43,6 @@ inline ACC activate(ACC v) { return v; }
 #define COL(j) (((j) / GWN) * (TX * GWN) + tx * GWN + (j) % GWN)  // column of register j
 #define A_PER ((BM * BK + NT - 1) / NT)  // tile elements each work-item stages
 #define B_PER ((BN * BK + NT - 1) / NT)
-#if A_PER > 32 || B_PER > 32
-#error "matmul.cl: a tile's staged elements per work-item (A_PER, B_PER) must be at most 32"
-#endif
 
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void MATMUL_KERNEL(__global T* c,           /* (batch, M, N) contiguous per batch: c[m * N + n] */
@@ -92,6 +89,21 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, N) contiguous per batc
     for (int r = 0; r < B_PER; ++r)                                                            \
         rb_next[r] = B_IN(r) ? LOAD(b, b_at[r] + (k0) * sbk) : (ACC)0;
 #else
+// Every check, recomputing the staged element's place (the last, partial step of K; and every
+// step where a work-item stages more than 32 elements, beyond the bit masks).
+#define FETCH_CHECKED(k0)                                                                      \
+    for (int r = 0; r < A_PER; ++r) {                                                          \
+        A_MK(r, mm, kk)                                                                        \
+        bool in = A_IN(r) && m0 + mm < M && (k0) + kk < K;                                     \
+        ra_next[r] = in ? LOAD(a, a_at[r] + (k0) * sak) : (ACC)0;                              \
+    }                                                                                          \
+    for (int r = 0; r < B_PER; ++r) {                                                          \
+        B_NK(r, nn, kk)                                                                        \
+        bool in = B_IN(r) && n0 + nn < N && (k0) + kk < K;                                     \
+        rb_next[r] = in ? LOAD(b, b_at[r] + (k0) * sbk) : (ACC)0;                              \
+    }
+#if A_PER <= 32 && B_PER <= 32
+#define MASKS
 #define A_OK(r) ((a_ok >> (r)) & 1u)
 #define B_OK(r) ((b_ok >> (r)) & 1u)
 #define FETCH(k0)                                                                              \
@@ -101,17 +113,11 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, N) contiguous per batc
         for (int r = 0; r < B_PER; ++r)                                                        \
             rb_next[r] = (B_IN(r) && B_OK(r)) ? LOAD(b, b_at[r] + (k0) * sbk) : (ACC)0;        \
     } else {                                                                                   \
-        for (int r = 0; r < A_PER; ++r) {                                                      \
-            A_MK(r, mm, kk)                                                                    \
-            bool in = A_IN(r) && A_OK(r) && (k0) + kk < K;                                     \
-            ra_next[r] = in ? LOAD(a, a_at[r] + (k0) * sak) : (ACC)0;                          \
-        }                                                                                      \
-        for (int r = 0; r < B_PER; ++r) {                                                      \
-            B_NK(r, nn, kk)                                                                    \
-            bool in = B_IN(r) && B_OK(r) && (k0) + kk < K;                                     \
-            rb_next[r] = in ? LOAD(b, b_at[r] + (k0) * sbk) : (ACC)0;                          \
-        }                                                                                      \
+        FETCH_CHECKED(k0)                                                                      \
     }
+#else
+#define FETCH(k0) FETCH_CHECKED(k0)
+#endif
 #endif
 #define STAGE()                                                                                \
     for (int r = 0; r < A_PER; ++r) {                                                          \
@@ -123,17 +129,26 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, N) contiguous per batc
         if (e_ < BN * BK) Bs[kk][nn] = rb_next[r];                                             \
     }
 
-    uint a_at[A_PER], b_at[B_PER], a_ok = 0, b_ok = 0;
+    uint a_at[A_PER], b_at[B_PER];
     for (int r = 0; r < A_PER; ++r) {
         A_MK(r, mm, kk)
         a_at[r] = o.y + (m0 + mm) * sam + kk * sak;
-        a_ok |= (uint)(m0 + mm < M) << r;
     }
     for (int r = 0; r < B_PER; ++r) {
         B_NK(r, nn, kk)
         b_at[r] = o.z + kk * sbk + (n0 + nn) * sbn;
+    }
+#ifdef MASKS
+    uint a_ok = 0, b_ok = 0;
+    for (int r = 0; r < A_PER; ++r) {
+        A_MK(r, mm, kk)
+        a_ok |= (uint)(m0 + mm < M) << r;
+    }
+    for (int r = 0; r < B_PER; ++r) {
+        B_NK(r, nn, kk)
         b_ok |= (uint)(n0 + nn < N) << r;
     }
+#endif
     FETCH(0)
     for (uint k0 = 0; k0 < K; k0 += BK) {
         STAGE()

@@ -180,6 +180,14 @@ fn one_dim_operands_sliced_views_and_explicit_tiles() {
                     wm: 8,
                     wn: 4,
                 },
+                // 64 staged elements per work-item: beyond the bit masks of in-range rows.
+                GemmTile {
+                    bm: 32,
+                    bn: 32,
+                    bk: 32,
+                    wm: 8,
+                    wn: 8,
+                },
             ] {
                 let opts = MatmulOptions {
                     tile: Some(tile),
