@@ -45,12 +45,13 @@ inline ACC activate(ACC v) { return v; }
 #define B_PER ((BN * BK + NT - 1) / NT)
 
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
-void MATMUL_KERNEL(__global T* c,           /* (batch, M, N) contiguous per batch: c[m * N + n] */
+void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per batch: c[m * ldc + c_col + n] */
             __global const T* a,     /* (batch, M, K): a[m * sam + k * sak] */
             __global const T* b,     /* (batch, K, N): b[k * sbk + n * sbn] */
-            __global const T* bias,  /* (N), read when has_bias */
+            __global const T* bias,  /* (ldc), read at c_col + n when has_bias */
             Layout batch,            /* batch dims: operand 0 = c, 1 = a, 2 = b */
-            uint M, uint N, uint K, uint sam, uint sak, uint sbk, uint sbn, uint has_bias) {
+            uint M, uint N, uint K, uint sam, uint sak, uint sbk, uint sbn, uint has_bias,
+            uint ldc, uint c_col) {  /* this launch: columns c_col .. c_col + N of C (and B) */
     __local ACC As[BK][BM + PAD] __attribute__((aligned(16)));
     __local ACC Bs[BK][BN + PAD] __attribute__((aligned(16)));
     const uint tx = get_local_id(0), ty = get_local_id(1);
@@ -136,7 +137,7 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, N) contiguous per batc
     }
     for (int r = 0; r < B_PER; ++r) {
         B_NK(r, nn, kk)
-        b_at[r] = o.z + kk * sbk + (n0 + nn) * sbn;
+        b_at[r] = o.z + kk * sbk + (c_col + n0 + nn) * sbn;
     }
 #ifdef MASKS
     uint a_ok = 0, b_ok = 0;
@@ -174,8 +175,8 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, N) contiguous per batc
             uint n = n0 + COL(j);
             if (n < N) {
                 ACC v = acc[i][j];
-                if (has_bias) v += LOAD(bias, n);
-                STORE(c, o.x + m * N + n, activate(v));
+                if (has_bias) v += LOAD(bias, c_col + n);
+                STORE(c, o.x + m * ldc + c_col + n, activate(v));
             }
         }
     }

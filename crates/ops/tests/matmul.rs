@@ -200,6 +200,34 @@ fn one_dim_operands_sliced_views_and_explicit_tiles() {
                     .unwrap();
                 check(&got, &want, DType::F32, 45, &format!("{tile:?} on {dev}"));
             }
+            // 39 columns in tiles of 16: 32 in two tiles, then a strip of 8-wide tiles, with the
+            // bias and the activation read and applied at the strip's columns.
+            let bias = random_tensor(DType::F32, &[39], -1.0, 1.0, 7);
+            let epilogue = |t: Option<GemmTile>, d: &Device| {
+                let opts = MatmulOptions {
+                    tile: t,
+                    bias: Some(&bias.to_device(d).unwrap()),
+                    activation: Activation::Relu,
+                };
+                let (xd, yd) = (x.to_device(d).unwrap(), y.to_device(d).unwrap());
+                xd.matmul_with(&yd, opts).unwrap()
+            };
+            let want = epilogue(None, &Device::host());
+            let tile = GemmTile {
+                bm: 16,
+                bn: 16,
+                bk: 8,
+                wm: 2,
+                wn: 2,
+            };
+            let got = epilogue(Some(tile), &dev);
+            check(
+                &got,
+                &want,
+                DType::F32,
+                45,
+                &format!("strip with bias on {dev}"),
+            );
             // Sizes that are multiples of the tile take the kernel without bounds checks.
             let (x, y) = (
                 random_tensor(DType::F32, &[64, 32], -1.0, 1.0, 10),

@@ -8,7 +8,7 @@ use crate::fused::activation::Activation;
 use crate::fused::expr::{Class, UnaryOp};
 use netcl_core_devices::{DType, Device, Error, Result};
 use netcl_kernels::sources::MATMUL;
-use netcl_kernels::{gemm_tile, program, Kernel, Source};
+use netcl_kernels::{gemm_tile, program, GemmTile, Kernel, Source};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
@@ -103,17 +103,21 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
         .unwrap_or_else(|| gemm_tile(device).fit(m, n, numel(batch), cus));
     let acc_bytes = if a.dtype == DType::F64 { 8 } else { 4 };
     tile.check(device, acc_bytes)?;
-    let aligned =
-        m % tile.bm as usize == 0 && n % tile.bn as usize == 0 && k % tile.bk as usize == 0;
-    let options = format!(
-        "{} {} -DMATMUL_KERNEL={MATMUL_KERNEL} -DGEMV_KERNEL={GEMV_KERNEL}{}",
-        a.dtype.build_option(),
-        tile.options(),
-        if aligned { " -DALIGNED" } else { "" }
-    );
     let source = matmul_source(MATMUL, opts.activation, Class::of(a.dtype));
+    // The program for tile `t` over `width` columns (aligned when the tile divides every dim).
     // Looked up only on the paths that launch from it (split-K recurses instead).
-    let build = || program(device, &source, &options);
+    let build_for = |t: &GemmTile, width: usize| {
+        let aligned =
+            m % t.bm as usize == 0 && width % t.bn as usize == 0 && k % t.bk as usize == 0;
+        let options = format!(
+            "{} {} -DMATMUL_KERNEL={MATMUL_KERNEL} -DGEMV_KERNEL={GEMV_KERNEL}{}",
+            a.dtype.build_option(),
+            t.options(),
+            if aligned { " -DALIGNED" } else { "" }
+        );
+        program(device, &source, &options)
+    };
+    let build = || build_for(&tile, n);
     let u = |x: usize| x as u32;
     let strides = [sam, sak, sbk, sbn];
     if let (None, Some(which)) = (opts.tile, cpu_gemm(device, a.dtype, [m, k], strides)) {
@@ -166,26 +170,47 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
         tc::launch(kind, &out, a, b, batch, opts)?;
         return Ok(out);
     }
-    let [tx, ty] = tile.local();
-    let groups_n = n.div_ceil(tile.bn as usize);
-    let groups_m = m.div_ceil(tile.bm as usize);
-    let mut kern = Kernel::new(&build()?, MATMUL_KERNEL)?;
-    kern.arg_mem(out.mem()?)?
-        .arg_mem(a.mem()?)?
-        .arg_mem(b.mem()?)?
-        .arg_mem(opts.bias.map_or_else(|| out.mem(), |t| t.mem())?)?
-        .arg(&layout)?;
-    for v in [m, n, k, sam, sak, sbk, sbn] {
-        kern.arg(&u(v))?;
+    // Columns a tile would cover unevenly, up to half a tile (288 = 2 x 128 + 32): a strip of
+    // narrower tiles after the rest, so no tile is mostly empty and the rest builds aligned.
+    let rem = n % tile.bn as usize;
+    let strips = if rem > 0 && n > rem && 2 * rem <= tile.bn as usize {
+        let bn = (rem.next_power_of_two().max(8)) as u32;
+        let strip = GemmTile {
+            bn,
+            wn: tile.wn.min(4).min(bn),
+            ..tile
+        };
+        match strip.check(device, acc_bytes) {
+            Ok(()) => vec![(0, n - rem, tile), (n - rem, rem, strip)],
+            Err(_) => vec![(0, n, tile)],
+        }
+    } else {
+        vec![(0, n, tile)]
+    };
+    for (col, width, t) in strips {
+        let [tx, ty] = t.local();
+        let groups_n = width.div_ceil(t.bn as usize);
+        let groups_m = m.div_ceil(t.bm as usize);
+        let mut kern = Kernel::new(&build_for(&t, width)?, MATMUL_KERNEL)?;
+        kern.arg_mem(out.mem()?)?
+            .arg_mem(a.mem()?)?
+            .arg_mem(b.mem()?)?
+            .arg_mem(opts.bias.map_or_else(|| out.mem(), |t| t.mem())?)?
+            .arg(&layout)?;
+        for v in [m, width, k, sam, sak, sbk, sbn] {
+            kern.arg(&u(v))?;
+        }
+        kern.arg(&u(opts.bias.is_some() as usize))?;
+        kern.arg(&u(n))?.arg(&u(col))?;
+        // A once, this launch's columns of B and C (and the bias); a multiply and an add per
+        // (batch, m, column, k).
+        let elems = a.numel() + (k + m) * width * numel(batch) + opts.bias.map_or(0, |_| width);
+        kern.declare(
+            (elems * a.dtype.size()) as u64,
+            2 * (numel(batch) * m * width * k) as u64,
+        );
+        kern.launch(&[groups_n * tx, groups_m * ty, numel(batch)], &[tx, ty, 1])?;
     }
-    kern.arg(&u(opts.bias.is_some() as usize))?;
-    // A, B and C once each (and the bias); a multiply and an add per (batch, m, n, k).
-    let elems = a.numel() + b.numel() + numel(&shape) + opts.bias.map_or(0, |_| n);
-    kern.declare(
-        (elems * a.dtype.size()) as u64,
-        2 * (numel(batch) * m * n * k) as u64,
-    );
-    kern.launch(&[groups_n * tx, groups_m * ty, numel(batch)], &[tx, ty, 1])?;
     Ok(out)
 }
 
