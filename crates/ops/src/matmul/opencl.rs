@@ -107,8 +107,9 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
     // The program for tile `t` over `width` columns (aligned when the tile divides every dim).
     // Looked up only on the paths that launch from it (split-K recurses instead).
     let build_for = |t: &GemmTile, width: usize| {
-        let aligned =
-            m % t.bm as usize == 0 && width % t.bn as usize == 0 && k % t.bk as usize == 0;
+        let aligned = m.is_multiple_of(t.bm as usize)
+            && width.is_multiple_of(t.bn as usize)
+            && k.is_multiple_of(t.bk as usize);
         let options = format!(
             "{} {} -DMATMUL_KERNEL={MATMUL_KERNEL} -DGEMV_KERNEL={GEMV_KERNEL}{}",
             a.dtype.build_option(),
