@@ -77,7 +77,8 @@ struct DecodeAttention {
 impl_op!(DecodeAttention, Tensor, "decode_attention", attention);
 
 impl DecodeGemv {
-    fn new(op: &str, x: &Tensor, norm: Option<&RmsScale>, weights: &[&Tensor]) -> Result<Self> {
+    /// Error unless x (B, K), the norm's weight (K) and the weights (N_i, K) fit `op`.
+    fn check(op: &str, x: &Tensor, norm: Option<&RmsScale>, weights: &[&Tensor]) -> Result<()> {
         let mut all = vec![x];
         all.extend(weights);
         all.extend(norm.map(|n| &n.weight));
@@ -111,18 +112,23 @@ impl DecodeGemv {
                 ));
             }
         }
-        Ok(DecodeGemv {
+        Ok(())
+    }
+
+    /// The checked GEMV of `x` by `weights` with `epilogue`, on x's device.
+    fn run(
+        x: &Tensor,
+        norm: Option<&RmsScale>,
+        weights: &[&Tensor],
+        epilogue: Epilogue,
+    ) -> Result<Tensor> {
+        let desc = DecodeGemv {
             x: x.clone(),
             norm: norm.cloned(),
             weights: weights.iter().map(|&w| w.clone()).collect(),
-            epilogue: Epilogue::SwiGlu,
-        })
-    }
-
-    fn run(mut self, epilogue: Epilogue) -> Result<Tensor> {
-        self.epilogue = epilogue;
-        let device = self.x.device.clone();
-        dispatch(&device, &self)
+            epilogue,
+        };
+        dispatch(&x.device, &desc)
     }
 }
 
@@ -165,7 +171,7 @@ impl Tensor {
         residual: Option<&Tensor>,
     ) -> Result<Tensor> {
         let op = "decode_linear";
-        let desc = DecodeGemv::new(op, self, norm, &[w])?;
+        DecodeGemv::check(op, self, norm, &[w])?;
         if let Some(r) = residual {
             same_float(op, &[self, r])?;
             if r.shape != [self.shape[0], w.shape[0]] {
@@ -178,7 +184,7 @@ impl Tensor {
                 ));
             }
         }
-        desc.run(Epilogue::Plain(residual.cloned()))
+        DecodeGemv::run(self, norm, &[w], Epilogue::Plain(residual.cloned()))
     }
 
     /// `silu(norm(x) · gateᵀ) * (norm(x) · upᵀ)` for rows x (B, K), gate and up (N, K): one
@@ -190,14 +196,14 @@ impl Tensor {
         up: &Tensor,
     ) -> Result<Tensor> {
         let op = "decode_swiglu";
-        let desc = DecodeGemv::new(op, self, norm, &[gate, up])?;
+        DecodeGemv::check(op, self, norm, &[gate, up])?;
         if gate.shape != up.shape {
             return Err(Error::shape(
                 op,
                 format!("gate {:?} and up {:?} differ", gate.shape, up.shape),
             ));
         }
-        desc.run(Epilogue::SwiGlu)
+        DecodeGemv::run(self, norm, &[gate, up], Epilogue::SwiGlu)
     }
 
     /// One token's attention inputs in one kernel: `q = rope(norm(x) · wqᵀ)` is returned (B,
@@ -212,7 +218,7 @@ impl Tensor {
         kv: &KvWrite,
     ) -> Result<Tensor> {
         let op = "decode_qkv";
-        let desc = DecodeGemv::new(op, self, norm, &[wq, wk, wv])?;
+        DecodeGemv::check(op, self, norm, &[wq, wk, wv])?;
         check_cache(op, self, &kv.k_cache, "k_cache")?;
         check_cache(op, self, &kv.v_cache, "v_cache")?;
         let cs = &kv.k_cache.shape;
@@ -257,7 +263,8 @@ impl Tensor {
                 ));
             }
         }
-        desc.run(Epilogue::Qkv(Box::new(kv.clone())))
+        let epilogue = Epilogue::Qkv(Box::new(kv.clone()));
+        DecodeGemv::run(self, norm, &[wq, wk, wv], epilogue)
     }
 
     /// Attention of one query per row over a KV cache: q (B, H·hd) against keys and values
