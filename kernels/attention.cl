@@ -309,10 +309,12 @@ inline void load_rows(__local ACC4 (*t)[DP4], __global const T* p, uint base, ui
     }
 }
 
-// The 2 x 4 tile of work-item lid: s = q·k and dp = do·v for queries qr + 16v (v < 2) of qs and
-// ds, keys kc + 8u (u < 4) of ks and vs, with qr = lid / 8, kc = lid % 8.
+// The 2 x 4 tile of work-item lid: s = q·k, and with want_dp dp = do·v, for queries qr + 16v
+// (v < 2) of qs and ds, keys kc + 8u (u < 4) of ks and vs, with qr = lid / 8, kc = lid % 8
+// (without want_dp, ds and vs are not read).
 inline void score_tile(__local ACC4 (*qs)[DP4], __local ACC4 (*ds)[DP4], __local ACC4 (*ks)[DP4],
-                       __local ACC4 (*vs)[DP4], uint lid, ACC s[2][4], ACC dp[2][4]) {
+                       __local ACC4 (*vs)[DP4], uint lid, const bool want_dp, ACC s[2][4],
+                       ACC dp[2][4]) {
     uint qr = lid / 8, kc = lid % 8;
     ACC4 s4[2][4], d4[2][4];
     for (uint w = 0; w < 2; w++)
@@ -320,17 +322,28 @@ inline void score_tile(__local ACC4 (*qs)[DP4], __local ACC4 (*ds)[DP4], __local
     #pragma unroll
     for (uint c = 0; c < D4; c++) {
         ACC4 kk[4], vv[4];
-        for (uint u = 0; u < 4; u++) { kk[u] = ks[kc + 8 * u][c]; vv[u] = vs[kc + 8 * u][c]; }
+        for (uint u = 0; u < 4; u++) {
+            kk[u] = ks[kc + 8 * u][c];
+            if (want_dp) vv[u] = vs[kc + 8 * u][c];
+        }
         for (uint w = 0; w < 2; w++) {
-            ACC4 qv = qs[qr + 16 * w][c], dv = ds[qr + 16 * w][c];
-            for (uint u = 0; u < 4; u++) {
-                s4[w][u] = fma(qv, kk[u], s4[w][u]);
-                d4[w][u] = fma(dv, vv[u], d4[w][u]);
-            }
+            ACC4 qv = qs[qr + 16 * w][c];
+            for (uint u = 0; u < 4; u++) s4[w][u] = fma(qv, kk[u], s4[w][u]);
+            if (!want_dp) continue;
+            ACC4 dv = ds[qr + 16 * w][c];
+            for (uint u = 0; u < 4; u++) d4[w][u] = fma(dv, vv[u], d4[w][u]);
         }
     }
     for (uint w = 0; w < 2; w++)
         for (uint u = 0; u < 4; u++) { s[w][u] = hsum(s4[w][u]); dp[w][u] = hsum(d4[w][u]); }
+}
+
+// acc[u] += p.u * v for the four rows u of a 4 x 4 update tile.
+inline void rank1_4(ACC4 acc[4], ACC4 p, ACC4 v) {
+    acc[0] = fma((ACC4)(p.x), v, acc[0]);
+    acc[1] = fma((ACC4)(p.y), v, acc[1]);
+    acc[2] = fma((ACC4)(p.z), v, acc[2]);
+    acc[3] = fma((ACC4)(p.w), v, acc[3]);
 }
 
 // Whether query i sees key j (both in range).
@@ -366,24 +379,13 @@ void attention_fwd_blocked(__global T* o, __global ACC* lse, __global const T* q
         load_rows(ks, k, g.k_off + b * g.k_sb + hk * g.k_sh, g.k_st, j0, g.tk, (ACC)1, lid);
         load_rows(vs, v, g.v_off + b * g.v_sb + hk * g.v_sh, g.v_st, j0, g.tk, (ACC)1, lid);
         barrier(CLK_LOCAL_MEM_FENCE);
-        ACC4 s4[2][4];
-        for (uint w = 0; w < 2; w++)
-            for (uint u = 0; u < 4; u++) s4[w][u] = (ACC4)(0);
-        #pragma unroll
-        for (uint c = 0; c < D4; c++) {
-            ACC4 kk[4];
-            for (uint u = 0; u < 4; u++) kk[u] = ks[kc + 8 * u][c];
-            for (uint w = 0; w < 2; w++) {
-                ACC4 qv = qs[qr + 16 * w][c];
-                for (uint u = 0; u < 4; u++) s4[w][u] = fma(qv, kk[u], s4[w][u]);
-            }
-        }
-        ACC s[2][4];
+        ACC s[2][4], unused[2][4];
+        score_tile(qs, qs, ks, ks, lid, false, s, unused);
         for (uint w = 0; w < 2; w++) {
             uint rr = qr + 16 * w;
             ACC mx = -INFINITY;
             for (uint u = 0; u < 4; u++) {
-                s[w][u] = sees(&g, i0 + rr, j0 + kc + 8 * u) ? hsum(s4[w][u]) : (-INFINITY);
+                if (!sees(&g, i0 + rr, j0 + kc + 8 * u)) s[w][u] = -INFINITY;
                 mx = fmax(mx, s[w][u]);
             }
             red[rr][kc] = mx;
@@ -411,11 +413,7 @@ void attention_fwd_blocked(__global T* o, __global ACC* lse, __global const T* q
             ACC4 p = vload4(0, &pt[cc][4 * qg]);
             lo[0] += p.x; lo[1] += p.y; lo[2] += p.z; lo[3] += p.w;
             if (dg < D4) {
-                ACC4 vv = vs[cc][dg];
-                acc[0] = fma((ACC4)(p.x), vv, acc[0]);
-                acc[1] = fma((ACC4)(p.y), vv, acc[1]);
-                acc[2] = fma((ACC4)(p.z), vv, acc[2]);
-                acc[3] = fma((ACC4)(p.w), vv, acc[3]);
+                rank1_4(acc, p, vs[cc][dg]);
             }
         }
     }
@@ -463,7 +461,7 @@ void attention_bwd_dkdv(__global T* dk, __global T* dv, __global const T* q, __g
             }
             barrier(CLK_LOCAL_MEM_FENCE);
             ACC s[2][4], dp[2][4];
-            score_tile(qs, ds, ks, vs, lid, s, dp);
+            score_tile(qs, ds, ks, vs, lid, true, s, dp);
             for (uint w = 0; w < 2; w++) {
                 uint rr = qr + 16 * w;
                 ACC li = ls[rr], dl = dls[rr];
@@ -481,14 +479,8 @@ void attention_bwd_dkdv(__global T* dk, __global T* dv, __global const T* q, __g
                 for (uint rr = 0; rr < rn; rr++) {
                     ACC4 p = vload4(0, &pm[rr][4 * kg]), dsr = vload4(0, &sm[rr][4 * kg]);
                     ACC4 o = ds[rr][dg], qv = qs[rr][dg];
-                    adv[0] = fma((ACC4)(p.x), o, adv[0]);
-                    adv[1] = fma((ACC4)(p.y), o, adv[1]);
-                    adv[2] = fma((ACC4)(p.z), o, adv[2]);
-                    adv[3] = fma((ACC4)(p.w), o, adv[3]);
-                    adk[0] = fma((ACC4)(dsr.x), qv, adk[0]);
-                    adk[1] = fma((ACC4)(dsr.y), qv, adk[1]);
-                    adk[2] = fma((ACC4)(dsr.z), qv, adk[2]);
-                    adk[3] = fma((ACC4)(dsr.w), qv, adk[3]);
+                    rank1_4(adv, p, o);
+                    rank1_4(adk, dsr, qv);
                 }
             }
         }
@@ -548,7 +540,7 @@ void attention_bwd_dq_blocked(__global T* dq, __global ACC* delta, __global cons
         load_rows(vs, v, g.v_off + b * g.v_sb + hk * g.v_sh, g.v_st, j0, g.tk, (ACC)1, lid);
         barrier(CLK_LOCAL_MEM_FENCE);
         ACC s[2][4], dp[2][4];
-        score_tile(qs, ds, ks, vs, lid, s, dp);
+        score_tile(qs, ds, ks, vs, lid, true, s, dp);
         for (uint w = 0; w < 2; w++) {
             uint rr = qr + 16 * w;
             ACC li = ls[rr], dl = dls[rr];
@@ -563,10 +555,7 @@ void attention_bwd_dq_blocked(__global T* dq, __global ACC* delta, __global cons
             uint cn = min((uint)TB, kend - j0);
             for (uint cc = 0; cc < cn; cc++) {
                 ACC4 d = vload4(0, &st[cc][4 * qg]), kv = ks[cc][dg];
-                adq[0] = fma((ACC4)(d.x), kv, adq[0]);
-                adq[1] = fma((ACC4)(d.y), kv, adq[1]);
-                adq[2] = fma((ACC4)(d.z), kv, adq[2]);
-                adq[3] = fma((ACC4)(d.w), kv, adq[3]);
+                rank1_4(adq, d, kv);
             }
         }
     }

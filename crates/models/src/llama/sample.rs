@@ -216,15 +216,15 @@ pub fn generate(
     let mut last = logits_after(&Tensor::from_vec(ids, &[b, longest], dev)?, true)?;
     for step in 0..steps {
         let more = step + 1 < steps;
-        let (next, queued) = match sampler.sampling {
+        // The tokens, the same ids on the device (greedy), and the next logits when queued.
+        let (next, picked, queued) = match sampler.sampling {
             Sampling::Greedy => {
                 let picked = last.argmax(&[1], false)?.reshape(&[b, 1])?;
                 let read = picked.read_async()?;
                 let queued = (more && fast)
                     .then(|| logits_after(&picked, false))
                     .transpose()?;
-                let next = read.wait::<i32>()?;
-                (next, queued)
+                (read.wait::<i32>()?, Some(picked), queued)
             }
             Sampling::Random { .. } => {
                 let rows = last.to_dtype(netcl_ops::DType::F32)?.to_vec::<f32>()?;
@@ -232,7 +232,7 @@ pub fn generate(
                 let next = (0..b)
                     .map(|r| sampler.sample(&rows[r * v..(r + 1) * v]) as i32)
                     .collect();
-                (next, None)
+                (next, None, None)
             }
         };
         for (r, &tok) in next.iter().enumerate() {
@@ -245,9 +245,10 @@ pub fn generate(
         if done.iter().all(|&d| d) || !more {
             break;
         }
-        last = match queued {
-            Some(logits) => logits,
-            None => logits_after(&Tensor::from_vec(next, &[b, 1], dev)?, false)?,
+        last = match (queued, picked) {
+            (Some(logits), _) => logits,
+            (None, Some(ids)) => logits_after(&ids, false)?,
+            (None, None) => logits_after(&Tensor::from_vec(next, &[b, 1], dev)?, false)?,
         };
     }
     Ok(out)
