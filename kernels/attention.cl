@@ -309,6 +309,14 @@ inline void load_rows(__local ACC4 (*t)[DP4], __global const T* p, uint base, ui
     }
 }
 
+// Keys and values [j0, j0 + TB) of (b, kv head hk) into ks and vs.
+inline void load_kv_rows(__local ACC4 (*ks)[DP4], __local ACC4 (*vs)[DP4], __global const T* k,
+                         __global const T* v, const AttnGeom* g, uint b, uint hk, uint j0,
+                         uint lid) {
+    load_rows(ks, k, g->k_off + b * g->k_sb + hk * g->k_sh, g->k_st, j0, g->tk, (ACC)1, lid);
+    load_rows(vs, v, g->v_off + b * g->v_sb + hk * g->v_sh, g->v_st, j0, g->tk, (ACC)1, lid);
+}
+
 // The 2 x 4 tile of work-item lid: s = q·k, and with want_dp dp = do·v, for queries qr + 16v
 // (v < 2) of qs and ds, keys kc + 8u (u < 4) of ks and vs, with qr = lid / 8, kc = lid % 8
 // (without want_dp, ds and vs are not read).
@@ -376,8 +384,7 @@ void attention_fwd_blocked(__global T* o, __global ACC* lse, __global const T* q
     uint kend = visible(&g, min(i0 + TB - 1, g.tq - 1));
     for (uint j0 = 0; j0 < kend; j0 += TB) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        load_rows(ks, k, g.k_off + b * g.k_sb + hk * g.k_sh, g.k_st, j0, g.tk, (ACC)1, lid);
-        load_rows(vs, v, g.v_off + b * g.v_sb + hk * g.v_sh, g.v_st, j0, g.tk, (ACC)1, lid);
+        load_kv_rows(ks, vs, k, v, &g, b, hk, j0, lid);
         barrier(CLK_LOCAL_MEM_FENCE);
         ACC s[2][4], unused[2][4];
         score_tile(qs, qs, ks, ks, lid, false, s, unused);
@@ -439,8 +446,7 @@ void attention_bwd_dkdv(__global T* dk, __global T* dv, __global const T* q, __g
     uint grp = get_group_id(0), kb = grp % nkb, bhk = grp / nkb;
     uint hk = bhk % g.kv_heads, b = bhk / g.kv_heads, rep = g.heads / g.kv_heads;
     uint lid = get_local_id(0), j0 = kb * TB;
-    load_rows(ks, k, g.k_off + b * g.k_sb + hk * g.k_sh, g.k_st, j0, g.tk, (ACC)1, lid);
-    load_rows(vs, v, g.v_off + b * g.v_sb + hk * g.v_sh, g.v_st, j0, g.tk, (ACC)1, lid);
+    load_kv_rows(ks, vs, k, v, &g, b, hk, j0, lid);
     uint qr = lid / 8, kc = lid % 8;  // the score tile's queries and keys
     uint kg = lid % 8, dg = lid / 8;  // the update's keys kg * 4 + u and dims 4 dg .. 4 dg + 3
     ACC4 adk[4], adv[4];
@@ -536,8 +542,7 @@ void attention_bwd_dq_blocked(__global T* dq, __global ACC* delta, __global cons
     uint kend = visible(&g, min(i0 + TB - 1, g.tq - 1));
     for (uint j0 = 0; j0 < kend; j0 += TB) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        load_rows(ks, k, g.k_off + b * g.k_sb + hk * g.k_sh, g.k_st, j0, g.tk, (ACC)1, lid);
-        load_rows(vs, v, g.v_off + b * g.v_sb + hk * g.v_sh, g.v_st, j0, g.tk, (ACC)1, lid);
+        load_kv_rows(ks, vs, k, v, &g, b, hk, j0, lid);
         barrier(CLK_LOCAL_MEM_FENCE);
         ACC s[2][4], dp[2][4];
         score_tile(qs, ds, ks, vs, lid, true, s, dp);
