@@ -18,9 +18,20 @@ typedef struct {
     uint K, B, n0, n1;         // x (B, K); w0 (n0, K); w1 (n1, K)
     uint units, mode, team;    // units in the grid; EPI_*; work-items per unit
     uint has_norm, has_res;
-    uint hd, smax, at;         // QKV: head dim, cache length, the position written
+    uint hd, smax;             // QKV: head dim, cache length
     uint has_pads, halves, use_table;
+    int code;                  // QKV: op code for the error record
 } GemvArgs;
+
+// The cache position of this step's token, read from the device (so a replayed step needs no new
+// arguments): pos[0] when in [0, smax), else reported in the error record (once, by the first
+// work-item) and -1.
+inline int decode_position(__global const int* pos, uint smax, __global int* err, int code) {
+    int at = pos[0];
+    if (at >= 0 && (uint)at < smax) return at;
+    if (get_global_id(0) == 0 && get_global_id(1) == 0) report_index(err, code, 0, at, smax);
+    return -1;
+}
 
 // The two rows of unit u: matrix (0..2) and row of each; *second is 0 when the unit has one row.
 inline void gemv_rows(uint u, uint mode, uint n0, uint n1, uint hd, uint halves,
@@ -60,10 +71,12 @@ void decode_gemv(__global T* y,               /* PLAIN, SWIGLU: (B, n0 or N); QK
                  __global T* vc,              /* QKV: (B, n2 / hd, smax, hd) value cache, written at position at */
                  __global const int* pads,    /* (B) left padding: row b's RoPE position is at - pads[b] (has_pads) */
                  __global const ACC* inv_freq,/* (hd / 2) pair frequencies when use_table */
+                 __global const int* step,    /* QKV: (1) the cache position written */
+                 __global int* err,           /* QKV: (4) the device's error record */
                  GemvArgs a, ACC eps, ACC theta) {
     __local ACC part[3 * GEMV_MAXB * GEMV_GROUP];
     uint K = a.K, B = a.B, n0 = a.n0, n1 = a.n1, units = a.units, team = a.team, hd = a.hd;
-    uint smax = a.smax, at = a.at, mode = a.mode, halves = a.halves;
+    uint smax = a.smax, mode = a.mode, halves = a.halves;
     uint has_norm = a.has_norm, has_res = a.has_res, has_pads = a.has_pads, use_table = a.use_table;
     uint lid = get_local_id(0), t = lid % team, base = lid - t;
     uint u = (get_group_id(0) * GEMV_GROUP + lid) / team;
@@ -138,11 +151,13 @@ void decode_gemv(__global T* y,               /* PLAIN, SWIGLU: (B, n0 or N); QK
     } else if (mode == EPI_SWIGLU) {
         STORE(y, (size_t)row * n0 + r0, v0 / ((ACC)1 + exp(-v0)) * v1);
     } else {
+        int at = decode_position(step, smax, err, a.code);
+        if (at < 0) return;
         uint pairs = hd / 2;
         if (m < 2) {
             // RoPE as rope.cl computes it: a = pos * inv_freq, or pos / theta^(2i / hd).
             uint i = (halves ? r0 : r0 / 2) % pairs;
-            uint pos = at - (has_pads ? (uint)pads[row] : 0u);
+            uint pos = (uint)at - (has_pads ? (uint)pads[row] : 0u);
             ACC freq = use_table ? inv_freq[i] : (ACC)1 / pow(theta, (ACC)(2 * i) / (ACC)(2 * pairs));
             ACC a = (ACC)pos * freq;
             ACC cs = cos(a), sn = sin(a);
@@ -156,7 +171,7 @@ void decode_gemv(__global T* y,               /* PLAIN, SWIGLU: (B, n0 or N); QK
         } else {
             // (head, position at) of this row's cache: heads = n1 / hd (keys and values alike).
             uint head = r0 / hd;
-            size_t o = (((size_t)row * (n1 / hd) + head) * smax + at) * hd;
+            size_t o = (((size_t)row * (n1 / hd) + head) * smax + (uint)at) * hd;
             __global T* cache = m == 1 ? kc : vc;
             STORE(cache, o + r0 % hd, v0);
             STORE(cache, o + r1 % hd, v1);
@@ -167,7 +182,7 @@ void decode_gemv(__global T* y,               /* PLAIN, SWIGLU: (B, n0 or N); QK
 #define ATT_GROUP 256
 #define ATT_MAX_HD 256
 
-// One query per (batch row, head) over keys pads[b] .. len - 1 of the cache: one work-group each.
+// One query per (batch row, head) over keys pads[b] .. pos[0] of the cache: one work-group each.
 // Keys are scored a chunk of ATT_GROUP at a time (one per work-item); then groups of hd / 4
 // work-items (hd when hd is not a multiple of 4) each take every group-th key of the chunk and
 // accumulate four dims of its value row per work-item (online softmax across chunks); the
@@ -178,9 +193,13 @@ void decode_attention(__global T* o,            /* (B, H * hd) */
                       __global const T* kc,     /* (B, Hkv, smax, hd) */
                       __global const T* vc,     /* (B, Hkv, smax, hd) */
                       __global const int* pads, /* (B) keys before pads[b] are hidden (has_pads) */
-                      uint8 a,                  /* H, Hkv, hd, smax, len (keys 0..len-1), has_pads */
+                      __global const int* step, /* (1) this token's position: keys 0..pos[0] */
+                      __global int* err,        /* (4) the device's error record */
+                      uint8 a,                  /* H, Hkv, hd, smax, has_pads, error code */
                       ACC scale) {
-    uint H = a.s0, Hkv = a.s1, hd = a.s2, smax = a.s3, len = a.s4, has_pads = a.s5;
+    uint H = a.s0, Hkv = a.s1, hd = a.s2, smax = a.s3, has_pads = a.s4;
+    int at = decode_position(step, smax, err, (int)a.s5);
+    uint len = at < 0 ? 0u : (uint)at + 1;
     __local ACC qs[ATT_MAX_HD];
     __local ACC p[ATT_GROUP];
     __local ACC red[ATT_GROUP];
@@ -253,9 +272,9 @@ void decode_attention(__global T* o,            /* (B, H * hd) */
         v += sums[gi * per_row + col];
     }
     v = total > (ACC)0 ? v / total : (ACC4)((ACC)0);
-    size_t at = ((size_t)b * H + h) * hd;
-    if (vec) STORE4(o + at, col, v);
-    else STORE(o, at + col, v.x);
+    size_t oi = ((size_t)b * H + h) * hd;
+    if (vec) STORE4(o + oi, col, v);
+    else STORE(o, oi + col, v.x);
 }
 
 #endif

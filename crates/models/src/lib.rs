@@ -5,4 +5,6 @@
 //! every model uses.
 pub mod llama;
 
-pub use llama::{generate, KvCache, Llama, LlamaConfig, Positions, RopeScaling, Sampler, Sampling};
+pub use llama::{
+    generate, DecodeGraph, KvCache, Llama, LlamaConfig, Positions, RopeScaling, Sampler, Sampling,
+};

@@ -139,6 +139,56 @@ fn fused_decoding_gives_the_full_forward_logits() {
 }
 
 #[test]
+fn a_replayed_decode_step_gives_the_eager_steps_logits() {
+    // Two caches fed the same tokens: one decoded eagerly, one by a captured step replayed for
+    // each later token; padded rows (the position comes from the device at each replay).
+    const T: usize = 9;
+    let cfg = LlamaConfig::tiny(50);
+    for dev in test_devices()
+        .unwrap()
+        .into_iter()
+        .filter(|d| d.is_opencl())
+    {
+        let model = Llama::new(cfg.clone(), &dev, &mut Generator::new(6)).unwrap();
+        let seq = tokens(2 * T, 50, 8);
+        let tape = Tape::no_grad();
+        let pads = Tensor::from_vec(vec![0i32, 1], &[2], &dev).unwrap();
+        let caches = [(); 2].map(|_| KvCache::new(&cfg, 2, &dev).unwrap());
+        for cache in &caches {
+            let prefill: Vec<i32> = (0..2)
+                .flat_map(|b| seq[b * T..b * T + 2].to_vec())
+                .collect();
+            model
+                .logits(&tape, &ids(&prefill, 2, &dev), None, Some(cache), None)
+                .unwrap();
+        }
+        let step = |p: usize| Tensor::from_vec(vec![seq[p], seq[T + p]], &[2], &dev).unwrap();
+        let eager = model.decode(&step(2), &caches[0], Some(&pads)).unwrap();
+        let (mut graph, first) = model
+            .capture_decode(&step(2), &caches[1], Some(&pads))
+            .unwrap();
+        assert_eq!(graph.graph().stats().kernels, 5 * cfg.n_layers + 3);
+        let same = |a: &Tensor, b: &Tensor, p: usize| {
+            assert_eq!(
+                a.to_vec::<f32>().unwrap(),
+                b.to_vec::<f32>().unwrap(),
+                "{dev} position {p}"
+            )
+        };
+        same(&eager, &first, 2);
+        for p in 3..T {
+            let eager = model.decode(&step(p), &caches[0], Some(&pads)).unwrap();
+            let replayed = graph.step(&step(p), &caches[1]).unwrap();
+            same(&eager, &replayed, p);
+        }
+        assert_eq!(caches[1].len(), T);
+        assert_eq!(caches[1].position().to_vec::<i32>().unwrap(), [T as i32]);
+        let e = graph.step(&step(1), &caches[0]).unwrap_err().to_string();
+        assert!(e.contains("not the one"), "{e}");
+    }
+}
+
+#[test]
 fn batched_padded_generation_equals_one_prompt_at_a_time() {
     let cfg = LlamaConfig::tiny(40);
     for dev in test_devices().unwrap() {

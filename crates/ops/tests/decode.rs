@@ -111,7 +111,7 @@ fn decode_qkv_rotates_and_writes_the_caches_like_the_composed_ops() {
                     let write = |d: &Device| KvWrite {
                         k_cache: rand(dtype, &[b, hkv, s, hd], 6).to_device(d).unwrap(),
                         v_cache: rand(dtype, &[b, hkv, s, hd], 7).to_device(d).unwrap(),
-                        at,
+                        pos: position(at, d),
                         pads: Some(Tensor::from_vec(vec![0i32, 2, 5], &[b], d).unwrap()),
                         style,
                         freqs: freqs(d),
@@ -156,11 +156,12 @@ fn decode_attention_matches_the_host_softmax() {
                 .unwrap();
                 for use_pads in [false, true] {
                     let p = use_pads.then_some(&pads);
-                    let want = q.decode_attention(&kc, &vc, len, p, h).unwrap();
+                    let at = position(len - 1, &Device::host());
+                    let want = q.decode_attention(&kc, &vc, &at, p, h).unwrap();
                     let on = |t: &Tensor| t.to_device(&dev).unwrap();
                     let pd = use_pads.then(|| on(&pads));
                     let got = on(&q)
-                        .decode_attention(&on(&kc), &on(&vc), len, pd.as_ref(), h)
+                        .decode_attention(&on(&kc), &on(&vc), &on(&at), pd.as_ref(), h)
                         .unwrap();
                     close(
                         &got,
@@ -183,23 +184,29 @@ fn decode_ops_reject_bad_input_naming_the_values() {
     let cache = Tensor::zeros(&[2, 1, 4, 8], DType::F32, &dev).unwrap();
     let q = rand(DType::F32, &[2, 16], 3);
     let e = q
-        .decode_attention(&cache, &cache, 5, None, 2)
+        .decode_attention(&cache, &cache, &position(4, &dev), None, 2)
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("decode_attention") && e.contains("5 keys"),
+        e.contains("decode_attention") && e.contains("position 4 is outside [0, 4)"),
         "{e}"
     );
     let e = q
-        .decode_attention(&cache, &cache, 2, None, 3)
+        .decode_attention(&cache, &cache, &position(1, &dev), None, 3)
         .unwrap_err()
         .to_string();
     assert!(e.contains("3 heads"), "{e}");
+    let two = Tensor::zeros(&[2], DType::I32, &dev).unwrap();
+    let e = q
+        .decode_attention(&cache, &cache, &two, None, 2)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("position is [2]"), "{e}");
     let wq = rand(DType::F32, &[8, 8], 4);
     let kv = KvWrite {
         k_cache: cache.clone(),
         v_cache: cache.clone(),
-        at: 4,
+        pos: position(4, &dev),
         pads: None,
         style: RopeStyle::Halves,
         freqs: RopeFreqs::Theta(1e4),
@@ -208,9 +215,12 @@ fn decode_ops_reject_bad_input_naming_the_values() {
         .decode_qkv(None, &wq, &wq, &wq, &kv)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("decode_qkv") && e.contains("at 4"), "{e}");
+    assert!(
+        e.contains("decode_qkv") && e.contains("position 4 is outside [0, 4)"),
+        "{e}"
+    );
     let bad_pads = KvWrite {
-        at: 1,
+        pos: position(1, &dev),
         pads: Some(Tensor::zeros(&[3], DType::I32, &dev).unwrap()),
         ..kv
     };
@@ -219,4 +229,50 @@ fn decode_ops_reject_bad_input_naming_the_values() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("pads") && e.contains("[3]"), "{e}");
+}
+
+/// The I32 (1) position tensor the decode ops read.
+fn position(at: usize, dev: &Device) -> Tensor {
+    Tensor::from_vec(vec![at as i32], &[1], dev).unwrap()
+}
+
+#[test]
+fn a_position_outside_the_cache_is_reported_at_the_next_read() {
+    // The kernels read the position on the device: one outside the cache writes nothing and is
+    // reported as a bad index is, at the next read.
+    for dev in test_devices().unwrap() {
+        let x = rand(DType::F32, &[2, 8], 1).to_device(&dev).unwrap();
+        let wq = rand(DType::F32, &[8, 8], 4).to_device(&dev).unwrap();
+        let cache = Tensor::zeros(&[2, 1, 4, 8], DType::F32, &dev).unwrap();
+        let kv = KvWrite {
+            k_cache: cache.clone(),
+            v_cache: cache.clone(),
+            pos: position(7, &dev),
+            pads: None,
+            style: RopeStyle::Halves,
+            freqs: RopeFreqs::Theta(1e4),
+        };
+        let run = || -> netcl_ops::Result<Vec<f32>> {
+            let q = x.decode_qkv(None, &wq, &wq, &wq, &kv)?;
+            q.decode_attention(&cache, &cache, &kv.pos, None, 1)?
+                .read_async()?
+                .wait::<f32>()
+        };
+        let e = run().unwrap_err().to_string();
+        assert!(e.contains("position 7 is outside [0, 4)"), "{dev}: {e}");
+        assert!(
+            cache.to_vec::<f32>().unwrap().iter().all(|&v| v == 0.0),
+            "{dev}: nothing written"
+        );
+        // The record is cleared: a position inside the cache works again.
+        let kv = KvWrite {
+            pos: position(3, &dev),
+            ..kv
+        };
+        let q = x.decode_qkv(None, &wq, &wq, &wq, &kv).unwrap();
+        let o = q
+            .decode_attention(&cache, &cache, &kv.pos, None, 1)
+            .unwrap();
+        assert_eq!(o.to_vec::<f32>().unwrap().len(), 16, "{dev}");
+    }
 }

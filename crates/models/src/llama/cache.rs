@@ -1,15 +1,19 @@
 //! The KV cache: keys and values of every layer preallocated on the device for max_seq_len and written in place.
 use super::config::LlamaConfig;
-use netcl_ops::{fused_into, Device, Error, Expr, Result, Tensor};
+use netcl_ops::{fused_into, DType, Device, Error, Expr, Result, Tensor};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Keys and values of every layer, `[B, n_kv_heads, max_seq_len, head_dim]` each, allocated once.
 /// A forward pass writes its `T` new positions at `len()` in place (one copy kernel per tensor)
-/// and attends over the first `len() + T`; [`KvCache::advance`] then moves `len` on.
+/// and attends over the first `len() + T`; [`KvCache::advance`] then moves `len` on. `len` is
+/// kept twice: on the host, and on the device ([`KvCache::position`]) for the decode kernels, so
+/// that a captured decode step replays at the current position.
 pub struct KvCache {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
     len: AtomicUsize,
+    /// I32 (1) on the device: `len`, moved on by a kernel in `advance`.
+    pos: Tensor,
     max: usize,
 }
 
@@ -25,6 +29,7 @@ impl KvCache {
             k: make()?,
             v: make()?,
             len: AtomicUsize::new(0),
+            pos: Tensor::zeros(&[1], DType::I32, device)?,
             max: cfg.max_seq_len,
         })
     }
@@ -43,8 +48,16 @@ impl KvCache {
         self.k.first().map_or(0, |t| t.shape()[0])
     }
     /// Forget everything (the memory stays allocated).
-    pub fn clear(&self) {
+    pub fn clear(&self) -> Result<()> {
+        self.pos.fill_(0.0)?;
         self.len.store(0, Ordering::Release);
+        Ok(())
+    }
+
+    /// `len()` as an I32 (1) tensor on the cache's device: the position the next token is
+    /// written at, as the decode kernels read it.
+    pub fn position(&self) -> &Tensor {
+        &self.pos
     }
 
     /// Error unless `t` more positions fit.
@@ -85,10 +98,18 @@ impl KvCache {
         }
     }
 
-    /// Moves `len` on by `t` positions (after every layer has appended them).
+    /// Moves `len` on by `t` positions (after every layer has appended them): on the host, and
+    /// on the device by one small kernel.
     pub fn advance(&self, t: usize) -> Result<()> {
         self.check_room(t)?;
-        self.len.fetch_add(t, Ordering::AcqRel);
+        let add = Expr::input(0) + t as f64;
+        fused_into(&[&self.pos], &[(add, &self.pos)])?;
+        self.note_advanced(t);
         Ok(())
+    }
+
+    /// Moves the host's `len` on by `t` after a replayed decode step moved the device's.
+    pub(super) fn note_advanced(&self, t: usize) {
+        self.len.fetch_add(t, Ordering::AcqRel);
     }
 }

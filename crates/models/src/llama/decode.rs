@@ -63,7 +63,7 @@ impl Llama {
             ));
         }
         cache.check_room(1)?;
-        let at = cache.len();
+        let pos = cache.position();
         let mut h = self.tok_embeddings.weight.value().embedding(ids)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let (a, f) = (&layer.attention, &layer.feed_forward);
@@ -72,14 +72,14 @@ impl Llama {
             let kv = KvWrite {
                 k_cache: k_cache.clone(),
                 v_cache: v_cache.clone(),
-                at,
+                pos: pos.clone(),
                 pads: pads.cloned(),
                 style: cfg.rope_style,
                 freqs: a.freqs.clone(),
             };
             let norm = scale(&layer.attention_norm);
             let q = h.decode_qkv(Some(&norm), &w(&a.wq), &w(&a.wk), &w(&a.wv), &kv)?;
-            let o = q.decode_attention(k_cache, v_cache, at + 1, pads, cfg.n_heads)?;
+            let o = q.decode_attention(k_cache, v_cache, pos, pads, cfg.n_heads)?;
             h = o.decode_linear(None, &w(&a.wo), Some(&h))?;
             let s = h.decode_swiglu(Some(&scale(&layer.ffn_norm)), &w(&f.w1), &w(&f.w3))?;
             h = s.decode_linear(None, &w(&f.w2), Some(&h))?;

@@ -1,5 +1,6 @@
 //! Generation: prefill of the prompts in one pass, then one token per step through the KV cache; greedy, temperature, top-k and top-p sampling with a seed.
 use super::cache::KvCache;
+use super::decode_graph::DecodeGraph;
 use super::model::Llama;
 use netcl_autograd::Tape;
 use netcl_ops::{Error, Result, RopePositions, Tensor};
@@ -194,10 +195,26 @@ pub fn generate(
         .any(|&p| p > 0)
         .then(|| Tensor::from_vec(pads.iter().map(|&p| p as i32).collect(), &[b], dev))
         .transpose()?;
-    // The last position's logits [B, vocab] after `input` ([B, T] ids on the device).
-    let logits_after = |input: &Tensor, first: bool| -> Result<Tensor> {
+    // On an OpenCL device the first decode step is captured and the later ones replay it
+    // (`DecodeGraph`); NETCL_DECODE_REPLAY=0 runs every step eagerly (for comparison).
+    let replay =
+        fast && dev.is_opencl() && std::env::var("NETCL_DECODE_REPLAY").as_deref() != Ok("0");
+    let mut graph: Option<DecodeGraph> = None;
+    // The last position's logits [B, vocab] after `input` ([B, T] ids on the device). A replayed
+    // step's logits live in the graph's output, which the next step overwrites: everything that
+    // reads them is queued (or done) before the next call.
+    let mut logits_after = |input: &Tensor, first: bool| -> Result<Tensor> {
         if !first && fast {
-            return model.decode(&input.reshape(&[b])?, &cache, pad_ids.as_ref());
+            let ids = input.reshape(&[b])?;
+            return match (&mut graph, replay) {
+                (Some(g), _) => g.step(&ids, &cache),
+                (None, true) => {
+                    let (g, logits) = model.capture_decode(&ids, &cache, pad_ids.as_ref())?;
+                    graph = Some(g);
+                    Ok(logits)
+                }
+                (None, false) => model.decode(&ids, &cache, pad_ids.as_ref()),
+            };
         }
         let t = input.shape()[1];
         let mask = pad_mask(&pads, cache.len(), t, model)?;

@@ -12,18 +12,20 @@
 use crate::base::dispatch::{backend, Backend};
 use netcl_core_devices::opencl3::types::cl_mem;
 use netcl_core_devices::{Device, Error, Result};
-use netcl_core_memory::{read, write, Block, Pool};
+use netcl_core_memory::{read, read_async, write, Block, Pending, Pool};
 use std::cell::RefCell;
 use std::collections::hash_map::{Entry, HashMap};
 
 /// Ops whose kernels report: the code a kernel writes is the position here plus one.
-const OPS: [&str; 6] = [
+const OPS: [&str; 8] = [
     "embedding",
     "index_select",
     "gather",
     "cross_entropy",
     "scatter_add",
     "index_add",
+    "decode_qkv",
+    "decode_attention",
 ];
 
 struct Record {
@@ -96,16 +98,69 @@ fn check_device(device: &Device, when: &str) -> Result<()> {
         let mut bytes = [0u8; 16];
         read(&r.block, 0, &mut bytes)?;
         r.armed = false;
-        let words: [i32; 4] = bytemuck::cast(bytes);
-        if words[0] != 0 {
-            write(&r.block, 0, &[0u8; 16])?;
-            return Ok(Some(words));
-        }
-        Ok(None)
+        Ok(Some(bytemuck::cast(bytes)))
     })?;
-    let Some([code, pos, value, bound]) = found else {
-        return Ok(());
+    match found {
+        Some(words) => report(device, words, when),
+        None => Ok(()),
+    }
+}
+
+/// A read of a device's error record queued behind the work enqueued so far ([`check_async`]).
+pub(crate) struct PendingCheck {
+    device: Device,
+    read: Option<Pending<Vec<u8>>>,
+}
+
+/// Queues a read of this thread's error record of `device` if an index kernel ran since the last
+/// check, without waiting: [`PendingCheck::finish`] gives the error the kernels enqueued before
+/// this call found. Lets an asynchronous read check the record without blocking on work queued
+/// after it.
+pub(crate) fn check_async(device: &Device) -> Result<PendingCheck> {
+    let read = match backend(device) {
+        Backend::Host => None,
+        Backend::OpenCl => RECORDS.with_borrow_mut(|records| {
+            let Some(r) = records.get_mut(&device.ordinal()).filter(|r| r.armed) else {
+                return Ok(None);
+            };
+            r.armed = false;
+            read_async(&r.block, 0, 16).map(Some)
+        })?,
     };
+    Ok(PendingCheck {
+        device: device.clone(),
+        read,
+    })
+}
+
+impl PendingCheck {
+    /// Waits for the record's read and returns the error it holds, if any.
+    pub(crate) fn finish(self) -> Result<()> {
+        let Some(read) = self.read else {
+            return Ok(());
+        };
+        let bytes: [u8; 16] = read
+            .wait()?
+            .try_into()
+            .map_err(|_| Error::invalid("device error record", "read back fewer than 16 bytes"))?;
+        report(
+            &self.device,
+            bytemuck::cast(bytes),
+            "at the next read, so this op's result and later results are invalid",
+        )
+    }
+}
+
+/// The error a record's words `{code, position, value, bound}` hold (none when the code is 0);
+/// a found error clears the record so the device stays usable.
+fn report(device: &Device, [code, pos, value, bound]: [i32; 4], when: &str) -> Result<()> {
+    if code == 0 {
+        return Ok(());
+    }
+    RECORDS.with_borrow(|records| match records.get(&device.ordinal()) {
+        Some(r) => write(&r.block, 0, &[0u8; 16]),
+        None => Ok(()),
+    })?;
     let op = usize::try_from(code - 1)
         .ok()
         .and_then(|i| OPS.get(i))
@@ -115,6 +170,8 @@ fn check_device(device: &Device, when: &str) -> Result<()> {
     // Worded as the host's check words it, then where it was found.
     let what = if op == "cross_entropy" {
         format!("target {value} of row {pos} is outside [0, {bound}) for logits of {bound} classes")
+    } else if op.starts_with("decode_") {
+        format!("cache position {value} is outside [0, {bound}) of the KV cache")
     } else {
         format!("index {value} at position {pos} is out of range [0, {bound})")
     };

@@ -1,4 +1,5 @@
 //! Reading a tensor without waiting: the copy is queued behind the work enqueued so far, and the caller enqueues more before collecting it.
+use crate::base::device_errors::{check_async, PendingCheck};
 use crate::base::element::{Element, HostData};
 use crate::base::tensor::Tensor;
 use netcl_core_devices::{Error, Result};
@@ -10,6 +11,8 @@ pub struct TensorRead {
     /// The tensor read (kept alive until the copy is done).
     tensor: Tensor,
     copy: Option<Pending<Vec<u8>>>,
+    /// The device's error record, read behind the copy (so `wait` does not block on later work).
+    check: Option<PendingCheck>,
 }
 
 impl Tensor {
@@ -31,19 +34,33 @@ impl Tensor {
             }
             _ => None,
         };
-        Ok(TensorRead { tensor: t, copy })
+        let check = match copy {
+            Some(_) => Some(check_async(t.device())?),
+            None => None,
+        };
+        Ok(TensorRead {
+            tensor: t,
+            copy,
+            check,
+        })
     }
 }
 
 impl TensorRead {
     /// Waits for the copy and returns the elements; `T` must match the dtype.
     pub fn wait<T: Element>(self) -> Result<Vec<T>> {
-        let TensorRead { tensor, copy } = self;
+        let TensorRead {
+            tensor,
+            copy,
+            check,
+        } = self;
         tensor.check_dtype::<T>("TensorRead::wait")?;
         let data = match copy {
             Some(copy) => {
                 let bytes = copy.wait()?;
-                crate::base::device_errors::check(tensor.device())?;
+                if let Some(check) = check {
+                    check.finish()?;
+                }
                 HostData::from_bytes(tensor.dtype, &bytes)
             }
             None => tensor.to_host_data()?,

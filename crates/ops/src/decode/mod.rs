@@ -24,8 +24,10 @@ pub struct KvWrite {
     pub k_cache: Tensor,
     /// (B, Hkv, S, hd), contiguous: the values of one layer.
     pub v_cache: Tensor,
-    /// The cache position written (`< S`).
-    pub at: usize,
+    /// I32 (1) on the op's device: the cache position written, `at` (`< S`). Read by the kernel,
+    /// so a captured decode step replays at the position the buffer holds then; a position
+    /// outside the cache writes nothing and is reported at the next read (as a bad index is).
+    pub pos: Tensor,
     /// (B) I32 left padding of each row (batched prompts of different lengths): row b's RoPE
     /// position is `at - pads[b]`; `None`: every row is at `at`. Each pad must be `<= at`.
     pub pads: Option<Tensor>,
@@ -63,13 +65,13 @@ struct DecodeGemv {
 
 impl_op!(DecodeGemv, Tensor, "decode_gemv", gemv);
 
-/// A checked decode attention: q (B, H·hd), caches (B, Hkv, S, hd), keys `0..len`.
+/// A checked decode attention: q (B, H·hd), caches (B, Hkv, S, hd), keys `0..=pos[0]`.
 #[derive(Clone, Debug)]
 struct DecodeAttention {
     q: Tensor,
     k_cache: Tensor,
     v_cache: Tensor,
-    len: usize,
+    pos: Tensor,
     pads: Option<Tensor>,
     heads: usize,
 }
@@ -162,6 +164,19 @@ fn check_pads(op: &str, x: &Tensor, pads: Option<&Tensor>, b: usize) -> Result<(
     Ok(())
 }
 
+/// Error unless `pos` is an I32 (1) tensor on x's device.
+fn check_position(op: &str, x: &Tensor, pos: &Tensor) -> Result<()> {
+    check_dtype(op, pos, "position", DType::I32)?;
+    crate::base::checks::check_device(op, x, pos, "position")?;
+    if pos.shape != [1] {
+        return Err(Error::shape(
+            op,
+            format!("the position is {:?}; need (1)", pos.shape),
+        ));
+    }
+    Ok(())
+}
+
 impl Tensor {
     /// `norm(x) · wᵀ (+ residual)` for rows x (B, K), w (N, K), residual (B, N): one kernel.
     pub fn decode_linear(
@@ -208,7 +223,7 @@ impl Tensor {
 
     /// One token's attention inputs in one kernel: `q = rope(norm(x) · wqᵀ)` is returned (B,
     /// H·hd); `rope(norm(x) · wkᵀ)` and `norm(x) · wvᵀ` are written into `kv`'s caches at
-    /// position `kv.at`. wq (H·hd, K), wk and wv (Hkv·hd, K) with hd the caches' last dim.
+    /// the position `kv.pos` holds. wq (H·hd, K), wk and wv (Hkv·hd, K) with hd the caches' last dim.
     pub fn decode_qkv(
         &self,
         norm: Option<&RmsScale>,
@@ -222,25 +237,25 @@ impl Tensor {
         check_cache(op, self, &kv.k_cache, "k_cache")?;
         check_cache(op, self, &kv.v_cache, "v_cache")?;
         let cs = &kv.k_cache.shape;
-        let (b, hkv, s, hd) = (cs[0], cs[1], cs[2], cs[3]);
+        let (b, hkv, hd) = (cs[0], cs[1], cs[3]);
         let fits = kv.v_cache.shape == *cs
             && b == self.shape[0]
             && hd.is_multiple_of(2)
             && wq.shape[0].is_multiple_of(hd)
             && wk.shape[0] == hkv * hd
-            && wv.shape[0] == hkv * hd
-            && kv.at < s;
+            && wv.shape[0] == hkv * hd;
         if !fits {
             return Err(Error::shape(
                 op,
                 format!(
-                    "x {:?}, wq {:?}, wk {:?}, wv {:?}, caches {:?} and {:?} at {}: need caches \
-                     (B, Hkv, S, hd) with an even hd, wq (H·hd, K), wk and wv (Hkv·hd, K), at < S",
-                    self.shape, wq.shape, wk.shape, wv.shape, cs, kv.v_cache.shape, kv.at
+                    "x {:?}, wq {:?}, wk {:?}, wv {:?}, caches {:?} and {:?}: need caches \
+                     (B, Hkv, S, hd) with an even hd, wq (H·hd, K), wk and wv (Hkv·hd, K)",
+                    self.shape, wq.shape, wk.shape, wv.shape, cs, kv.v_cache.shape
                 ),
             ));
         }
         check_pads(op, self, kv.pads.as_ref(), b)?;
+        check_position(op, self, &kv.pos)?;
         if let RopeFreqs::Theta(theta) = kv.freqs {
             if !(theta.is_finite() && theta > 0.0) {
                 return Err(Error::invalid(
@@ -268,14 +283,15 @@ impl Tensor {
     }
 
     /// Attention of one query per row over a KV cache: q (B, H·hd) against keys and values
-    /// `0..len` of the caches (B, Hkv, S, hd), query head h using key/value head h / (H /
-    /// Hkv); keys before `pads[b]` (I32 (B)) are hidden from row b. Scores are scaled by
+    /// `0..=at` of the caches (B, Hkv, S, hd), where `pos` (I32 (1), read by the kernel as in
+    /// [`KvWrite::pos`]) holds the query's position `at`; query head h uses key/value head h /
+    /// (H / Hkv); keys before `pads[b]` (I32 (B)) are hidden from row b. Scores are scaled by
     /// 1/sqrt(hd). One kernel, (B, H·hd).
     pub fn decode_attention(
         &self,
         k_cache: &Tensor,
         v_cache: &Tensor,
-        len: usize,
+        pos: &Tensor,
         pads: Option<&Tensor>,
         heads: usize,
     ) -> Result<Tensor> {
@@ -292,25 +308,25 @@ impl Tensor {
             && hkv > 0
             && heads.is_multiple_of(hkv)
             && self.shape[1] == heads * hd
-            && (1..=DECODE_MAX_HEAD_DIM).contains(&hd)
-            && (1..=s).contains(&len);
-        if !fits {
+            && (1..=DECODE_MAX_HEAD_DIM).contains(&hd);
+        if !fits || s == 0 {
             return Err(Error::shape(
                 op,
                 format!(
-                    "q {:?} with {heads} heads over caches {cs:?} and {:?}, {len} keys: need q \
-                     (B, H·hd), caches (B, Hkv, S, hd) with H a multiple of Hkv, hd <= \
-                     {DECODE_MAX_HEAD_DIM} and 1 <= len <= S",
+                    "q {:?} with {heads} heads over caches {cs:?} and {:?}: need q (B, H·hd), \
+                     caches (B, Hkv, S, hd) with S > 0, H a multiple of Hkv and hd <= \
+                     {DECODE_MAX_HEAD_DIM}",
                     self.shape, v_cache.shape
                 ),
             ));
         }
         check_pads(op, self, pads, b)?;
+        check_position(op, self, pos)?;
         let desc = DecodeAttention {
             q: self.clone(),
             k_cache: k_cache.clone(),
             v_cache: v_cache.clone(),
-            len,
+            pos: pos.clone(),
             pads: pads.cloned(),
             heads,
         };

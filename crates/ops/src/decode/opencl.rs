@@ -2,6 +2,7 @@
 use super::{DecodeAttention, DecodeGemv, Epilogue};
 use crate::base::acc::arg_acc;
 use crate::base::checks::u32_arg;
+use crate::base::device_errors::{code_of, record_arg};
 use crate::base::host::dense;
 use crate::base::launch::program_for;
 use crate::base::tensor::Tensor;
@@ -26,10 +27,10 @@ struct GemvArgs {
     has_res: u32,
     hd: u32,
     smax: u32,
-    at: u32,
     has_pads: u32,
     halves: u32,
     use_table: u32,
+    code: i32,
 }
 
 /// `GEMV_GROUP`, `GEMV_MAXB` and `ATT_GROUP` of decode.cl.
@@ -78,18 +79,18 @@ pub(super) fn gemv(desc: &DecodeGemv, device: &Device) -> Result<Tensor> {
         has_res: res.is_some() as u32,
         hd: 2,
         smax: 1,
-        at: 0,
         has_pads: 0,
         halves: 0,
         use_table: 0,
+        code: code_of("decode_qkv"),
     };
-    let (mut theta, mut table, mut pads) = (1.0, None, None);
+    let (mut theta, mut table, mut pads, mut step) = (1.0, None, None, None);
     match &desc.epilogue {
         Epilogue::Qkv(kv) => {
             let cs = &kv.k_cache.shape;
             args.hd = u32_arg(op, "head dim", cs[3])?;
             args.smax = u32_arg(op, "cache length", cs[2])?;
-            args.at = u32_arg(op, "position", kv.at)?;
+            step = Some(dense(&kv.pos)?);
             args.halves = (kv.style == RopeStyle::Halves) as u32;
             match &kv.freqs {
                 RopeFreqs::Theta(t) => theta = *t,
@@ -111,8 +112,12 @@ pub(super) fn gemv(desc: &DecodeGemv, device: &Device) -> Result<Tensor> {
     let team = (per_row / 4).next_power_of_two().clamp(32, GEMV_GROUP);
     args.team = team as u32;
     kern.arg_mem(any(pads.as_ref())?)?
-        .arg_mem(any(table.as_ref())?)?
-        .arg(&args)?;
+        .arg_mem(any(table.as_ref())?)?;
+    match &step {
+        Some(p) => kern.arg_mem(p.mem()?)?.arg_mem(record_arg(device)?)?,
+        None => kern.arg_mem(y.mem()?)?.arg_mem(y.mem()?)?,
+    };
+    kern.arg(&args)?;
     arg_acc(
         &mut kern,
         x.dtype,
@@ -140,6 +145,7 @@ pub(super) fn attention(desc: &DecodeAttention, device: &Device) -> Result<Tenso
     let h = desc.heads;
     u32_arg(op, "cache elements", b * hkv * s * hd)?;
     let pads = desc.pads.as_ref().map(dense).transpose()?;
+    let pos = dense(&desc.pos)?;
     let o = Tensor::alloc(&[b, h * hd], q.dtype, device)?;
     let program = program_for(device, &DECODE, q.dtype)?;
     let mut kern = Kernel::new(&program, "decode_attention")?;
@@ -148,22 +154,25 @@ pub(super) fn attention(desc: &DecodeAttention, device: &Device) -> Result<Tenso
         .arg_mem(desc.k_cache.mem()?)?
         .arg_mem(desc.v_cache.mem()?)?
         .arg_mem(pads.as_ref().unwrap_or(&q).mem()?)?
+        .arg_mem(pos.mem()?)?
+        .arg_mem(record_arg(device)?)?
         .arg(&[
             u32_arg(op, "heads", h)?,
             u32_arg(op, "kv heads", hkv)?,
             u32_arg(op, "head dim", hd)?,
             u32_arg(op, "cache length", s)?,
-            u32_arg(op, "keys", desc.len)?,
             pads.is_some() as u32,
+            code_of(op) as u32,
             0,
             0,
         ])?;
     arg_acc(&mut kern, q.dtype, 1.0 / (hd as f64).sqrt())?;
-    // Each query head reads its keys and values (grouped heads share them through the cache).
+    // Each query head reads its keys and values (grouped heads share them through the cache);
+    // the profiler counts the whole cache, as the host does not know the position.
     let es = q.dtype.size();
     kern.declare(
-        ((2 * b * hkv * desc.len * hd + 2 * b * h * hd) * es) as u64,
-        (4 * b * h * desc.len * hd) as u64,
+        ((2 * b * hkv * s * hd + 2 * b * h * hd) * es) as u64,
+        (4 * b * h * s * hd) as u64,
     );
     kern.launch(&[b * h * ATT_GROUP], &[ATT_GROUP])?;
     Ok(o)

@@ -5,7 +5,7 @@ use crate::base::tensor::Tensor;
 use crate::fused::eval::{fused, fused_into};
 use crate::fused::expr::Expr;
 use crate::rope::RopePositions;
-use netcl_core_devices::Result;
+use netcl_core_devices::{Error, Result};
 
 /// `norm(x) · wᵀ` (B, N).
 fn project(desc: &DecodeGemv, w: &Tensor) -> Result<Tensor> {
@@ -38,25 +38,38 @@ pub(super) fn gemv(desc: &DecodeGemv) -> Result<Tensor> {
                 Some(p) => p.to_vec::<i32>()?,
                 None => vec![0; b],
             };
-            let pos: Vec<i32> = pads.iter().map(|&p| kv.at as i32 - p).collect();
+            let at = position("decode_qkv", &kv.pos, kv.k_cache.shape[2])?;
+            let pos: Vec<i32> = pads.iter().map(|&p| at as i32 - p).collect();
             let pos = Tensor::from_host_data(HostData::I32(pos), &[b, 1]);
-            let at = RopePositions::Ids(pos);
+            let rope_at = RopePositions::Ids(pos);
             // (B, 1, heads, hd) rotated, as the model's prefill computes it.
             let rotate = |y: Tensor| {
                 let heads = y.shape[1] / hd;
                 y.reshape(&[b, 1, heads, hd])?
-                    .rope_with_freqs(kv.style, &at, &kv.freqs)
+                    .rope_with_freqs(kv.style, &rope_at, &kv.freqs)
             };
             let q = rotate(project(desc, &w[0])?)?;
             let k = rotate(project(desc, &w[1])?)?;
             let v = project(desc, &w[2])?.reshape(&[b, 1, w[2].shape[0] / hd, hd])?;
             for (new, cache) in [(&k, &kv.k_cache), (&v, &kv.v_cache)] {
-                let slot = cache.narrow(2, kv.at, 1)?;
+                let slot = cache.narrow(2, at, 1)?;
                 fused_into(&[&new.transpose(1, 2)?], &[(Expr::input(0), &slot)])?;
             }
             q.reshape(&[b, w[0].shape[0]])
         }
     }
+}
+
+/// The cache position `pos` (I32 (1)) holds, checked against the cache length `s` as the
+/// kernels check it.
+fn position(op: &str, pos: &Tensor, s: usize) -> Result<usize> {
+    let at = pos.to_vec::<i32>()?[0];
+    usize::try_from(at).ok().filter(|&a| a < s).ok_or_else(|| {
+        Error::invalid(
+            op,
+            format!("cache position {at} is outside [0, {s}) of the KV cache"),
+        )
+    })
 }
 
 pub(super) fn attention(desc: &DecodeAttention) -> Result<Tensor> {
@@ -69,13 +82,14 @@ pub(super) fn attention(desc: &DecodeAttention) -> Result<Tensor> {
         Some(p) => p.to_vec::<i32>()?,
         None => vec![0; b],
     };
+    let len = position("decode_attention", &desc.pos, s)? + 1;
     let scale = 1.0 / (hd as f64).sqrt();
     let mut out = vec![0.0; b * h * hd];
     for bi in 0..b {
         for hi in 0..h {
             let qr = &q[(bi * h + hi) * hd..][..hd];
             let head = (bi * hkv + hi / (h / hkv)) * s * hd;
-            let keys = (pads[bi].max(0) as usize).min(desc.len)..desc.len;
+            let keys = (pads[bi].max(0) as usize).min(len)..len;
             let scores: Vec<f64> = keys
                 .clone()
                 .map(|j| (0..hd).map(|d| qr[d] * k[head + j * hd + d]).sum::<f64>() * scale)
