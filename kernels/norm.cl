@@ -191,18 +191,21 @@ __kernel void norm_bwd_params_part(__global ACC* pw,        /* (nchunks, n) */
     pb[k] = ab;
 }
 
-// Parameter gradients, pass 2: column j sums its chunks in order.
+// Parameter gradients, pass 2: one work-group per column j sums its chunks (strided over the
+// work-items, then a tree in a fixed order; one work-item per column left most of a GPU idle).
 __kernel void norm_bwd_params_sum(__global T* dw,          /* (n) */
                                   __global T* db,          /* (n), written when has_b */
                                   __global const ACC* pw,  /* (nchunks, n) */
                                   __global const ACC* pb,  /* (nchunks, n) */
                                   uint nchunks, int has_b, uint n) {
-    uint j = get_global_id(0);
-    if (j >= n) return;
-    ACC aw = 0, ab = 0;
-    for (uint c = 0; c < nchunks; ++c) { aw += pw[c * n + j]; ab += pb[c * n + j]; }
-    STORE(dw, j, aw);
-    if (has_b) STORE(db, j, ab);
+    __local ACC2 sh[NORM_GROUP];
+    uint j = get_group_id(0), lid = get_local_id(0), L = get_local_size(0);
+    ACC2 s = (ACC2)((ACC)0);
+    for (uint c = lid; c < nchunks; c += L) s += (ACC2)(pw[c * n + j], pb[c * n + j]);
+    s = sum2_team(s, sh, L);
+    if (lid != 0) return;
+    STORE(dw, j, s.x);
+    if (has_b) STORE(db, j, s.y);
 }
 
 // batch_norm in training mode, one work-group per channel c: batch statistics over (N, spatial),

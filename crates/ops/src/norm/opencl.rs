@@ -203,15 +203,16 @@ pub(super) fn backward(desc: &NormBackward, device: &Device) -> Result<NormGrads
                     .arg(&(rms as i32))?;
                 Ok(())
             })?;
-            launch_1d(&program, "norm_bwd_params_sum", n, |k| {
-                k.arg_mem(dw.mem()?)?
-                    .arg_mem(db.mem()?)?
-                    .arg_mem(pw.mem()?)?
-                    .arg_mem(pb.mem()?)?
-                    .arg(&(nchunks as u32))?
-                    .arg(&1i32)?;
-                Ok(())
-            })?;
+            let mut ks = Kernel::new(&program, "norm_bwd_params_sum")?;
+            let group = row_group(&ks, nchunks);
+            ks.arg_mem(dw.mem()?)?
+                .arg_mem(db.mem()?)?
+                .arg_mem(pw.mem()?)?
+                .arg_mem(pb.mem()?)?
+                .arg(&(nchunks as u32))?
+                .arg(&1i32)?
+                .arg(&n32)?;
+            launch_groups(op, &mut ks, n, group)?;
         }
         dweight = weight.as_ref().map(|_| dw);
         dbias = want_bias.then_some(db);
