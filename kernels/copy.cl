@@ -22,3 +22,27 @@ __kernel void arange(__global T* out,  /* (n) */
     if (i >= n) return;
     STORE(out, i, start + (ACC)i * step);
 }
+
+// contiguous() of a transposed view, through 32 x 32 tiles in local memory so that both the reads
+// and the writes are coalesced (a plain strided copy reads or writes with a stride): the view's
+// element (b, r, c) is src[off + b * sb + r + c * ld]; out is (batch, rows, cols), contiguous.
+#define TT 32
+#define TT_ROWS 8
+__kernel __attribute__((reqd_work_group_size(TT, TT_ROWS, 1)))
+void transpose_copy(__global T* out,        /* (batch, rows, cols) contiguous */
+                    __global const T* src,  /* element (b, r, c) at off + b * sb + r + c * ld */
+                    uint rows, uint cols, uint ld, uint sb, uint off) {
+    __local ACC tile[TT][TT + 1];
+    uint b = get_group_id(2), r0 = get_group_id(1) * TT, c0 = get_group_id(0) * TT;
+    uint lx = get_local_id(0), ly = get_local_id(1);
+    size_t base = off + (size_t)b * sb;
+    for (uint j = ly; j < TT; j += TT_ROWS) {
+        uint r = r0 + lx, c = c0 + j;
+        if (r < rows && c < cols) tile[j][lx] = LOAD(src, base + r + (size_t)c * ld);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint j = ly; j < TT; j += TT_ROWS) {
+        uint r = r0 + j, c = c0 + lx;
+        if (r < rows && c < cols) STORE(out, ((size_t)b * rows + r) * cols + c, tile[lx][j]);
+    }
+}

@@ -126,6 +126,54 @@ fn views_and_contiguous_match_the_host() {
 }
 
 #[test]
+fn contiguous_of_transposed_views_matches_the_host() {
+    // The tiled transpose path: ragged tiles, a batch dim, an offset, a row stride wider than
+    // the rows, every dtype; and its launch is counted.
+    let devices = test_devices().unwrap();
+    for (case, dtype) in DType::ALL.into_iter().enumerate() {
+        let host = sample(dtype, &[3, 37, 70], case as u64);
+        let views = |t: &Tensor| {
+            let narrowed = t.narrow(2, 3, 45).unwrap().narrow(1, 1, 33).unwrap();
+            vec![
+                t.transpose(1, 2).unwrap(),
+                narrowed.transpose(1, 2).unwrap(),
+                t.narrow(0, 1, 1)
+                    .unwrap()
+                    .reshape(&[37, 70])
+                    .unwrap()
+                    .transpose(0, 1)
+                    .unwrap(),
+            ]
+        };
+        let want: Vec<Vec<f64>> = views(&host)
+            .iter()
+            .map(|v| v.contiguous().unwrap().to_vec_f64().unwrap())
+            .collect();
+        for dev in &devices {
+            if !dtypes_for(dev).contains(&dtype) {
+                continue;
+            }
+            for (i, v) in views(&host.to_device(dev).unwrap()).iter().enumerate() {
+                let before = netcl_kernels::thread_launches("transpose_copy");
+                let got = v.contiguous().unwrap();
+                if dev.is_opencl() {
+                    assert_eq!(
+                        netcl_kernels::thread_launches("transpose_copy"),
+                        before + 1,
+                        "{dtype} view {i} on {dev} takes the tiled path"
+                    );
+                }
+                assert_eq!(
+                    got.to_vec_f64().unwrap(),
+                    want[i],
+                    "{dtype} view {i} on {dev}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn view_ops_share_storage_and_check_arguments() {
     for dev in test_devices().unwrap() {
         let t = Tensor::arange(0.0, 24.0, 1.0, DType::F32, &dev)

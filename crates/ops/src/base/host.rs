@@ -19,6 +19,9 @@ pub(crate) fn dense(t: &Tensor) -> Result<Tensor> {
         return Ok(t.clone());
     }
     let out = Tensor::alloc(&t.shape, t.dtype, &t.device)?;
+    if crate::base::transpose::transpose_into(t, &out)? {
+        return Ok(out);
+    }
     let layout = KernelLayout::new(
         "contiguous",
         &t.shape,

@@ -17,5 +17,6 @@ pub(crate) mod norm_params;
 pub(crate) mod read_async;
 pub(crate) mod rows;
 pub(crate) mod tensor;
+pub(crate) mod transpose;
 mod views;
 pub(crate) mod window;

@@ -269,6 +269,10 @@ fn k_rows(t: &Tensor, kp: usize, q: usize) -> Result<Tensor> {
     if aligned {
         return Ok(t.clone());
     }
+    if t.shape[nd - 1] == kp {
+        // Only the layout is wrong (a transposed operand of a backward product): a tiled copy.
+        return t.contiguous();
+    }
     t.pad(&[(0, kp - t.shape[nd - 1])], 0.0)
 }
 
