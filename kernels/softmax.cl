@@ -123,18 +123,26 @@ inline ce_bwd_t ce_bwd_row(__global const int* tgt, __global const ACC* lse, __g
 
 // Per-row cross-entropy from logits and integer targets, one work-group per row:
 // lse = logsumexp(row), loss = lse - x[target]; 0 for ignored rows, NaN for a target outside [0, C).
+// vec: contiguous rows of a multiple of 4 logits starting 4-aligned, read 4 at a time.
 __kernel void cross_entropy_fwd(__global ACC* loss,        /* (N) */
                                 __global ACC* lse,         /* (N) */
                                 __global const T* x,       /* (N, C) through a */
                                 __global const int* tgt,   /* (N) through a */
                                 CeLayout a,
                                 __global int* err,         /* (4): the device's error record */
-                                int code) {
+                                int code, int vec) {
     __local ms_t sh[SM_GROUP];
     uint i = get_group_id(0), lid = get_local_id(0), L = get_local_size(0);
     uint row = a.xoff + i * a.xr;
     ms_t s = ms_empty();
-    for (uint j = lid; j < a.c; j += L) s = ms_add(s, LOAD(x, row + j * a.xc));
+    if (vec) {
+        for (uint j = lid; j < a.c / 4; j += L) {
+            ACC4 v = LOAD4(x + row, j);
+            s = ms_add(ms_add(ms_add(ms_add(s, v.x), v.y), v.z), v.w);
+        }
+    } else {
+        for (uint j = lid; j < a.c; j += L) s = ms_add(s, LOAD(x, row + j * a.xc));
+    }
     s = ms_team(s, sh, L);
     if (lid == 0) ce_write(loss, lse, x, tgt, &a, i, s.m + log(s.s), err, code);
 }
@@ -261,11 +269,22 @@ __kernel void cross_entropy_mean(__global ACC* mean,       /* (1) */
     if (lid == 0) { mean[0] = s.x / s.y; count[0] = s.y; }
 }
 
-// dlogits = (softmax(x) - onehot(target)) * grad[i] / count, one work-item per element; 0 for
-// ignored rows, NaN for rows whose target is outside [0, C).
-__kernel void cross_entropy_bwd(CE_BWD_ARGS, uint n) {
+// dlogits = (softmax(x) - onehot(target)) * grad[i] / count, one work-item per element (four
+// with vec: contiguous rows of a multiple of 4 logits starting 4-aligned); 0 for ignored rows,
+// NaN for rows whose target is outside [0, C).
+__kernel void cross_entropy_bwd(CE_BWD_ARGS, int vec, uint n) {
     uint k = get_global_id(0);
     if (k >= n) return;
+    if (vec) {
+        uint e = 4 * k, i = e / a.c, j = e % a.c;
+        ce_bwd_t b = ce_bwd_row(tgt, lse, grad, count, &a, loff, ls, goff, gs, coff, use_count, i);
+        ACC4 p = exp(LOAD4(x + a.xoff + i * a.xr, j / 4) - b.lse);
+        int4 hot = (int4)(j, j + 1, j + 2, j + 3) == (int4)(b.t);
+        ACC4 d = (p - (hot.x ? (ACC4)(1, 0, 0, 0) : hot.y ? (ACC4)(0, 1, 0, 0) : hot.z ? (ACC4)(0, 0, 1, 0)
+                       : hot.w ? (ACC4)(0, 0, 0, 1) : (ACC4)(0))) * b.g;
+        STORE4(dx, k, b.ignored ? (ACC4)(0) : d);
+        return;
+    }
     uint i = k / a.c, j = k % a.c;
     ce_bwd_t b = ce_bwd_row(tgt, lse, grad, count, &a, loff, ls, goff, gs, coff, use_count, i);
     ACC p = exp(LOAD(x, a.xoff + i * a.xr + j * a.xc) - b.lse);

@@ -4,9 +4,9 @@ use half::{bf16, f16};
 use netcl_core_devices::{DType, Device};
 
 /// Row lengths around the steps of the register-resident row kernels (softmax, norms,
-/// cross-entropy: 1 to 32 values per work-item of 256) and past their limit (8193 rows take the
-/// general kernels).
-pub const ROW_LENGTHS: [usize; 10] = [1, 3, 255, 256, 257, 1000, 4096, 4097, 8192, 8193];
+/// cross-entropy: 1 to 32 values per work-item of 256) and past their limit (8193 and 8196 take
+/// the general kernels, 8196 with 4-wide access where the rows are aligned).
+pub const ROW_LENGTHS: [usize; 11] = [1, 3, 255, 256, 257, 1000, 4096, 4097, 8192, 8193, 8196];
 
 /// Rows longer than this take the general (two-pass) row kernels (on devices that run
 /// work-groups of 256).

@@ -24,6 +24,11 @@ impl CeArgs {
         (self.cl.xc == 1 || self.c == 1)
             .then(|| starts_aligned(logits.offset, &[self.n], &[logits.strides[0]]))
     }
+
+    /// Whether every row is contiguous, 4-aligned and a multiple of 4 logits long.
+    fn vec4(&self, logits: &Tensor) -> bool {
+        self.c.is_multiple_of(4) && self.rows_aligned(logits) == Some(true)
+    }
 }
 
 /// softmax or log_softmax: the row kernel for contiguous rows it takes, else `softmax_col` (short
@@ -201,6 +206,7 @@ pub(super) fn cross_entropy_rows(
     let program = program_for(device, &SOFTMAX, x.dtype)?;
     let mut k = Kernel::new(&program, "cross_entropy_fwd")?;
     ce_rows_args(&mut k, desc, device, &losses, &lse)?;
+    k.arg(&(a.vec4(x) as i32))?;
     k.declare(bytes as u64, (4 * a.n * a.c) as u64);
     let group = row_group(&k, a.c);
     launch_groups(op, &mut k, a.n, group)?;
@@ -287,7 +293,14 @@ pub(super) fn cross_entropy_backward(
             return Ok(dx);
         }
     }
+    // Long rows: a work-item per logit, or per four where the rows allow 4-wide access.
     let program = program_for(device, &SOFTMAX, x.dtype)?;
-    launch_1d(&program, "cross_entropy_bwd", numel, args)?;
+    let vec = a.vec4(x);
+    let items = if vec { numel / 4 } else { numel };
+    launch_1d(&program, "cross_entropy_bwd", items, |k| {
+        args(k)?;
+        k.arg(&(vec as i32))?;
+        Ok(())
+    })?;
     Ok(dx)
 }
