@@ -7,7 +7,8 @@
 // A work-group of WG (WARPS_M x WARPS_N warps) computes a TBM x TBN tile; a warp WMI x WNJ mma
 // tiles. Both operands are staged in local memory as 32-bit words along K (one TF32 element, or
 // two 16-bit elements with the lower K index in the low half, as mma wants them), rows of SROW
-// words: fragment loads of a warp (rows g = lane/4, words t = lane%4) hit 32 distinct banks.
+// words. Fragments come out through ldmatrix (four 8 x 8 matrices of 16-bit elements an
+// instruction; a TF32 element is two of them), whose eight 16-byte rows a phase hit distinct banks.
 #ifndef TC_KERNEL
 #error "matmul_tc.cl needs -DTC_KERNEL=<kernel name> (set by matmul_tc.rs)"
 #endif
@@ -17,6 +18,9 @@
 #define WARPS_N 2
 #define WMI 4
 #define WNJ 8
+#endif
+#if WNJ % 2
+#error "WNJ must be even: B fragments come two mma tiles per ldmatrix"
 #endif
 #define TBM (WARPS_M * WMI * 16)
 #define TBN (WARPS_N * WNJ * 8)
@@ -79,6 +83,12 @@ inline ACC activate(ACC v) { return v; }
 #define IN(r, R) ((r) < (R))
 #endif
 #define VEC(p, i) (*(__global const uint4*)((__global const uchar*)(p) + (i) * sizeof(T)))
+
+// Four 8 x 8 b16 matrices from local memory into r[0..3] (ldmatrix; p: this lane's row address).
+#define LDMATRIX_X4(r, p)                                                                      \
+    __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"           \
+                     : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                  \
+                     : "r"((uint)(size_t)(p)))
 
 #ifdef ASYNC
 // 16 bytes global -> local without registers; zero-filled when !valid (nothing read).
@@ -167,19 +177,24 @@ void TC_KERNEL(__global T* c,           /* (batch, M, N) contiguous per batch: c
 #pragma unroll
         for (uint kw = 0; kw < KW; kw += 8) {
             uint af[WMI][4], bf[WNJ][2];
+            // Four 8 x 8 matrices of 16-bit elements (8 x 4 words) per instruction, lane l giving
+            // the address of row l % 8 of matrix l / 8: A's (rows +0/+8, words +0/+4) in the
+            // order of mma's a0..a3; B's (columns j, j + 1) x (words +0/+4).
 #pragma unroll
             for (int i = 0; i < WMI; ++i) {
-                uint r = (wm + i * 16 + g) * SROW + kw + t;
-                af[i][0] = TF32(As[st][r]);
-                af[i][1] = TF32(As[st][r + 8 * SROW]);
-                af[i][2] = TF32(As[st][r + 4]);
-                af[i][3] = TF32(As[st][r + 8 * SROW + 4]);
+                uint r = wm + i * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+                LDMATRIX_X4(af[i], &As[st][r * SROW + kw + 4 * (lane / 16)]);
+#pragma unroll
+                for (int q = 0; q < 4; ++q) af[i][q] = TF32(af[i][q]);
             }
 #pragma unroll
-            for (int j = 0; j < WNJ; ++j) {
-                uint r = (wn + j * 8 + g) * SROW + kw + t;
-                bf[j][0] = TF32(Bs[st][r]);
-                bf[j][1] = TF32(Bs[st][r + 4]);
+            for (int j = 0; j < WNJ; j += 2) {
+                uint r = wn + j * 8 + (lane % 8) + 8 * (lane / 16), x[4];
+                LDMATRIX_X4(x, &Bs[st][r * SROW + kw + 4 * ((lane / 8) % 2)]);
+                bf[j][0] = TF32(x[0]);
+                bf[j][1] = TF32(x[1]);
+                bf[j + 1][0] = TF32(x[2]);
+                bf[j + 1][1] = TF32(x[3]);
             }
 #pragma unroll
             for (int i = 0; i < WMI; ++i)
