@@ -264,6 +264,21 @@ fn a_position_outside_the_cache_is_reported_at_the_next_read() {
             cache.to_vec::<f32>().unwrap().iter().all(|&v| v == 0.0),
             "{dev}: nothing written"
         );
+        // On a device: an asynchronous read dropped unread leaves the error to the next read;
+        // an error that a later synchronous read reported is not reported again by an
+        // asynchronous read queued before it.
+        if dev.is_opencl() {
+            let q = x.decode_qkv(None, &wq, &wq, &wq, &kv).unwrap();
+            drop(q.read_async().unwrap());
+            let e = q.to_vec::<f32>().unwrap_err().to_string();
+            assert!(e.contains("position 7"), "{dev}: {e}");
+            let q = x.decode_qkv(None, &wq, &wq, &wq, &kv).unwrap();
+            let pending = q.read_async().unwrap();
+            let again = x.decode_qkv(None, &wq, &wq, &wq, &kv).unwrap();
+            let e = again.to_vec::<f32>().unwrap_err().to_string();
+            assert!(e.contains("position 7"), "{dev}: {e}");
+            assert!(pending.wait::<f32>().is_ok(), "{dev}: reported once");
+        }
         // The record is cleared: a position inside the cache works again.
         let kv = KvWrite {
             pos: position(3, &dev),

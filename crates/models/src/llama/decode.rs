@@ -36,7 +36,8 @@ impl Llama {
     /// and the cache advances by one. `pads` (I32 `[B]`): how many leading cache positions of
     /// each row are padding (batched prompts of different lengths); row b then sits at position
     /// `cache.len() - pads[b]` and attends to the positions from `pads[b]` on. Five kernels per
-    /// layer plus two (embedding; final norm with the output projection); the same logits as
+    /// layer plus three (embedding; the cache position's advance; final norm with the output
+    /// projection); the same logits as
     /// [`Llama::logits`] with the cache, up to rounding.
     pub fn decode(&self, ids: &Tensor, cache: &KvCache, pads: Option<&Tensor>) -> Result<Tensor> {
         let op = "Llama::decode";

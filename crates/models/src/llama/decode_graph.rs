@@ -20,7 +20,7 @@ pub struct DecodeGraph {
 }
 
 impl Llama {
-    /// Runs [`Llama::decode`] for `ids` (I32 `[B]`) while capturing it, and returns the graph
+    /// Runs [`Llama::decode`] for `ids` (I32 `[B]` or `[B, 1]`) while capturing it, and returns the graph
     /// with the step's logits. OpenCL devices only (the host device has no kernels to record).
     pub fn capture_decode(
         &self,
@@ -29,6 +29,11 @@ impl Llama {
         pads: Option<&Tensor>,
     ) -> Result<(DecodeGraph, Tensor)> {
         let b = cache.batch();
+        let ids = match ids.shape() == [b, 1] {
+            true => ids.reshape(&[b])?,
+            false => ids.clone(),
+        };
+        let ids = &ids;
         // The input slot, made before the capture and holding this step's ids.
         let slot = Tensor::zeros(&[b], DType::I32, self.device())?;
         if ids.shape() == [b] && ids.dtype() == DType::I32 {
@@ -75,7 +80,13 @@ impl DecodeGraph {
         }
         cache.check_room(1)?;
         self.graph.set_input("ids", &ids.reshape(&[self.batch])?)?;
-        self.graph.replay()?;
+        if let Err(e) = self.graph.replay() {
+            // Part of the step may have run (the device's position moved on, say): put the
+            // device position back to the host's, which did not move. The replay's error is the
+            // one to report, whether or not this works.
+            let _ = cache.position().fill_(cache.len() as f64);
+            return Err(e);
+        }
         cache.note_advanced(1);
         Ok(self.graph.output("logits")?.clone())
     }

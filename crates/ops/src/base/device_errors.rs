@@ -32,6 +32,9 @@ struct Record {
     block: Block,
     /// An index kernel ran since the record was last read.
     armed: bool,
+    /// How many times a found error was cleared from the record: a queued read that sees an
+    /// error cleared after it was queued knows another check reported it already.
+    cleared: u64,
 }
 
 thread_local! {
@@ -60,6 +63,7 @@ pub(crate) fn record_arg(device: &Device) -> Result<cl_mem> {
                 e.insert(Record {
                     block,
                     armed: false,
+                    cleared: 0,
                 })
             }
         };
@@ -107,9 +111,12 @@ fn check_device(device: &Device, when: &str) -> Result<()> {
 }
 
 /// A read of a device's error record queued behind the work enqueued so far ([`check_async`]).
+/// Dropped without [`PendingCheck::finish`], it arms the record again so the next read checks.
 pub(crate) struct PendingCheck {
     device: Device,
     read: Option<Pending<Vec<u8>>>,
+    /// The record's `cleared` count when the read was queued.
+    cleared: u64,
 }
 
 /// Queues a read of this thread's error record of `device` if an index kernel ran since the last
@@ -117,37 +124,59 @@ pub(crate) struct PendingCheck {
 /// this call found. Lets an asynchronous read check the record without blocking on work queued
 /// after it.
 pub(crate) fn check_async(device: &Device) -> Result<PendingCheck> {
-    let read = match backend(device) {
-        Backend::Host => None,
+    let (read, cleared) = match backend(device) {
+        Backend::Host => (None, 0),
         Backend::OpenCl => RECORDS.with_borrow_mut(|records| {
             let Some(r) = records.get_mut(&device.ordinal()).filter(|r| r.armed) else {
-                return Ok(None);
+                return Ok((None, 0));
             };
+            let read = read_async(&r.block, 0, 16)?;
             r.armed = false;
-            read_async(&r.block, 0, 16).map(Some)
+            Ok::<_, Error>((Some(read), r.cleared))
         })?,
     };
     Ok(PendingCheck {
         device: device.clone(),
         read,
+        cleared,
     })
 }
 
 impl PendingCheck {
     /// Waits for the record's read and returns the error it holds, if any.
-    pub(crate) fn finish(self) -> Result<()> {
-        let Some(read) = self.read else {
+    pub(crate) fn finish(mut self) -> Result<()> {
+        let Some(read) = self.read.take() else {
             return Ok(());
         };
         let bytes: [u8; 16] = read
             .wait()?
             .try_into()
             .map_err(|_| Error::invalid("device error record", "read back fewer than 16 bytes"))?;
+        let reported_since = RECORDS.with_borrow(|records| {
+            records
+                .get(&self.device.ordinal())
+                .is_some_and(|r| r.cleared != self.cleared)
+        });
+        if reported_since {
+            return Ok(());
+        }
         report(
             &self.device,
             bytemuck::cast(bytes),
             "at the next read, so this op's result and later results are invalid",
         )
+    }
+}
+
+impl Drop for PendingCheck {
+    fn drop(&mut self) {
+        if self.read.take().is_some() {
+            RECORDS.with_borrow_mut(|records| {
+                if let Some(r) = records.get_mut(&self.device.ordinal()) {
+                    r.armed = true;
+                }
+            });
+        }
     }
 }
 
@@ -157,8 +186,11 @@ fn report(device: &Device, [code, pos, value, bound]: [i32; 4], when: &str) -> R
     if code == 0 {
         return Ok(());
     }
-    RECORDS.with_borrow(|records| match records.get(&device.ordinal()) {
-        Some(r) => write(&r.block, 0, &[0u8; 16]),
+    RECORDS.with_borrow_mut(|records| match records.get_mut(&device.ordinal()) {
+        Some(r) => {
+            r.cleared += 1;
+            write(&r.block, 0, &[0u8; 16])
+        }
         None => Ok(()),
     })?;
     let op = usize::try_from(code - 1)

@@ -10,8 +10,13 @@ use netcl_kernels::Kernel;
 const TT: usize = 32;
 const TT_ROWS: usize = 8;
 
+/// Work-groups a grid dim other than the first may hold on every device (CUDA's limit, which
+/// NVIDIA's OpenCL inherits).
+const MAX_GROUPS_HIGH_DIM: usize = 65_535;
+
 /// The (batch stride, ld) of `t` when it is a transposed view: its last dim strides `ld >=
-/// rows`, its second-last strides 1, and its leading dims merge into one batch stride.
+/// rows`, its second-last strides 1, and its leading dims (size-1 dims left out: their strides
+/// mean nothing) merge into one batch stride.
 fn transposed_layout(t: &Tensor) -> Option<(usize, usize)> {
     let nd = t.shape.len();
     if nd < 2 || t.shape[nd - 2] < 2 || t.shape[nd - 1] < 2 {
@@ -21,15 +26,10 @@ fn transposed_layout(t: &Tensor) -> Option<(usize, usize)> {
     if s[nd - 2] != 1 || s[nd - 1] < rows {
         return None;
     }
-    let lead = &t.shape[..nd - 2];
-    let batch_stride = match lead.len() {
-        0 => 0,
-        n => {
-            let merged = (0..n - 1).all(|d| lead[d] == 1 || s[d] == s[d + 1] * lead[d + 1]);
-            merged.then_some(s[n - 1])?
-        }
-    };
-    Some((batch_stride, s[nd - 1]))
+    let kept: Vec<usize> = (0..nd - 2).filter(|&d| t.shape[d] > 1).collect();
+    let merged = kept.windows(2).all(|w| s[w[0]] == s[w[1]] * t.shape[w[1]]);
+    let batch_stride = kept.last().map_or(0, |&d| s[d]);
+    merged.then_some((batch_stride, s[nd - 1]))
 }
 
 /// Copies `t` into `out` (same shape, contiguous) with one tiled transpose when `t` is a
@@ -42,6 +42,9 @@ pub(crate) fn transpose_into(t: &Tensor, out: &Tensor) -> Result<bool> {
     let nd = t.shape.len();
     let (rows, cols) = (t.shape[nd - 2], t.shape[nd - 1]);
     let batch: usize = t.shape[..nd - 2].iter().product();
+    if rows.div_ceil(TT) > MAX_GROUPS_HIGH_DIM || batch > MAX_GROUPS_HIGH_DIM {
+        return Ok(false);
+    }
     // The largest element offset must fit the kernel's 32-bit arguments.
     let reach = t.offset + (batch - 1) * sb + (rows - 1) + (cols - 1) * ld;
     u32_arg(op, "source extent", reach)?;

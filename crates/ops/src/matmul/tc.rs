@@ -259,7 +259,8 @@ impl TcTile {
 }
 
 /// `t` (..., rows, K) with K-contiguous rows of `kp` elements, each row and batch 16 bytes aligned
-/// (`q` elements): itself when it is so, else a zero-padded copy.
+/// (`q` elements): itself when it is so, else a copy (zero-padded along K where K is not a
+/// multiple of `q`).
 fn k_rows(t: &Tensor, kp: usize, q: usize) -> Result<Tensor> {
     let nd = t.ndim();
     let aligned = t.strides[nd - 1] == 1
@@ -269,15 +270,16 @@ fn k_rows(t: &Tensor, kp: usize, q: usize) -> Result<Tensor> {
     if aligned {
         return Ok(t.clone());
     }
-    if t.shape[nd - 1] == kp {
-        // Only the layout is wrong (a transposed operand of a backward product): a tiled copy.
+    if t.shape[nd - 1] == kp && !t.is_contiguous() {
+        // Only the layout is wrong (a transposed operand of a backward product): a fresh copy,
+        // tiled where the view is a transpose.
         return t.contiguous();
     }
     t.pad(&[(0, kp - t.shape[nd - 1])], 0.0)
 }
 
 /// `out (batch, M, N) = act(a (..., M, K) x b (..., K, N) + bias)` through matmul_tc.cl, batch dims
-/// broadcast to `batch`. Operands whose rows are not K-contiguous and aligned go through a padded copy.
+/// broadcast to `batch`. Operands whose rows are not K-contiguous and aligned go through a copy.
 pub(crate) fn launch(
     kind: TensorCoreKind,
     out: &Tensor,

@@ -296,6 +296,7 @@ pub(super) fn cross_entropy_backward(
     // Long rows: a work-item per logit, or per four where the rows allow 4-wide access.
     let program = program_for(device, &SOFTMAX, x.dtype)?;
     let vec = a.vec4(x);
+    u32_arg(op, "elements", numel)?;
     let items = if vec { numel / 4 } else { numel };
     launch_1d(&program, "cross_entropy_bwd", items, |k| {
         args(k)?;
