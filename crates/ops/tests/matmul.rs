@@ -240,18 +240,22 @@ fn one_dim_operands_sliced_views_and_explicit_tiles() {
                 wm: 4,
                 wn: 4,
             };
-            let opts = MatmulOptions {
-                tile: Some(tile),
-                ..Default::default()
+            // With a bias and an activation: the aligned build's 16-byte stores apply both.
+            let bias = random_tensor(DType::F32, &[48], -1.0, 1.0, 12);
+            let bias_d = bias.to_device(&dev).unwrap();
+            let opts = |tile, bias| MatmulOptions {
+                tile,
+                bias: Some(bias),
+                activation: Activation::Relu,
             };
             let got = x
                 .to_device(&dev)
                 .unwrap()
-                .matmul_with(&y.to_device(&dev).unwrap(), opts)
+                .matmul_with(&y.to_device(&dev).unwrap(), opts(Some(tile), &bias_d))
                 .unwrap();
             check(
                 &got,
-                &x.matmul(&y).unwrap(),
+                &x.matmul_with(&y, opts(None, &bias)).unwrap(),
                 DType::F32,
                 32,
                 &format!("aligned on {dev}"),
