@@ -1,6 +1,6 @@
 //! Backward rules of the broadcasting binary ops, where/select and masked_fill: one fused kernel for both input gradients, then a sum over broadcast dims.
 use crate::tape::{record, Var};
-use netcl_ops::{fused, BinaryOp, Expr, Result, Tensor};
+use netcl_ops::{fused, fused_into, BinaryOp, Expr, Result, Tensor};
 
 /// `g` summed over the dims that broadcasting expanded, giving a tensor of `shape`.
 pub(crate) fn sum_to(g: &Tensor, shape: &[usize]) -> Result<Tensor> {
@@ -200,6 +200,47 @@ impl Var {
             }
             let outs = fused(&[&gv, &uv, dy], &exprs)?;
             reduced(outs, need, [&g_shape, &u_shape])
+        })
+    }
+
+    /// SwiGLU of the two halves of the last dim, `silu(x[..., :h]) * x[..., h:]`: the gate and
+    /// up projections computed as one product (over their stacked weights) go in as they come
+    /// out, and the gradient comes back as one tensor, both halves written by one kernel.
+    pub fn swiglu_halves(&self) -> Result<Var> {
+        let nd = self.ndim();
+        let two_h = self.shape().last().copied().unwrap_or(0);
+        if nd == 0 || !two_h.is_multiple_of(2) {
+            return Err(netcl_ops::Error::shape(
+                "swiglu_halves",
+                format!("{:?}: need a last dim of even size", self.shape()),
+            ));
+        }
+        let h = two_h / 2;
+        let x = self.value().clone();
+        let (gate, up) = (x.narrow(nd - 1, 0, h)?, x.narrow(nd - 1, h, h)?);
+        let (g_in, u_in) = (Expr::input(0), Expr::input(1));
+        let y = fused(&[&gate, &up], &[g_in.clone().silu() * u_in.clone()])?.remove(0);
+        record("swiglu_halves", &[self], y, move |dy, _| {
+            // The gradient as (..., 2, h): one expression picks the gate's or the up's
+            // derivative by a (2, 1) selector, so one kernel writes both halves.
+            let (s, dy_in) = (g_in.clone().sigmoid(), Expr::input(2));
+            let dsilu = s.clone() * (Expr::scalar(1.0) + g_in.clone() * (Expr::scalar(1.0) - s));
+            let pick = Expr::select(
+                Expr::input(3),
+                dy_in.clone() * g_in.clone().silu(),
+                dy_in * u_in * dsilu,
+            );
+            // Made by a kernel (no host write that would wait for the queue).
+            let which = Tensor::arange(0.0, 2.0, 1.0, x.dtype(), x.device())?.reshape(&[2, 1])?;
+            let pair = |t: &Tensor| t.unsqueeze(nd - 1);
+            let mut shape = x.shape()[..nd - 1].to_vec();
+            shape.extend([2, h]);
+            let dx = Tensor::empty(&shape, x.dtype(), x.device())?;
+            fused_into(
+                &[&pair(&gate)?, &pair(&up)?, &pair(dy)?, &which],
+                &[(pick, &dx)],
+            )?;
+            Ok(vec![Some(dx.reshape(x.shape())?)])
         })
     }
 }

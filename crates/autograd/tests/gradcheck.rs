@@ -91,6 +91,17 @@ fn unary_ops() {
         |d| vec![rnd(d, &[5], 0.5, 2.0, 4)],
         |v| v[0].powf(2.5),
     );
+    // SwiGLU of the halves of the last dim, also through a strided input (a transposed view).
+    check(
+        "swiglu_halves",
+        |d| vec![signed(d, &[3, 8], 8)],
+        |v| v[0].swiglu_halves(),
+    );
+    check(
+        "swiglu_halves of a view",
+        |d| vec![signed(d, &[6, 2], 9)],
+        |v| v[0].transpose(0, 1)?.swiglu_halves(),
+    );
     check(
         "scalars",
         |d| vec![signed(d, &[2, 3], 5)],

@@ -3,7 +3,7 @@ use super::cache::KvCache;
 use super::config::LlamaConfig;
 use netcl_autograd::{Parameter, Tape, Var};
 use netcl_nn::{Init, Linear, Module, RmsNorm};
-use netcl_ops::{Device, Generator, Result, RopeFreqs, RopePositions, Tensor};
+use netcl_ops::{Activation, Device, Generator, Result, RopeFreqs, RopePositions, Tensor};
 
 /// Llama's weight initialisation (llama2.c, Hugging Face): N(0, 0.02).
 const INIT: Init = Init::Normal {
@@ -139,10 +139,19 @@ impl FeedForward {
         })
     }
 
+    /// With plain gate and up projections (no bias, no LoRA adapter), both run as one product
+    /// over their weights stacked per step, and SwiGLU splits its output: one GEMM each way
+    /// instead of two, and one input gradient without a sum.
     pub fn forward(&self, tape: &Tape, x: &Var) -> Result<Var> {
-        let gate = self.w1.forward(tape, x)?;
-        let up = self.w3.forward(tape, x)?;
-        self.w2.forward(tape, &Var::swiglu(&gate, &up)?)
+        let plain = |l: &Linear| l.bias.is_none() && l.lora.is_none();
+        let h = if plain(&self.w1) && plain(&self.w3) {
+            let (w1, w3) = (tape.param(&self.w1.weight), tape.param(&self.w3.weight));
+            let w = Var::concat(&[&w1, &w3], 0)?;
+            x.linear(&w, None, Activation::None)?.swiglu_halves()?
+        } else {
+            Var::swiglu(&self.w1.forward(tape, x)?, &self.w3.forward(tape, x)?)?
+        };
+        self.w2.forward(tape, &h)
     }
 
     pub fn named_parameters(&self) -> Vec<(String, Parameter)> {

@@ -96,6 +96,13 @@ impl Tensor {
         Tensor::full(shape, 0.0, dtype, device)
     }
 
+    /// A new contiguous tensor whose elements are unspecified (PyTorch's `torch.empty`): pool
+    /// memory as the last user left it on a device, zeros on the host. For code that writes
+    /// every element before reading any, so that nothing is spent on a fill.
+    pub fn empty(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
+        Tensor::alloc(shape, dtype, device)
+    }
+
     pub fn ones(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
         Tensor::full(shape, 1.0, dtype, device)
     }
