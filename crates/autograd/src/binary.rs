@@ -175,6 +175,12 @@ impl Var {
     }
 }
 
+/// d silu(x) / dx = s (1 + x (1 - s)), s = sigmoid(x).
+fn dsilu(x: Expr) -> Expr {
+    let s = x.clone().sigmoid();
+    s.clone() * (Expr::scalar(1.0) + x * (Expr::scalar(1.0) - s))
+}
+
 impl Var {
     /// SwiGLU's gating, `silu(gate) * up`, as one kernel each way that keeps only `gate` and
     /// `up` for backward (silu then mul would also keep `silu(gate)`).
@@ -188,9 +194,7 @@ impl Var {
         let (gv, uv) = (gate.value().clone(), up.value().clone());
         let (g_shape, u_shape) = (gate.shape().to_vec(), up.shape().to_vec());
         record("swiglu", &[gate, up], y, move |dy, need| {
-            let (s, dy_in) = (g_in.clone().sigmoid(), Expr::input(2));
-            // d silu(x) = s (1 + x (1 - s)), s = sigmoid(x).
-            let dsilu = s.clone() * (Expr::scalar(1.0) + g_in.clone() * (Expr::scalar(1.0) - s));
+            let (dsilu, dy_in) = (dsilu(g_in.clone()), Expr::input(2));
             let mut exprs = Vec::new();
             if need[0] {
                 exprs.push(dy_in.clone() * u_in * dsilu);
@@ -223,8 +227,7 @@ impl Var {
         record("swiglu_halves", &[self], y, move |dy, _| {
             // The gradient as (..., 2, h): one expression picks the gate's or the up's
             // derivative by a (2, 1) selector, so one kernel writes both halves.
-            let (s, dy_in) = (g_in.clone().sigmoid(), Expr::input(2));
-            let dsilu = s.clone() * (Expr::scalar(1.0) + g_in.clone() * (Expr::scalar(1.0) - s));
+            let (dsilu, dy_in) = (dsilu(g_in.clone()), Expr::input(2));
             let pick = Expr::select(
                 Expr::input(3),
                 dy_in.clone() * g_in.clone().silu(),

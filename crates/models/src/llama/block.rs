@@ -22,6 +22,12 @@ fn proj(
 }
 
 /// The parameters of `parts`, each name prefixed by its part's.
+/// A projection without bias or LoRA adapter: its weight alone is the product (what the fused
+/// gate/up product and the decode kernels take).
+pub(super) fn plain(lin: &Linear) -> bool {
+    lin.bias.is_none() && lin.lora.is_none()
+}
+
 fn named(parts: &[(&str, &dyn Module)]) -> Vec<(String, Parameter)> {
     parts
         .iter()
@@ -143,7 +149,6 @@ impl FeedForward {
     /// over their weights stacked per step, and SwiGLU splits its output: one GEMM each way
     /// instead of two, and one input gradient without a sum.
     pub fn forward(&self, tape: &Tape, x: &Var) -> Result<Var> {
-        let plain = |l: &Linear| l.bias.is_none() && l.lora.is_none();
         let h = if plain(&self.w1) && plain(&self.w3) {
             let (w1, w3) = (tape.param(&self.w1.weight), tape.param(&self.w3.weight));
             let w = Var::concat(&[&w1, &w3], 0)?;

@@ -1,4 +1,5 @@
 //! One-token decoding through the fused decode ops: the embedding lookup, five kernels per layer, and the final RMSNorm folded into the output projection.
+use super::block::plain;
 use super::cache::KvCache;
 use super::model::Llama;
 use netcl_nn::{Linear, RmsNorm};
@@ -11,9 +12,19 @@ fn scale(norm: &RmsNorm) -> RmsScale {
     }
 }
 
-/// The weight of a projection the decode ops can take: no bias, no LoRA adapter.
-fn plain(lin: &Linear) -> Option<&Tensor> {
-    (lin.bias.is_none() && lin.lora.is_none()).then(|| lin.weight.value())
+/// Error unless `ids` is I32 `[b]`, one token per row of a cache of batch `b`.
+pub(super) fn check_ids(op: &str, ids: &Tensor, b: usize) -> Result<()> {
+    if ids.shape() != [b] || ids.dtype() != DType::I32 {
+        return Err(Error::shape(
+            op,
+            format!(
+                "token ids are {} {:?}; need I32 [{b}] for a cache of batch {b}",
+                ids.dtype(),
+                ids.shape()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 impl Llama {
@@ -25,9 +36,9 @@ impl Llama {
             let (a, f) = (&l.attention, &l.feed_forward);
             [&a.wq, &a.wk, &a.wv, &a.wo, &f.w1, &f.w2, &f.w3]
                 .iter()
-                .all(|lin| plain(lin).is_some())
+                .all(|lin| plain(lin))
         });
-        let output = self.output.as_ref().is_none_or(|o| plain(o).is_some());
+        let output = self.output.as_ref().is_none_or(plain);
         linears && output && hd.is_multiple_of(2) && hd <= DECODE_MAX_HEAD_DIM
     }
 
@@ -42,17 +53,7 @@ impl Llama {
     pub fn decode(&self, ids: &Tensor, cache: &KvCache, pads: Option<&Tensor>) -> Result<Tensor> {
         let op = "Llama::decode";
         let cfg = &self.config;
-        let b = cache.batch();
-        if ids.shape() != [b] || ids.dtype() != DType::I32 {
-            return Err(Error::shape(
-                op,
-                format!(
-                    "token ids are {} {:?}; need I32 [{b}] for a cache of batch {b}",
-                    ids.dtype(),
-                    ids.shape()
-                ),
-            ));
-        }
+        check_ids(op, ids, cache.batch())?;
         if !self.decode_supported() {
             return Err(Error::invalid(
                 op,

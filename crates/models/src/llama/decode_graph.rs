@@ -1,5 +1,6 @@
 //! One-token decoding replayed from a captured graph: the step's kernels are bound once and each later token is one copy of its ids plus enqueues, the cache position living on the device.
 use super::cache::KvCache;
+use super::decode::check_ids;
 use super::model::Llama;
 use netcl_graph::Graph;
 use netcl_ops::{DType, Error, Result, Tensor};
@@ -33,15 +34,13 @@ impl Llama {
             true => ids.reshape(&[b])?,
             false => ids.clone(),
         };
-        let ids = &ids;
+        check_ids("Llama::capture_decode", &ids, b)?;
         // The input slot, made before the capture and holding this step's ids.
-        let slot = Tensor::zeros(&[b], DType::I32, self.device())?;
-        if ids.shape() == [b] && ids.dtype() == DType::I32 {
-            slot.copy_(ids)?;
-        }
+        let slot = Tensor::empty(&[b], DType::I32, self.device())?;
+        slot.copy_(&ids)?;
         let (graph, logits) = Graph::capture(self.device(), |g| {
             g.input("ids", &slot)?;
-            let logits = self.decode(ids_or(&slot, ids), cache, pads)?;
+            let logits = self.decode(&slot, cache, pads)?;
             g.output("logits", &logits)?;
             Ok(logits)
         })?;
@@ -54,15 +53,6 @@ impl Llama {
             },
             logits,
         ))
-    }
-}
-
-/// The slot when `ids` fits it (so the captured step reads the slot); else `ids`, whose shape
-/// or dtype error `decode` then reports.
-fn ids_or<'a>(slot: &'a Tensor, ids: &'a Tensor) -> &'a Tensor {
-    match ids.shape() == slot.shape() && ids.dtype() == slot.dtype() {
-        true => slot,
-        false => ids,
     }
 }
 
