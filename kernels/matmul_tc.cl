@@ -1,6 +1,9 @@
 // matmul_tc.cl: batched GEMM C = act(A·B + bias) on NVIDIA tensor cores through inline PTX mma.sync (sm_80+ PTX).
-// Built only for devices whose probe (crates/ops/src/matmul_tc.rs) gave exact results. Both operands K-contiguous.
+// Built only for devices whose probe (crates/ops/src/matmul/tc.rs) gave exact results.
 // -DTC_TF32 (f32 storage, TF32 inputs, m16n8k8), -DTC_BF16 or -DTC_F16 (16-bit storage, m16n8k16); f32 accumulation.
+// Operands K-contiguous, or (16-bit only) -DA_MN: A stored (K, M) with M contiguous, -DB_KN: B stored
+// (K, N) with N contiguous (row-major B), read through ldmatrix.trans; M resp. N a multiple of 8.
+// -DC_F32: C and the bias are f32 (16-bit products written without rounding to 16 bits).
 // -DALIGNED: M and N are multiples of the tile (no row checks). -DTC_KERNEL: the kernel's name.
 // The epilogue's `activate` comes as in matmul.cl (a generated `#define ACTIVATION` + function in front).
 //
@@ -41,7 +44,32 @@
 #define KW 32           // words of K per tile step
 #endif
 #define TBK (KW * EPW)  // elements of K per tile step
-#define SROW (KW + 4)   // local row stride in words
+#define SROW (KW + 4)   // local row stride in words (K-contiguous tiles)
+#if (defined(A_MN) || defined(B_KN)) && defined(TC_TF32)
+#error "M/N-contiguous operands take 16-bit elements (ldmatrix.trans)"
+#endif
+// A tile in local memory: TBM rows of K words, or (A_MN) TBK rows of TBM elements; B likewise.
+#ifdef A_MN
+#define A_ROW (TBM / 2 + 4)
+#define A_WORDS (TBK * A_ROW)
+#else
+#define A_WORDS (TBM * SROW)
+#endif
+#ifdef B_KN
+#define B_ROW (TBN / 2 + 4)
+#define B_WORDS (TBK * B_ROW)
+#else
+#define B_WORDS (TBN * SROW)
+#endif
+#ifdef C_F32
+typedef float OT;
+#define OLOAD(p, i) ((p)[i])
+#define OSTORE(p, i, v) ((p)[i] = (v))
+#else
+typedef T OT;
+#define OLOAD(p, i) LOAD(p, i)
+#define OSTORE(p, i, v) STORE(p, i, v)
+#endif
 
 #ifndef ACTIVATION
 inline ACC activate(ACC v) { return v; }
@@ -89,6 +117,11 @@ inline ACC activate(ACC v) { return v; }
     __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"           \
                      : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                  \
                      : "r"((uint)(size_t)(p)))
+// The same, each matrix transposed (for tiles whose rows run along K).
+#define LDMATRIX_X4_T(r, p)                                                                    \
+    __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"     \
+                     : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                  \
+                     : "r"((uint)(size_t)(p)))
 
 #ifdef ASYNC
 // 16 bytes global -> local without registers; zero-filled when !valid (nothing read).
@@ -100,15 +133,15 @@ inline void copy16(__local uint* dst, __global const T* src, uint valid) {
 #endif
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void TC_KERNEL(__global T* c,           /* (batch, M, N) contiguous per batch: c[m * N + n] */
-               __global const T* a,     /* (batch, M, K): a[m * sam + k] */
-               __global const T* b,     /* (batch, N, K), B transposed: b[n * sbn + k] */
-               __global const T* bias,  /* (N), read when has_bias */
+void TC_KERNEL(__global OT* c,          /* (batch, M, N) contiguous per batch: c[m * N + n] */
+               __global const T* a,     /* (batch, M, K): a[m * sam + k]; A_MN: a[k * sam + m] */
+               __global const T* b,     /* (batch, N, K): b[n * sbn + k]; B_KN: b[k * sbn + n] */
+               __global const OT* bias, /* (N), read when has_bias */
                Layout batch,            /* batch dims: operand 0 = c, 1 = a, 2 = b */
                uint M, uint N, uint K, uint sam, uint sbn, uint has_bias) {
     // As[stage][m * SROW + w]: A's rows as words along K; Bs likewise B's columns.
-    __local uint As[STAGES][TBM * SROW] __attribute__((aligned(16)));
-    __local uint Bs[STAGES][TBN * SROW] __attribute__((aligned(16)));
+    __local uint As[STAGES][A_WORDS] __attribute__((aligned(16)));
+    __local uint Bs[STAGES][B_WORDS] __attribute__((aligned(16)));
     const uint tid = get_local_id(0), lane = tid % 32, warp = tid / 32;
     const uint g = lane / 4, t = lane % 4;
     const uint wm = (warp / WARPS_N) * (WMI * 16), wn = (warp % WARPS_N) * (WNJ * 8);
@@ -122,11 +155,22 @@ void TC_KERNEL(__global T* c,           /* (batch, M, N) contiguous per batch: c
 #pragma unroll
             for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
 
-// Vector s of a work-item: tile row e / VPR, words 4 (e % VPR) .. + 3.
+// Vector s of a work-item: tile row e / VPR, words 4 (e % VPR) .. + 3 (l: its local word, gi: its
+// first element, ok: inside the matrix); M/N-contiguous: k row e / (TBM / 8), elements 8 (e % ..).
+#ifdef A_MN
+#define A_AT(s, k0) uint e = tid + (s) * WG, r = m0 + (e % (TBM / 8)) * 8, k = (k0) + e / (TBM / 8); \
+    uint l = (e / (TBM / 8)) * A_ROW + (e % (TBM / 8)) * 4; uint ok = IN(r, M) && k < K; uint gi = o.y + k * sam + r;
+#else
 #define A_AT(s, k0) uint e = tid + (s) * WG, r = m0 + e / VPR, k = (k0) + (e % VPR) * 4 * EPW; \
     uint l = (e / VPR) * SROW + (e % VPR) * 4; uint ok = IN(r, M) && k < K; uint gi = o.y + r * sam + k;
+#endif
+#ifdef B_KN
+#define B_AT(s, k0) uint e = tid + (s) * WG, r = n0 + (e % (TBN / 8)) * 8, k = (k0) + e / (TBN / 8); \
+    uint l = (e / (TBN / 8)) * B_ROW + (e % (TBN / 8)) * 4; uint ok = IN(r, N) && k < K; uint gi = o.z + k * sbn + r;
+#else
 #define B_AT(s, k0) uint e = tid + (s) * WG, r = n0 + e / VPR, k = (k0) + (e % VPR) * 4 * EPW; \
     uint l = (e / VPR) * SROW + (e % VPR) * 4; uint ok = IN(r, N) && k < K; uint gi = o.z + r * sbn + k;
+#endif
 
 #ifdef ASYNC
 #define ISSUE(st, k0)                                                                  \
@@ -161,13 +205,13 @@ void TC_KERNEL(__global T* c,           /* (batch, M, N) contiguous per batch: c
         const uint st = 0;
 #pragma unroll
         for (int s = 0; s < A_VEC; ++s) {
-            uint e = tid + s * WG;
-            *(__local uint4*)&As[0][(e / VPR) * SROW + (e % VPR) * 4] = ra[s];
+            A_AT(s, 0)
+            *(__local uint4*)&As[0][l] = ra[s];
         }
 #pragma unroll
         for (int s = 0; s < B_VEC; ++s) {
-            uint e = tid + s * WG;
-            *(__local uint4*)&Bs[0][(e / VPR) * SROW + (e % VPR) * 4] = rb[s];
+            B_AT(s, 0)
+            *(__local uint4*)&Bs[0][l] = rb[s];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         if (k0 + TBK < K) {
@@ -180,17 +224,29 @@ void TC_KERNEL(__global T* c,           /* (batch, M, N) contiguous per batch: c
             // Four 8 x 8 matrices of 16-bit elements (8 x 4 words) per instruction, lane l giving
             // the address of row l % 8 of matrix l / 8: A's (rows +0/+8, words +0/+4) in the
             // order of mma's a0..a3; B's (columns j, j + 1) x (words +0/+4).
+// M/N-contiguous tiles: the same matrices from rows along K (element k 2 kw ..), transposed.
 #pragma unroll
             for (int i = 0; i < WMI; ++i) {
+#ifdef A_MN
+                uint kr = 2 * kw + 8 * (lane / 16) + lane % 8;
+                LDMATRIX_X4_T(af[i], &As[st][kr * A_ROW + (wm + i * 16 + 8 * ((lane / 8) % 2)) / 2]);
+#else
                 uint r = wm + i * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
                 LDMATRIX_X4(af[i], &As[st][r * SROW + kw + 4 * (lane / 16)]);
+#endif
 #pragma unroll
                 for (int q = 0; q < 4; ++q) af[i][q] = TF32(af[i][q]);
             }
 #pragma unroll
             for (int j = 0; j < WNJ; j += 2) {
-                uint r = wn + j * 8 + (lane % 8) + 8 * (lane / 16), x[4];
+                uint x[4];
+#ifdef B_KN
+                uint kr = 2 * kw + 8 * ((lane / 8) % 2) + lane % 8;
+                LDMATRIX_X4_T(x, &Bs[st][kr * B_ROW + (wn + (j + lane / 16) * 8) / 2]);
+#else
+                uint r = wn + j * 8 + (lane % 8) + 8 * (lane / 16);
                 LDMATRIX_X4(x, &Bs[st][r * SROW + kw + 4 * ((lane / 8) % 2)]);
+#endif
                 bf[j][0] = TF32(x[0]);
                 bf[j][1] = TF32(x[1]);
                 bf[j + 1][0] = TF32(x[2]);
@@ -218,8 +274,8 @@ void TC_KERNEL(__global T* c,           /* (batch, M, N) contiguous per batch: c
                     uint n = n0 + wn + j * 8 + 2 * t + q;
                     if (n < N) {
                         ACC v = acc[i][j][2 * h + q];
-                        if (has_bias) v += LOAD(bias, n);
-                        STORE(c, o.x + m * N + n, activate(v));
+                        if (has_bias) v += OLOAD(bias, n);
+                        OSTORE(c, o.x + m * N + n, activate(v));
                     }
                 }
             }

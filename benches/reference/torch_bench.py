@@ -194,10 +194,12 @@ def main():
     if want("attention"):
         # Causal attention at the Llama benchmark shapes (netcl-bench --suite attention): PyTorch's
         # scaled_dot_product_attention (its fp32 kernels), forward and backward alone.
-        for b, h, t, d in ((16, 12, 512, 64), (32, 6, 256, 48)):
-            q, k, v, g = (torch.randn(b, h, t, d, device=dev, requires_grad=True) for _ in range(4))
+        # bf16 rows: its flash-attention kernels (tensor cores).
+        for (b, h, t, d), dt in [(s, dt) for s in ((16, 12, 512, 64), (32, 6, 256, 48))
+                                 for dt in (torch.float32, torch.bfloat16)]:
+            q, k, v, g = (torch.randn(b, h, t, d, device=dev, dtype=dt, requires_grad=True) for _ in range(4))
             pairs = b * h * t * (t + 1) / 2
-            tag = f"B{b}_H{h}_T{t}_D{d}"
+            tag = f"B{b}_H{h}_T{t}_D{d}" + ("_bf16" if dt == torch.bfloat16 else "")
             sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
             rec("attention", f"attention_fwd_{tag}", timed(sdpa), flops=4 * pairs * d)
             rec("attention", f"attention_bwd_{tag}", timed(bwd(sdpa(), (q, k, v), g)), flops=10 * pairs * d)

@@ -1,6 +1,7 @@
 //! Scaled dot-product attention: the fused kernel's op and backward rule (`Var::flash_attention`), and `Var::attention`, which takes it where it can and composes recorded ops (matmul, mask, softmax, matmul) elsewhere.
+use crate::autocast::product_dtype;
 use crate::tape::{any_tracked, record, Var};
-use netcl_ops::{Error, Result, Tensor};
+use netcl_ops::{DType, Error, Result, Tensor};
 
 impl Var {
     /// softmax(q·kᵀ·scale + mask)·v over q, k, v: (..., T, D); `mask` is an additive constant
@@ -63,6 +64,8 @@ impl Var {
     /// Fused attention of q (B, H, Tq, D) over k, v (B, Hkv, Tk, D) ([`Tensor::flash_attention`]:
     /// grouped-query heads, no materialised scores). The tape keeps q, k, v, the output and
     /// the rows' log-sum-exp (B, H, Tq), and the backward is the fused one (dq, dk and dv kernels).
+    /// Under autocast, f32 operands compute in the autocast dtype (tensor cores where the device
+    /// has them) and the output returns as f32, as PyTorch's autocast runs attention.
     pub fn flash_attention(
         q: &Var,
         k: &Var,
@@ -70,6 +73,11 @@ impl Var {
         causal: bool,
         scale: Option<f64>,
     ) -> Result<Var> {
+        let all_f32 = [k, v].iter().all(|x| x.dtype() == DType::F32);
+        if let (Some(dt), true) = (product_dtype(q.dtype()), all_f32) {
+            let (q, k, v) = (q.to_dtype(dt)?, k.to_dtype(dt)?, v.to_dtype(dt)?);
+            return Var::flash_attention(&q, &k, &v, causal, scale)?.to_dtype(DType::F32);
+        }
         let (qv, kv, vv) = (q.value(), k.value(), v.value());
         let (out, lse) = Tensor::flash_attention(qv, kv, vv, causal, scale)?;
         if !any_tracked(&[q, k, v]) {

@@ -1,4 +1,4 @@
-//! Autocast (mixed precision): inside `autocast(dtype, f)`, matrix products and linear layers of f32 values compute in bf16 or f16 (tensor cores where the device has them) and return f32; norms, softmax, losses, reductions and the parameters stay f32.
+//! Autocast (mixed precision): inside `autocast(dtype, f)`, matrix products, linear layers and fused attention of f32 values compute in bf16 or f16 (tensor cores where the device has them) and return f32; norms, softmax, losses, reductions and the parameters stay f32.
 use netcl_ops::{DType, Error, Result};
 use std::cell::Cell;
 
@@ -15,8 +15,8 @@ impl Drop for Restore {
     }
 }
 
-/// Runs `f` with autocast to `dtype` (`BF16` or `F16`) on this thread: `Var::matmul` and
-/// `Var::linear` cast f32 operands to `dtype`, multiply, and cast the product back to f32; their
+/// Runs `f` with autocast to `dtype` (`BF16` or `F16`) on this thread: `Var::matmul`,
+/// `Var::linear` and `Var::flash_attention` cast f32 operands to `dtype`, multiply, and cast the product back to f32; their
 /// gradients flow back through the casts to the f32 parameters (the master weights). Everything
 /// else computes in f32. Nest-safe: the previous policy returns when `f` ends. With f16, scale the
 /// loss (netcl-optim's `GradScaler`) so small gradients do

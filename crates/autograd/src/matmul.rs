@@ -31,23 +31,22 @@ impl Var {
     }
 
     fn matmul_nd(&self, other: &Var) -> Result<Var> {
-        if let (Some(dt), DType::F32) = (product_dtype(self.dtype()), other.dtype()) {
-            let (a, b) = (self.to_dtype(dt)?, other.to_dtype(dt)?);
-            return a.matmul_nd(&b)?.to_dtype(DType::F32);
-        }
-        let y = self.value().matmul(other.value())?;
+        let cast = Cast(product_dtype(self.dtype()).filter(|_| other.dtype() == DType::F32));
+        let (av, bv) = (cast.low(self.value())?, cast.low(other.value())?);
+        let y = av.matmul_with(&bv, cast.options())?;
         // Each operand is kept only for the other's gradient: a frozen weight's product keeps
         // no activation alive (PyTorch saves the same way).
         let (a_shape, b_shape) = (self.shape().to_vec(), other.shape().to_vec());
-        let a = other.is_tracked().then(|| self.value().clone());
-        let b = self.is_tracked().then(|| other.value().clone());
+        let a = other.is_tracked().then_some(av);
+        let b = self.is_tracked().then_some(bv);
         record("matmul", &[self, other], y, move |g, need| {
+            let g = cast.low(g)?;
             let da = match (&b, need[0]) {
-                (Some(b), true) => Some(sum_to(&g.matmul(&t(b)?)?, &a_shape)?),
+                (Some(b), true) => Some(sum_to(&g.matmul_with(&t(b)?, cast.options())?, &a_shape)?),
                 _ => None,
             };
             let db = match (&a, need[1]) {
-                (Some(a), true) => Some(sum_to(&t(a)?.matmul(g)?, &b_shape)?),
+                (Some(a), true) => Some(sum_to(&t(a)?.matmul_with(&g, cast.options())?, &b_shape)?),
                 _ => None,
             };
             Ok(vec![da, db])
@@ -79,11 +78,9 @@ impl Var {
             ));
         }
         let all_f32 = weight.dtype() == DType::F32 && bias.is_none_or(|b| b.dtype() == DType::F32);
-        if let (Some(dt), true) = (product_dtype(self.dtype()), all_f32) {
-            let (x, w) = (self.to_dtype(dt)?, weight.to_dtype(dt)?);
-            let b = bias.map(|b| b.to_dtype(dt)).transpose()?;
-            return x.linear(&w, b.as_ref(), activation)?.to_dtype(DType::F32);
-        }
+        // Autocast: the products read 16-bit copies of x, the weight and the output's gradient
+        // and write f32 (the gradients arrive in the f32 values' dtype; no cast of any output).
+        let cast = Cast(product_dtype(self.dtype()).filter(|_| all_f32));
         let x_shape = self.shape().to_vec();
         let (inn, out) = (weight.shape()[1], weight.shape()[0]);
         let rows = x_shape[..x_shape.len() - 1].iter().product::<usize>();
@@ -92,12 +89,12 @@ impl Var {
         } else {
             self.value().contiguous()?
         };
-        let x2 = x2.reshape(&[rows, inn])?;
-        let w = weight.value().clone();
+        let x2 = cast.low(&x2.reshape(&[rows, inn])?)?;
+        let w = cast.low(weight.value())?;
         let opts = MatmulOptions {
             bias: bias.map(|b| b.value()),
             activation,
-            ..Default::default()
+            ..cast.options()
         };
         let y2 = x2.matmul_with(&t(&w)?, opts)?;
         let mut y_shape = x_shape.clone();
@@ -120,13 +117,14 @@ impl Var {
                 .remove(0),
                 None => g2,
             };
+            let gl = cast.low(&gz)?;
             let dx = if need[0] {
-                Some(gz.matmul(&w)?.reshape(&x_shape)?)
+                Some(gl.matmul_with(&w, cast.options())?.reshape(&x_shape)?)
             } else {
                 None
             };
             let dw = match (&x2, need[1]) {
-                (Some(x2), true) => Some(t(&gz)?.matmul(x2)?),
+                (Some(x2), true) => Some(t(&gl)?.matmul_with(x2, cast.options())?),
                 _ => None,
             };
             let mut grads = vec![dx, dw];
@@ -139,5 +137,28 @@ impl Var {
             }
             Ok(grads)
         })
+    }
+}
+
+/// The autocast dtype of one product, if any: its operands (and the output's gradient) are read
+/// as copies in that dtype and the products written in f32.
+#[derive(Clone, Copy)]
+struct Cast(Option<DType>);
+
+impl Cast {
+    /// `t` in the product's dtype.
+    fn low(self, t: &Tensor) -> Result<Tensor> {
+        match self.0 {
+            Some(dt) => t.to_dtype(dt),
+            None => Ok(t.clone()),
+        }
+    }
+
+    /// Options writing the product in f32 under autocast.
+    fn options(self) -> MatmulOptions<'static> {
+        MatmulOptions {
+            out_dtype: self.0.map(|_| DType::F32),
+            ..Default::default()
+        }
     }
 }

@@ -124,7 +124,7 @@ fn epilogue_equals_the_op_after_the_product() {
             let opts = MatmulOptions {
                 bias: Some(&bias),
                 activation: act,
-                tile: None,
+                ..Default::default()
             };
             let got = a.matmul_with(&b, opts).unwrap();
             let want = a.matmul(&b).unwrap().add(&bias).unwrap().unary(op).unwrap();

@@ -35,6 +35,8 @@ source!(CONV, "conv.cl");
 source!(POOL, "pool.cl");
 source!(SORT, "sort.cl");
 source!(ATTENTION, "attention.cl");
+// Fused attention on tensor cores (inline NVIDIA PTX): built only where the GEMM's probe passed.
+source!(ATTENTION_TC, "attention_tc.cl");
 source!(DECODE, "decode.cl");
 
 /// Every op-family source (not the common header).

@@ -85,36 +85,36 @@ fn max_abs(v: &[f64]) -> f64 {
     v.iter().fold(1.0f64, |m, x| m.max(x.abs()))
 }
 
-#[test]
-fn flash_attention_matches_naive_attention_on_every_device() {
-    let devices = test_devices().unwrap();
-    let mut c = Cases::new(0xF1A5);
-    for case in 0..48 {
-        let dtype = FLOATS[case % 4];
-        let (b, hkv, rep) = (1 + c.below(2), 1 + c.below(2), 1 + c.below(3));
-        let h = hkv * rep;
-        // Up to 64 the register-blocked backward, above it the streaming kernels.
-        let d = [4, 8, 12, 16, 32, 64, 96, 128][c.below(8)];
-        // Lengths across the 64-query and 32-key tiles; causal with fewer keys than queries too.
-        let tq = [1, 3, 17, 64, 65, 70][c.below(6)];
-        let tk = [1, 5, 32, 33, 64, 70][c.below(6)].max(if c.below(4) == 0 { 1 } else { tq });
-        let causal = c.below(3) != 0;
-        let scale = if c.below(2) == 0 { None } else { Some(0.3) };
-        let dims = [b, h, hkv, tq, tk, d];
-        let seed = 1000 * case as u64;
-        let q = operand(dtype, [b, h, tq, d], seed, c.below(2) == 0);
-        let k = operand(dtype, [b, hkv, tk, d], seed + 1, c.below(2) == 0);
-        let v = operand(dtype, [b, hkv, tk, d], seed + 2, c.below(2) == 0);
+/// One problem: (B, H, Hkv, Tq, Tk, D), causal or not, the default scale or 0.3, q, k and v as
+/// transposed views or plain: the fused forward, lse and backward on every device against the
+/// naive attention.
+struct Case {
+    dtype: DType,
+    dims: [usize; 6],
+    causal: bool,
+    scale: Option<f64>,
+    transposed: [bool; 3],
+    seed: u64,
+}
+
+impl Case {
+    fn check(&self, devices: &[Device]) {
+        let (dtype, dims, causal, scale) = (self.dtype, self.dims, self.causal, self.scale);
+        let [b, h, hkv, tq, tk, d] = dims;
+        let seed = self.seed;
+        let q = operand(dtype, [b, h, tq, d], seed, self.transposed[0]);
+        let k = operand(dtype, [b, hkv, tk, d], seed + 1, self.transposed[1]);
+        let v = operand(dtype, [b, hkv, tk, d], seed + 2, self.transposed[2]);
         let g = operand(dtype, [b, h, tq, d], seed + 3, false);
         let vals = |t: &Tensor| t.to_vec_f64().unwrap();
         let s = scale.unwrap_or(1.0 / (d as f64).sqrt());
         let want = naive(&vals(&q), &vals(&k), &vals(&v), &vals(&g), dims, causal, s);
         let tol = 4.0 * tolerance(dtype).max(1e-12);
-        for dev in &devices {
+        for dev in devices {
             if dtype == DType::F64 && !dev.info().fp64 {
                 continue;
             }
-            let what = format!("case {case} {dtype} {dims:?} causal {causal} on {dev}");
+            let what = format!("seed {seed} {dtype} {dims:?} causal {causal} on {dev}");
             let on = |t: &Tensor| t.to_device(dev).unwrap();
             let (qd, kd, vd) = (on(&q), on(&k), on(&v));
             let (out, lse) = Tensor::flash_attention(&qd, &kd, &vd, causal, scale).unwrap();
@@ -145,6 +145,65 @@ fn flash_attention_matches_naive_attention_on_every_device() {
             })
             .collect();
             assert!(errors.is_empty(), "{}", errors.join("\n"));
+        }
+    }
+}
+
+#[test]
+fn flash_attention_matches_naive_attention_on_every_device() {
+    let devices = test_devices().unwrap();
+    let mut c = Cases::new(0xF1A5);
+    for case in 0..48 {
+        let dtype = FLOATS[case % 4];
+        let (b, hkv, rep) = (1 + c.below(2), 1 + c.below(2), 1 + c.below(3));
+        let h = hkv * rep;
+        // Up to 64 the register-blocked backward, above it the streaming kernels.
+        let d = [4, 8, 12, 16, 32, 64, 96, 128][c.below(8)];
+        // Lengths across the 64-query and 32-key tiles; causal with fewer keys than queries too.
+        let tq = [1, 3, 17, 64, 65, 70][c.below(6)];
+        let tk = [1, 5, 32, 33, 64, 70][c.below(6)].max(if c.below(4) == 0 { 1 } else { tq });
+        let causal = c.below(3) != 0;
+        let scale = if c.below(2) == 0 { None } else { Some(0.3) };
+        let transposed = [c.below(2) == 0, c.below(2) == 0, c.below(2) == 0];
+        let seed = 1000 * case as u64;
+        let dims = [b, h, hkv, tq, tk, d];
+        Case {
+            dtype,
+            dims,
+            causal,
+            scale,
+            transposed,
+            seed,
+        }
+        .check(&devices);
+    }
+}
+
+/// The shapes the tensor-core kernels take on GPUs that have them (16-bit, head dims 16 to 64 in
+/// steps of 16), with lengths across their 64-row blocks, grouped heads, causal with fewer keys
+/// than queries (queries that see no key) and more; other devices run their own kernels.
+#[test]
+fn tensor_core_attention_shapes_match_naive_attention() {
+    let devices = test_devices().unwrap();
+    let lengths = [(64, 64), (65, 130), (130, 65), (1, 70), (128, 128), (70, 1)];
+    for (n, dtype) in [DType::BF16, DType::F16].into_iter().enumerate() {
+        for (m, d) in [16, 48, 64].into_iter().enumerate() {
+            let (tq, tk) = lengths[(3 * n + m) % lengths.len()];
+            for causal in [true, false] {
+                let seed = (100 * n + 10 * m + causal as usize) as u64;
+                let dims = [1, 4, 2, tq, tk, d];
+                let transposed = [true, causal, false];
+                let scale = (!causal).then_some(0.3);
+                Case {
+                    dtype,
+                    dims,
+                    causal,
+                    scale,
+                    transposed,
+                    seed,
+                }
+                .check(&devices);
+            }
         }
     }
 }

@@ -69,7 +69,7 @@ fn matmul_matches_the_host_over_shapes_strides_and_batches() {
             MatmulOptions {
                 bias,
                 activation,
-                tile: None,
+                ..Default::default()
             }
         }
         let want = a.matmul_with(&b, opts(bias.as_ref(), act)).unwrap();
@@ -139,7 +139,7 @@ fn one_dim_operands_sliced_views_and_explicit_tiles() {
         let opts = MatmulOptions {
             bias: Some(&bias),
             activation: Activation::Relu,
-            tile: None,
+            ..Default::default()
         };
         assert_eq!(
             e.matmul_with(&f, opts).unwrap().to_vec::<f32>().unwrap(),
@@ -208,6 +208,7 @@ fn one_dim_operands_sliced_views_and_explicit_tiles() {
                     tile: t,
                     bias: Some(&bias.to_device(d).unwrap()),
                     activation: Activation::Relu,
+                    out_dtype: None,
                 };
                 let (xd, yd) = (x.to_device(d).unwrap(), y.to_device(d).unwrap());
                 xd.matmul_with(&yd, opts).unwrap()
@@ -247,6 +248,7 @@ fn one_dim_operands_sliced_views_and_explicit_tiles() {
                 tile,
                 bias: Some(bias),
                 activation: Activation::Relu,
+                out_dtype: None,
             };
             let got = x
                 .to_device(&dev)

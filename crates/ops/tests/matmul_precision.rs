@@ -17,6 +17,9 @@ fn cases() -> Vec<Case> {
         (vec![], 64, 256, 96, true, false, false),
         (vec![], 33, 129, 200, false, true, true),
         (vec![2], 40, 24, 70, true, true, false),
+        // 16-bit operands read as they lie: A (K, M) and B (K, N) row-major, ragged tiles, batch.
+        (vec![], 72, 136, 64, true, false, true),
+        (vec![3], 16, 24, 32, true, false, false),
     ]
 }
 
@@ -32,36 +35,43 @@ fn operand(dtype: DType, batch: &[usize], r: usize, c: usize, t: bool, seed: u64
     }
 }
 
-/// Runs every case on `dev` in `dtype` (with precision `p` for f32) and compares with the host's
-/// f64 product of the same (rounded) inputs; returns whether any result differed from the exact
-/// f32 kernel's by a bit.
-fn run(dev: &Device, dtype: DType, tol: f64) -> bool {
+/// Runs every case on `dev` in `dtype` (with precision `p` for f32), the product written in `out`
+/// (f32 for 16-bit operands, with an f32 bias) or in `dtype`, and compares with the host's f64
+/// product of the same (rounded) inputs; returns whether any result differed from the exact f32
+/// kernel's by a bit.
+fn run(dev: &Device, dtype: DType, out: Option<DType>, tol: f64) -> bool {
     let mut differs = false;
     for (i, (batch, m, n, k, ta, tb, bias)) in cases().into_iter().enumerate() {
         let seed = 100 * i as u64;
         let a = operand(dtype, &batch, m, k, ta, seed);
         let b = operand(dtype, &[], k, n, tb, seed + 1);
-        let bias_t = bias.then(|| random_tensor(dtype, &[n], -1.0, 1.0, seed + 2));
-        let opts = |bias| MatmulOptions {
+        let bias_t = bias.then(|| {
+            random_tensor(dtype, &[n], -1.0, 1.0, seed + 2)
+                .to_dtype(out.unwrap_or(dtype))
+                .unwrap()
+        });
+        let opts = |bias, out_dtype| MatmulOptions {
             bias,
             activation: Activation::Relu,
             tile: None,
+            out_dtype,
         };
         let to64 = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
         let bias64 = bias_t.as_ref().map(to64);
         let want = to64(&a)
-            .matmul_with(&to64(&b), opts(bias64.as_ref()))
+            .matmul_with(&to64(&b), opts(bias64.as_ref(), None))
             .unwrap();
         let (ad, bd) = (a.to_device(dev).unwrap(), b.to_device(dev).unwrap());
         let biasd = bias_t.as_ref().map(|t| t.to_device(dev).unwrap());
-        let got = ad.matmul_with(&bd, opts(biasd.as_ref())).unwrap();
-        let what = format!("{dtype} {batch:?} {m}x{k}x{n} (ta {ta}, tb {tb}) on {dev}");
+        let got = ad.matmul_with(&bd, opts(biasd.as_ref(), out)).unwrap();
+        let what = format!("{dtype} -> {out:?} {batch:?} {m}x{k}x{n} (ta {ta}, tb {tb}) on {dev}");
         assert_eq!(got.shape(), want.shape(), "{what}");
+        assert_eq!(got.dtype(), out.unwrap_or(dtype), "{what}");
         let g = got.to_vec_f64().unwrap();
         check_close(&g, &want.to_vec_f64().unwrap(), tol, 1.0, &what).unwrap();
         if dtype == DType::F32 {
             set_device_float32_matmul_precision(dev, Some(MatmulPrecision::Highest));
-            let exact = ad.matmul_with(&bd, opts(biasd.as_ref())).unwrap();
+            let exact = ad.matmul_with(&bd, opts(biasd.as_ref(), None)).unwrap();
             set_device_float32_matmul_precision(dev, Some(MatmulPrecision::High));
             differs |= exact.to_vec_f64().unwrap() != g;
         }
@@ -81,15 +91,45 @@ fn tf32_and_16_bit_products_match_the_host_on_every_device() {
         assert_eq!(device_float32_matmul_precision(&dev), MatmulPrecision::High);
         // TF32 keeps 10 mantissa bits: |error| <= about 2^-11 * sum |a||b| (K <= 200 of [-1, 1]).
         let tf32 = has_tensor_cores(&dev, TensorCoreKind::Tf32);
-        let differs = run(&dev, DType::F32, 2e-2);
+        let differs = run(&dev, DType::F32, None, 2e-2);
         // "high" uses TF32 exactly where tensor cores were found, and exact f32 elsewhere.
         assert_eq!(differs, tf32, "TF32 in use on {dev}: {tf32}");
         set_device_float32_matmul_precision(&dev, None);
         // bf16 and f16 inputs (through tensor cores where present): the output's rounding
         // dominates, plus f32 accumulation.
-        run(&dev, DType::BF16, 6e-2);
-        run(&dev, DType::F16, 1e-2);
+        run(&dev, DType::BF16, None, 6e-2);
+        run(&dev, DType::F16, None, 1e-2);
+        // Written in f32 (autocast's products): the same bounds hold where the product is rounded
+        // to 16 bits first (devices without tensor cores).
+        run(&dev, DType::BF16, Some(DType::F32), 6e-2);
+        run(&dev, DType::F16, Some(DType::F32), 1e-2);
     }
+}
+
+#[test]
+fn a_product_widens_only_from_16_bits_to_f32() {
+    let dev = Device::host();
+    let a = random_tensor(DType::F32, &[4, 8], -1.0, 1.0, 1);
+    let widen = |t: &Tensor, out, bias| {
+        let opts = MatmulOptions {
+            out_dtype: Some(out),
+            bias,
+            ..Default::default()
+        };
+        t.matmul_with(&t.transpose(0, 1).unwrap(), opts)
+    };
+    let e = widen(&a, DType::BF16, None).unwrap_err().to_string();
+    assert!(e.contains("f32 operands") && e.contains("bf16"), "{e}");
+    let h = a.to_dtype(DType::BF16).unwrap();
+    let e = widen(&h, DType::F16, None).unwrap_err().to_string();
+    assert!(e.contains("f16"), "{e}");
+    let bias16 = Tensor::zeros(&[4], DType::BF16, &dev).unwrap();
+    let e = widen(&h, DType::F32, Some(&bias16))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("bias is bf16"), "{e}");
+    let y = widen(&h, DType::F32, None).unwrap();
+    assert_eq!(y.dtype(), DType::F32);
 }
 
 #[test]

@@ -5,8 +5,9 @@ use crate::base::checks::u32_arg;
 use crate::base::host::dense;
 use crate::base::launch::launch_groups;
 use crate::base::tensor::Tensor;
+use crate::matmul::tc::tensor_core_kind;
 use netcl_core_devices::{DType, Device, Error, Result};
-use netcl_kernels::sources::ATTENTION;
+use netcl_kernels::sources::{ATTENTION, ATTENTION_TC};
 use netcl_kernels::{program, Kernel, Program};
 use std::sync::Arc;
 
@@ -87,6 +88,33 @@ fn attention_program(device: &Device, dtype: DType, d: usize) -> Result<Arc<Prog
     );
     program(device, &ATTENTION, &options)
 }
+
+/// The tensor-core program (kernels/attention_tc.cl) where it takes this problem: bf16 or f16 on
+/// a device whose tensor-core probe passed, head dims 16 to 64 in steps of 16, every view's offset
+/// and strides multiples of 8 elements. `NETCL_ATTENTION_TC=0` turns it off.
+fn tensor_core_program(
+    device: &Device,
+    dtype: DType,
+    d: usize,
+    views: &[[u32; 4]],
+) -> Result<Option<Arc<Program>>> {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("NETCL_ATTENTION_TC").map_or(true, |v| v != "0"));
+    let fits = on
+        && matches!(dtype, DType::BF16 | DType::F16)
+        && d.is_multiple_of(16)
+        && (16..=64).contains(&d)
+        && views.iter().flatten().all(|x| x.is_multiple_of(8))
+        && tensor_core_kind(device, dtype).is_some();
+    if !fits {
+        return Ok(None);
+    }
+    let options = format!("{} -DHEAD_DIM={d}", dtype.build_option());
+    program(device, &ATTENTION_TC, &options).map(Some)
+}
+
+/// Rows per work-group and work-items of attention_tc.cl's kernels.
+const TC_BLOCK: (usize, usize) = (64, 128);
 
 impl Dims {
     fn geom(&self, op: &str, views: [[u32; 4]; 5]) -> Result<AttnGeom> {
@@ -179,6 +207,18 @@ pub(super) fn forward(desc: &FlashAttention, device: &Device) -> Result<(Tensor,
         view(op, &out)?,
         [0; 4],
     ];
+    if let Some(program) = tensor_core_program(device, dtype, d.d, &views[..4])? {
+        let kernels = Kernels {
+            op,
+            program,
+            geom: d.geom(op, views)?,
+            d,
+            dtype,
+        };
+        let bufs = [&out, &lse, &q, &k, &v];
+        kernels.run("attention_fwd_tc", &bufs, 2, d.b * d.h, d.tq, TC_BLOCK)?;
+        return Ok((out, lse));
+    }
     let kernels = Kernels {
         op,
         program: attention_program(device, dtype, d.d)?,
@@ -220,9 +260,13 @@ pub(super) fn backward(
         view(op, &grad)?,
         view(op, &out)?,
     ];
+    let tc = tensor_core_program(device, dtype, d.d, &views)?;
     let kernels = Kernels {
         op,
-        program: attention_program(device, dtype, d.d)?,
+        program: match &tc {
+            Some(p) => p.clone(),
+            None => attention_program(device, dtype, d.d)?,
+        },
         geom: d.geom(op, views)?,
         d,
         dtype,
@@ -232,6 +276,29 @@ pub(super) fn backward(
     let dq_bufs = [&dq, &delta, &q, &k, &v, &grad, &out, &lse];
     let key_grad = || d.t_major(d.tk, d.hkv, dtype, device);
     let rest = [&q, &k, &v, &grad, &lse, &delta];
+    if tc.is_some() {
+        // Tensor cores: dq (and delta), then dk and dv in one kernel, as the blocked kernels.
+        kernels.run(
+            "attention_bwd_dq_tc",
+            &dq_bufs,
+            3,
+            d.b * d.h,
+            d.tq,
+            TC_BLOCK,
+        )?;
+        let (dk, dv) = (key_grad()?, key_grad()?);
+        let mut bufs = vec![&dk, &dv];
+        bufs.extend(rest);
+        kernels.run(
+            "attention_bwd_dkdv_tc",
+            &bufs,
+            4,
+            d.b * d.hkv,
+            d.tk,
+            TC_BLOCK,
+        )?;
+        return Ok((dq, dk, dv));
+    }
     if blocked_fits(device, dtype, d.d) {
         // Register-blocked: dq (and delta), then dk and dv in one kernel (five products per
         // visible pair: two scores, the probability's and the gradient's updates, dq's).

@@ -8,7 +8,7 @@ use crate::base::dispatch::dispatch;
 use crate::base::layout::{broadcast_shapes, broadcast_strides, numel};
 use crate::base::tensor::Tensor;
 use crate::fused::activation::Activation;
-use netcl_core_devices::{Error, Result};
+use netcl_core_devices::{DType, Error, Result};
 use netcl_kernels::GemmTile;
 pub(crate) use opencl::matmul_source;
 
@@ -20,6 +20,10 @@ pub struct MatmulOptions<'a> {
     pub activation: Activation,
     /// Tile sizes to use instead of the device's tuning entry (for the autotuner).
     pub tile: Option<GemmTile>,
+    /// The product's dtype, when not the operands': only f32 for bf16 or f16 operands (the
+    /// autocast products). Tensor cores write their f32 sums as they are; other devices round the
+    /// product to the operands' dtype, then widen it. The bias then is f32 too.
+    pub out_dtype: Option<DType>,
 }
 
 /// A checked product `act(A x B + bias)`: A (batch..., M, K) and B (batch..., K, N) at any
@@ -127,16 +131,31 @@ impl Tensor {
                 ),
             ));
         }
+        let out = opts.out_dtype.unwrap_or(self.dtype);
+        let widening = out == DType::F32 && matches!(self.dtype, DType::BF16 | DType::F16);
+        if out != self.dtype && !widening {
+            return Err(Error::dtype(
+                op,
+                format!(
+                    "a product of {} operands cannot be written as {out}; only bf16 and f16 \
+                     products widen (to f32)",
+                    self.dtype
+                ),
+            ));
+        }
         if let Some(bias) = opts.bias {
-            if bias.shape != [n] || bias.dtype != self.dtype || bias.device != self.device {
+            if bias.shape != [n] || bias.dtype != out || bias.device != self.device {
                 return Err(Error::shape(
                     op,
                     format!(
-                        "bias is {} {:?} on {} but the product has {n} columns of {}",
-                        bias.dtype, bias.shape, bias.device, self.dtype
+                        "bias is {} {:?} on {} but the product has {n} columns of {out}",
+                        bias.dtype, bias.shape, bias.device
                     ),
                 ));
             }
+        }
+        if out != self.dtype && !self.device.is_opencl() {
+            return widened(self, other, opts);
         }
         let batch = broadcast_shapes(op, &a.shape[..a.ndim() - 2], &b.shape[..b.ndim() - 2])
             .map_err(|_| {
@@ -168,10 +187,23 @@ impl Tensor {
             opts,
         };
         let out = if numel(&desc.out_shape()) == 0 {
-            Tensor::alloc(&desc.out_shape(), self.dtype, &self.device)?
+            Tensor::alloc(&desc.out_shape(), out, &self.device)?
         } else {
             dispatch(&self.device, &desc)?
         };
         out.reshape(&result_shape)
     }
+}
+
+/// `a x b` rounded to the operands' dtype, then widened to `opts.out_dtype` (the bias added in
+/// the operands' dtype): for devices without a kernel that writes the wider dtype.
+pub(crate) fn widened(a: &Tensor, b: &Tensor, opts: MatmulOptions<'_>) -> Result<Tensor> {
+    let bias = opts.bias.map(|t| t.to_dtype(a.dtype)).transpose()?;
+    let narrow = MatmulOptions {
+        bias: bias.as_ref(),
+        out_dtype: None,
+        ..opts
+    };
+    let y = a.matmul_with(b, narrow)?;
+    y.to_dtype(opts.out_dtype.unwrap_or(a.dtype))
 }

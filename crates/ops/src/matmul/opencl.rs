@@ -1,7 +1,7 @@
 //! The OpenCL GEMMs: matmul.cl's tiled kernel (with split-K for long K and few tiles), its skinny-product kernel, tensor cores (tc.rs) and the CPU-device kernels (cpu.rs).
 use super::cpu::{self, cpu_gemm};
 use super::tc::{self, tensor_core_kind};
-use super::Matmul;
+use super::{Matmul, MatmulOptions};
 use crate::base::layout::{check_reach, contiguous_strides, numel, KernelLayout};
 use crate::base::tensor::Tensor;
 use crate::fused::activation::Activation;
@@ -67,7 +67,16 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
     } = desc;
     let (opts, (m, k, n)) = (*opts, desc.dims);
     let shape = desc.out_shape();
-    let out = Tensor::alloc(&shape, a.dtype, device)?;
+    let tc = opts
+        .tile
+        .is_none()
+        .then(|| tensor_core_kind(device, a.dtype))
+        .flatten();
+    let out_dtype = opts.out_dtype.unwrap_or(a.dtype);
+    if out_dtype != a.dtype && tc.is_none() {
+        return super::widened(a, b, opts)?.reshape(&shape);
+    }
+    let out = Tensor::alloc(&shape, out_dtype, device)?;
     let (sam, sak) = (a.strides[a.ndim() - 2], a.strides[a.ndim() - 1]);
     let (sbk, sbn) = (b.strides[b.ndim() - 2], b.strides[b.ndim() - 1]);
     let mut full_a = sa.clone();
@@ -126,7 +135,7 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
         cpu::launch(which, &out, a, b, &layout, dims, strides, opts)?;
         return Ok(out);
     }
-    if numel(batch) == 1 && m <= GEMV_ROWS && sbk == 1 {
+    if numel(batch) == 1 && m <= GEMV_ROWS && sbk == 1 && out_dtype == a.dtype {
         // A few rows against a transposed weight (one decoding step): every weight read once.
         let mut kern = Kernel::new(&build()?, GEMV_KERNEL)?;
         if kern.max_work_group_size() >= GEMV_GROUP {
@@ -145,11 +154,6 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
             return Ok(out);
         }
     }
-    let tc = opts
-        .tile
-        .is_none()
-        .then(|| tensor_core_kind(device, a.dtype))
-        .flatten();
     // The split-K test counts the tuned tile's work-groups, before `fit` shrinks it: a long K
     // split over big tiles beats small tiles (the 110M Llama's 768x768 weight gradient over 8192
     // tokens ran at 15 TF/s in 64x64 tiles on the H100).
@@ -165,7 +169,14 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
         let kc = k / s;
         let av = a.view_of(vec![s, m, kc], vec![kc * sak, sam, sak], a.offset);
         let bv = b.view_of(vec![s, kc, n], vec![kc * sbk, sbk, sbn], b.offset);
-        return av.matmul(&bv)?.sum(&[0], false)?.reshape(&shape);
+        let parts = MatmulOptions {
+            out_dtype: opts.out_dtype,
+            ..Default::default()
+        };
+        return av
+            .matmul_with(&bv, parts)?
+            .sum(&[0], false)?
+            .reshape(&shape);
     }
     if let Some(kind) = tc {
         tc::launch(kind, &out, a, b, batch, opts)?;

@@ -258,16 +258,31 @@ impl TcTile {
     }
 }
 
+/// Whether `t` (..., rows, K) has K-contiguous rows of `kp` elements, each row and batch 16 bytes
+/// aligned (`q` elements).
+fn k_aligned(t: &Tensor, kp: usize, q: usize) -> bool {
+    let nd = t.ndim();
+    t.strides[nd - 1] == 1
+        && t.shape[nd - 1] == kp
+        && t.offset.is_multiple_of(q)
+        && t.strides[..nd - 1].iter().all(|s| s.is_multiple_of(q))
+}
+
+/// Whether dim `contig` of `t` is contiguous with a multiple of 8 elements and every other stride
+/// and the offset are 16 bytes apart (`q` elements): matmul_tc.cl's A_MN / B_KN operands.
+fn mn_aligned(t: &Tensor, contig: usize, q: usize) -> bool {
+    t.strides[contig] == 1
+        && t.shape[contig].is_multiple_of(8)
+        && t.offset.is_multiple_of(q)
+        && (t.strides.iter().enumerate()).all(|(d, s)| d == contig || s.is_multiple_of(q))
+}
+
 /// `t` (..., rows, K) with K-contiguous rows of `kp` elements, each row and batch 16 bytes aligned
 /// (`q` elements): itself when it is so, else a copy (zero-padded along K where K is not a
 /// multiple of `q`).
 fn k_rows(t: &Tensor, kp: usize, q: usize) -> Result<Tensor> {
     let nd = t.ndim();
-    let aligned = t.strides[nd - 1] == 1
-        && t.shape[nd - 1] == kp
-        && t.offset.is_multiple_of(q)
-        && t.strides[..nd - 1].iter().all(|s| s.is_multiple_of(q));
-    if aligned {
+    if k_aligned(t, kp, q) {
         return Ok(t.clone());
     }
     if t.shape[nd - 1] == kp && !t.is_contiguous() {
@@ -295,8 +310,19 @@ pub(crate) fn launch(
     let (m, k, n) = (a.shape[na - 2], a.shape[na - 1], b.shape[nb - 1]);
     let q = 16 / kind.dtype().size();
     let kp = k.next_multiple_of(q);
-    let a = k_rows(a, kp, q)?;
-    let bt = k_rows(&b.transpose(nb - 2, nb - 1)?, kp, q)?; // (..., N, K)
+    // 16-bit operands whose M (N) dim is contiguous are read as they lie (ldmatrix.trans), the
+    // rest as K-contiguous rows (a copy where they are not).
+    let wide = kind != TensorCoreKind::Tf32 && kp == k;
+    let a_mn = wide && !k_aligned(a, kp, q) && mn_aligned(a, na - 2, q);
+    let a = if a_mn { a.clone() } else { k_rows(a, kp, q)? };
+    let b_t = b.transpose(nb - 2, nb - 1)?;
+    let b_kn = wide && !k_aligned(&b_t, kp, q) && mn_aligned(b, nb - 1, q);
+    // B transposed, (..., N, K) with K contiguous; or B itself when N-contiguous.
+    let bt = if b_kn {
+        b.clone()
+    } else {
+        k_rows(&b_t, kp, q)?
+    };
     let mut operands = Vec::new();
     for t in [&a, &bt] {
         let nd = t.ndim();
@@ -322,12 +348,23 @@ pub(crate) fn launch(
         ],
     )?;
     let aligned = m % tile.rows() == 0 && n % tile.cols() == 0;
+    let c_f32 = out.dtype != kind.dtype();
+    let flags = [
+        (aligned, " -DALIGNED"),
+        (a_mn, " -DA_MN"),
+        (b_kn, " -DB_KN"),
+        (c_f32, " -DC_F32"),
+    ];
     let options = format!(
         "{} {} {} -DTC_KERNEL={NAME}{}",
         kind.dtype().build_option(),
         kind.define(),
         tile.options(),
-        if aligned { " -DALIGNED" } else { "" }
+        flags
+            .iter()
+            .filter(|f| f.0)
+            .map(|f| f.1)
+            .collect::<String>()
     );
     let source = matmul_source(MATMUL_TC, opts.activation, Class::of(kind.dtype()));
     let mut kern = Kernel::new(&program(&out.device, &source, &options)?, NAME)?;
@@ -336,7 +373,9 @@ pub(crate) fn launch(
         .arg_mem(bt.mem()?)?
         .arg_mem(opts.bias.map_or_else(|| out.mem(), |t| t.mem())?)?
         .arg(&layout)?;
-    let (sam, sbn) = (a.strides[na - 2], bt.strides[nb - 2]);
+    // The stride between A's rows (A_MN: between its K rows), and B's likewise.
+    let sam = a.strides[if a_mn { na - 1 } else { na - 2 }];
+    let sbn = bt.strides[nb - 2];
     for v in [m, n, kp, sam, sbn, opts.bias.is_some() as usize] {
         kern.arg(&(v as u32))?;
     }

@@ -257,17 +257,18 @@ impl Runner {
     /// the visible pairs: 4·B·H·pairs·D forward, 2.5 times that backward, as PyTorch's
     /// flash-attention counts), the composed forward beside it, and each kernel's device time.
     fn attention(&mut self) -> Result<()> {
-        for (b, h, t, d) in [(16usize, 12usize, 512usize, 64usize), (32, 6, 256, 48)] {
+        let shapes = [(16usize, 12usize, 512usize, 64usize), (32, 6, 256, 48)];
+        for ((b, h, t, d), dtype) in shapes
+            .into_iter()
+            .flat_map(|s| [(s, DType::F32), (s, DType::BF16)])
+        {
             let shape = [b, h, t, d];
-            let (q, k, v, g) = (
-                self.randn(&shape)?,
-                self.randn(&shape)?,
-                self.randn(&shape)?,
-                self.randn(&shape)?,
-            );
+            let mut operand = || self.randn(&shape)?.to_dtype(dtype);
+            let (q, k, v, g) = (operand()?, operand()?, operand()?, operand()?);
             let pairs = (b * h * t * (t + 1) / 2) as f64;
             let fwd = 4.0 * pairs * d as f64;
-            let tag = format!("B{b}_H{h}_T{t}_D{d}");
+            let suffix = if dtype == DType::F32 { "" } else { "_bf16" };
+            let tag = format!("B{b}_H{h}_T{t}_D{d}{suffix}");
             let (o, lse) = Tensor::flash_attention(&q, &k, &v, true, None)?;
             self.measure(
                 "attention",

@@ -1,0 +1,379 @@
+// attention_tc.cl: fused attention (forward, backward dq and dk/dv) for bf16/f16 on NVIDIA tensor cores through inline PTX mma.sync (sm_80+ PTX); built only where matmul_tc's probe passed.
+//
+// The same contract as attention.cl (shapes, strides, causal rule, lse/delta, outputs), for
+// 16-bit storage with f32 accumulation; the probabilities and their gradients enter the second
+// product of each pair rounded to the storage format, as in FlashAttention-2. Every view's offset
+// and strides are multiples of 8 elements (rows are read as 16-byte vectors; the host checks).
+// Built with -DHEAD_DIM=D (16, 32, 48 or 64) and -DDT_BF16 or -DDT_F16.
+//
+// A work-group is four warps and owns 64 rows of one side (queries in the forward and dq
+// kernels, keys in the dk/dv kernel), 16 per warp, whose operand fragments stay in registers; the
+// other side streams through local memory in tiles of 64 rows. Fragments come out of local memory
+// through ldmatrix (.trans where the tile's rows are the product's K dim). m16n8k16 tiles: a
+// thread holds rows g and g + 8 (g = lane / 4) and columns 2t, 2t + 1 (t = lane % 4) of each.
+#ifndef HEAD_DIM
+#define HEAD_DIM 64
+#endif
+#if HEAD_DIM % 16 || HEAD_DIM > 64
+#error "attention_tc.cl takes head dims 16, 32, 48 or 64"
+#endif
+#define DK (HEAD_DIM / 16)  // k steps of 16 over the head dim
+#define DN (HEAD_DIM / 8)   // n tiles of 8 over the head dim
+#define RS (HEAD_DIM / 2 + 4)  // local row stride in 32-bit words (16-byte rows fall on distinct banks)
+#define ROWS 64
+#define WG 128
+
+#if defined(DT_BF16)
+#define MMA_OP "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+#define CVT_PAIR "cvt.rn.bf16x2.f32"
+#elif defined(DT_F16)
+#define MMA_OP "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+#define CVT_PAIR "cvt.rn.f16x2.f32"
+#else
+#error "attention_tc.cl needs -DDT_BF16 or -DDT_F16"
+#endif
+
+// Same layout as attention.cl's AttnGeom (ops/src/flash_attention/opencl.rs fills it).
+typedef struct {
+    uint batch, heads, kv_heads, tq, tk;
+    uint causal;
+    int offset;  // tk - tq
+    uint q_off, q_sb, q_sh, q_st;
+    uint k_off, k_sb, k_sh, k_st;
+    uint v_off, v_sb, v_sh, v_st;
+    uint o_off, o_sb, o_sh, o_st;  // o (forward), or do (backward)
+    uint x_off, x_sb, x_sh, x_st;  // o in the backward
+} AttnGeom;
+
+// d (4 f32) += a (4 words, 16 x 16) x b (2 words, 16 x 8).
+#define MMA(d, a, b0, b1)                                                               \
+    __asm__(MMA_OP " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"             \
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                            \
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+
+#define LDSM_X4(r, p)                                                                          \
+    __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"           \
+                     : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                  \
+                     : "r"((uint)(size_t)(p)))
+#define LDSM_X4_T(r, p)                                                                        \
+    __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"     \
+                     : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                  \
+                     : "r"((uint)(size_t)(p)))
+
+// Two f32 rounded to the storage format in one word (lo in the low half, as mma wants it).
+inline uint pack2(float lo, float hi) {
+    uint r;
+    __asm__(CVT_PAIR " %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+inline float shfl_xor(float v, uint m) {
+    float r;
+    __asm__ volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(m));
+    return r;
+}
+
+// Max and sum over the four lanes holding a row.
+inline float quad_max(float v) {
+    v = fmax(v, shfl_xor(v, 1));
+    return fmax(v, shfl_xor(v, 2));
+}
+inline float quad_sum(float v) {
+    v += shfl_xor(v, 1);
+    return v + shfl_xor(v, 2);
+}
+
+// Number of keys query i may see.
+inline uint visible(const AttnGeom* g, uint i) {
+    if (!g->causal) return g->tk;
+    int last = (int)i + g->offset;
+    return last < 0 ? 0u : min((uint)(last + 1), g->tk);
+}
+
+// Rows r0 .. r0 + 63 of a (rows, HEAD_DIM) view (row i at base + i * st) into t; zeros past n.
+inline void load_tile(__local uint* t, __global const T* p, uint base, uint st, uint r0, uint n,
+                      uint lid) {
+    for (uint e = lid; e < ROWS * (HEAD_DIM / 8); e += WG) {
+        uint r = e / (HEAD_DIM / 8), c = e % (HEAD_DIM / 8);
+        uint4 x = (uint4)(0);
+        if (r0 + r < n) x = ((__global const uint4*)p)[(base + (r0 + r) * st) / 8 + c];
+        *(__local uint4*)&t[r * RS + c * 4] = x;
+    }
+}
+
+// A fragments (16 rows from row0, all of HEAD_DIM as K) of a tile.
+#define FRAG_A(f, tile, row0)                                                                  \
+    _Pragma("unroll") for (int kk = 0; kk < DK; ++kk)                                          \
+        LDSM_X4(f[kk], &tile[((row0) + lane % 8 + 8 * ((lane / 8) % 2)) * RS + kk * 8 + 4 * (lane / 16)])
+
+// s (16 x 64) = f (16 x HEAD_DIM) x tileᵀ: the tile's 64 rows are the columns.
+#define SCORES(s, f, tile)                                                                        \
+    _Pragma("unroll") for (int j = 0; j < 8; ++j)                                              \
+        _Pragma("unroll") for (int q = 0; q < 4; ++q) s[j][q] = 0.0f;                          \
+    _Pragma("unroll") for (int kk = 0; kk < DK; ++kk)                                          \
+        _Pragma("unroll") for (int j = 0; j < 8; j += 2) {                                     \
+            uint x[4];                                                                         \
+            LDSM_X4(x, &tile[(j * 8 + lane % 8 + 8 * (lane / 16)) * RS + kk * 8 + 4 * ((lane / 8) % 2)]); \
+            MMA(s[j], f[kk], x[0], x[1]);                                                      \
+            MMA(s[j + 1], f[kk], x[2], x[3]);                                                  \
+        }
+
+// acc (16 x HEAD_DIM) += p (16 x 64, f32 in C layout, rounded here) x tile (64 x HEAD_DIM).
+#define ACCUMULATE(acc, p, tile)                                                                  \
+    _Pragma("unroll") for (int kc = 0; kc < 4; ++kc) {                                         \
+        uint pa[4] = {pack2(p[2 * kc][0], p[2 * kc][1]), pack2(p[2 * kc][2], p[2 * kc][3]),    \
+                      pack2(p[2 * kc + 1][0], p[2 * kc + 1][1]),                               \
+                      pack2(p[2 * kc + 1][2], p[2 * kc + 1][3])};                              \
+        _Pragma("unroll") for (int dn = 0; dn < DN; dn += 2) {                                 \
+            uint x[4];                                                                         \
+            LDSM_X4_T(x, &tile[(kc * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * RS + (dn + lane / 16) * 4]); \
+            MMA(acc[dn], pa, x[0], x[1]);                                                      \
+            MMA(acc[dn + 1], pa, x[2], x[3]);                                                  \
+        }                                                                                      \
+    }
+
+#define ZERO(acc)                                                                              \
+    _Pragma("unroll") for (int dn = 0; dn < DN; ++dn)                                          \
+        _Pragma("unroll") for (int q = 0; q < 4; ++q) acc[dn][q] = 0.0f;
+
+// Writes rows (16 x HEAD_DIM of a warp, times mul) at p + at(row): rows r0 + g and r0 + g + 8 if below n.
+#define STORE_ROWS(p, acc, r0, n, mul, AT)                                                     \
+    _Pragma("unroll") for (int h2 = 0; h2 < 2; ++h2) {                                         \
+        uint row = (r0) + g + 8 * h2;                                                          \
+        if (row < (n)) {                                                                       \
+            uint at = AT;                                                                      \
+            _Pragma("unroll") for (int dn = 0; dn < DN; ++dn)                                  \
+                ((__global uint*)(p))[(at + dn * 8 + 2 * t) / 2] =                             \
+                    pack2(acc[dn][2 * h2] * mul[h2], acc[dn][2 * h2 + 1] * mul[h2]);           \
+        }                                                                                      \
+    }
+
+// o: (B, H, Tq, D) at o_*; lse: (B, H, Tq). Groups: B * H * ceil(Tq / 64), 128 items.
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void attention_fwd_tc(__global T* o, __global float* lse, __global const T* q,
+                      __global const T* k, __global const T* v, AttnGeom G, float scale) {
+    __local uint qs[ROWS * RS] __attribute__((aligned(16)));
+    __local uint ks[ROWS * RS] __attribute__((aligned(16)));
+    __local uint vs[ROWS * RS] __attribute__((aligned(16)));
+    const uint lid = get_local_id(0), lane = lid % 32, warp = lid / 32, g = lane / 4, t = lane % 4;
+    const uint nqb = (G.tq + ROWS - 1) / ROWS, grp = get_group_id(0), qb = grp % nqb, bh = grp / nqb;
+    const uint h = bh % G.heads, b = bh / G.heads, hk = h / (G.heads / G.kv_heads);
+    const uint i0 = qb * ROWS, w0 = i0 + warp * 16;
+    load_tile(qs, q, G.q_off + b * G.q_sb + h * G.q_sh, G.q_st, i0, G.tq, lid);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint qf[DK][4];
+    FRAG_A(qf, qs, warp * 16);
+    const float c = scale * M_LOG2E_F;  // scores in base-2 units
+    float acc[DN][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    ZERO(acc);
+    uint vis[2] = {visible(&G, min(w0 + g, G.tq - 1)), visible(&G, min(w0 + g + 8, G.tq - 1))};
+    const uint kend = visible(&G, min(i0 + ROWS - 1, G.tq - 1));
+    const uint kfull = visible(&G, i0);  // keys every query of the group sees
+    const uint kb = G.k_off + b * G.k_sb + hk * G.k_sh, vb = G.v_off + b * G.v_sb + hk * G.v_sh;
+    for (uint j0 = 0; j0 < kend; j0 += ROWS) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        load_tile(ks, k, kb, G.k_st, j0, G.tk, lid);
+        load_tile(vs, v, vb, G.v_st, j0, G.tk, lid);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        float s[8][4];
+        SCORES(s, qf, ks);
+        const bool edge = j0 + ROWS > kfull;
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float x = s[j][2 * h2 + e] * c;
+                    if (edge && j0 + j * 8 + 2 * t + e >= vis[h2]) x = -INFINITY;
+                    s[j][2 * h2 + e] = x;
+                    mx = fmax(mx, x);
+                }
+            float mn = fmax(m[h2], quad_max(mx));
+            float base = mn == -INFINITY ? 0.0f : mn;
+            float alpha = native_exp2(m[h2] - base), sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float p = native_exp2(s[j][2 * h2 + e] - base);
+                    s[j][2 * h2 + e] = p;
+                    sum += p;
+                }
+            l[h2] = l[h2] * alpha + sum;
+            m[h2] = mn;
+#pragma unroll
+            for (int dn = 0; dn < DN; ++dn) {
+                acc[dn][2 * h2] *= alpha;
+                acc[dn][2 * h2 + 1] *= alpha;
+            }
+        }
+        ACCUMULATE(acc, s, vs);
+    }
+    float inv[2];
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+        l[h2] = quad_sum(l[h2]);
+        inv[h2] = l[h2] > 0.0f ? 1.0f / l[h2] : 0.0f;
+        uint row = w0 + g + 8 * h2;
+        if (t == 0 && row < G.tq)
+            lse[bh * G.tq + row] = l[h2] > 0.0f ? (m[h2] + log2(l[h2])) * M_LN2_F : -INFINITY;
+    }
+    STORE_ROWS(o, acc, w0, G.tq, inv, G.o_off + b * G.o_sb + h * G.o_sh + row * G.o_st);
+}
+
+// delta[r] = rowsum(do * o) of rows i0 .. i0 + 63 into dls (and the global delta); lse into ls
+// in base-2 units. Two work-items per row.
+inline void row_stats(__local float* ls, __local float* dls, __global float* delta,
+                      __global const float* lse, __global const T* dout, __global const T* o,
+                      const AttnGeom* G, uint b, uint h, uint bh, uint i0, uint lid) {
+    uint r = lid / 2, i = i0 + r;
+    float sum = 0.0f;
+    if (i < G->tq) {
+        uint dat = G->o_off + b * G->o_sb + h * G->o_sh + i * G->o_st;
+        uint oat = G->x_off + b * G->x_sb + h * G->x_sh + i * G->x_st;
+        for (uint e = lid % 2; e < HEAD_DIM; e += 2) sum += LOAD(dout, dat + e) * LOAD(o, oat + e);
+    }
+    sum += shfl_xor(sum, 1);
+    if (lid % 2 == 0) {
+        dls[r] = sum;
+        ls[r] = i < G->tq ? lse[bh * G->tq + i] * M_LOG2E_F : -INFINITY;
+        if (i < G->tq) delta[bh * G->tq + i] = sum;
+    }
+}
+
+// dq: (B, H, Tq, D) stored as dense (B, Tq, H, D); delta: (B, H, Tq), written here
+// (rowsum(do * o)) for attention_bwd_dkdv_tc; do at o_*, o at x_*. Groups as attention_fwd_tc.
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void attention_bwd_dq_tc(__global T* dq, __global float* delta, __global const T* q,
+                         __global const T* k, __global const T* v, __global const T* dout,
+                         __global const T* o, __global const float* lse, AttnGeom G, float scale) {
+    __local uint qs[ROWS * RS] __attribute__((aligned(16)));
+    __local uint ds[ROWS * RS] __attribute__((aligned(16)));
+    __local uint ks[ROWS * RS] __attribute__((aligned(16)));
+    __local uint vs[ROWS * RS] __attribute__((aligned(16)));
+    __local float ls[ROWS], dls[ROWS];
+    const uint lid = get_local_id(0), lane = lid % 32, warp = lid / 32, g = lane / 4, t = lane % 4;
+    const uint nqb = (G.tq + ROWS - 1) / ROWS, grp = get_group_id(0), qb = grp % nqb, bh = grp / nqb;
+    const uint h = bh % G.heads, b = bh / G.heads, hk = h / (G.heads / G.kv_heads);
+    const uint i0 = qb * ROWS, w0 = i0 + warp * 16;
+    load_tile(qs, q, G.q_off + b * G.q_sb + h * G.q_sh, G.q_st, i0, G.tq, lid);
+    load_tile(ds, dout, G.o_off + b * G.o_sb + h * G.o_sh, G.o_st, i0, G.tq, lid);
+    row_stats(ls, dls, delta, lse, dout, o, &G, b, h, bh, i0, lid);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint qf[DK][4], df[DK][4];
+    FRAG_A(qf, qs, warp * 16);
+    FRAG_A(df, ds, warp * 16);
+    const float c = scale * M_LOG2E_F;
+    float li[2], dl[2];
+    uint vis[2];
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+        uint r = warp * 16 + g + 8 * h2;
+        li[h2] = ls[r];
+        dl[h2] = dls[r];
+        vis[h2] = li[h2] == -INFINITY ? 0u : visible(&G, min(i0 + r, G.tq - 1));
+    }
+    float acc[DN][4];
+    ZERO(acc);
+    const uint kend = visible(&G, min(i0 + ROWS - 1, G.tq - 1));
+    const uint kfull = visible(&G, i0);
+    const uint kb = G.k_off + b * G.k_sb + hk * G.k_sh, vb = G.v_off + b * G.v_sb + hk * G.v_sh;
+    for (uint j0 = 0; j0 < kend; j0 += ROWS) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        load_tile(ks, k, kb, G.k_st, j0, G.tk, lid);
+        load_tile(vs, v, vb, G.v_st, j0, G.tk, lid);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        float s[8][4], dp[8][4];
+        SCORES(s, qf, ks);
+        SCORES(dp, df, vs);
+        const bool edge = j0 + ROWS > kfull;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int q4 = 0; q4 < 4; ++q4) {
+                int h2 = q4 / 2;
+                float p = native_exp2(s[j][q4] * c - li[h2]);
+                if ((edge || li[h2] == -INFINITY) && j0 + j * 8 + 2 * t + q4 % 2 >= vis[h2]) p = 0.0f;
+                s[j][q4] = p * (dp[j][q4] - dl[h2]);
+            }
+        ACCUMULATE(acc, s, ks);
+    }
+    float mul[2] = {scale, scale};
+    STORE_ROWS(dq, acc, w0, G.tq, mul, ((b * G.tq + row) * G.heads + h) * HEAD_DIM);
+}
+
+// dk, dv: (B, Hkv, Tk, D) stored as dense (B, Tk, Hkv, D), summed over the H / Hkv query heads
+// of each key head; do at o_*; lse and delta as the dq kernel left them. Groups: B * Hkv *
+// ceil(Tk / 64), 128 items.
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void attention_bwd_dkdv_tc(__global T* dk, __global T* dv, __global const T* q,
+                           __global const T* k, __global const T* v, __global const T* dout,
+                           __global const float* lse, __global const float* delta, AttnGeom G,
+                           float scale) {
+    __local uint qs[ROWS * RS] __attribute__((aligned(16)));
+    __local uint ds[ROWS * RS] __attribute__((aligned(16)));
+    __local float ls[ROWS], dls[ROWS];
+    const uint lid = get_local_id(0), lane = lid % 32, warp = lid / 32, g = lane / 4, t = lane % 4;
+    const uint nkb = (G.tk + ROWS - 1) / ROWS, grp = get_group_id(0), kbk = grp % nkb, bhk = grp / nkb;
+    const uint hk = bhk % G.kv_heads, b = bhk / G.kv_heads, group = G.heads / G.kv_heads;
+    const uint j0 = kbk * ROWS, w0 = j0 + warp * 16;
+    // The block's keys and values as A fragments, through the query tiles' local memory.
+    load_tile(qs, k, G.k_off + b * G.k_sb + hk * G.k_sh, G.k_st, j0, G.tk, lid);
+    load_tile(ds, v, G.v_off + b * G.v_sb + hk * G.v_sh, G.v_st, j0, G.tk, lid);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint kf[DK][4], vf[DK][4];
+    FRAG_A(kf, qs, warp * 16);
+    FRAG_A(vf, ds, warp * 16);
+    const float c = scale * M_LOG2E_F;
+    float adk[DN][4], adv[DN][4];
+    ZERO(adk);
+    ZERO(adv);
+    // Causal: query i sees key j iff j <= i + offset; the first query to see key j0.
+    const int first = G.causal ? (int)j0 - G.offset : 0;
+    const uint istart = first <= 0 ? 0u : ((uint)first / ROWS) * ROWS;
+    // Queries from which on every query sees every key of the warp's rows (no masking).
+    const int all = G.causal ? (int)min(w0 + 15, G.tk - 1) - G.offset : 0;
+    for (uint hh = 0; hh < group; ++hh) {
+        const uint h = hk * group + hh, bh = b * G.heads + h;
+        for (uint i0 = istart; i0 < G.tq; i0 += ROWS) {
+            barrier(CLK_LOCAL_MEM_FENCE);
+            load_tile(qs, q, G.q_off + b * G.q_sb + h * G.q_sh, G.q_st, i0, G.tq, lid);
+            load_tile(ds, dout, G.o_off + b * G.o_sb + h * G.o_sh, G.o_st, i0, G.tq, lid);
+            if (lid < ROWS) {
+                uint i = i0 + lid;
+                ls[lid] = i < G.tq ? lse[bh * G.tq + i] * M_LOG2E_F : -INFINITY;
+                dls[lid] = i < G.tq ? delta[bh * G.tq + i] : 0.0f;
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+            // Transposed scores: rows are the warp's keys, columns the tile's queries.
+            float s[8][4], dp[8][4];
+            SCORES(s, kf, qs);
+            const bool edge = (int)i0 < all || i0 + ROWS > G.tq;
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    uint col = j * 8 + 2 * t + e, i = i0 + col;
+                    float lq = ls[col];
+#pragma unroll
+                    for (int h2 = 0; h2 < 2; ++h2) {
+                        int key = (int)(w0 + g + 8 * h2);
+                        bool on = lq != -INFINITY && (!edge || !G.causal || key <= (int)i + G.offset);
+                        s[j][2 * h2 + e] = on ? native_exp2(s[j][2 * h2 + e] * c - lq) : 0.0f;
+                    }
+                }
+            ACCUMULATE(adv, s, ds);
+            SCORES(dp, vf, ds);
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int q4 = 0; q4 < 4; ++q4) s[j][q4] *= dp[j][q4] - dls[j * 8 + 2 * t + q4 % 2];
+            ACCUMULATE(adk, s, qs);
+        }
+    }
+    float one[2] = {1.0f, 1.0f}, mul[2] = {scale, scale};
+    STORE_ROWS(dk, adk, w0, G.tk, mul, ((b * G.tk + row) * G.kv_heads + hk) * HEAD_DIM);
+    STORE_ROWS(dv, adv, w0, G.tk, one, ((b * G.tk + row) * G.kv_heads + hk) * HEAD_DIM);
+}
