@@ -4,7 +4,9 @@
 // 16-bit storage with f32 accumulation; the probabilities and their gradients enter the second
 // product of each pair rounded to the storage format, as in FlashAttention-2. Every view's offset
 // and strides are multiples of 8 elements (rows are read as 16-byte vectors; the host checks).
-// Built with -DHEAD_DIM=D (16, 32, 48 or 64) and -DDT_BF16 or -DDT_F16.
+// Built with -DHEAD_DIM=D (16, 32, 48 or 64), -DTC_BF16 or -DTC_F16 (the products' format) and
+// the storage's -DDT_*: the same 16-bit format, or f32 (read and written as f32, rounded to the
+// products' format on the way into local memory: autocast without casts around the kernels).
 //
 // A work-group is four warps and owns 64 rows of one side (queries in the forward and dq
 // kernels, keys in the dk/dv kernel), 16 per warp, whose operand fragments stay in registers; the
@@ -23,14 +25,19 @@
 #define ROWS 64
 #define WG 128
 
-#if defined(DT_BF16)
+#if defined(TC_BF16)
 #define MMA_OP "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
 #define CVT_PAIR "cvt.rn.bf16x2.f32"
-#elif defined(DT_F16)
+#elif defined(TC_F16)
 #define MMA_OP "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
 #define CVT_PAIR "cvt.rn.f16x2.f32"
 #else
-#error "attention_tc.cl needs -DDT_BF16 or -DDT_F16"
+#error "attention_tc.cl needs -DTC_BF16 or -DTC_F16"
+#endif
+#if defined(DT_F32)
+#define IO_F32
+#elif !(defined(DT_BF16) && defined(TC_BF16)) && !(defined(DT_F16) && defined(TC_F16))
+#error "attention_tc.cl stores f32 or the products' 16-bit format"
 #endif
 
 // Same layout as attention.cl's AttnGeom (ops/src/flash_attention/opencl.rs fills it).
@@ -96,7 +103,15 @@ inline void load_tile(__local uint* t, __global const T* p, uint base, uint st, 
     for (uint e = lid; e < ROWS * (HEAD_DIM / 8); e += WG) {
         uint r = e / (HEAD_DIM / 8), c = e % (HEAD_DIM / 8);
         uint4 x = (uint4)(0);
+#ifdef IO_F32
+        if (r0 + r < n) {
+            __global const float4* f = (__global const float4*)p + (base + (r0 + r) * st) / 4 + 2 * c;
+            float4 lo = f[0], hi = f[1];
+            x = (uint4)(pack2(lo.x, lo.y), pack2(lo.z, lo.w), pack2(hi.x, hi.y), pack2(hi.z, hi.w));
+        }
+#else
         if (r0 + r < n) x = ((__global const uint4*)p)[(base + (r0 + r) * st) / 8 + c];
+#endif
         *(__local uint4*)&t[r * RS + c * 4] = x;
     }
 }
@@ -136,6 +151,13 @@ inline void load_tile(__local uint* t, __global const T* p, uint base, uint st, 
     _Pragma("unroll") for (int dn = 0; dn < DN; ++dn)                                          \
         _Pragma("unroll") for (int q = 0; q < 4; ++q) acc[dn][q] = 0.0f;
 
+// Elements i and i + 1 (i even) of p.
+#ifdef IO_F32
+#define STORE_PAIR(p, i, x, y) (((__global float2*)(p))[(i) / 2] = (float2)((x), (y)))
+#else
+#define STORE_PAIR(p, i, x, y) (((__global uint*)(p))[(i) / 2] = pack2((x), (y)))
+#endif
+
 // Writes rows (16 x HEAD_DIM of a warp, times mul) at p + at(row): rows r0 + g and r0 + g + 8 if below n.
 #define STORE_ROWS(p, acc, r0, n, mul, AT)                                                     \
     _Pragma("unroll") for (int h2 = 0; h2 < 2; ++h2) {                                         \
@@ -143,8 +165,8 @@ inline void load_tile(__local uint* t, __global const T* p, uint base, uint st, 
         if (row < (n)) {                                                                       \
             uint at = AT;                                                                      \
             _Pragma("unroll") for (int dn = 0; dn < DN; ++dn)                                  \
-                ((__global uint*)(p))[(at + dn * 8 + 2 * t) / 2] =                             \
-                    pack2(acc[dn][2 * h2] * mul[h2], acc[dn][2 * h2 + 1] * mul[h2]);           \
+                STORE_PAIR(p, at + dn * 8 + 2 * t, acc[dn][2 * h2] * mul[h2],                  \
+                           acc[dn][2 * h2 + 1] * mul[h2]);                                     \
         }                                                                                      \
     }
 

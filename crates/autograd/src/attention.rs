@@ -64,8 +64,8 @@ impl Var {
     /// Fused attention of q (B, H, Tq, D) over k, v (B, Hkv, Tk, D) ([`Tensor::flash_attention`]:
     /// grouped-query heads, no materialised scores). The tape keeps q, k, v, the output and
     /// the rows' log-sum-exp (B, H, Tq), and the backward is the fused one (dq, dk and dv kernels).
-    /// Under autocast, f32 operands compute in the autocast dtype (tensor cores where the device
-    /// has them) and the output returns as f32, as PyTorch's autocast runs attention.
+    /// Under autocast, f32 operands compute in the autocast dtype ([`Tensor::flash_attention_in`]:
+    /// tensor cores read and write the f32 tensors), as PyTorch's autocast runs attention.
     pub fn flash_attention(
         q: &Var,
         k: &Var,
@@ -74,19 +74,17 @@ impl Var {
         scale: Option<f64>,
     ) -> Result<Var> {
         let all_f32 = [k, v].iter().all(|x| x.dtype() == DType::F32);
-        if let (Some(dt), true) = (product_dtype(q.dtype()), all_f32) {
-            let (q, k, v) = (q.to_dtype(dt)?, k.to_dtype(dt)?, v.to_dtype(dt)?);
-            return Var::flash_attention(&q, &k, &v, causal, scale)?.to_dtype(DType::F32);
-        }
+        let compute = product_dtype(q.dtype()).filter(|_| all_f32);
         let (qv, kv, vv) = (q.value(), k.value(), v.value());
-        let (out, lse) = Tensor::flash_attention(qv, kv, vv, causal, scale)?;
+        let (out, lse) = Tensor::flash_attention_in(qv, kv, vv, causal, scale, compute)?;
         if !any_tracked(&[q, k, v]) {
             return Ok(Var::constant(out));
         }
         let (qv, kv, vv, o) = (qv.clone(), kv.clone(), vv.clone(), out.clone());
         record("flash_attention", &[q, k, v], out, move |g, _| {
-            let (dq, dk, dv) =
-                Tensor::flash_attention_backward(&qv, &kv, &vv, &o, &lse, g, causal, scale)?;
+            let (dq, dk, dv) = Tensor::flash_attention_backward_in(
+                &qv, &kv, &vv, &o, &lse, g, causal, scale, compute,
+            )?;
             Ok(vec![Some(dq), Some(dk), Some(dv)])
         })
     }

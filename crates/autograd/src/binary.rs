@@ -225,25 +225,19 @@ impl Var {
         let (g_in, u_in) = (Expr::input(0), Expr::input(1));
         let y = fused(&[&gate, &up], &[g_in.clone().silu() * u_in.clone()])?.remove(0);
         record("swiglu_halves", &[self], y, move |dy, _| {
-            // The gradient as (..., 2, h): one expression picks the gate's or the up's
-            // derivative by a (2, 1) selector, so one kernel writes both halves.
+            // Both halves of the gradient from one read of gate, up and dy: a kernel with two
+            // outputs, the halves of one new tensor.
             let (dsilu, dy_in) = (dsilu(g_in.clone()), Expr::input(2));
-            let pick = Expr::select(
-                Expr::input(3),
-                dy_in.clone() * g_in.clone().silu(),
-                dy_in * u_in * dsilu,
-            );
-            // Made by a kernel (no host write that would wait for the queue).
-            let which = Tensor::arange(0.0, 2.0, 1.0, x.dtype(), x.device())?.reshape(&[2, 1])?;
-            let pair = |t: &Tensor| t.unsqueeze(nd - 1);
-            let mut shape = x.shape()[..nd - 1].to_vec();
-            shape.extend([2, h]);
-            let dx = Tensor::empty(&shape, x.dtype(), x.device())?;
+            let dx = Tensor::empty(x.shape(), x.dtype(), x.device())?;
+            let (dgate, dup) = (dx.narrow(nd - 1, 0, h)?, dx.narrow(nd - 1, h, h)?);
             fused_into(
-                &[&pair(&gate)?, &pair(&up)?, &pair(dy)?, &which],
-                &[(pick, &dx)],
+                &[&gate, &up, dy],
+                &[
+                    (dy_in.clone() * u_in * dsilu, &dgate),
+                    (dy_in * g_in.silu(), &dup),
+                ],
             )?;
-            Ok(vec![Some(dx.reshape(x.shape())?)])
+            Ok(vec![Some(dx)])
         })
     }
 }

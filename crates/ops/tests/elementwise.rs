@@ -333,6 +333,22 @@ fn fused_into_updates_in_place_like_an_optimizer_step() {
             )],
         );
         assert!(err.is_err());
+        // Two destinations in one buffer: disjoint halves of the last dim are written by one
+        // kernel; views that meet are an error.
+        let both = Tensor::zeros(&[3, 4], DType::F32, &dev).unwrap();
+        let (left, right) = (both.narrow(1, 0, 2).unwrap(), both.narrow(1, 2, 2).unwrap());
+        let x =
+            Tensor::from_vec((0..6).map(|i| i as f32).collect::<Vec<_>>(), &[3, 2], &dev).unwrap();
+        let (a, b) = (Expr::input(0) + 1.0, Expr::input(0) * 2.0);
+        fused_into(&[&x], &[(a.clone(), &left), (b.clone(), &right)]).unwrap();
+        assert_eq!(
+            both.to_vec::<f32>().unwrap(),
+            [1., 2., 0., 2., 3., 4., 4., 6., 5., 6., 8., 10.],
+            "{dev}"
+        );
+        let middle = both.narrow(1, 1, 2).unwrap();
+        let err = fused_into(&[&x], &[(a, &left), (b, &middle)]).unwrap_err();
+        assert!(err.to_string().contains("share storage"), "{err}");
     }
 }
 

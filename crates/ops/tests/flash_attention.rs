@@ -95,6 +95,8 @@ struct Case {
     scale: Option<f64>,
     transposed: [bool; 3],
     seed: u64,
+    /// The products' dtype for f32 operands (autocast), if not the operands'.
+    compute: Option<DType>,
 }
 
 impl Case {
@@ -107,18 +109,22 @@ impl Case {
         let v = operand(dtype, [b, hkv, tk, d], seed + 2, self.transposed[2]);
         let g = operand(dtype, [b, h, tq, d], seed + 3, false);
         let vals = |t: &Tensor| t.to_vec_f64().unwrap();
+        // The reference sees the operands as the products do (rounded to `compute`).
+        let low = |t: &Tensor| vals(&t.to_dtype(self.compute.unwrap_or(dtype)).unwrap());
         let s = scale.unwrap_or(1.0 / (d as f64).sqrt());
-        let want = naive(&vals(&q), &vals(&k), &vals(&v), &vals(&g), dims, causal, s);
-        let tol = 4.0 * tolerance(dtype).max(1e-12);
+        let want = naive(&low(&q), &low(&k), &low(&v), &low(&g), dims, causal, s);
+        let tol = 4.0 * tolerance(self.compute.unwrap_or(dtype)).max(1e-12);
         for dev in devices {
             if dtype == DType::F64 && !dev.info().fp64 {
                 continue;
             }
-            let what = format!("seed {seed} {dtype} {dims:?} causal {causal} on {dev}");
+            let c = self.compute;
+            let what = format!("seed {seed} {dtype} in {c:?} {dims:?} causal {causal} on {dev}");
             let on = |t: &Tensor| t.to_device(dev).unwrap();
             let (qd, kd, vd) = (on(&q), on(&k), on(&v));
-            let (out, lse) = Tensor::flash_attention(&qd, &kd, &vd, causal, scale).unwrap();
+            let (out, lse) = Tensor::flash_attention_in(&qd, &kd, &vd, causal, scale, c).unwrap();
             assert_eq!(out.shape(), q.shape(), "{what}");
+            assert_eq!(out.dtype(), dtype, "{what}");
             check_close(
                 &vals(&out),
                 &want.0,
@@ -128,9 +134,11 @@ impl Case {
             )
             .unwrap();
             check_close(&vals(&lse), &want.1, tol, 1.0, &format!("{what}: lse")).unwrap();
-            let grads =
-                Tensor::flash_attention_backward(&qd, &kd, &vd, &out, &lse, &on(&g), causal, scale)
-                    .unwrap();
+            let g = on(&g);
+            let grads = Tensor::flash_attention_backward_in(
+                &qd, &kd, &vd, &out, &lse, &g, causal, scale, c,
+            )
+            .unwrap();
             // All three gradients are checked before failing: which of them is off tells the
             // kernel (dq alone, dk from the delta dq stores, dv).
             let errors: Vec<String> = [
@@ -174,6 +182,7 @@ fn flash_attention_matches_naive_attention_on_every_device() {
             scale,
             transposed,
             seed,
+            compute: None,
         }
         .check(&devices);
     }
@@ -181,7 +190,8 @@ fn flash_attention_matches_naive_attention_on_every_device() {
 
 /// The shapes the tensor-core kernels take on GPUs that have them (16-bit, head dims 16 to 64 in
 /// steps of 16), with lengths across their 64-row blocks, grouped heads, causal with fewer keys
-/// than queries (queries that see no key) and more; other devices run their own kernels.
+/// than queries (queries that see no key) and more; in 16-bit storage and as f32 operands
+/// computing in 16 bits (autocast); other devices run their own kernels.
 #[test]
 fn tensor_core_attention_shapes_match_naive_attention() {
     let devices = test_devices().unwrap();
@@ -194,15 +204,19 @@ fn tensor_core_attention_shapes_match_naive_attention() {
                 let dims = [1, 4, 2, tq, tk, d];
                 let transposed = [true, causal, false];
                 let scale = (!causal).then_some(0.3);
-                Case {
-                    dtype,
-                    dims,
-                    causal,
-                    scale,
-                    transposed,
-                    seed,
+                // 16-bit operands, then f32 ones computing in 16 bits.
+                for (dtype, compute) in [(dtype, None), (DType::F32, Some(dtype))] {
+                    let case = Case {
+                        dtype,
+                        dims,
+                        causal,
+                        scale,
+                        transposed,
+                        seed,
+                        compute,
+                    };
+                    case.check(&devices);
                 }
-                .check(&devices);
             }
         }
     }
@@ -296,6 +310,18 @@ fn bad_operands_are_errors_naming_the_shapes() {
         None,
     ));
     assert!(e.contains("[4, 3, 8]"), "{e}");
+    let bf = Some(DType::BF16);
+    let e = Tensor::flash_attention_in(&q, &q, &q, false, None, Some(DType::F64))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("f32 operands cannot compute in f64"), "{e}");
+    let h = q.to_dtype(DType::F16).unwrap();
+    let e = Tensor::flash_attention_in(&h, &h, &h, false, None, bf)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("f16 operands cannot compute in bf16"), "{e}");
     let f64q = Tensor::zeros(&[1, 4, 3, 8], DType::F64, &dev).unwrap();
     assert!(
         Tensor::flash_attention(&f64q, &t(&[1, 2, 3, 8]), &t(&[1, 2, 3, 8]), true, None).is_err()

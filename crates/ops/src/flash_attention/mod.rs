@@ -14,7 +14,7 @@ use crate::base::acc::acc_dtype;
 use crate::base::checks::same_float;
 use crate::base::dispatch::dispatch;
 use crate::base::tensor::Tensor;
-use netcl_core_devices::{Error, Result};
+use netcl_core_devices::{DType, Error, Result};
 
 /// Largest head dim the kernels take.
 pub const FLASH_ATTENTION_MAX_HEAD_DIM: usize = 128;
@@ -31,6 +31,8 @@ struct Dims {
     d: usize,
     causal: bool,
     scale: f64,
+    /// The dtype the products run in when not the operands' (bf16 or f16 for f32 operands).
+    compute: Option<DType>,
 }
 
 impl Dims {
@@ -93,7 +95,58 @@ fn dims(
         d,
         causal,
         scale: scale.unwrap_or(1.0 / (d as f64).sqrt()),
+        compute: None,
     })
+}
+
+/// `dims` computing in `compute`: None or the operands' own dtype, or bf16/f16 for f32 operands.
+fn computing(op: &str, mut dims: Dims, dtype: DType, compute: Option<DType>) -> Result<Dims> {
+    match compute {
+        Some(c) if c != dtype => {
+            if dtype != DType::F32 || !matches!(c, DType::BF16 | DType::F16) {
+                return Err(Error::dtype(
+                    op,
+                    format!("{dtype} operands cannot compute in {c}; only f32 in bf16 or f16"),
+                ));
+            }
+            dims.compute = Some(c);
+        }
+        _ => dims.compute = None,
+    }
+    Ok(dims)
+}
+
+/// The forward of f32 operands computing in `dims.compute`, through casts: for devices without
+/// a kernel that reads and writes f32 around 16-bit products.
+fn narrowed_forward(desc: &FlashAttention) -> Result<(Tensor, Tensor)> {
+    let (c, d) = (desc.dims.compute.unwrap_or(desc.q.dtype()), desc.dims);
+    let (q, k, v) = (
+        desc.q.to_dtype(c)?,
+        desc.k.to_dtype(c)?,
+        desc.v.to_dtype(c)?,
+    );
+    let (out, lse) = Tensor::flash_attention(&q, &k, &v, d.causal, Some(d.scale))?;
+    Ok((out.to_dtype(desc.q.dtype())?, lse))
+}
+
+/// The backward likewise.
+fn narrowed_backward(desc: &FlashAttentionBackward) -> Result<(Tensor, Tensor, Tensor)> {
+    let (c, d) = (desc.dims.compute.unwrap_or(desc.q.dtype()), desc.dims);
+    let low = |t: &Tensor| t.to_dtype(c);
+    let (q, k, v) = (low(&desc.q)?, low(&desc.k)?, low(&desc.v)?);
+    let (out, grad) = (low(&desc.out)?, low(&desc.grad)?);
+    let (dq, dk, dv) = Tensor::flash_attention_backward(
+        &q,
+        &k,
+        &v,
+        &out,
+        &desc.lse,
+        &grad,
+        d.causal,
+        Some(d.scale),
+    )?;
+    let f = desc.q.dtype();
+    Ok((dq.to_dtype(f)?, dk.to_dtype(f)?, dv.to_dtype(f)?))
 }
 
 /// A checked forward: out (B, H, Tq, D) and the rows' log-sum-exp (B, H, Tq).
@@ -156,7 +209,22 @@ impl Tensor {
         causal: bool,
         scale: Option<f64>,
     ) -> Result<(Tensor, Tensor)> {
-        let dims = dims("flash_attention", q, k, v, causal, scale)?;
+        Tensor::flash_attention_in(q, k, v, causal, scale, None)
+    }
+
+    /// [`Tensor::flash_attention`] of f32 operands with its products in `compute` (bf16 or f16;
+    /// None: the operands' dtype), as autocast runs it: tensor cores read and write the f32
+    /// tensors directly; other devices cast the operands and the output.
+    pub fn flash_attention_in(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        causal: bool,
+        scale: Option<f64>,
+        compute: Option<DType>,
+    ) -> Result<(Tensor, Tensor)> {
+        let op = "flash_attention";
+        let dims = computing(op, dims(op, q, k, v, causal, scale)?, q.dtype(), compute)?;
         let op = FlashAttention {
             q: q.clone(),
             k: k.clone(),
@@ -181,8 +249,25 @@ impl Tensor {
         causal: bool,
         scale: Option<f64>,
     ) -> Result<(Tensor, Tensor, Tensor)> {
+        Tensor::flash_attention_backward_in(q, k, v, out, lse, grad, causal, scale, None)
+    }
+
+    /// [`Tensor::flash_attention_backward`] with the products in `compute`, as
+    /// [`Tensor::flash_attention_in`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn flash_attention_backward_in(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        out: &Tensor,
+        lse: &Tensor,
+        grad: &Tensor,
+        causal: bool,
+        scale: Option<f64>,
+        compute: Option<DType>,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
         let op = "flash_attention_backward";
-        let dims = dims(op, q, k, v, causal, scale)?;
+        let dims = computing(op, dims(op, q, k, v, causal, scale)?, q.dtype(), compute)?;
         same_float(op, &[q, out, grad])?;
         need_shape(op, out, "out", q.shape())?;
         need_shape(op, grad, "grad", q.shape())?;

@@ -89,27 +89,34 @@ fn attention_program(device: &Device, dtype: DType, d: usize) -> Result<Arc<Prog
     program(device, &ATTENTION, &options)
 }
 
-/// The tensor-core program (kernels/attention_tc.cl) where it takes this problem: bf16 or f16 on
-/// a device whose tensor-core probe passed, head dims 16 to 64 in steps of 16, every view's offset
+/// The tensor-core program (kernels/attention_tc.cl) where it takes this problem: products in
+/// bf16 or f16 (`compute`) on a device whose tensor-core probe passed, over operands of that dtype
+/// or f32 (`io`: read and written as f32), head dims 16 to 64 in steps of 16, every view's offset
 /// and strides multiples of 8 elements. `NETCL_ATTENTION_TC=0` turns it off.
 fn tensor_core_program(
     device: &Device,
-    dtype: DType,
+    io: DType,
+    compute: DType,
     d: usize,
     views: &[[u32; 4]],
 ) -> Result<Option<Arc<Program>>> {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let on = *ON.get_or_init(|| std::env::var("NETCL_ATTENTION_TC").map_or(true, |v| v != "0"));
+    let tc = match compute {
+        DType::BF16 => "-DTC_BF16",
+        DType::F16 => "-DTC_F16",
+        _ => return Ok(None),
+    };
     let fits = on
-        && matches!(dtype, DType::BF16 | DType::F16)
+        && (io == compute || io == DType::F32)
         && d.is_multiple_of(16)
         && (16..=64).contains(&d)
         && views.iter().flatten().all(|x| x.is_multiple_of(8))
-        && tensor_core_kind(device, dtype).is_some();
+        && tensor_core_kind(device, compute).is_some();
     if !fits {
         return Ok(None);
     }
-    let options = format!("{} -DHEAD_DIM={d}", dtype.build_option());
+    let options = format!("{} {tc} -DHEAD_DIM={d}", io.build_option());
     program(device, &ATTENTION_TC, &options).map(Some)
 }
 
@@ -207,7 +214,8 @@ pub(super) fn forward(desc: &FlashAttention, device: &Device) -> Result<(Tensor,
         view(op, &out)?,
         [0; 4],
     ];
-    if let Some(program) = tensor_core_program(device, dtype, d.d, &views[..4])? {
+    let compute = d.compute.unwrap_or(dtype);
+    if let Some(program) = tensor_core_program(device, dtype, compute, d.d, &views[..4])? {
         let kernels = Kernels {
             op,
             program,
@@ -218,6 +226,9 @@ pub(super) fn forward(desc: &FlashAttention, device: &Device) -> Result<(Tensor,
         let bufs = [&out, &lse, &q, &k, &v];
         kernels.run("attention_fwd_tc", &bufs, 2, d.b * d.h, d.tq, TC_BLOCK)?;
         return Ok((out, lse));
+    }
+    if d.compute.is_some() {
+        return super::narrowed_forward(desc);
     }
     let kernels = Kernels {
         op,
@@ -260,7 +271,10 @@ pub(super) fn backward(
         view(op, &grad)?,
         view(op, &out)?,
     ];
-    let tc = tensor_core_program(device, dtype, d.d, &views)?;
+    let tc = tensor_core_program(device, dtype, d.compute.unwrap_or(dtype), d.d, &views)?;
+    if tc.is_none() && d.compute.is_some() {
+        return super::narrowed_backward(desc);
+    }
     let kernels = Kernels {
         op,
         program: match &tc {

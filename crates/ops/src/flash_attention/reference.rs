@@ -57,6 +57,9 @@ fn host_tensor(vals: &[f64], shape: &[usize], dtype: DType) -> Tensor {
 }
 
 pub(super) fn forward(desc: &FlashAttention) -> Result<(Tensor, Tensor)> {
+    if desc.dims.compute.is_some() {
+        return super::narrowed_forward(desc);
+    }
     let op = "flash_attention";
     let d = &desc.dims;
     let (q, k, v) = (
@@ -90,6 +93,9 @@ pub(super) fn forward(desc: &FlashAttention) -> Result<(Tensor, Tensor)> {
 }
 
 pub(super) fn backward(desc: &FlashAttentionBackward) -> Result<(Tensor, Tensor, Tensor)> {
+    if desc.dims.compute.is_some() {
+        return super::narrowed_backward(desc);
+    }
     let op = "flash_attention_backward";
     let d = &desc.dims;
     let (q, k, v) = (

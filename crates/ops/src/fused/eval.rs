@@ -99,7 +99,10 @@ pub(crate) fn run(
         }
     }
     for (a, d) in dests.iter().enumerate() {
-        if dests[a + 1..].iter().any(|e| e.shares_storage(d)) {
+        if dests[a + 1..]
+            .iter()
+            .any(|e| e.shares_storage(d) && !disjoint(d, e))
+        {
             return Err(Error::invalid(op, "two destinations share storage"));
         }
     }
@@ -266,6 +269,37 @@ fn launch(e: &FusedEval<'_>, device: &Device) -> Result<()> {
         })?;
     }
     Ok(())
+}
+
+/// Whether views `a` and `b` of one buffer share no element: their element ranges do not meet,
+/// or they have one shape and the same strides with a contiguous last dim whose runs interleave
+/// without touching (the two halves of a last dim).
+fn disjoint(a: &Tensor, b: &Tensor) -> bool {
+    let reach = |t: &Tensor| {
+        let far: usize = (t.shape.iter().zip(&t.strides))
+            .map(|(n, s)| n.saturating_sub(1) * s)
+            .sum();
+        t.offset + far
+    };
+    if reach(a) < b.offset || reach(b) < a.offset {
+        return true;
+    }
+    let nd = a.shape.len();
+    if nd == 0 || a.shape != b.shape || a.strides != b.strides || a.strides[nd - 1] != 1 {
+        return false;
+    }
+    let gcd = |mut x: usize, mut y: usize| {
+        while y != 0 {
+            (x, y) = (y, x % y);
+        }
+        x
+    };
+    // Every element of a view lies at its offset + a multiple of g + its last-dim index.
+    let g = (a.strides.iter().zip(&a.shape).take(nd - 1))
+        .filter(|(_, &n)| n > 1)
+        .fold(0, |g, (&s, _)| gcd(g, s));
+    let (n, delta) = (a.shape[nd - 1], a.offset.abs_diff(b.offset));
+    g > 0 && n <= delta % g && delta % g <= g - n
 }
 
 /// Evaluate the expressions `outputs` elementwise over `inputs` (NumPy broadcasting, any strides)

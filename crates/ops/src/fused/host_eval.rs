@@ -345,12 +345,20 @@ pub(crate) fn run_host(
             )),
         }
     }
-    // Each storage locked once: destinations for writing, other inputs for reading.
+    // Each storage locked once: destinations for writing (disjoint views of one buffer share
+    // its lock), other inputs for reading.
     let mut writes: Vec<RwLockWriteGuard<'_, HostData>> = Vec::new();
-    for t in outs {
-        writes.push(lock(op, t)?.write().unwrap_or_else(|p| p.into_inner()));
+    let mut out_ptrs: Vec<Ptr> = Vec::with_capacity(outs.len());
+    for (k, t) in outs.iter().enumerate() {
+        let p = match (0..k).find(|&j| outs[j].shares_storage(t)) {
+            Some(j) => out_ptrs[j],
+            None => {
+                writes.push(lock(op, t)?.write().unwrap_or_else(|p| p.into_inner()));
+                Ptr::of_mut(writes.last_mut().expect("just pushed"))
+            }
+        };
+        out_ptrs.push(p);
     }
-    let out_ptrs: Vec<Ptr> = writes.iter_mut().map(|g| Ptr::of_mut(g)).collect();
     let mut reads: Vec<RwLockReadGuard<'_, HostData>> = Vec::new();
     let mut in_ptrs: Vec<Ptr> = Vec::with_capacity(inputs.len());
     for (i, t) in inputs.iter().enumerate() {
