@@ -116,6 +116,16 @@ inline void load_tile(__local uint* t, __global const T* p, uint base, uint st, 
     }
 }
 
+// Keys and values j0 .. j0 + 63 of (b, hk) into ks and vs, once every work-item is done with
+// the previous ones.
+inline void load_kv(__local uint* ks, __local uint* vs, __global const T* k, __global const T* v,
+                    const AttnGeom* G, uint b, uint hk, uint j0, uint lid) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    load_tile(ks, k, G->k_off + b * G->k_sb + hk * G->k_sh, G->k_st, j0, G->tk, lid);
+    load_tile(vs, v, G->v_off + b * G->v_sb + hk * G->v_sh, G->v_st, j0, G->tk, lid);
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+
 // A fragments (16 rows from row0, all of HEAD_DIM as K) of a tile.
 #define FRAG_A(f, tile, row0)                                                                  \
     _Pragma("unroll") for (int kk = 0; kk < DK; ++kk)                                          \
@@ -191,12 +201,8 @@ void attention_fwd_tc(__global T* o, __global float* lse, __global const T* q,
     uint vis[2] = {visible(&G, min(w0 + g, G.tq - 1)), visible(&G, min(w0 + g + 8, G.tq - 1))};
     const uint kend = visible(&G, min(i0 + ROWS - 1, G.tq - 1));
     const uint kfull = visible(&G, i0);  // keys every query of the group sees
-    const uint kb = G.k_off + b * G.k_sb + hk * G.k_sh, vb = G.v_off + b * G.v_sb + hk * G.v_sh;
     for (uint j0 = 0; j0 < kend; j0 += ROWS) {
-        barrier(CLK_LOCAL_MEM_FENCE);
-        load_tile(ks, k, kb, G.k_st, j0, G.tk, lid);
-        load_tile(vs, v, vb, G.v_st, j0, G.tk, lid);
-        barrier(CLK_LOCAL_MEM_FENCE);
+        load_kv(ks, vs, k, v, &G, b, hk, j0, lid);
         float s[8][4];
         SCORES(s, qf, ks);
         const bool edge = j0 + ROWS > kfull;
@@ -301,12 +307,8 @@ void attention_bwd_dq_tc(__global T* dq, __global float* delta, __global const T
     ZERO(acc);
     const uint kend = visible(&G, min(i0 + ROWS - 1, G.tq - 1));
     const uint kfull = visible(&G, i0);
-    const uint kb = G.k_off + b * G.k_sb + hk * G.k_sh, vb = G.v_off + b * G.v_sb + hk * G.v_sh;
     for (uint j0 = 0; j0 < kend; j0 += ROWS) {
-        barrier(CLK_LOCAL_MEM_FENCE);
-        load_tile(ks, k, kb, G.k_st, j0, G.tk, lid);
-        load_tile(vs, v, vb, G.v_st, j0, G.tk, lid);
-        barrier(CLK_LOCAL_MEM_FENCE);
+        load_kv(ks, vs, k, v, &G, b, hk, j0, lid);
         float s[8][4], dp[8][4];
         SCORES(s, qf, ks);
         SCORES(dp, df, vs);
