@@ -15,12 +15,12 @@ impl Drop for Restore {
     }
 }
 
-/// Runs `f` with autocast to `dtype` (`BF16` or `F16`) on this thread: `Var::matmul`,
-/// `Var::linear` and `Var::flash_attention` cast f32 operands to `dtype`, multiply, and cast the product back to f32; their
-/// gradients flow back through the casts to the f32 parameters (the master weights). Everything
-/// else computes in f32. Nest-safe: the previous policy returns when `f` ends. With f16, scale the
-/// loss (netcl-optim's `GradScaler`) so small gradients do
-/// not flush to zero.
+/// Runs `f` with autocast to `dtype` (`BF16` or `F16`) on this thread: `Var::matmul` and
+/// `Var::linear` multiply `dtype` copies of their f32 operands into f32 products, and
+/// `Var::flash_attention` computes in `dtype` and returns f32; their gradients, computed the same
+/// way, reach the f32 parameters (the master weights). Everything else computes in f32.
+/// Nest-safe: the previous policy returns when `f` ends. With f16, scale the loss (netcl-optim's
+/// `GradScaler`) so small gradients do not flush to zero.
 pub fn autocast<R>(dtype: DType, f: impl FnOnce() -> R) -> Result<R> {
     if !matches!(dtype, DType::BF16 | DType::F16) {
         return Err(Error::dtype(
