@@ -25,15 +25,10 @@
 #define ROWS 64
 #define WG 128
 
-#if defined(TC_BF16)
-#define MMA_OP "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
-#define CVT_PAIR "cvt.rn.bf16x2.f32"
-#elif defined(TC_F16)
-#define MMA_OP "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
-#define CVT_PAIR "cvt.rn.f16x2.f32"
-#else
+#if !defined(TC_BF16) && !defined(TC_F16)
 #error "attention_tc.cl needs -DTC_BF16 or -DTC_F16"
 #endif
+// MMA, LDMATRIX_X4(_T) and pack2 come from common.cl's tensor-core section.
 #if defined(DT_F32)
 #define IO_F32
 #elif !(defined(DT_BF16) && defined(TC_BF16)) && !(defined(DT_F16) && defined(TC_F16))
@@ -51,28 +46,6 @@ typedef struct {
     uint o_off, o_sb, o_sh, o_st;  // o (forward), or do (backward)
     uint x_off, x_sb, x_sh, x_st;  // o in the backward
 } AttnGeom;
-
-// d (4 f32) += a (4 words, 16 x 16) x b (2 words, 16 x 8).
-#define MMA(d, a, b0, b1)                                                               \
-    __asm__(MMA_OP " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"             \
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                            \
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
-
-#define LDSM_X4(r, p)                                                                          \
-    __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"           \
-                     : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                  \
-                     : "r"((uint)(size_t)(p)))
-#define LDSM_X4_T(r, p)                                                                        \
-    __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"     \
-                     : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                  \
-                     : "r"((uint)(size_t)(p)))
-
-// Two f32 rounded to the storage format in one word (lo in the low half, as mma wants it).
-inline uint pack2(float lo, float hi) {
-    uint r;
-    __asm__(CVT_PAIR " %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
 
 inline float shfl_xor(float v, uint m) {
     float r;
@@ -129,7 +102,7 @@ inline void load_kv(__local uint* ks, __local uint* vs, __global const T* k, __g
 // A fragments (16 rows from row0, all of HEAD_DIM as K) of a tile.
 #define FRAG_A(f, tile, row0)                                                                  \
     _Pragma("unroll") for (int kk = 0; kk < DK; ++kk)                                          \
-        LDSM_X4(f[kk], &tile[((row0) + lane % 8 + 8 * ((lane / 8) % 2)) * RS + kk * 8 + 4 * (lane / 16)])
+        LDMATRIX_X4(f[kk], &tile[((row0) + lane % 8 + 8 * ((lane / 8) % 2)) * RS + kk * 8 + 4 * (lane / 16)])
 
 // s (16 x 64) = f (16 x HEAD_DIM) x tileᵀ: the tile's 64 rows are the columns.
 #define SCORES(s, f, tile)                                                                        \
@@ -138,7 +111,7 @@ inline void load_kv(__local uint* ks, __local uint* vs, __global const T* k, __g
     _Pragma("unroll") for (int kk = 0; kk < DK; ++kk)                                          \
         _Pragma("unroll") for (int j = 0; j < 8; j += 2) {                                     \
             uint x[4];                                                                         \
-            LDSM_X4(x, &tile[(j * 8 + lane % 8 + 8 * (lane / 16)) * RS + kk * 8 + 4 * ((lane / 8) % 2)]); \
+            LDMATRIX_X4(x, &tile[(j * 8 + lane % 8 + 8 * (lane / 16)) * RS + kk * 8 + 4 * ((lane / 8) % 2)]); \
             MMA(s[j], f[kk], x[0], x[1]);                                                      \
             MMA(s[j + 1], f[kk], x[2], x[3]);                                                  \
         }
@@ -151,7 +124,7 @@ inline void load_kv(__local uint* ks, __local uint* vs, __global const T* k, __g
                       pack2(p[2 * kc + 1][2], p[2 * kc + 1][3])};                              \
         _Pragma("unroll") for (int dn = 0; dn < DN; dn += 2) {                                 \
             uint x[4];                                                                         \
-            LDSM_X4_T(x, &tile[(kc * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * RS + (dn + lane / 16) * 4]); \
+            LDMATRIX_X4_T(x, &tile[(kc * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * RS + (dn + lane / 16) * 4]); \
             MMA(acc[dn], pa, x[0], x[1]);                                                      \
             MMA(acc[dn + 1], pa, x[2], x[3]);                                                  \
         }                                                                                      \

@@ -311,3 +311,43 @@ inline void report_index(__global int* err, int code, uint pos, int value, uint 
         err[3] = (int)bound;
     }
 }
+
+// Tensor-core helpers (inline NVIDIA PTX, sm_80+) for programs built with -DTC_TF32, -DTC_BF16 or
+// -DTC_F16 (matmul_tc.cl, attention_tc.cl; only where ops/src/matmul/tc.rs's probe passed).
+#if defined(TC_TF32) || defined(TC_BF16) || defined(TC_F16)
+#if defined(TC_TF32)
+#define MMA_OP "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
+#elif defined(TC_BF16)
+#define MMA_OP "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+#define CVT_PAIR "cvt.rn.bf16x2.f32"
+#else
+#define MMA_OP "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+#define CVT_PAIR "cvt.rn.f16x2.f32"
+#endif
+
+// d (4 f32) += a (4 words, 16 x K) x b (the words b0, b1: K x 8).
+#define MMA(d, a, b0, b1)                                                               \
+    __asm__(MMA_OP " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"             \
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                            \
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+
+// Four 8 x 8 b16 matrices from local memory into r[0..3] (ldmatrix; p: this lane's row address).
+#define LDMATRIX_X4(r, p)                                                                      \
+    __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"           \
+                     : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                  \
+                     : "r"((uint)(size_t)(p)))
+// The same, each matrix transposed (for tiles whose rows run along the product's K).
+#define LDMATRIX_X4_T(r, p)                                                                    \
+    __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"     \
+                     : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                  \
+                     : "r"((uint)(size_t)(p)))
+
+#ifdef CVT_PAIR
+// Two f32 rounded to the 16-bit format in one word (lo in the low half, as mma wants it).
+inline uint pack2(float lo, float hi) {
+    uint r;
+    __asm__(CVT_PAIR " %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+#endif
+#endif

@@ -84,21 +84,10 @@ inline ACC activate(ACC v) { return v; }
 #else
 #define TF32(u) (((u) + 0x1000u) & 0xffffe000u)
 #endif
-#define MMA_OP "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
 #else
 #define TF32(u) (u)
-#if defined(TC_BF16)
-#define MMA_OP "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
-#else
-#define MMA_OP "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
 #endif
-#endif
-
-// d (4 f32) += a (4 words, 16 x K) x b (2 words, K x 8).
-#define MMA(d, a, b)                                                                    \
-    __asm__(MMA_OP " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"             \
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                            \
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
+// MMA, LDMATRIX_X4 and LDMATRIX_X4_T come from common.cl's tensor-core section.
 
 // Operand rows are K-contiguous and 16-byte aligned, with K a multiple of 4 words (matmul_tc.rs
 // copies an operand that is not): every fetch is one 16-byte copy of 4 words.
@@ -111,17 +100,6 @@ inline ACC activate(ACC v) { return v; }
 #define IN(r, R) ((r) < (R))
 #endif
 #define VEC(p, i) (*(__global const uint4*)((__global const uchar*)(p) + (i) * sizeof(T)))
-
-// Four 8 x 8 b16 matrices from local memory into r[0..3] (ldmatrix; p: this lane's row address).
-#define LDMATRIX_X4(r, p)                                                                      \
-    __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"           \
-                     : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                  \
-                     : "r"((uint)(size_t)(p)))
-// The same, each matrix transposed (for tiles whose rows run along K).
-#define LDMATRIX_X4_T(r, p)                                                                    \
-    __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"     \
-                     : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                  \
-                     : "r"((uint)(size_t)(p)))
 
 #ifdef ASYNC
 // 16 bytes global -> local without registers; zero-filled when !valid (nothing read).
@@ -255,7 +233,7 @@ void TC_KERNEL(__global OT* c,          /* (batch, M, N) contiguous per batch: c
 #pragma unroll
             for (int i = 0; i < WMI; ++i)
 #pragma unroll
-                for (int j = 0; j < WNJ; ++j) MMA(acc[i][j], af[i], bf[j]);
+                for (int j = 0; j < WNJ; ++j) MMA(acc[i][j], af[i], bf[j][0], bf[j][1]);
         }
         barrier(CLK_LOCAL_MEM_FENCE);
     }

@@ -205,43 +205,38 @@ pub(super) fn forward(desc: &FlashAttention, device: &Device) -> Result<(Tensor,
         rows_dense(&desc.v)?,
     );
     let dtype = q.dtype();
-    let out = d.t_major(d.tq, d.h, dtype, device)?;
-    let lse = Tensor::alloc(&[d.b, d.h, d.tq], acc_dtype(dtype), device)?;
-    let views = [
-        view(op, &q)?,
-        view(op, &k)?,
-        view(op, &v)?,
-        view(op, &out)?,
-        [0; 4],
-    ];
+    // The output is made dense below, so the operands' views decide the tensor-core path.
+    let operands = [view(op, &q)?, view(op, &k)?, view(op, &v)?];
     let compute = d.compute.unwrap_or(dtype);
-    if let Some(program) = tensor_core_program(device, dtype, compute, d.d, &views[..4])? {
-        let kernels = Kernels {
-            op,
-            program,
-            geom: d.geom(op, views)?,
-            d,
-            dtype,
-        };
-        let bufs = [&out, &lse, &q, &k, &v];
-        kernels.run("attention_fwd_tc", &bufs, 2, d.b * d.h, d.tq, TC_BLOCK)?;
-        return Ok((out, lse));
-    }
-    if d.compute.is_some() {
+    let tc = tensor_core_program(device, dtype, compute, d.d, &operands)?;
+    if tc.is_none() && d.compute.is_some() {
         return super::narrowed_forward(desc);
     }
+    let out = d.t_major(d.tq, d.h, dtype, device)?;
+    let lse = Tensor::alloc(&[d.b, d.h, d.tq], acc_dtype(dtype), device)?;
+    let [qv, kv, vv] = operands;
+    let views = [qv, kv, vv, view(op, &out)?, [0; 4]];
+    // The blocked forward's output tile leaves a quarter of its work-items idle at head dim 48
+    // (0.156 against the streaming kernel's 0.137 ms at the 15M shape on the H100): only at 64.
+    let (program, name, block) = match tc {
+        Some(p) => (p, "attention_fwd_tc", TC_BLOCK),
+        None if d.d == 64 && blocked_fits(device, dtype, d.d) => (
+            attention_program(device, dtype, d.d)?,
+            "attention_fwd_blocked",
+            (BLOCK_ROWS, BLOCK_GROUP),
+        ),
+        None => (
+            attention_program(device, dtype, d.d)?,
+            "attention_fwd",
+            (BQ, BQ),
+        ),
+    };
     let kernels = Kernels {
         op,
-        program: attention_program(device, dtype, d.d)?,
+        program,
         geom: d.geom(op, views)?,
         d,
         dtype,
-    };
-    // The blocked forward's output tile leaves a quarter of its work-items idle at head dim 48
-    // (0.156 against the streaming kernel's 0.137 ms at the 15M shape on the H100): only at 64.
-    let (name, block) = match d.d == 64 && blocked_fits(device, dtype, d.d) {
-        true => ("attention_fwd_blocked", (BLOCK_ROWS, BLOCK_GROUP)),
-        false => ("attention_fwd", (BQ, BQ)),
     };
     kernels.run(name, &[&out, &lse, &q, &k, &v], 2, d.b * d.h, d.tq, block)?;
     Ok((out, lse))
@@ -290,45 +285,23 @@ pub(super) fn backward(
     let dq_bufs = [&dq, &delta, &q, &k, &v, &grad, &out, &lse];
     let key_grad = || d.t_major(d.tk, d.hkv, dtype, device);
     let rest = [&q, &k, &v, &grad, &lse, &delta];
-    if tc.is_some() {
-        // Tensor cores: dq (and delta), then dk and dv in one kernel, as the blocked kernels.
-        kernels.run(
-            "attention_bwd_dq_tc",
-            &dq_bufs,
-            3,
-            d.b * d.h,
-            d.tq,
-            TC_BLOCK,
-        )?;
-        let (dk, dv) = (key_grad()?, key_grad()?);
-        let mut bufs = vec![&dk, &dv];
-        bufs.extend(rest);
-        kernels.run(
-            "attention_bwd_dkdv_tc",
-            &bufs,
-            4,
-            d.b * d.hkv,
-            d.tk,
-            TC_BLOCK,
-        )?;
-        return Ok((dq, dk, dv));
-    }
-    if blocked_fits(device, dtype, d.d) {
-        // Register-blocked: dq (and delta), then dk and dv in one kernel (five products per
-        // visible pair: two scores, the probability's and the gradient's updates, dq's).
-        let block = (BLOCK_ROWS, BLOCK_GROUP);
-        kernels.run(
+    // Tensor cores or register-blocked: dq (and delta), then dk and dv in one kernel (five
+    // products per visible pair: two scores, the probability's and the gradient's updates, dq's).
+    let paired = match tc {
+        Some(_) => Some(("attention_bwd_dq_tc", "attention_bwd_dkdv_tc", TC_BLOCK)),
+        None if blocked_fits(device, dtype, d.d) => Some((
             "attention_bwd_dq_blocked",
-            &dq_bufs,
-            3,
-            d.b * d.h,
-            d.tq,
-            block,
-        )?;
+            "attention_bwd_dkdv",
+            (BLOCK_ROWS, BLOCK_GROUP),
+        )),
+        None => None,
+    };
+    if let Some((dq_name, dkdv_name, block)) = paired {
+        kernels.run(dq_name, &dq_bufs, 3, d.b * d.h, d.tq, block)?;
         let (dk, dv) = (key_grad()?, key_grad()?);
         let mut bufs = vec![&dk, &dv];
         bufs.extend(rest);
-        kernels.run("attention_bwd_dkdv", &bufs, 4, d.b * d.hkv, d.tk, block)?;
+        kernels.run(dkdv_name, &bufs, 4, d.b * d.hkv, d.tk, block)?;
         return Ok((dq, dk, dv));
     }
     kernels.run("attention_bwd_dq", &dq_bufs, 3, d.b * d.h, d.tq, (BQ, BQ))?;

@@ -353,8 +353,11 @@ pub(crate) fn run_host(
         let p = match (0..k).find(|&j| outs[j].shares_storage(t)) {
             Some(j) => out_ptrs[j],
             None => {
-                writes.push(lock(op, t)?.write().unwrap_or_else(|p| p.into_inner()));
-                Ptr::of_mut(writes.last_mut().expect("just pushed"))
+                // The pointer is into the locked data, which stays put when the guard moves.
+                let mut guard = lock(op, t)?.write().unwrap_or_else(|p| p.into_inner());
+                let p = Ptr::of_mut(&mut guard);
+                writes.push(guard);
+                p
             }
         };
         out_ptrs.push(p);
