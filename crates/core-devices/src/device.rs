@@ -1,4 +1,4 @@
-//! Device handles: discovery of every OpenCL device plus the host, selection, one context, a compute queue and a copy queue each.
+//! Device handles: discovery of every OpenCL device plus the host, selection, one context, a compute queue, a copy queue and a relay queue each.
 use crate::info::{DeviceInfo, DeviceKind};
 use crate::{ClResultExt, Error, Result};
 use opencl3::command_queue::{CommandQueue, CL_QUEUE_PROFILING_ENABLE};
@@ -7,7 +7,8 @@ use opencl3::device::{Device as ClDeviceId, CL_DEVICE_TYPE_ALL};
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
-/// An OpenCL device with its one context, its in-order compute queue and an in-order copy queue.
+/// An OpenCL device with its one context, its in-order compute queue, and two more in-order
+/// queues for transfers.
 pub struct ClDevice {
     pub id: ClDeviceId,
     pub context: Context,
@@ -17,6 +18,10 @@ pub struct ClDevice {
     /// (gradient buckets of data-parallel training). Work on it is ordered against `queue` only
     /// through events (a marker on one queue, waited on by the other).
     pub copy_queue: CommandQueue,
+    /// A third in-order queue, for the collectives' relay (netcl-distributed): its host-to-device
+    /// copies and reduction kernels run here while its device-to-host copies run on
+    /// `copy_queue`, so both directions of the bus are busy at once.
+    pub relay_queue: CommandQueue,
     /// Platform index and device index within the platform (`opencl:P:D`).
     pub platform_index: usize,
     pub device_index: usize,
@@ -159,6 +164,8 @@ fn open_device(
     };
     let copy_queue = CommandQueue::create_default_with_properties(&context, props, 0)
         .cl("clCreateCommandQueue(copy)")?;
+    let relay_queue = CommandQueue::create_default_with_properties(&context, props, 0)
+        .cl("clCreateCommandQueue(relay)")?;
     Ok((
         info,
         ClDevice {
@@ -166,6 +173,7 @@ fn open_device(
             context,
             queue,
             copy_queue,
+            relay_queue,
             platform_index,
             device_index,
             profiling,
@@ -289,7 +297,8 @@ impl Device {
             Backend::Host => Ok(()),
             Backend::OpenCl(c) => {
                 c.queue.finish().cl("clFinish")?;
-                c.copy_queue.finish().cl("clFinish(copy)")
+                c.copy_queue.finish().cl("clFinish(copy)")?;
+                c.relay_queue.finish().cl("clFinish(relay)")
             }
         }
     }

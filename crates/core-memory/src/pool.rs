@@ -257,6 +257,7 @@ fn wait_for(device: &Device, events: &[Event]) {
     if let Ok(cl) = device.cl("Pool::alloc") {
         let _ = cl.queue.flush();
         let _ = cl.copy_queue.flush();
+        let _ = cl.relay_queue.flush();
     }
     let raw: Vec<cl_event> = events.iter().map(|e| e.get()).collect();
     let _ = cl3::event::wait_for_events(&raw);

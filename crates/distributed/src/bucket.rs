@@ -1,14 +1,16 @@
-//! The communication thread of data-parallel training: reduces gradient buckets across ranks as backward hands them over, and copies them back on the copy queue.
+//! The communication thread of data-parallel training: reduces gradient buckets across ranks as backward hands them over (through the device relay where every rank is an OpenCL device, else through host staging on the copy queue).
 use crate::group::Comm;
 use crate::reduce::ReduceOp;
+use crate::relay::{Chunk, ChunkTimes, Relay};
 use crate::staging::{queue, read, write, Queue};
 use netcl_core_devices::opencl3::event::Event;
 use netcl_core_devices::{ClResultExt, Error, Result};
 use netcl_core_memory::PinnedBuffer;
 use netcl_ops::Tensor;
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// A range of the flat gradient buffer reduced as one unit.
 pub(crate) struct Bucket {
@@ -173,45 +175,89 @@ impl Worker {
             else {
                 continue;
             };
-            let mut waiting: Vec<Option<Job>> = (0..buckets).map(|_| None).collect();
-            let (mut next, mut out) = (0, Ok(Done::default()));
-            while next < buckets {
-                match jobs.recv() {
-                    Ok(Msg::Bucket {
-                        step: s,
-                        index,
-                        job,
-                    }) if s == step && index < buckets => waiting[index] = Some(job),
-                    Ok(Msg::Cancel { step: s }) if s == step => {
-                        out = Err(Error::invalid("DataParallel", "step cancelled"));
-                        break;
-                    }
-                    Ok(_) => continue,
-                    Err(_) => return,
-                }
-                // Reduce in bucket order (the same on every rank), as soon as each is here.
-                while next < buckets {
-                    let Some(job) = waiting[next].take() else {
-                        break;
-                    };
-                    if let Ok(d) = &mut out {
-                        if let Err(e) = self.reduce(next, job, share, d) {
-                            self.comm.abort(&e.to_string());
-                            out = Err(e);
-                        }
-                    }
-                    next += 1;
-                }
-            }
-            if let Ok(d) = &mut out {
-                if let Err(e) = self.timings(d) {
-                    out = Err(e);
-                }
+            let out = self.step(&jobs, step, share, buckets);
+            if let Err(e) = &out {
+                self.comm.abort(&e.to_string());
             }
             if done.send(out).is_err() {
                 return;
             }
         }
+    }
+
+    /// One step: reduce its `buckets` in bucket order (the same on every rank) as backward
+    /// hands them over. Where every rank is an OpenCL device, the buckets stream through one
+    /// relay session (relay.rs), which copies while this thread waits for the next bucket.
+    fn step(&self, jobs: &Receiver<Msg>, step: u64, share: f32, buckets: usize) -> Result<Done> {
+        let stopped = || Error::invalid("DataParallel", "the step's sender has stopped");
+        let mut relay = if self.comm.hub.relay && self.flat.device().is_opencl() {
+            Some(Relay::begin(
+                &self.comm,
+                "DataParallel",
+                ReduceOp::WeightedSum,
+                share,
+            )?)
+        } else {
+            None
+        };
+        let mut waiting: Vec<Option<Job>> = (0..buckets).map(|_| None).collect();
+        let (mut next, mut done) = (0, Done::default());
+        while next < buckets {
+            let msg = match relay.as_mut() {
+                Some(r) if r.busy() => match jobs.recv_timeout(Duration::from_micros(50)) {
+                    Ok(m) => m,
+                    Err(RecvTimeoutError::Timeout) => {
+                        r.poll()?;
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => return Err(stopped()),
+                },
+                _ => jobs.recv().map_err(|_| stopped())?,
+            };
+            match msg {
+                Msg::Bucket {
+                    step: s,
+                    index,
+                    job,
+                } if s == step && index < buckets => waiting[index] = Some(job),
+                Msg::Cancel { step: s } if s == step => {
+                    return Err(Error::invalid("DataParallel", "step cancelled"))
+                }
+                _ => continue,
+            }
+            while let Some(job) = waiting.get_mut(next).and_then(Option::take) {
+                match (relay.as_mut(), job) {
+                    (Some(r), Job::Device(produced)) => self.push(r, next, produced)?,
+                    (_, job) => self.reduce(next, job, share, &mut done)?,
+                }
+                next += 1;
+            }
+            if let Some(r) = relay.as_mut() {
+                r.poll()?;
+            }
+        }
+        match relay {
+            Some(r) => done.copies = records(r.finish()?),
+            None => self.timings(&mut done)?,
+        }
+        Ok(done)
+    }
+
+    /// Hand bucket `index` to the relay, in chunks; the first waits for `produced`.
+    fn push(&self, relay: &mut Relay<'_>, index: usize, produced: Event) -> Result<()> {
+        let b = &self.buckets[index];
+        let (mem, at) = (self.flat.mem()?, (self.flat.offset() + b.start) * 4);
+        let mut after = Some(produced);
+        for s in (0..b.len).step_by(relay.chunk()) {
+            relay.push(Chunk {
+                mem,
+                offset: at + s * 4,
+                len: relay.chunk().min(b.len - s),
+                after: after.take(),
+                tag: index,
+            })?;
+        }
+        Ok(())
     }
 
     fn reduce(&self, index: usize, job: Job, share: f32, done: &mut Done) -> Result<()> {
@@ -281,6 +327,27 @@ impl Worker {
         }
         Ok(())
     }
+}
+
+/// One record per bucket from the relay's chunk times.
+fn records(chunks: Vec<ChunkTimes>) -> Vec<CopyRecord> {
+    let mut out: Vec<CopyRecord> = Vec::new();
+    for c in chunks {
+        match out.last_mut() {
+            Some(r) if r.bucket == c.tag => {
+                r.bytes += c.bytes;
+                r.to_host = (r.to_host.0.min(c.down.0), r.to_host.1.max(c.down.1));
+                r.to_device = (r.to_device.0.min(c.gather.0), r.to_device.1.max(c.gather.1));
+            }
+            _ => out.push(CopyRecord {
+                bucket: c.tag,
+                bytes: c.bytes,
+                to_host: c.down,
+                to_device: c.gather,
+            }),
+        }
+    }
+    out
 }
 
 fn times(ev: &Event) -> (u64, u64) {

@@ -1,7 +1,9 @@
 //! Collectives on tensors (all_reduce, broadcast, reduce, scatter, gather, all_gather, reduce_scatter, barrier) through host staging.
 //!
-//! Every rank's data is staged in host memory (pinned buffers for OpenCL devices), which all ranks
-//! of the process share. A reduction is the ring's two phases without the hops: rank r reduces
+//! When every rank is an OpenCL device, all_reduce goes through the device relay (relay.rs: pinned
+//! slots that every device copies to and from, reductions on the devices). Otherwise every
+//! rank's data is staged in host memory (pinned buffers for OpenCL devices), which all ranks of
+//! the process share. A reduction is the ring's two phases without the hops: rank r reduces
 //! segment r of every rank's staged copy in rank order (reduce-scatter), then copies the other
 //! ranks' reduced segments (all-gather); so every rank holds bit-identical results, computed by
 //! N threads at once. all_reduce streams 4 MiB chunks through two pinned buffers per rank: the
@@ -10,7 +12,8 @@
 use crate::group::Comm;
 use crate::hub::Slot;
 use crate::reduce::{reduce_range, split_range, ReduceOp};
-use crate::staging::{check_f32, read, write, write_tensor, Queue};
+use crate::relay::{Chunk, Relay};
+use crate::staging::{check_f32, marker, queue, read, write, write_tensor, Queue};
 use netcl_core_devices::opencl3::event::Event;
 use netcl_core_devices::{ClResultExt, Error, Result};
 use netcl_core_memory::PinnedBuffer;
@@ -139,13 +142,47 @@ impl Comm {
         }
         // A failure part-way leaves the other ranks inside a chunk's rendezvous: abort the group
         // so they return an error too instead of waiting.
-        if let Err(e) = self.all_reduce_device(name, t, op, scale) {
+        let done = if self.hub.relay {
+            self.all_reduce_relay(name, t, op, scale)
+        } else {
+            self.all_reduce_device(name, t, op, scale)
+                .and_then(|()| self.sync(name))
+        };
+        if let Err(e) = done {
             self.abort(&e.to_string());
             return Err(e);
         }
-        self.sync(name)?;
         t.mark_modified();
         Ok(())
+    }
+
+    /// Every rank an OpenCL device: the device relay (relay.rs), in chunks, after the kernels
+    /// enqueued so far on the compute queue.
+    fn all_reduce_relay(
+        &self,
+        name: &'static str,
+        t: &Tensor,
+        op: ReduceOp,
+        scale: f32,
+    ) -> Result<()> {
+        let n = t.numel();
+        if n == 0 {
+            return Ok(());
+        }
+        let mut relay = Relay::begin(self, name, op, scale)?;
+        let (mem, base, step) = (t.mem()?, t.offset() * 4, relay.chunk());
+        let mut ready = Some(marker(&self.device, Queue::Compute, &[])?);
+        queue(&self.device, Queue::Compute)?.flush().cl("clFlush")?;
+        for s in (0..n).step_by(step) {
+            relay.push(Chunk {
+                mem,
+                offset: base + s * 4,
+                len: step.min(n - s),
+                after: ready.take(),
+                tag: 0,
+            })?;
+        }
+        relay.finish().map(drop)
     }
 
     fn all_reduce_host_chunks(

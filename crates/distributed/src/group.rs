@@ -1,5 +1,6 @@
 //! Group: N devices of one process, one worker thread per device (rank), each handed a `Comm` for collectives.
 use crate::hub::{Abort, Hub, Slot};
+use crate::relay::RelayBuffers;
 use netcl_core_devices::{Device, Error, Result};
 use netcl_core_memory::PinnedBuffer;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -88,7 +89,8 @@ impl Group {
     {
         let size = self.devices.len();
         let abort = Arc::new(Abort::default());
-        let hub = Arc::new(Hub::new(size, abort.clone(), self.timeout));
+        let relay = self.devices.iter().all(Device::is_opencl);
+        let hub = Arc::new(Hub::new(size, abort.clone(), self.timeout, relay));
         let first_failure: Mutex<Option<(usize, Error)>> = Mutex::new(None);
         let results: Vec<Option<T>> = std::thread::scope(|s| {
             let handles: Vec<_> = self
@@ -165,6 +167,8 @@ pub struct Comm {
     pub(crate) hub: Arc<Hub>,
     /// Two pinned staging buffers (chunks in flight) of an OpenCL rank, made on first use.
     pub(crate) staging: Mutex<Vec<PinnedBuffer>>,
+    /// The device relay's pinned slots and scratch (relay.rs), made on first use.
+    pub(crate) relay: Mutex<Option<RelayBuffers>>,
     /// How many exchanges this rank made on `hub` (see `Hub::exchange`).
     seq: AtomicU64,
     /// Set for a communicator between processes: the collectives go through MPI.
@@ -180,6 +184,7 @@ impl Comm {
             device,
             hub,
             staging: Mutex::new(Vec::new()),
+            relay: Mutex::new(None),
             seq: AtomicU64::new(0),
             #[cfg(feature = "mpi")]
             mpi: None,
@@ -219,6 +224,7 @@ impl Comm {
             self.size,
             self.hub.abort.clone(),
             self.hub.timeout,
+            self.hub.relay,
         ));
         // Rank 0's hub becomes everyone's: publish its address, read it, then hold a reference.
         let mine = Arc::into_raw(fresh.clone()) as usize;

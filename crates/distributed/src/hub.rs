@@ -66,6 +66,17 @@ struct State {
     slots: [Vec<Slot>; 2],
 }
 
+/// The stages of a chunk in the device relay (relay.rs) whose completion a rank publishes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Stage {
+    /// Its segments for the other ranks are in its pinned slot.
+    Down = 0,
+    /// Its own segment, reduced, is in its pinned slot.
+    Reduced = 1,
+    /// It has copied everything it needed out of every rank's slot.
+    Freed = 2,
+}
+
 /// The meeting point of `size` ranks. Collectives follow one pattern: publish a slot, barrier,
 /// read the others' memory, barrier (so nobody changes or frees its memory while it is read).
 pub(crate) struct Hub {
@@ -74,13 +85,20 @@ pub(crate) struct Hub {
     cv: Condvar,
     pub(crate) abort: Arc<Abort>,
     pub(crate) timeout: Duration,
+    /// Whether every rank is an OpenCL device, so all_reduce goes through the device relay.
+    pub(crate) relay: bool,
+    /// Per rank, how many relay chunks have passed each [`Stage`] on this hub (counted over the
+    /// hub's life: every rank relays the same sequence of chunks).
+    /// With a version that every publication increments.
+    progress: Mutex<(u64, Vec<[u64; 3]>)>,
+    progress_cv: Condvar,
 }
 
 /// How often a blocked rank looks at the abort flag.
 const POLL: Duration = Duration::from_millis(20);
 
 impl Hub {
-    pub(crate) fn new(size: usize, abort: Arc<Abort>, timeout: Duration) -> Hub {
+    pub(crate) fn new(size: usize, abort: Arc<Abort>, timeout: Duration, relay: bool) -> Hub {
         Hub {
             size,
             state: Mutex::new(State {
@@ -91,6 +109,45 @@ impl Hub {
             cv: Condvar::new(),
             abort,
             timeout,
+            relay,
+            progress: Mutex::new((0, vec![[0; 3]; size])),
+            progress_cv: Condvar::new(),
+        }
+    }
+
+    fn progress(&self) -> MutexGuard<'_, (u64, Vec<[u64; 3]>)> {
+        self.progress.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Rank `rank` has passed `stage` with `count` chunks.
+    pub(crate) fn publish(&self, rank: usize, stage: Stage, count: u64) {
+        let mut p = self.progress();
+        p.0 += 1;
+        p.1[rank][stage as usize] = count;
+        self.progress_cv.notify_all();
+    }
+
+    /// How many chunks every rank has passed `stage` with (the smallest count).
+    pub(crate) fn passed(&self, stage: Stage) -> u64 {
+        let p = self.progress();
+        p.1.iter().map(|c| c[stage as usize]).min().unwrap_or(0)
+    }
+
+    /// This rank's own count at `stage`.
+    pub(crate) fn own(&self, rank: usize, stage: Stage) -> u64 {
+        self.progress().1[rank][stage as usize]
+    }
+
+    /// The version of the progress counters (changes with every publication).
+    pub(crate) fn progress_version(&self) -> u64 {
+        self.progress().0
+    }
+
+    /// Sleep until a publication after `version`, or at most `max`.
+    pub(crate) fn wait_progress(&self, version: u64, max: Duration) {
+        let p = self.progress();
+        if p.0 == version {
+            drop(self.progress_cv.wait_timeout(p, max));
         }
     }
 

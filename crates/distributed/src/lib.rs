@@ -8,6 +8,7 @@ mod hub;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod reduce;
+mod relay;
 mod staging;
 
 pub use bucket::CopyRecord;

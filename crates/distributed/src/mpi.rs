@@ -89,6 +89,7 @@ fn from_link(link: Link, device: Device) -> Comm {
             1,
             Arc::new(Abort::default()),
             crate::DEFAULT_TIMEOUT,
+            false,
         )),
     );
     c.mpi = Some(Arc::new(link));

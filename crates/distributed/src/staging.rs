@@ -6,11 +6,12 @@ use netcl_core_devices::{cl3, ClResultExt, DType, Device, Error, Result};
 use netcl_core_memory::{enqueue_read, enqueue_write};
 use netcl_ops::{fused_into, Expr, Tensor};
 
-/// Which of a device's two in-order queues a copy goes on.
+/// Which of a device's in-order queues a copy goes on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Queue {
     Compute,
     Copy,
+    Relay,
 }
 
 pub(crate) fn queue(device: &Device, q: Queue) -> Result<&CommandQueue> {
@@ -18,6 +19,7 @@ pub(crate) fn queue(device: &Device, q: Queue) -> Result<&CommandQueue> {
     Ok(match q {
         Queue::Compute => &cl.queue,
         Queue::Copy => &cl.copy_queue,
+        Queue::Relay => &cl.relay_queue,
     })
 }
 

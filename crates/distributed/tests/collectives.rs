@@ -1,8 +1,11 @@
 //! Every collective against a host computation (sizes 0, 1, odd, not divisible by the rank count, several chunks) on groups of every OpenCL device, and of the host plus them.
 use netcl_core_devices::opencl_test_devices;
 use netcl_core_devices::{Device, Result};
-use netcl_distributed::{split_range, Comm, Group, ReduceOp, CHUNK_ELEMS};
+use netcl_distributed::{split_range, Group, ReduceOp, CHUNK_ELEMS};
 use netcl_ops::Tensor;
+
+mod support;
+use support::reference::{bits, data, reference, tensor};
 
 /// The groups to test: the OpenCL devices (when two or more), and the host with them.
 fn groups() -> Vec<Group> {
@@ -15,53 +18,6 @@ fn groups() -> Vec<Group> {
     mixed.extend(cl);
     out.push(Group::new(mixed).unwrap());
     out
-}
-
-/// Rank r's test data: distinct per rank and element, with fractions that make the rounding of
-/// the sum depend on the order of the terms.
-fn data(rank: usize, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|i| {
-            ((i * 7 + rank * 13) % 17) as f32 * 0.37 - 2.9
-                + rank as f32 * 1e-3
-                + (i % 5) as f32 * 1.1e-7
-        })
-        .collect()
-}
-
-/// The reference: op over ranks in rank order, computed on the host.
-fn reference(op: ReduceOp, size: usize, n: usize, weights: &[f32]) -> Vec<f32> {
-    let all: Vec<Vec<f32>> = (0..size).map(|r| data(r, n)).collect();
-    (0..n)
-        .map(|i| {
-            let mut acc = match op {
-                ReduceOp::WeightedSum => weights[0] * all[0][i],
-                _ => all[0][i],
-            };
-            for r in 1..size {
-                let x = all[r][i];
-                acc = match op {
-                    ReduceOp::Sum | ReduceOp::Mean => acc + x,
-                    ReduceOp::WeightedSum => acc + weights[r] * x,
-                    ReduceOp::Max => acc.max(x),
-                    ReduceOp::Min => acc.min(x),
-                };
-            }
-            if op == ReduceOp::Mean {
-                acc / size as f32
-            } else {
-                acc
-            }
-        })
-        .collect()
-}
-
-fn tensor(comm: &Comm, n: usize) -> Result<Tensor> {
-    Tensor::from_vec(data(comm.rank(), n), &[n], comm.device())
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
 }
 
 const SIZES: [usize; 5] = [0, 1, 7, 10, 2 * CHUNK_ELEMS + 5];

@@ -1,2 +1,3 @@
 //! Helpers shared by test binaries and examples.
 pub mod equivalence;
+pub mod reference;

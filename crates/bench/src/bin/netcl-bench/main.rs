@@ -9,6 +9,7 @@ use netcl_ops::{
 use serde::Serialize;
 use std::time::Instant;
 
+mod ddp;
 mod llama;
 
 /// One measured workload; `bytes` and `flops` are what the op must move and compute.
@@ -444,7 +445,7 @@ fn raw_enqueue_secs(dev: &Device, graph: &netcl_graph::Graph, n: usize) -> Resul
     Ok(secs)
 }
 
-const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama,attention,decode,llama_gemm] [--sizes 1024,2048,4096] [--llama 15m,110m,15m_bf16,110m_bf16,110m_lora,110m_b2,110m_lora_b2,110m_b1,110m_lora_b1,generate] [--json FILE]
+const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama,attention,decode,llama_gemm,ddp] [--sizes 1024,2048,4096] [--llama 15m,110m,15m_bf16,110m_bf16,110m_lora,110m_b2,110m_lora_b2,110m_b1,110m_lora_b1,generate] [--json FILE]
   Times each workload (median of 5 batches, device synchronised around each) and prints
   one line per workload; --json writes the records for benches/reference/torch_bench.py --netcl.
   NETCL_CLBLAST=/path/libclblast.so adds CLBlast as the OpenCL GEMM peer.";
@@ -468,6 +469,7 @@ fn main() -> Result<()> {
         "attention",
         "decode",
         "llama_gemm",
+        "ddp",
     ];
     if let Some(bad) = suite
         .split(',')
@@ -529,6 +531,9 @@ fn main() -> Result<()> {
     }
     if want("llama") {
         r.llama(flag_value(&args, "--llama").unwrap_or("all"))?;
+    }
+    if suite.split(',').any(|x| x == "ddp") {
+        r.ddp()?;
     }
     if let Some(path) = flag_value(&args, "--json") {
         let json = serde_json::json!({

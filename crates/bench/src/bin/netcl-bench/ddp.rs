@@ -1,0 +1,91 @@
+//! The data-parallel workload of netcl-bench: the Llama-110M step (16 sequences of 512 per GPU, f32, AdamW) on one GPU and on every GPU through DataParallel; benches/reference/ddp_torch.py runs PyTorch DDP on the same shape.
+use crate::Runner;
+use netcl_bench::train::LlamaStep;
+use netcl_core_devices::{Device, DeviceKind, Result};
+use netcl_distributed::{DataParallel, DdpOptions, Group};
+use netcl_models::LlamaConfig;
+use netcl_ops::Generator;
+use netcl_optim::Optimizer;
+use std::time::Instant;
+
+/// Sequences per GPU and steps timed (after three warm-up steps).
+const BATCH: usize = 16;
+const STEPS: usize = 8;
+
+impl Runner {
+    pub(crate) fn ddp(&mut self) -> Result<()> {
+        let gpus: Vec<Device> = Device::opencl_devices()
+            .into_iter()
+            .filter(|d| d.kind() == DeviceKind::Gpu)
+            .collect();
+        let cfg = LlamaConfig {
+            max_seq_len: 512,
+            ..LlamaConfig::llama_110m(32000)
+        };
+        let tokens = (BATCH * cfg.max_seq_len) as f64;
+        let Some(first) = gpus.first() else {
+            println!("ddp: needs OpenCL GPUs, found none");
+            return Ok(());
+        };
+        let one = {
+            let mut s = LlamaStep::new(cfg.clone(), BATCH, None, first, &mut self.gen)?;
+            timed(first, || s.step())?
+        };
+        println!(
+            "{:<12} {:<28} 1 GPU: {:.1} ms/step, {:.0} tokens/s",
+            "ddp",
+            "llama110m_step_B16_T512",
+            one * 1e3,
+            tokens / one
+        );
+        if gpus.len() < 2 {
+            println!("ddp: needs two OpenCL GPUs, found {}", gpus.len());
+            return Ok(());
+        }
+        let n = gpus.len();
+        let secs = Group::new(gpus)?.run(|comm| {
+            let mut s = LlamaStep::new(
+                cfg.clone(),
+                BATCH,
+                None,
+                comm.device(),
+                &mut Generator::new(7),
+            )?;
+            let mut ddp = DataParallel::new(comm, &s.model, DdpOptions::default())?;
+            let secs = timed(comm.device(), || {
+                let tape = netcl_autograd::Tape::new();
+                let loss = s.model.loss(&tape, &s.x, &s.y)?;
+                ddp.backward(&tape, &loss)?;
+                s.opt.step()?;
+                s.opt.zero_grad();
+                Ok(())
+            })?;
+            comm.barrier()?;
+            Ok(secs)
+        })?;
+        let worst = secs.iter().cloned().fold(0.0, f64::max);
+        println!(
+            "{:<12} {:<28} {n} GPUs: {:.1} ms/step, {:.0} tokens/s, speed-up {:.2}x",
+            "ddp",
+            "llama110m_step_B16_T512",
+            worst * 1e3,
+            n as f64 * tokens / worst,
+            n as f64 * one / worst
+        );
+        Ok(())
+    }
+}
+
+/// Seconds per call of `step` on `dev` (three warm-up calls, then STEPS timed ones).
+fn timed(dev: &Device, mut step: impl FnMut() -> Result<()>) -> Result<f64> {
+    for _ in 0..3 {
+        step()?;
+    }
+    dev.synchronize()?;
+    let start = Instant::now();
+    for _ in 0..STEPS {
+        step()?;
+    }
+    dev.synchronize()?;
+    Ok(start.elapsed().as_secs_f64() / STEPS as f64)
+}

@@ -1,0 +1,526 @@
+//! The device relay: all_reduce between the OpenCL ranks of one process through pinned host memory that every rank's device copies to and from directly, with the reduction on the devices.
+//!
+//! A reduction is cut into chunks of at most `chunk` f32 (the last ones may come from later
+//! tensors: data-parallel training feeds gradient buckets as backward produces them). Chunk `i`
+//! splits into one segment per rank (`split_range`); rank `s` reduces segment `s`. Each chunk goes
+//! through four stages on every rank, several chunks in flight (one pinned slot each):
+//!
+//! 1. down: rank r copies the segments the other ranks reduce into its pinned slot (copy queue);
+//! 2. reduce: once every rank's down copies are complete, rank r copies segment r out of every
+//!    other rank's slot into device scratch (relay queue), folds them into its own segment in rank
+//!    order (collective.cl: the host reduction's bits) and copies the result into its own slot
+//!    (copy queue);
+//! 3. gather: once every rank's reduced segment is in its slot, rank r copies the others' reduced
+//!    segments into its tensor (relay queue);
+//! 4. freed: once those copies are complete, rank r no longer reads anybody's slot of that chunk;
+//!    when every rank is past it, the slot takes a later chunk.
+//!
+//! Ranks publish how many chunks passed each stage as counters on their hub (no barrier per
+//! chunk); device-to-host copies run on the copy queue and host-to-device copies on the relay
+//! queue, so both directions of the bus are busy at once. NVIDIA's OpenCL copies at full speed
+//! from memory pinned by another device's context (measured: benches/all_reduce.rs).
+use crate::group::Comm;
+use crate::hub::{Slot, Stage};
+use crate::reduce::{split_range, ReduceOp};
+use crate::staging::{marker, queue, read, write, Queue};
+use netcl_core_devices::opencl3::event::Event;
+use netcl_core_devices::opencl3::types::cl_mem;
+use netcl_core_devices::{ClResultExt, Error, Result};
+use netcl_core_memory::{Block, PinnedBuffer, Pool};
+use netcl_kernels::sources::COLLECTIVE;
+use netcl_kernels::{program, Kernel};
+use std::sync::MutexGuard;
+use std::time::{Duration, Instant};
+
+/// Chunks in flight (pinned slots per rank).
+const SLOTS: usize = 4;
+/// Elements per chunk unless NETCL_RELAY_CHUNK (bytes) says otherwise: 8 MiB of f32.
+const DEFAULT_CHUNK_BYTES: usize = 8 << 20;
+/// Work-group size of the reduction kernel.
+const GROUP: usize = 256;
+
+/// Elements per chunk (NETCL_RELAY_CHUNK bytes, at least 4 KiB; default 8 MiB).
+pub(crate) fn chunk_elems() -> usize {
+    static CHUNK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CHUNK.get_or_init(|| {
+        std::env::var("NETCL_RELAY_CHUNK")
+            .ok()
+            .and_then(|v| netcl_core_memory::parse_bytes(&v).ok())
+            .unwrap_or(DEFAULT_CHUNK_BYTES)
+            .max(4096)
+            / 4
+    })
+}
+
+/// One rank's pinned slots and device scratch, kept by its communicator between reductions.
+pub(crate) struct RelayBuffers {
+    pinned: PinnedBuffer,
+    scratch: Block,
+    chunk: usize,
+}
+
+/// A range of a device buffer to reduce in place: `len` f32 at byte `offset` of `mem`, readable
+/// once `after` (if any) has completed and once the chunks before it are. `tag` names it in the
+/// copy records.
+pub(crate) struct Chunk {
+    pub mem: cl_mem,
+    pub offset: usize,
+    pub len: usize,
+    pub after: Option<Event>,
+    pub tag: usize,
+}
+
+/// Device times (raw device clock, ns) of one chunk's copies: its down copies and its gather.
+pub(crate) struct ChunkTimes {
+    pub tag: usize,
+    pub bytes: usize,
+    pub down: (u64, u64),
+    pub gather: (u64, u64),
+}
+
+struct InFlight {
+    chunk: Chunk,
+    down: Vec<Event>,
+    reduced: Option<Event>,
+    gather: Vec<Event>,
+}
+
+/// One reduction session of a rank: begun together by every rank, fed the same chunks in the
+/// same order, finished together.
+pub(crate) struct Relay<'c> {
+    comm: &'c Comm,
+    bufs: MutexGuard<'c, Option<RelayBuffers>>,
+    /// Every rank's pinned slots (host addresses).
+    peers: Vec<usize>,
+    /// Each rank's weight, on this rank's device, written by `scales_written` from `_weights`
+    /// (kept until that write has completed: the drop waits for it).
+    scales: Block,
+    _weights: Vec<f32>,
+    scales_written: Event,
+    op: u32,
+    /// Chunks relayed on this hub before this session.
+    base: u64,
+    chunks: Vec<InFlight>,
+    /// How many chunks have been issued to (or passed) each step.
+    down_issued: usize,
+    down_done: usize,
+    reduce_issued: usize,
+    reduce_done: usize,
+    gather_issued: usize,
+    freed: usize,
+    name: &'static str,
+}
+
+fn op_code(op: ReduceOp) -> u32 {
+    match op {
+        ReduceOp::Sum => 0,
+        ReduceOp::Mean => 1,
+        ReduceOp::Max => 2,
+        ReduceOp::Min => 3,
+        ReduceOp::WeightedSum => 4,
+    }
+}
+
+/// Whether every event has completed; an error for a failed command.
+fn complete(events: &[Event], op: &str) -> Result<bool> {
+    for e in events {
+        let status = e
+            .command_execution_status()
+            .cl("clGetEventInfo(EXECUTION_STATUS)")?
+            .0;
+        if status < 0 {
+            return Err(Error::device(
+                op,
+                format!(
+                    "a relay copy failed on the device: {}",
+                    netcl_core_devices::cl_code_name(status)
+                ),
+            ));
+        }
+        if status != 0 {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+fn span(events: &[Event]) -> (u64, u64) {
+    let start = events
+        .iter()
+        .filter_map(|e| e.profiling_command_start().ok())
+        .min();
+    let end = events
+        .iter()
+        .filter_map(|e| e.profiling_command_end().ok())
+        .max();
+    (start.unwrap_or(0), end.unwrap_or(0))
+}
+
+impl<'c> Relay<'c> {
+    /// Start a session: every rank calls it (an exchange of the pinned slots and the weights).
+    /// `scale` is this rank's weight for [`ReduceOp::WeightedSum`].
+    pub(crate) fn begin(
+        comm: &'c Comm,
+        name: &'static str,
+        op: ReduceOp,
+        scale: f32,
+    ) -> Result<Relay<'c>> {
+        let dev = &comm.device;
+        let mut bufs = comm.relay.lock().unwrap_or_else(|p| p.into_inner());
+        let chunk = chunk_elems();
+        if bufs.as_ref().is_none_or(|b| b.chunk != chunk) {
+            *bufs = Some(RelayBuffers {
+                pinned: PinnedBuffer::new(dev, SLOTS * chunk * 4)?,
+                scratch: Pool::of(dev)?.alloc(SLOTS * chunk * 4)?,
+                chunk,
+            });
+        }
+        let pinned = bufs
+            .as_mut()
+            .map_or(0, |b| b.pinned.as_mut_slice().as_mut_ptr() as usize);
+        let slots = comm.exchange(
+            name,
+            Slot {
+                ptr: pinned,
+                len: chunk,
+                scale,
+                shape: Vec::new(),
+            },
+        )?;
+        if slots.iter().any(|s| s.len != chunk) {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "ranks relay chunks of different sizes {:?} (NETCL_RELAY_CHUNK must be the same on every rank)",
+                    slots.iter().map(|s| s.len * 4).collect::<Vec<_>>()
+                ),
+            ));
+        }
+        let weights: Vec<f32> = slots.iter().map(|s| s.scale).collect();
+        let scales = Pool::of(dev)?.alloc(weights.len() * 4)?;
+        // Pool blocks (the scales, a new scratch) may still be in use by their previous owner's
+        // kernels on the compute queue: the relay queue starts after them. Everything later on
+        // the (in-order) relay queue follows this write.
+        let ready = marker(dev, Queue::Compute, &[])?;
+        queue(dev, Queue::Compute)?.flush().cl("clFlush")?;
+        // SAFETY: `weights` moves into the session, whose drop waits for this write.
+        let scales_written = unsafe {
+            write(
+                dev,
+                Queue::Relay,
+                scales.mem(),
+                0,
+                weights.as_ptr().cast(),
+                weights.len() * 4,
+                &[&ready],
+            )?
+        };
+        Ok(Relay {
+            comm,
+            bufs,
+            peers: slots.iter().map(|s| s.ptr).collect(),
+            scales,
+            _weights: weights,
+            scales_written,
+            op: op_code(op),
+            base: comm.hub.own(comm.rank, Stage::Freed),
+            chunks: Vec::new(),
+            down_issued: 0,
+            down_done: 0,
+            reduce_issued: 0,
+            reduce_done: 0,
+            gather_issued: 0,
+            freed: 0,
+            name,
+        })
+    }
+
+    /// Elements per chunk: [`Relay::push`] takes at most this many.
+    pub(crate) fn chunk(&self) -> usize {
+        self.bufs.as_ref().map_or(0, |b| b.chunk)
+    }
+
+    /// Queue a chunk (every rank pushes the same lengths in the same order). Its copies start
+    /// in [`Relay::pump`].
+    pub(crate) fn push(&mut self, chunk: Chunk) -> Result<()> {
+        if chunk.len > self.chunk() {
+            return Err(Error::invalid(
+                self.name,
+                format!("relay chunk of {} > {} elements", chunk.len, self.chunk()),
+            ));
+        }
+        self.chunks.push(InFlight {
+            chunk,
+            down: Vec::new(),
+            reduced: None,
+            gather: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// Host address of rank `rank`'s slot for chunk `i`.
+    fn slot(&self, rank: usize, i: usize) -> usize {
+        let k = ((self.base + i as u64) % SLOTS as u64) as usize;
+        self.peers[rank] + k * self.chunk() * 4
+    }
+
+    fn issue_down(&mut self, i: usize) -> Result<()> {
+        let (n, r) = (self.comm.size, self.comm.rank);
+        let c = &self.chunks[i].chunk;
+        let own = split_range(c.len, n, r);
+        let dst = self.slot(r, i);
+        let mut events = Vec::new();
+        for part in [0..own.start, own.end..c.len] {
+            if part.is_empty() {
+                continue;
+            }
+            // SAFETY: the slot is this rank's and free (every rank is past its previous
+            // chunk); it lives in `bufs`, held for the session, and the copy is waited for
+            // before the session ends.
+            events.push(unsafe {
+                read(
+                    &self.comm.device,
+                    Queue::Copy,
+                    c.mem,
+                    c.offset + part.start * 4,
+                    (dst + part.start * 4) as *mut u8,
+                    part.len() * 4,
+                    &[],
+                )?
+            });
+        }
+        self.chunks[i].down = events;
+        Ok(())
+    }
+
+    fn issue_reduce(&mut self, i: usize) -> Result<()> {
+        let (n, r, dev) = (self.comm.size, self.comm.rank, &self.comm.device);
+        let c = &self.chunks[i].chunk;
+        let own = split_range(c.len, n, r);
+        if own.is_empty() {
+            return Ok(());
+        }
+        let bufs = self.bufs.as_ref().expect("relay buffers are made in begin");
+        let k = ((self.base + i as u64) % SLOTS as u64) as usize;
+        let scratch_off = k * bufs.chunk;
+        for (j, s) in (0..n).filter(|&s| s != r).enumerate() {
+            // SAFETY: rank s's slot holds its chunk i (every rank passed Down) and stays
+            // unchanged until this rank passes Freed; the scratch slot is this session's.
+            drop(unsafe {
+                write(
+                    dev,
+                    Queue::Relay,
+                    bufs.scratch.mem(),
+                    (scratch_off + j * own.len()) * 4,
+                    (self.slot(s, i) + own.start * 4) as *const u8,
+                    own.len() * 4,
+                    &[],
+                )?
+            });
+        }
+        let prog = program(
+            dev,
+            &COLLECTIVE,
+            "-DDT_F32 -cl-fp32-correctly-rounded-divide-sqrt",
+        )?;
+        let mut k = Kernel::new(&prog, "relay_reduce")?;
+        k.arg_mem(c.mem)?
+            .arg(&((c.offset / 4 + own.start) as u64))?
+            .arg_mem(bufs.scratch.mem())?
+            .arg(&(scratch_off as u64))?
+            .arg_mem(self.scales.mem())?
+            .arg(&(own.len() as u32))?
+            .arg(&(n as u32))?
+            .arg(&(r as u32))?
+            .arg(&self.op)?;
+        let cl = dev.cl(self.name)?;
+        let reduced = k.launch_on(&cl.relay_queue, &[own.len()], &[GROUP], &[])?;
+        // SAFETY: this rank's slot; nobody reads its segment `own` before this rank passes
+        // Reduced, after this copy completes.
+        self.chunks[i].reduced = Some(unsafe {
+            read(
+                dev,
+                Queue::Copy,
+                c.mem,
+                c.offset + own.start * 4,
+                (self.slot(r, i) + own.start * 4) as *mut u8,
+                own.len() * 4,
+                &[&reduced],
+            )?
+        });
+        Ok(())
+    }
+
+    fn issue_gather(&mut self, i: usize) -> Result<()> {
+        let (n, r) = (self.comm.size, self.comm.rank);
+        let c = &self.chunks[i].chunk;
+        let mut events = Vec::new();
+        for s in (0..n).filter(|&s| s != r) {
+            let seg = split_range(c.len, n, s);
+            if seg.is_empty() {
+                continue;
+            }
+            // SAFETY: rank s's slot holds its reduced segment (every rank passed Reduced) until
+            // this rank passes Freed.
+            events.push(unsafe {
+                write(
+                    &self.comm.device,
+                    Queue::Relay,
+                    c.mem,
+                    c.offset + seg.start * 4,
+                    (self.slot(s, i) + seg.start * 4) as *const u8,
+                    seg.len() * 4,
+                    &[],
+                )?
+            });
+        }
+        self.chunks[i].gather = events;
+        Ok(())
+    }
+
+    /// Issue whatever the ranks' progress allows and publish this rank's; whether anything
+    /// moved.
+    pub(crate) fn pump(&mut self) -> Result<bool> {
+        let (hub, r, base) = (&self.comm.hub, self.comm.rank, self.base);
+        let mut moved = false;
+        // A chunk goes down once its data is ready (its `after` event has completed), so the
+        // copy queue never holds a copy that waits for the compute queue.
+        while self.down_issued < self.chunks.len()
+            && hub.passed(Stage::Freed) + SLOTS as u64 > base + self.down_issued as u64
+            && complete(
+                self.chunks[self.down_issued].chunk.after.as_slice(),
+                self.name,
+            )?
+        {
+            self.issue_down(self.down_issued)?;
+            self.down_issued += 1;
+            moved = true;
+        }
+        while self.down_done < self.down_issued {
+            if !complete(&self.chunks[self.down_done].down, self.name)? {
+                break;
+            }
+            self.down_done += 1;
+            hub.publish(r, Stage::Down, base + self.down_done as u64);
+            moved = true;
+        }
+        while self.reduce_issued < self.down_done
+            && hub.passed(Stage::Down) > base + self.reduce_issued as u64
+        {
+            self.issue_reduce(self.reduce_issued)?;
+            self.reduce_issued += 1;
+            moved = true;
+        }
+        while self.reduce_done < self.reduce_issued
+            && complete(self.chunks[self.reduce_done].reduced.as_slice(), self.name)?
+        {
+            self.reduce_done += 1;
+            hub.publish(r, Stage::Reduced, base + self.reduce_done as u64);
+            moved = true;
+        }
+        while self.gather_issued < self.reduce_done
+            && hub.passed(Stage::Reduced) > base + self.gather_issued as u64
+        {
+            self.issue_gather(self.gather_issued)?;
+            self.gather_issued += 1;
+            moved = true;
+        }
+        while self.freed < self.gather_issued
+            && complete(&self.chunks[self.freed].gather, self.name)?
+        {
+            self.freed += 1;
+            hub.publish(r, Stage::Freed, base + self.freed as u64);
+            moved = true;
+        }
+        if moved {
+            let cl = self.comm.device.cl(self.name)?;
+            cl.copy_queue.flush().cl("clFlush")?;
+            cl.relay_queue.flush().cl("clFlush")?;
+        }
+        Ok(moved)
+    }
+
+    /// Pump until `done` holds: spinning briefly, then sleeping until another rank publishes
+    /// (or 100 us, for this rank's own copies). An error when the group is aborted or nothing
+    /// moves for the group's timeout.
+    fn pump_until(&mut self, done: impl Fn(&Self) -> bool) -> Result<()> {
+        let hub = self.comm.hub.clone();
+        let (mut idle, mut since) = (0u32, Instant::now());
+        while !done(self) {
+            if hub.abort.is_set() {
+                return Err(hub.abort.error(self.name, self.comm.rank));
+            }
+            let version = hub.progress_version();
+            if self.pump()? {
+                (idle, since) = (0, Instant::now());
+                continue;
+            }
+            if since.elapsed() > hub.timeout {
+                let why = format!(
+                    "{}: rank {} waited {:.1} s for the other ranks' copies (chunk {} of {}: down {}, reduced {}, freed {})",
+                    self.name,
+                    self.comm.rank,
+                    since.elapsed().as_secs_f64(),
+                    self.freed,
+                    self.chunks.len(),
+                    self.down_done,
+                    self.reduce_done,
+                    self.freed
+                );
+                hub.abort.raise(why.clone());
+                return Err(Error::device(self.name, why));
+            }
+            idle += 1;
+            if idle < 64 {
+                std::thread::yield_now();
+            } else {
+                hub.wait_progress(version, Duration::from_micros(100));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether chunks pushed are still on their way.
+    pub(crate) fn busy(&self) -> bool {
+        self.freed < self.chunks.len()
+    }
+
+    /// Pump until nothing moves (data-parallel training calls it between buckets, so copies go
+    /// on while backward runs). Never waits for other ranks.
+    pub(crate) fn poll(&mut self) -> Result<()> {
+        while self.pump()? {}
+        Ok(())
+    }
+
+    /// Relay every chunk pushed to the end, and wait until every rank is past them (so no rank
+    /// reads this rank's slots any more). The tensors hold the reduction afterwards.
+    pub(crate) fn finish(mut self) -> Result<Vec<ChunkTimes>> {
+        let end = self.base + self.chunks.len() as u64;
+        let hub = self.comm.hub.clone();
+        self.pump_until(|s| s.freed == s.chunks.len() && hub.passed(Stage::Freed) >= end)?;
+        Ok(self
+            .chunks
+            .iter()
+            .map(|c| ChunkTimes {
+                tag: c.chunk.tag,
+                bytes: c.chunk.len * 4,
+                down: span(&c.down),
+                gather: span(&c.gather),
+            })
+            .collect())
+    }
+}
+
+impl Drop for Relay<'_> {
+    /// A session left part-way (an error): nothing of this rank's may still be copying into
+    /// its slots, its scratch or the tensors. (No command of a rank waits for another rank's.)
+    fn drop(&mut self) {
+        let _ = self.scales_written.wait();
+        if self.freed < self.chunks.len() {
+            if let Ok(cl) = self.comm.device.cl(self.name) {
+                let _ = cl.copy_queue.finish();
+                let _ = cl.relay_queue.finish();
+            }
+        }
+    }
+}
