@@ -30,6 +30,8 @@ fn main() -> Result<()> {
                 .unwrap_or(0),
         );
     pcie_peer(&devices, cap.min(256 << 20))?;
+    queue_overlap(&devices[0])?;
+    host_memory_probe(&devices, cap.min(256 << 20))?;
     println!("all_reduce (sum, f32) over {n} devices: {}", devices[0]);
     println!("| bytes | time (ms) | bus bandwidth (GB/s) | round trip on one device (ms) | all_reduce / round trip |");
     println!("| ---: | ---: | ---: | ---: | ---: |");
@@ -187,5 +189,159 @@ fn pcie_peer(devices: &[Device], bytes: usize) -> Result<()> {
         let d2h = copies_gbps(bytes, reps, &[&|| b.down(&a.down.1)])?;
         println!("  device 1 with device 0's pinned memory: host->device {h2d:.1}, device->host {d2h:.1}");
     }
+    Ok(())
+}
+
+/// Whether `dev` runs its copy and relay queues' work beside a long kernel on its compute
+/// queue: when each finishes, from the start. (On NVIDIA the copy runs beside the GEMM and the
+/// kernel waits for it, which is why the relay reduces on the host.)
+fn queue_overlap(dev: &Device) -> Result<()> {
+    let n = 8192;
+    let a = Tensor::ones(&[n, n], DType::F32, dev)?;
+    drop(a.matmul(&a)?); // warm-up: the GEMM's program
+    let bytes = 64 << 20;
+    let block = Pool::of(dev)?.alloc(bytes)?;
+    let host = PinnedBuffer::new(dev, bytes)?;
+    let prog = netcl::kernels::program(dev, &netcl::kernels::sources::COPY, "-DDT_F32")?;
+    let cl = dev.cl("queue_overlap")?;
+    // A kernel enqueued by hand on another queue (netcl launches kernels on the compute queue).
+    let fill = |q: &netcl::devices::opencl3::command_queue::CommandQueue| -> Result<Event> {
+        let mut k = netcl::kernels::Kernel::new(&prog, "fill")?;
+        k.arg_mem(block.mem())?.arg(&1.0f32)?.arg(&1024u32)?;
+        let (global, local) = ([1024usize], [256usize]);
+        // SAFETY: every argument is set; the sizes describe a 1-d range.
+        let ev = unsafe {
+            netcl::devices::cl3::command_queue::enqueue_nd_range_kernel(
+                q.get(),
+                k.cl_kernel(),
+                1,
+                std::ptr::null(),
+                global.as_ptr(),
+                local.as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        }
+        .map_err(|c| Error::opencl("clEnqueueNDRangeKernel", c))?;
+        Ok(Event::new(ev))
+    };
+    fill(&cl.relay_queue)?
+        .wait()
+        .map_err(|e| Error::opencl("clWaitForEvents", e.0))?;
+    dev.synchronize()?;
+    let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+    let start = Instant::now();
+    let c = a.matmul(&a)?;
+    cl.queue
+        .flush()
+        .map_err(|e| Error::opencl("clFlush", e.0))?;
+    // SAFETY: `host` and `block` outlive the copy, which is waited for below.
+    let copy = unsafe {
+        enqueue_read(
+            &cl.copy_queue,
+            block.mem(),
+            0,
+            host.as_slice().as_ptr().cast_mut(),
+            bytes,
+            false,
+            &[],
+        )?
+    };
+    let small = fill(&cl.relay_queue)?;
+    cl.copy_queue
+        .flush()
+        .map_err(|e| Error::opencl("clFlush", e.0))?;
+    cl.relay_queue
+        .flush()
+        .map_err(|e| Error::opencl("clFlush", e.0))?;
+    copy.wait()
+        .map_err(|e| Error::opencl("clWaitForEvents", e.0))?;
+    let t_copy = ms(start);
+    small
+        .wait()
+        .map_err(|e| Error::opencl("clWaitForEvents", e.0))?;
+    let t_kernel = ms(start);
+    dev.synchronize()?;
+    let t_gemm = ms(start);
+    drop(c);
+    println!(
+        "queue overlap on {dev}: an {n}^3 GEMM on the compute queue ends at {t_gemm:.1} ms; \
+         beside it a 64 MiB device->host copy on the copy queue ends at {t_copy:.1} ms, \
+         a small kernel on the relay queue at {t_kernel:.1} ms"
+    );
+    Ok(())
+}
+
+/// GB/s of `threads` host threads summing the `len` f32 at `ptr` (best of 3).
+fn host_read_gbps(ptr: usize, len: usize, threads: usize) -> f64 {
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let start = Instant::now();
+        let total: f32 = std::thread::scope(|s| {
+            let per = len.div_ceil(threads);
+            let hs: Vec<_> = (0..threads)
+                .map(|t| {
+                    s.spawn(move || {
+                        let (a, b) = ((t * per).min(len), ((t + 1) * per).min(len));
+                        // SAFETY: the caller's buffer holds `len` f32, only read here.
+                        let v = unsafe {
+                            std::slice::from_raw_parts((ptr as *const f32).add(a), b - a)
+                        };
+                        v.iter().sum::<f32>()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
+        });
+        std::hint::black_box(total);
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    (len * 4) as f64 / best / 1e9
+}
+
+/// How fast the host reads pinned (CL_MEM_ALLOC_HOST_PTR) memory against ordinary memory, and
+/// how fast devices copy from ordinary memory registered with CL_MEM_USE_HOST_PTR.
+fn host_memory_probe(devices: &[Device], bytes: usize) -> Result<()> {
+    use netcl::devices::opencl3::memory::{Buffer, CL_MEM_READ_WRITE, CL_MEM_USE_HOST_PTR};
+    let len = bytes / 4;
+    let pinned = PinnedBuffer::new(&devices[0], bytes)?;
+    let ordinary = vec![1.0f32; len];
+    for threads in [1, 8] {
+        println!(
+            "host read, {threads} thread(s): pinned {:.1} GB/s, ordinary {:.1} GB/s",
+            host_read_gbps(pinned.as_slice().as_ptr() as usize, len, threads),
+            host_read_gbps(ordinary.as_ptr() as usize, len, threads)
+        );
+    }
+    let layout = std::alloc::Layout::from_size_align(bytes, 4096)
+        .map_err(|e| Error::invalid("probe", e.to_string()))?;
+    // SAFETY: a non-zero size; freed below.
+    let host = unsafe { std::alloc::alloc_zeroed(layout) };
+    let mut registered = Vec::new();
+    for (d, dev) in devices.iter().enumerate().take(2) {
+        let cl = dev.cl("probe")?;
+        let block = Pool::of(dev)?.alloc(bytes)?;
+        let up = || -> Result<Event> {
+            // SAFETY: `host` outlives the copy, which is waited for.
+            unsafe { enqueue_write(&cl.queue, block.mem(), 0, host, bytes, false, &[]) }
+        };
+        let before = copies_gbps(bytes, 3, &[&up])?;
+        // SAFETY: `host` stays allocated while the buffer lives (dropped before the dealloc).
+        let buf = unsafe {
+            Buffer::<u8>::create(
+                &cl.context,
+                CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR,
+                bytes,
+                host.cast(),
+            )
+        }
+        .map_err(|e| Error::opencl("clCreateBuffer(USE_HOST_PTR)", e.0))?;
+        registered.push(buf);
+        let after = copies_gbps(bytes, 3, &[&up])?;
+        println!("device {d}: host->device from ordinary memory {before:.1} GB/s; after registering it with CL_MEM_USE_HOST_PTR in this device's context {after:.1} GB/s");
+    }
+    drop(registered);
+    // SAFETY: allocated above with this layout; no copy or buffer uses it any more.
+    unsafe { std::alloc::dealloc(host, layout) };
     Ok(())
 }

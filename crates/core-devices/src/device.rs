@@ -19,8 +19,8 @@ pub struct ClDevice {
     /// through events (a marker on one queue, waited on by the other).
     pub copy_queue: CommandQueue,
     /// A third in-order queue, for the collectives' relay (netcl-distributed): its host-to-device
-    /// copies and reduction kernels run here while its device-to-host copies run on
-    /// `copy_queue`, so both directions of the bus are busy at once.
+    /// copies run here while its device-to-host copies run on `copy_queue`, so both directions
+    /// of the bus are busy at once.
     pub relay_queue: CommandQueue,
     /// Platform index and device index within the platform (`opencl:P:D`).
     pub platform_index: usize,

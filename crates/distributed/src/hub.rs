@@ -133,6 +133,12 @@ impl Hub {
         p.1.iter().map(|c| c[stage as usize]).min().unwrap_or(0)
     }
 
+    /// Wake the waiters of [`Hub::wait_progress`] (a rank's own work finished).
+    pub(crate) fn poke(&self) {
+        self.progress().0 += 1;
+        self.progress_cv.notify_all();
+    }
+
     /// This rank's own count at `stage`.
     pub(crate) fn own(&self, rank: usize, stage: Stage) -> u64 {
         self.progress().1[rank][stage as usize]

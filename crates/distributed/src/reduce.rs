@@ -26,9 +26,7 @@ impl ReduceOp {
     }
 }
 
-/// `op` over ranks 0, 1, ..., n-1 of `slot_r[from..from + len]`, always folded in rank order, so
-/// the result is bit-identical whichever thread computes it and whenever. Max and min propagate
-/// NaN (a NaN in any rank gives NaN, as torch does).
+/// `op` over ranks 0, 1, ..., n-1 of `slot_r[from..from + len]` (see [`fold`]).
 ///
 /// SAFETY: every slot's `ptr` must point at `>= from + len` live f32 that nobody writes until
 /// this returns.
@@ -38,47 +36,92 @@ pub(crate) unsafe fn reduce_range(
     from: usize,
     len: usize,
 ) -> Vec<f32> {
-    let src = |r: usize| std::slice::from_raw_parts((slots[r].ptr as *const f32).add(from), len);
-    let scale0 = if op == ReduceOp::WeightedSum {
-        slots[0].scale
-    } else {
-        1.0
-    };
-    let mut acc: Vec<f32> = if len == 0 {
-        Vec::new()
-    } else if scale0 == 1.0 {
-        src(0).to_vec()
-    } else {
-        src(0).iter().map(|x| scale0 * *x).collect()
-    };
-    for (r, slot) in slots.iter().enumerate().skip(1) {
-        if len == 0 {
-            break;
+    let srcs: Vec<*const f32> = slots
+        .iter()
+        .map(|s| (s.ptr as *const f32).add(from))
+        .collect();
+    let scales: Vec<f32> = slots.iter().map(|s| s.scale).collect();
+    let mut out = vec![0f32; len];
+    fold(&srcs, &scales, op, out.as_mut_ptr(), len);
+    out
+}
+
+/// Elements folded at once (an accumulator on the stack).
+const BLOCK: usize = 1024;
+
+/// `op` over ranks 0, 1, ..., n-1 of `srcs[r][..len]` (rank r's values weigh `scales[r]` under
+/// [`ReduceOp::WeightedSum`]), written to `dst[..len]`, which may be one of the sources. Always
+/// folded in rank order, so the result is bit-identical whichever thread computes it and
+/// whenever, and whatever ranges it is split into. Max and min propagate NaN (a NaN in any rank
+/// gives NaN, as torch does).
+///
+/// SAFETY: every source must hold `len` live f32 and `dst` must be writable for `len` f32;
+/// nobody else writes them until this returns.
+pub(crate) unsafe fn fold(
+    srcs: &[*const f32],
+    scales: &[f32],
+    op: ReduceOp,
+    dst: *mut f32,
+    len: usize,
+) {
+    let mut acc = [0f32; BLOCK];
+    for at in (0..len).step_by(BLOCK) {
+        let m = BLOCK.min(len - at);
+        let acc = &mut acc[..m];
+        let src = |r: usize| std::slice::from_raw_parts(srcs[r].add(at), m);
+        acc.copy_from_slice(src(0));
+        if op == ReduceOp::WeightedSum && scales[0] != 1.0 {
+            acc.iter_mut().for_each(|a| *a *= scales[0]);
         }
-        let x = src(r);
-        match op {
-            ReduceOp::Sum | ReduceOp::Mean => acc.iter_mut().zip(x).for_each(|(a, x)| *a += *x),
-            ReduceOp::WeightedSum => {
-                let s = slot.scale;
-                acc.iter_mut().zip(x).for_each(|(a, x)| *a += s * *x)
+        for (r, &s) in scales.iter().enumerate().take(srcs.len()).skip(1) {
+            let x = src(r);
+            match op {
+                ReduceOp::Sum | ReduceOp::Mean => acc.iter_mut().zip(x).for_each(|(a, x)| *a += *x),
+                ReduceOp::WeightedSum => acc.iter_mut().zip(x).for_each(|(a, x)| *a += s * *x),
+                ReduceOp::Max => acc.iter_mut().zip(x).for_each(|(a, x)| {
+                    if x.is_nan() || *x > *a {
+                        *a = if a.is_nan() { *a } else { *x }
+                    }
+                }),
+                ReduceOp::Min => acc.iter_mut().zip(x).for_each(|(a, x)| {
+                    if x.is_nan() || *x < *a {
+                        *a = if a.is_nan() { *a } else { *x }
+                    }
+                }),
             }
-            ReduceOp::Max => acc.iter_mut().zip(x).for_each(|(a, x)| {
-                if x.is_nan() || *x > *a {
-                    *a = if a.is_nan() { *a } else { *x }
-                }
-            }),
-            ReduceOp::Min => acc.iter_mut().zip(x).for_each(|(a, x)| {
-                if x.is_nan() || *x < *a {
-                    *a = if a.is_nan() { *a } else { *x }
-                }
-            }),
         }
+        if op == ReduceOp::Mean {
+            let k = srcs.len() as f32;
+            acc.iter_mut().for_each(|a| *a /= k);
+        }
+        std::ptr::copy_nonoverlapping(acc.as_ptr(), dst.add(at), m);
     }
-    if op == ReduceOp::Mean {
-        let k = slots.len() as f32;
-        acc.iter_mut().for_each(|a| *a /= k);
+}
+
+/// [`fold`] over parts of `len` on the threads of the rayon pool (the same bits).
+///
+/// SAFETY: as [`fold`].
+pub(crate) unsafe fn fold_parallel(
+    srcs: &[*const f32],
+    scales: &[f32],
+    op: ReduceOp,
+    dst: *mut f32,
+    len: usize,
+) {
+    use rayon::prelude::*;
+    const PART: usize = 64 * BLOCK;
+    if len <= PART {
+        return fold(srcs, scales, op, dst, len);
     }
-    acc
+    let addrs: Vec<usize> = srcs.iter().map(|p| *p as usize).collect();
+    let dst = dst as usize;
+    (0..len.div_ceil(PART)).into_par_iter().for_each(|p| {
+        let at = p * PART;
+        let m = PART.min(len - at);
+        let part: Vec<*const f32> = addrs.iter().map(|a| (*a as *const f32).add(at)).collect();
+        // SAFETY: the caller's contract; the parts are disjoint ranges of the same buffers.
+        fold(&part, scales, op, (dst as *mut f32).add(at), m);
+    });
 }
 
 /// The part of `0..n` that rank `r` of `size` owns: balanced, the first `n % size` ranks one longer.

@@ -1,45 +1,44 @@
-//! The device relay: all_reduce between the OpenCL ranks of one process through pinned host memory that every rank's device copies to and from directly, with the reduction on the devices.
+//! The device relay: all_reduce between the OpenCL ranks of one process through pinned host memory that every rank's device copies to and from directly, the copies on the devices' copy engines and the reduction on host threads.
 //!
-//! A reduction is cut into chunks of at most `chunk` f32 (the last ones may come from later
-//! tensors: data-parallel training feeds gradient buckets as backward produces them). Chunk `i`
-//! splits into one segment per rank (`split_range`); rank `s` reduces segment `s`. Each chunk goes
-//! through four stages on every rank, several chunks in flight (one pinned slot each):
+//! A reduction is cut into chunks of at most `chunk` f32 (data-parallel training feeds gradient
+//! buckets as backward produces them). Chunk `i` splits into one segment per rank
+//! (`split_range`); rank `s` reduces segment `s`. Each chunk goes through four stages on every
+//! rank, several chunks in flight (one pinned slot each):
 //!
-//! 1. down: rank r copies the segments the other ranks reduce into its pinned slot (copy queue);
-//! 2. reduce: once every rank's down copies are complete, rank r copies segment r out of every
-//!    other rank's slot into device scratch (relay queue), folds them into its own segment in rank
-//!    order (collective.cl: the host reduction's bits) and copies the result into its own slot
-//!    (copy queue);
-//! 3. gather: once every rank's reduced segment is in its slot, rank r copies the others' reduced
-//!    segments into its tensor (relay queue);
+//! 1. down: rank r copies its chunk into its pinned slot (copy queue);
+//! 2. reduce: once every rank's chunk is in its slot, rank r folds segment r of every slot in
+//!    rank order (`fold`: the host reduction's bits, on the rayon pool) into its own slot;
+//! 3. gather: once every rank has reduced, rank r copies each rank's reduced segment out of that
+//!    rank's slot into its tensor (relay queue);
 //! 4. freed: once those copies are complete, rank r no longer reads anybody's slot of that chunk;
 //!    when every rank is past it, the slot takes a later chunk.
 //!
 //! Ranks publish how many chunks passed each stage as counters on their hub (no barrier per
-//! chunk); device-to-host copies run on the copy queue and host-to-device copies on the relay
-//! queue, so both directions of the bus are busy at once. NVIDIA's OpenCL copies at full speed
-//! from memory pinned by another device's context (measured: benches/all_reduce.rs).
+//! chunk). Device-to-host copies run on the copy queue and host-to-device copies on the relay
+//! queue, so both directions of the bus are busy at once, and no kernel is involved: on NVIDIA a
+//! kernel on another queue waits for the compute queue's running kernel to finish (measured in
+//! benches/all_reduce.rs), while copies run beside it, so data-parallel training's reductions
+//! overlap backward. NVIDIA's OpenCL copies at full speed from memory pinned by another device's
+//! context (measured there too).
 use crate::group::Comm;
 use crate::hub::{Slot, Stage};
-use crate::reduce::{split_range, ReduceOp};
-use crate::staging::{marker, queue, read, write, Queue};
+use crate::reduce::{fold_parallel, split_range, ReduceOp};
+use crate::staging::{read, write, Queue};
 use netcl_core_devices::opencl3::event::Event;
 use netcl_core_devices::opencl3::types::cl_mem;
 use netcl_core_devices::{ClResultExt, Error, Result};
-use netcl_core_memory::{Block, PinnedBuffer, Pool};
-use netcl_kernels::sources::COLLECTIVE;
-use netcl_kernels::{program, Kernel};
-use std::sync::MutexGuard;
+use netcl_core_memory::PinnedBuffer;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Chunks in flight (pinned slots per rank).
 const SLOTS: usize = 4;
-/// Elements per chunk unless NETCL_RELAY_CHUNK (bytes) says otherwise: 8 MiB of f32.
-const DEFAULT_CHUNK_BYTES: usize = 8 << 20;
-/// Work-group size of the reduction kernel.
-const GROUP: usize = 256;
+/// Bytes per chunk unless NETCL_RELAY_CHUNK says otherwise (4 MiB: the Llama-110M data-parallel
+/// step on two H100s ran at 1.88x one GPU with it, 1.84x with 8 MiB).
+const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
 
-/// Elements per chunk (NETCL_RELAY_CHUNK bytes, at least 4 KiB; default 8 MiB).
+/// Elements per chunk (NETCL_RELAY_CHUNK bytes, at least 4 KiB; default 4 MiB).
 pub(crate) fn chunk_elems() -> usize {
     static CHUNK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *CHUNK.get_or_init(|| {
@@ -52,10 +51,9 @@ pub(crate) fn chunk_elems() -> usize {
     })
 }
 
-/// One rank's pinned slots and device scratch, kept by its communicator between reductions.
+/// One rank's pinned slots, kept by its communicator between reductions.
 pub(crate) struct RelayBuffers {
     pinned: PinnedBuffer,
-    scratch: Block,
     chunk: usize,
 }
 
@@ -81,7 +79,8 @@ pub(crate) struct ChunkTimes {
 struct InFlight {
     chunk: Chunk,
     down: Vec<Event>,
-    reduced: Option<Event>,
+    /// Set by the fold of this rank's segment once it is in the slot.
+    folded: Arc<AtomicBool>,
     gather: Vec<Event>,
 }
 
@@ -92,33 +91,20 @@ pub(crate) struct Relay<'c> {
     bufs: MutexGuard<'c, Option<RelayBuffers>>,
     /// Every rank's pinned slots (host addresses).
     peers: Vec<usize>,
-    /// Each rank's weight, on this rank's device, written by `scales_written` from `_weights`
-    /// (kept until that write has completed: the drop waits for it).
-    scales: Block,
-    _weights: Vec<f32>,
-    scales_written: Event,
-    op: u32,
+    /// Each rank's weight ([`ReduceOp::WeightedSum`]).
+    scales: Vec<f32>,
+    op: ReduceOp,
     /// Chunks relayed on this hub before this session.
     base: u64,
     chunks: Vec<InFlight>,
     /// How many chunks have been issued to (or passed) each step.
     down_issued: usize,
     down_done: usize,
-    reduce_issued: usize,
-    reduce_done: usize,
+    folds_started: usize,
+    reduced: usize,
     gather_issued: usize,
     freed: usize,
     name: &'static str,
-}
-
-fn op_code(op: ReduceOp) -> u32 {
-    match op {
-        ReduceOp::Sum => 0,
-        ReduceOp::Mean => 1,
-        ReduceOp::Max => 2,
-        ReduceOp::Min => 3,
-        ReduceOp::WeightedSum => 4,
-    }
 }
 
 /// Whether every event has completed; an error for a failed command.
@@ -171,7 +157,6 @@ impl<'c> Relay<'c> {
         if bufs.as_ref().is_none_or(|b| b.chunk != chunk) {
             *bufs = Some(RelayBuffers {
                 pinned: PinnedBuffer::new(dev, SLOTS * chunk * 4)?,
-                scratch: Pool::of(dev)?.alloc(SLOTS * chunk * 4)?,
                 chunk,
             });
         }
@@ -196,39 +181,18 @@ impl<'c> Relay<'c> {
                 ),
             ));
         }
-        let weights: Vec<f32> = slots.iter().map(|s| s.scale).collect();
-        let scales = Pool::of(dev)?.alloc(weights.len() * 4)?;
-        // Pool blocks (the scales, a new scratch) may still be in use by their previous owner's
-        // kernels on the compute queue: the relay queue starts after them. Everything later on
-        // the (in-order) relay queue follows this write.
-        let ready = marker(dev, Queue::Compute, &[])?;
-        queue(dev, Queue::Compute)?.flush().cl("clFlush")?;
-        // SAFETY: `weights` moves into the session, whose drop waits for this write.
-        let scales_written = unsafe {
-            write(
-                dev,
-                Queue::Relay,
-                scales.mem(),
-                0,
-                weights.as_ptr().cast(),
-                weights.len() * 4,
-                &[&ready],
-            )?
-        };
         Ok(Relay {
             comm,
             bufs,
             peers: slots.iter().map(|s| s.ptr).collect(),
-            scales,
-            _weights: weights,
-            scales_written,
-            op: op_code(op),
+            scales: slots.iter().map(|s| s.scale).collect(),
+            op,
             base: comm.hub.own(comm.rank, Stage::Freed),
             chunks: Vec::new(),
             down_issued: 0,
             down_done: 0,
-            reduce_issued: 0,
-            reduce_done: 0,
+            folds_started: 0,
+            reduced: 0,
             gather_issued: 0,
             freed: 0,
             name,
@@ -252,7 +216,7 @@ impl<'c> Relay<'c> {
         self.chunks.push(InFlight {
             chunk,
             down: Vec::new(),
-            reduced: None,
+            folded: Arc::new(AtomicBool::new(false)),
             gather: Vec::new(),
         });
         Ok(())
@@ -265,97 +229,51 @@ impl<'c> Relay<'c> {
     }
 
     fn issue_down(&mut self, i: usize) -> Result<()> {
-        let (n, r) = (self.comm.size, self.comm.rank);
         let c = &self.chunks[i].chunk;
-        let own = split_range(c.len, n, r);
-        let dst = self.slot(r, i);
-        let mut events = Vec::new();
-        for part in [0..own.start, own.end..c.len] {
-            if part.is_empty() {
-                continue;
-            }
-            // SAFETY: the slot is this rank's and free (every rank is past its previous
-            // chunk); it lives in `bufs`, held for the session, and the copy is waited for
-            // before the session ends.
-            events.push(unsafe {
-                read(
-                    &self.comm.device,
-                    Queue::Copy,
-                    c.mem,
-                    c.offset + part.start * 4,
-                    (dst + part.start * 4) as *mut u8,
-                    part.len() * 4,
-                    &[],
-                )?
-            });
-        }
-        self.chunks[i].down = events;
+        // SAFETY: the slot is this rank's and free (every rank is past its previous chunk); it
+        // lives in `bufs`, held for the session, and the copy is waited for before the session
+        // ends.
+        let ev = unsafe {
+            read(
+                &self.comm.device,
+                Queue::Copy,
+                c.mem,
+                c.offset,
+                self.slot(self.comm.rank, i) as *mut u8,
+                c.len * 4,
+                &[],
+            )?
+        };
+        self.chunks[i].down = vec![ev];
         Ok(())
     }
 
-    fn issue_reduce(&mut self, i: usize) -> Result<()> {
-        let (n, r, dev) = (self.comm.size, self.comm.rank, &self.comm.device);
-        let c = &self.chunks[i].chunk;
-        let own = split_range(c.len, n, r);
-        if own.is_empty() {
-            return Ok(());
-        }
-        let bufs = self.bufs.as_ref().expect("relay buffers are made in begin");
-        let k = ((self.base + i as u64) % SLOTS as u64) as usize;
-        let scratch_off = k * bufs.chunk;
-        for (j, s) in (0..n).filter(|&s| s != r).enumerate() {
-            // SAFETY: rank s's slot holds its chunk i (every rank passed Down) and stays
-            // unchanged until this rank passes Freed; the scratch slot is this session's.
-            drop(unsafe {
-                write(
-                    dev,
-                    Queue::Relay,
-                    bufs.scratch.mem(),
-                    (scratch_off + j * own.len()) * 4,
-                    (self.slot(s, i) + own.start * 4) as *const u8,
-                    own.len() * 4,
-                    &[],
-                )?
-            });
-        }
-        let prog = program(
-            dev,
-            &COLLECTIVE,
-            "-DDT_F32 -cl-fp32-correctly-rounded-divide-sqrt",
-        )?;
-        let mut k = Kernel::new(&prog, "relay_reduce")?;
-        k.arg_mem(c.mem)?
-            .arg(&((c.offset / 4 + own.start) as u64))?
-            .arg_mem(bufs.scratch.mem())?
-            .arg(&(scratch_off as u64))?
-            .arg_mem(self.scales.mem())?
-            .arg(&(own.len() as u32))?
-            .arg(&(n as u32))?
-            .arg(&(r as u32))?
-            .arg(&self.op)?;
-        let cl = dev.cl(self.name)?;
-        let reduced = k.launch_on(&cl.relay_queue, &[own.len()], &[GROUP], &[])?;
-        // SAFETY: this rank's slot; nobody reads its segment `own` before this rank passes
-        // Reduced, after this copy completes.
-        self.chunks[i].reduced = Some(unsafe {
-            read(
-                dev,
-                Queue::Copy,
-                c.mem,
-                c.offset + own.start * 4,
-                (self.slot(r, i) + own.start * 4) as *mut u8,
-                own.len() * 4,
-                &[&reduced],
-            )?
+    /// Start folding segment r of every rank's slot of chunk `i` into this rank's slot, on the
+    /// rayon pool: this thread goes on issuing copies meanwhile. The fold sets the chunk's
+    /// `folded` flag and wakes the hub's waiters when done.
+    fn start_fold(&self, i: usize) {
+        let (n, r) = (self.comm.size, self.comm.rank);
+        let own = split_range(self.chunks[i].chunk.len, n, r);
+        let srcs: Vec<usize> = (0..n).map(|s| self.slot(s, i) + own.start * 4).collect();
+        let (scales, op, hub) = (self.scales.clone(), self.op, self.comm.hub.clone());
+        let done = self.chunks[i].folded.clone();
+        rayon::spawn(move || {
+            let ptrs: Vec<*const f32> = srcs.iter().map(|&a| a as *const f32).collect();
+            // SAFETY: every slot holds chunk i (every rank passed Down) and stays unchanged
+            // until every rank passes Freed, which needs this fold; segment r of this rank's
+            // slot is read by nobody else before this rank passes Reduced, after the fold. The
+            // slots outlive the fold: the session's drop waits for it.
+            unsafe { fold_parallel(&ptrs, &scales, op, ptrs[r] as *mut f32, own.len()) };
+            done.store(true, Ordering::Release);
+            hub.poke();
         });
-        Ok(())
     }
 
     fn issue_gather(&mut self, i: usize) -> Result<()> {
-        let (n, r) = (self.comm.size, self.comm.rank);
+        let n = self.comm.size;
         let c = &self.chunks[i].chunk;
         let mut events = Vec::new();
-        for s in (0..n).filter(|&s| s != r) {
+        for s in 0..n {
             let seg = split_range(c.len, n, s);
             if seg.is_empty() {
                 continue;
@@ -381,10 +299,30 @@ impl<'c> Relay<'c> {
     /// Issue whatever the ranks' progress allows and publish this rank's; whether anything
     /// moved.
     pub(crate) fn pump(&mut self) -> Result<bool> {
-        let (hub, r, base) = (&self.comm.hub, self.comm.rank, self.base);
+        let (hub, r, base) = (self.comm.hub.clone(), self.comm.rank, self.base);
+        let cl = self.comm.device.cl(self.name)?;
         let mut moved = false;
+        while self.freed < self.gather_issued
+            && complete(&self.chunks[self.freed].gather, self.name)?
+        {
+            self.freed += 1;
+            hub.publish(r, Stage::Freed, base + self.freed as u64);
+            moved = true;
+        }
+        let gathered = self.gather_issued;
+        while self.gather_issued < self.reduced
+            && hub.passed(Stage::Reduced) > base + self.gather_issued as u64
+        {
+            self.issue_gather(self.gather_issued)?;
+            self.gather_issued += 1;
+        }
+        if self.gather_issued > gathered {
+            cl.relay_queue.flush().cl("clFlush")?;
+            moved = true;
+        }
         // A chunk goes down once its data is ready (its `after` event has completed), so the
         // copy queue never holds a copy that waits for the compute queue.
+        let downed = self.down_issued;
         while self.down_issued < self.chunks.len()
             && hub.passed(Stage::Freed) + SLOTS as u64 > base + self.down_issued as u64
             && complete(
@@ -394,48 +332,31 @@ impl<'c> Relay<'c> {
         {
             self.issue_down(self.down_issued)?;
             self.down_issued += 1;
+        }
+        if self.down_issued > downed {
+            cl.copy_queue.flush().cl("clFlush")?;
             moved = true;
         }
-        while self.down_done < self.down_issued {
-            if !complete(&self.chunks[self.down_done].down, self.name)? {
-                break;
-            }
+        while self.down_done < self.down_issued
+            && complete(&self.chunks[self.down_done].down, self.name)?
+        {
             self.down_done += 1;
             hub.publish(r, Stage::Down, base + self.down_done as u64);
             moved = true;
         }
-        while self.reduce_issued < self.down_done
-            && hub.passed(Stage::Down) > base + self.reduce_issued as u64
+        while self.folds_started < self.down_done
+            && hub.passed(Stage::Down) > base + self.folds_started as u64
         {
-            self.issue_reduce(self.reduce_issued)?;
-            self.reduce_issued += 1;
+            self.start_fold(self.folds_started);
+            self.folds_started += 1;
             moved = true;
         }
-        while self.reduce_done < self.reduce_issued
-            && complete(self.chunks[self.reduce_done].reduced.as_slice(), self.name)?
+        while self.reduced < self.folds_started
+            && self.chunks[self.reduced].folded.load(Ordering::Acquire)
         {
-            self.reduce_done += 1;
-            hub.publish(r, Stage::Reduced, base + self.reduce_done as u64);
+            self.reduced += 1;
+            hub.publish(r, Stage::Reduced, base + self.reduced as u64);
             moved = true;
-        }
-        while self.gather_issued < self.reduce_done
-            && hub.passed(Stage::Reduced) > base + self.gather_issued as u64
-        {
-            self.issue_gather(self.gather_issued)?;
-            self.gather_issued += 1;
-            moved = true;
-        }
-        while self.freed < self.gather_issued
-            && complete(&self.chunks[self.freed].gather, self.name)?
-        {
-            self.freed += 1;
-            hub.publish(r, Stage::Freed, base + self.freed as u64);
-            moved = true;
-        }
-        if moved {
-            let cl = self.comm.device.cl(self.name)?;
-            cl.copy_queue.flush().cl("clFlush")?;
-            cl.relay_queue.flush().cl("clFlush")?;
         }
         Ok(moved)
     }
@@ -464,7 +385,7 @@ impl<'c> Relay<'c> {
                     self.freed,
                     self.chunks.len(),
                     self.down_done,
-                    self.reduce_done,
+                    self.reduced,
                     self.freed
                 );
                 hub.abort.raise(why.clone());
@@ -513,9 +434,14 @@ impl<'c> Relay<'c> {
 
 impl Drop for Relay<'_> {
     /// A session left part-way (an error): nothing of this rank's may still be copying into
-    /// its slots, its scratch or the tensors. (No command of a rank waits for another rank's.)
+    /// its slots or the tensors. (No command of a rank waits for another rank's.)
     fn drop(&mut self) {
-        let _ = self.scales_written.wait();
+        // Folds read and write the slots.
+        for c in &self.chunks[..self.folds_started] {
+            while !c.folded.load(Ordering::Acquire) {
+                std::thread::yield_now();
+            }
+        }
         if self.freed < self.chunks.len() {
             if let Ok(cl) = self.comm.device.cl(self.name) {
                 let _ = cl.copy_queue.finish();

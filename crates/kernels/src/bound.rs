@@ -117,22 +117,13 @@ impl BoundKernel {
     pub unsafe fn enqueue(&mut self, queue: cl_command_queue) -> Result<()> {
         let (_, global, local) = self.ndrange();
         // SAFETY: the caller's contract; all arguments were set in `new`; no event.
-        unsafe {
-            crate::launch::enqueue(
-                queue,
-                self.kernel.get(),
-                global,
-                local,
-                &[],
-                ptr::null_mut(),
-            )
-        }
-        .map_err(|status| Error::Launch {
-            kernel: self.name.clone(),
-            msg: format!(
-                "clEnqueueNDRangeKernel in a graph replay: {} ({status})",
-                netcl_core_devices::cl_code_name(status)
-            ),
-        })
+        unsafe { crate::launch::enqueue(queue, self.kernel.get(), global, local, ptr::null_mut()) }
+            .map_err(|status| Error::Launch {
+                kernel: self.name.clone(),
+                msg: format!(
+                    "clEnqueueNDRangeKernel in a graph replay: {} ({status})",
+                    netcl_core_devices::cl_code_name(status)
+                ),
+            })
     }
 }

@@ -1,7 +1,5 @@
 //! Checked kernel launches: per-thread kernel objects, arguments, work-group and local-memory checks.
 use crate::program::Program;
-use netcl_core_devices::opencl3::command_queue::CommandQueue;
-use netcl_core_devices::opencl3::event::Event;
 use netcl_core_devices::opencl3::kernel::Kernel as ClKernel;
 use netcl_core_devices::opencl3::types::{cl_command_queue, cl_event, cl_kernel, cl_mem};
 use netcl_core_devices::{cl3, ClResultExt, Device, Error, Result};
@@ -233,42 +231,15 @@ impl Kernel {
     /// rounded up to a multiple of its local size, so kernels bounds-check their index. Everything
     /// is checked before the enqueue; nothing is enqueued on error, and the arguments are reset.
     pub fn launch(&mut self, global: &[usize], local: &[usize]) -> Result<()> {
-        self.launch_with(global, local, None).map(|_| ())
-    }
-
-    /// [`Kernel::launch`] on `queue`, another in-order queue of the kernel's device (the
-    /// collectives' relay queue), after the `wait` events; returns the launch's event. A graph
-    /// capture does not record it.
-    pub fn launch_on(
-        &mut self,
-        queue: &CommandQueue,
-        global: &[usize],
-        local: &[usize],
-        wait: &[cl_event],
-    ) -> Result<Event> {
-        self.recorded = None;
-        let ev = self.launch_with(global, local, Some((queue.get(), wait)))?;
-        ev.ok_or_else(|| Error::Launch {
-            kernel: self.entry().name.clone(),
-            msg: "launched over an empty grid: no event".into(),
-        })
-    }
-
-    fn launch_with(
-        &mut self,
-        global: &[usize],
-        local: &[usize],
-        on: Option<(cl_command_queue, &[cl_event])>,
-    ) -> Result<Option<Event>> {
         let work = self.work.take();
         let in_place = std::mem::take(&mut self.in_place);
-        let result = self.try_launch(global, local, work, in_place, on);
+        let result = self.try_launch(global, local, work, in_place);
         self.next_arg = 0;
         self.dynamic_local = 0;
         if let Some(r) = &mut self.recorded {
             r.clear();
         }
-        if let (Ok(_), Some(e)) = (&result, self.entry.as_mut()) {
+        if let (Ok(()), Some(e)) = (&result, self.entry.as_mut()) {
             e.launches += 1;
         }
         result
@@ -280,8 +251,7 @@ impl Kernel {
         local: &[usize],
         work: Option<Work>,
         in_place: Vec<(usize, usize)>,
-        on: Option<(cl_command_queue, &[cl_event])>,
-    ) -> Result<Option<Event>> {
+    ) -> Result<()> {
         let probe = Probe::begin();
         let fail = |msg: String| {
             Err(Error::Launch {
@@ -304,7 +274,7 @@ impl Kernel {
             ));
         }
         if global.contains(&0) {
-            return Ok(None);
+            return Ok(());
         }
         let group: usize = local.iter().product();
         if local.contains(&0) || group > self.max_work_group_size() {
@@ -333,24 +303,21 @@ impl Kernel {
             rounded[d] = global[d].div_ceil(local[d]) * local[d];
         }
         let cl = device.cl(&self.entry().name)?;
-        // An event when the profiler is on (it keeps it and reads its device times) or the
-        // caller asks for one.
+        // An event only when the profiler is on: it keeps it and reads its device times.
         let mut event: cl_event = ptr::null_mut();
-        let event_out = if probe.is_some() || on.is_some() {
+        let event_out = if probe.is_some() {
             &mut event as *mut cl_event
         } else {
             ptr::null_mut()
         };
         let dims = global.len();
-        let (queue, wait) = on.unwrap_or((cl.queue.get(), &[]));
         // SAFETY: all arguments are set, sizes are checked, and the arrays outlive the call.
         unsafe {
             enqueue(
-                queue,
+                cl.queue.get(),
                 self.entry().kernel.get(),
                 &rounded[..dims],
                 local,
-                wait,
                 event_out,
             )
         }
@@ -374,16 +341,6 @@ impl Kernel {
                 })
             });
         }
-        // The caller's event: a reference of its own when the profiler takes the launch's.
-        let mine = match (on.is_some(), probe.is_some()) {
-            (false, _) => None,
-            // SAFETY: `event` is the enqueue's new, valid event.
-            (true, true) => unsafe {
-                cl3::event::retain_event(event).cl("clRetainEvent")?;
-                Some(Event::new(event))
-            },
-            (true, false) => Some(Event::new(event)),
-        };
         if let Some(probe) = probe {
             let launch = Launch {
                 kernel: &self.entry().name,
@@ -398,7 +355,7 @@ impl Kernel {
         if netcl_core_devices::debug::sync_launches()? {
             self.finish_now(device)?;
         }
-        Ok(mine)
+        Ok(())
     }
 
     /// `NETCL_DEBUG=sync`: waits for the kernel just enqueued, so a failure on the device is
@@ -444,7 +401,6 @@ pub(crate) unsafe fn enqueue(
     kernel: cl_kernel,
     global: &[usize],
     local: &[usize],
-    wait: &[cl_event],
     event: *mut cl_event,
 ) -> std::result::Result<(), i32> {
     use cl3::error_codes::{DLOPEN_FUNCTION_NOT_AVAILABLE, DLOPEN_RUNTIME_LOAD_FAILED};
@@ -459,12 +415,8 @@ pub(crate) unsafe fn enqueue(
             ptr::null(),
             global.as_ptr(),
             local.as_ptr(),
-            wait.len() as u32,
-            if wait.is_empty() {
-                ptr::null()
-            } else {
-                wait.as_ptr()
-            },
+            0,
+            ptr::null(),
             event,
         )
         .ok_or(DLOPEN_FUNCTION_NOT_AVAILABLE)?;

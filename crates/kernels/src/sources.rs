@@ -38,8 +38,6 @@ source!(ATTENTION, "attention.cl");
 // Fused attention on tensor cores (inline NVIDIA PTX): built only where the GEMM's probe passed.
 source!(ATTENTION_TC, "attention_tc.cl");
 source!(DECODE, "decode.cl");
-// The collectives' device relay (netcl-distributed): f32 only, so not in `ALL`.
-source!(COLLECTIVE, "collective.cl");
 
 /// Every op-family source (not the common header).
 pub const ALL: [Source; 14] = [

@@ -43,37 +43,54 @@ impl Runner {
             return Ok(());
         }
         let n = gpus.len();
-        let secs = Group::new(gpus)?.run(|comm| {
-            let mut s = LlamaStep::new(
-                cfg.clone(),
-                BATCH,
-                None,
-                comm.device(),
-                &mut Generator::new(7),
-            )?;
-            let mut ddp = DataParallel::new(comm, &s.model, DdpOptions::default())?;
-            let secs = timed(comm.device(), || {
-                let tape = netcl_autograd::Tape::new();
-                let loss = s.model.loss(&tape, &s.x, &s.y)?;
-                ddp.backward(&tape, &loss)?;
-                s.opt.step()?;
-                s.opt.zero_grad();
-                Ok(())
+        let group = Group::new(gpus)?;
+        // Gradients synchronised (the real step), then the same steps without the reduction
+        // (no_sync: what the GPUs cost each other apart from communication).
+        for sync in [true, false] {
+            let secs = group.run(|comm| {
+                let mut gen = Generator::new(7);
+                let mut s = LlamaStep::new(cfg.clone(), BATCH, None, comm.device(), &mut gen)?;
+                let options = DdpOptions {
+                    bucket_bytes: bucket_bytes(),
+                    ..Default::default()
+                };
+                let mut ddp = DataParallel::new(comm, &s.model, options)?;
+                let secs = timed(comm.device(), || {
+                    let tape = netcl_autograd::Tape::new();
+                    let loss = s.model.loss(&tape, &s.x, &s.y)?;
+                    if sync {
+                        ddp.backward(&tape, &loss)?;
+                    } else {
+                        ddp.no_sync(|d| d.backward(&tape, &loss))?;
+                    }
+                    s.opt.step()?;
+                    s.opt.zero_grad();
+                    Ok(())
+                })?;
+                comm.barrier()?;
+                Ok(secs)
             })?;
-            comm.barrier()?;
-            Ok(secs)
-        })?;
-        let worst = secs.iter().cloned().fold(0.0, f64::max);
-        println!(
-            "{:<12} {:<28} {n} GPUs: {:.1} ms/step, {:.0} tokens/s, speed-up {:.2}x",
-            "ddp",
-            "llama110m_step_B16_T512",
-            worst * 1e3,
-            n as f64 * tokens / worst,
-            n as f64 * one / worst
-        );
+            let worst = secs.iter().cloned().fold(0.0, f64::max);
+            println!(
+                "{:<12} {:<28} {n} GPUs{}: {:.1} ms/step, {:.0} tokens/s, speed-up {:.2}x",
+                "ddp",
+                "llama110m_step_B16_T512",
+                if sync { "" } else { " without gradient sync" },
+                worst * 1e3,
+                n as f64 * tokens / worst,
+                n as f64 * one / worst
+            );
+        }
         Ok(())
     }
+}
+
+/// DdpOptions::bucket_bytes: NETCL_BENCH_DDP_BUCKET (bytes), else the default.
+fn bucket_bytes() -> usize {
+    std::env::var("NETCL_BENCH_DDP_BUCKET")
+        .ok()
+        .and_then(|v| netcl_core_memory::parse_bytes(&v).ok())
+        .unwrap_or(DdpOptions::default().bucket_bytes)
 }
 
 /// Seconds per call of `step` on `dev` (three warm-up calls, then STEPS timed ones).
