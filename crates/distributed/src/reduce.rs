@@ -98,7 +98,24 @@ pub(crate) unsafe fn fold(
     }
 }
 
-/// [`fold`] over parts of `len` on the threads of the rayon pool (the same bits).
+/// The threads that fold for the device relay: a quarter of the cores, 1 to 8 (the rest stay
+/// free for the ranks' threads and the driver's: with a pool over every core, a fold thread
+/// preempted mid-part stalled whole collectives for milliseconds). `None` if the threads cannot
+/// be started (the relay then folds on its own thread).
+pub(crate) fn fold_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        rayon::ThreadPoolBuilder::new()
+            .num_threads((cores / 4).clamp(1, 8))
+            .thread_name(|i| format!("netcl-fold-{i}"))
+            .build()
+            .ok()
+    })
+    .as_ref()
+}
+
+/// [`fold`] over parts of `len` on the threads of the current rayon pool (the same bits).
 ///
 /// SAFETY: as [`fold`].
 pub(crate) unsafe fn fold_parallel(

@@ -1,4 +1,7 @@
 //! The data-parallel workload of netcl-bench: the Llama-110M step (16 sequences of 512 per GPU, f32, AdamW) on one GPU and on every GPU through DataParallel; benches/reference/ddp_torch.py runs PyTorch DDP on the same shape.
+//!
+//! NETCL_BENCH_DDP_BUCKET sets the bucket size; NETCL_BENCH_DDP_TRACE=1 prints rank 0's bucket
+//! copies of the last synchronised step (device clock) to stderr.
 use crate::Runner;
 use netcl_bench::train::LlamaStep;
 use netcl_core_devices::{Device, DeviceKind, Result};
@@ -68,6 +71,9 @@ impl Runner {
                     Ok(())
                 })?;
                 comm.barrier()?;
+                if sync && comm.rank() == 0 && std::env::var("NETCL_BENCH_DDP_TRACE").is_ok() {
+                    trace(&ddp);
+                }
                 Ok(secs)
             })?;
             let worst = secs.iter().cloned().fold(0.0, f64::max);
@@ -105,4 +111,24 @@ fn timed(dev: &Device, mut step: impl FnMut() -> Result<()>) -> Result<f64> {
     }
     dev.synchronize()?;
     Ok(start.elapsed().as_secs_f64() / STEPS as f64)
+}
+
+/// The last step's bucket copies on this rank (device clock, ms from the first copy).
+fn trace(ddp: &DataParallel<'_>) {
+    let c = ddp.last_copies();
+    let Some(t0) = c.iter().map(|r| r.to_host.0).min() else {
+        return;
+    };
+    let ms = |t: u64| (t.saturating_sub(t0)) as f64 / 1e6;
+    for r in c {
+        eprintln!(
+            "bucket {:3} {:6.2} MB  down {:7.2}..{:7.2}  gather {:7.2}..{:7.2}",
+            r.bucket,
+            r.bytes as f64 / 1e6,
+            ms(r.to_host.0),
+            ms(r.to_host.1),
+            ms(r.to_device.0),
+            ms(r.to_device.1)
+        );
+    }
 }
