@@ -20,7 +20,8 @@ fn main() -> Result<()> {
     let n = devices.len();
     let cap = std::env::var("NETCL_BENCH_MAX_BYTES")
         .ok()
-        .and_then(|v| netcl::memory::parse_bytes(&v).ok())
+        .map(|v| netcl::memory::parse_bytes(&v))
+        .transpose()?
         .unwrap_or(1 << 30)
         .min(
             devices

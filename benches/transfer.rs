@@ -10,7 +10,7 @@ use std::time::Duration;
 fn bench_bytes(dev: &Device) -> usize {
     std::env::var("NETCL_BENCH_BYTES")
         .ok()
-        .and_then(|v| netcl::memory::parse_bytes(&v).ok())
+        .map(|v| netcl::memory::parse_bytes(&v).expect("NETCL_BENCH_BYTES: a byte count"))
         .unwrap_or(if dev.kind() == DeviceKind::Gpu {
             1 << 30
         } else {

@@ -287,7 +287,9 @@ impl Pool {
         let info = device.info();
         device.cl("Pool::new")?;
         let limit = match std::env::var("NETCL_POOL_LIMIT") {
-            Ok(v) if !v.trim().is_empty() => Some(parse_bytes(&v)?),
+            Ok(v) if !v.trim().is_empty() => Some(
+                parse_bytes(&v).map_err(|e| Error::invalid("NETCL_POOL_LIMIT", e.to_string()))?,
+            ),
             _ => None,
         };
         let state = State {
@@ -573,9 +575,16 @@ fn release_cached(st: &mut State) {
     st.stats.cached = st.stats.reserved - st.stats.in_use;
 }
 
-/// Parse `1048576`, `512K`, `64M`, `2G` (binary units) into bytes.
+/// Parse `1048576`, `512K`, `64M`, `2G` (binary units; `64MiB`, `64MB` and `4096B` are read the
+/// same) into bytes.
 pub fn parse_bytes(s: &str) -> Result<usize> {
     let t = s.trim();
+    let upper = t.to_ascii_uppercase();
+    let t = &t[..upper
+        .strip_suffix("IB")
+        .or_else(|| upper.strip_suffix('B'))
+        .unwrap_or(&upper)
+        .len()];
     let (num, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
         Some('K') => (&t[..t.len() - 1], 1usize << 10),
         Some('M') => (&t[..t.len() - 1], 1 << 20),
@@ -588,8 +597,8 @@ pub fn parse_bytes(s: &str) -> Result<usize> {
         .and_then(|n| n.checked_mul(mult))
         .ok_or_else(|| {
             Error::invalid(
-                "NETCL_POOL_LIMIT",
-                format!("'{s}' is not a byte count (e.g. 512M, 2G)"),
+                "parse_bytes",
+                format!("'{s}' is not a byte count (e.g. 4096, 512K, 64M, 2G, 64MiB)"),
             )
         })
 }
@@ -604,7 +613,11 @@ mod tests {
         assert_eq!(parse_bytes("2k").unwrap(), 2048);
         assert_eq!(parse_bytes(" 64M ").unwrap(), 64 << 20);
         assert_eq!(parse_bytes("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_bytes("8MiB").unwrap(), 8 << 20);
+        assert_eq!(parse_bytes("8mb").unwrap(), 8 << 20);
+        assert_eq!(parse_bytes("4096B").unwrap(), 4096);
         assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("MiB").is_err());
         assert!(parse_bytes("").is_err());
     }
 }

@@ -35,21 +35,24 @@ use std::time::{Duration, Instant};
 
 /// Chunks in flight (pinned slots per rank): on two H100s 8 gave 31 GB/s at 256 MiB, 4 gave 24.
 const SLOTS: usize = 8;
-/// Bytes per chunk unless NETCL_RELAY_CHUNK says otherwise (4 MiB: the Llama-110M data-parallel
-/// step on two H100s ran at 1.88x one GPU with it, 1.84x with 8 MiB).
+/// Bytes per chunk unless NETCL_RELAY_CHUNK says otherwise (the two-H100 measurements of
+/// docs/performance.md used 4 MiB; other sizes were not compared).
 const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
 
-/// Elements per chunk (NETCL_RELAY_CHUNK bytes, at least 4 KiB; default 4 MiB).
-pub(crate) fn chunk_elems() -> usize {
-    static CHUNK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CHUNK.get_or_init(|| {
-        std::env::var("NETCL_RELAY_CHUNK")
-            .ok()
-            .and_then(|v| netcl_core_memory::parse_bytes(&v).ok())
-            .unwrap_or(DEFAULT_CHUNK_BYTES)
-            .max(4096)
-            / 4
-    })
+/// Elements per chunk: NETCL_RELAY_CHUNK (bytes, e.g. `8M`; at least 4 KiB), default 4 MiB; a
+/// value that is not a byte count is an error.
+pub(crate) fn chunk_elems() -> Result<usize> {
+    static CHUNK: std::sync::OnceLock<std::result::Result<usize, String>> =
+        std::sync::OnceLock::new();
+    CHUNK
+        .get_or_init(|| match std::env::var("NETCL_RELAY_CHUNK") {
+            Ok(v) if !v.trim().is_empty() => netcl_core_memory::parse_bytes(&v)
+                .map(|b| b.max(4096) / 4)
+                .map_err(|e| e.to_string()),
+            _ => Ok(DEFAULT_CHUNK_BYTES / 4),
+        })
+        .clone()
+        .map_err(|msg| Error::invalid("NETCL_RELAY_CHUNK", msg))
 }
 
 /// One rank's pinned slots, kept by its communicator between reductions.
@@ -154,7 +157,7 @@ impl<'c> Relay<'c> {
     ) -> Result<Relay<'c>> {
         let dev = &comm.device;
         let mut bufs = comm.relay.lock().unwrap_or_else(|p| p.into_inner());
-        let chunk = chunk_elems();
+        let chunk = chunk_elems()?;
         if bufs.as_ref().is_none_or(|b| b.chunk != chunk) {
             *bufs = Some(RelayBuffers {
                 pinned: PinnedBuffer::new(dev, SLOTS * chunk * 4)?,

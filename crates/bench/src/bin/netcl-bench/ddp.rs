@@ -54,7 +54,7 @@ impl Runner {
                 let mut gen = Generator::new(7);
                 let mut s = LlamaStep::new(cfg.clone(), BATCH, None, comm.device(), &mut gen)?;
                 let options = DdpOptions {
-                    bucket_bytes: bucket_bytes(),
+                    bucket_bytes: bucket_bytes()?,
                     ..Default::default()
                 };
                 let mut ddp = DataParallel::new(comm, &s.model, options)?;
@@ -92,11 +92,12 @@ impl Runner {
 }
 
 /// DdpOptions::bucket_bytes: NETCL_BENCH_DDP_BUCKET (bytes), else the default.
-fn bucket_bytes() -> usize {
-    std::env::var("NETCL_BENCH_DDP_BUCKET")
+fn bucket_bytes() -> Result<usize> {
+    Ok(std::env::var("NETCL_BENCH_DDP_BUCKET")
         .ok()
-        .and_then(|v| netcl_core_memory::parse_bytes(&v).ok())
-        .unwrap_or(DdpOptions::default().bucket_bytes)
+        .map(|v| netcl_core_memory::parse_bytes(&v))
+        .transpose()?
+        .unwrap_or(DdpOptions::default().bucket_bytes))
 }
 
 /// Seconds per call of `step` on `dev` (three warm-up calls, then STEPS timed ones).
