@@ -196,6 +196,7 @@ impl Worker {
                 "DataParallel",
                 ReduceOp::WeightedSum,
                 share,
+                self.buckets.iter().map(|b| b.len).sum(),
             )?)
         } else {
             None

@@ -169,7 +169,7 @@ impl Comm {
         if n == 0 {
             return Ok(());
         }
-        let mut relay = Relay::begin(self, name, op, scale)?;
+        let mut relay = Relay::begin(self, name, op, scale, n)?;
         let (mem, base, step) = (t.mem()?, t.offset() * 4, relay.chunk());
         let mut ready = Some(marker(&self.device, Queue::Compute, &[])?);
         queue(&self.device, Queue::Compute)?.flush().cl("clFlush")?;

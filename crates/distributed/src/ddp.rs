@@ -148,8 +148,9 @@ impl<'c> DataParallel<'c> {
             bucket_of.insert(p.id(), i);
             at += p.numel();
         }
+        // Host staging for each bucket, unless the buckets go through the device relay.
         let mut pinned = Vec::new();
-        if comm.device().is_opencl() {
+        if comm.device().is_opencl() && !comm.hub.relay {
             for b in &mut buckets {
                 let mut buf = PinnedBuffer::new(comm.device(), b.len * 4)?;
                 b.pinned = buf.as_mut_slice().as_mut_ptr() as usize;

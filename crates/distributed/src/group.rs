@@ -1,6 +1,5 @@
 //! Group: N devices of one process, one worker thread per device (rank), each handed a `Comm` for collectives.
 use crate::hub::{Abort, Hub, Slot};
-use crate::relay::RelayBuffers;
 use netcl_core_devices::{Device, Error, Result};
 use netcl_core_memory::PinnedBuffer;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -167,8 +166,6 @@ pub struct Comm {
     pub(crate) hub: Arc<Hub>,
     /// Two pinned staging buffers (chunks in flight) of an OpenCL rank, made on first use.
     pub(crate) staging: Mutex<Vec<PinnedBuffer>>,
-    /// The device relay's pinned slots and scratch (relay.rs), made on first use.
-    pub(crate) relay: Mutex<Option<RelayBuffers>>,
     /// How many exchanges this rank made on `hub` (see `Hub::exchange`).
     seq: AtomicU64,
     /// Set for a communicator between processes: the collectives go through MPI.
@@ -184,7 +181,6 @@ impl Comm {
             device,
             hub,
             staging: Mutex::new(Vec::new()),
-            relay: Mutex::new(None),
             seq: AtomicU64::new(0),
             #[cfg(feature = "mpi")]
             mpi: None,

@@ -1,4 +1,5 @@
 //! Hub: the rendezvous of the ranks of one process (barriers with a timeout and an abort flag, and an exchange of host pointers).
+use crate::relay::RelayBuffers;
 use netcl_core_devices::{Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -89,6 +90,8 @@ pub(crate) struct Hub {
     pub(crate) relay: bool,
     /// Per rank, how many relay chunks have passed each [`Stage`] on this hub (counted over the
     /// hub's life: every rank relays the same sequence of chunks).
+    /// Each rank's relay slots (relay.rs), made at its first relay session.
+    relay_buffers: Mutex<Vec<Option<Arc<RelayBuffers>>>>,
     /// With a version that every publication increments.
     progress: Mutex<(u64, Vec<[u64; 3]>)>,
     progress_cv: Condvar,
@@ -110,9 +113,14 @@ impl Hub {
             abort,
             timeout,
             relay,
+            relay_buffers: Mutex::new(vec![None; size]),
             progress: Mutex::new((0, vec![[0; 3]; size])),
             progress_cv: Condvar::new(),
         }
+    }
+
+    pub(crate) fn relay_buffers(&self) -> MutexGuard<'_, Vec<Option<Arc<RelayBuffers>>>> {
+        self.relay_buffers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn progress(&self) -> MutexGuard<'_, (u64, Vec<[u64; 3]>)> {

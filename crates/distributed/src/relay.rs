@@ -30,7 +30,7 @@ use netcl_core_devices::opencl3::types::cl_mem;
 use netcl_core_devices::{ClResultExt, Error, Result};
 use netcl_core_memory::PinnedBuffer;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Chunks in flight (pinned slots per rank): on two H100s 8 gave 31 GB/s at 256 MiB, 4 gave 24.
@@ -39,7 +39,7 @@ const SLOTS: usize = 8;
 /// docs/performance.md used 4 MiB; other sizes were not compared).
 const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
 
-/// Elements per chunk: NETCL_RELAY_CHUNK (bytes, e.g. `8M`; at least 4 KiB), default 4 MiB; a
+/// Elements per chunk: NETCL_RELAY_CHUNK (bytes, e.g. `8M`; 4 KiB to 256 MiB), default 4 MiB; a
 /// value that is not a byte count is an error.
 pub(crate) fn chunk_elems() -> Result<usize> {
     static CHUNK: std::sync::OnceLock<std::result::Result<usize, String>> =
@@ -47,7 +47,7 @@ pub(crate) fn chunk_elems() -> Result<usize> {
     CHUNK
         .get_or_init(|| match std::env::var("NETCL_RELAY_CHUNK") {
             Ok(v) if !v.trim().is_empty() => netcl_core_memory::parse_bytes(&v)
-                .map(|b| b.max(4096) / 4)
+                .map(|b| b.clamp(4096, 256 << 20) / 4)
                 .map_err(|e| e.to_string()),
             _ => Ok(DEFAULT_CHUNK_BYTES / 4),
         })
@@ -55,10 +55,25 @@ pub(crate) fn chunk_elems() -> Result<usize> {
         .map_err(|msg| Error::invalid("NETCL_RELAY_CHUNK", msg))
 }
 
-/// One rank's pinned slots, kept by its communicator between reductions.
+/// One rank's pinned slots. Its hub keeps them between sessions, and every session of every
+/// rank holds them until its own folds and copies are done, so they outlive their last reader
+/// also when a rank leaves part-way.
 pub(crate) struct RelayBuffers {
-    pinned: PinnedBuffer,
+    _pinned: PinnedBuffer,
+    /// Host address of the first slot.
+    addr: usize,
     chunk: usize,
+}
+
+impl RelayBuffers {
+    fn new(dev: &netcl_core_devices::Device, chunk: usize) -> Result<RelayBuffers> {
+        let mut pinned = PinnedBuffer::new(dev, SLOTS * chunk * 4)?;
+        Ok(RelayBuffers {
+            addr: pinned.as_mut_slice().as_mut_ptr() as usize,
+            _pinned: pinned,
+            chunk,
+        })
+    }
 }
 
 /// A range of a device buffer to reduce in place: `len` f32 at byte `offset` of `mem`, readable
@@ -92,9 +107,10 @@ struct InFlight {
 /// same order, finished together.
 pub(crate) struct Relay<'c> {
     comm: &'c Comm,
-    bufs: MutexGuard<'c, Option<RelayBuffers>>,
-    /// Every rank's pinned slots (host addresses).
-    peers: Vec<usize>,
+    /// Every rank's pinned slots (this rank's among them).
+    peers: Vec<Arc<RelayBuffers>>,
+    /// Elements per chunk.
+    chunk: usize,
     /// Each rank's weight ([`ReduceOp::WeightedSum`]).
     scales: Vec<f32>,
     op: ReduceOp,
@@ -147,48 +163,65 @@ fn span(events: &[Event]) -> (u64, u64) {
 }
 
 impl<'c> Relay<'c> {
-    /// Start a session: every rank calls it (an exchange of the pinned slots and the weights).
-    /// `scale` is this rank's weight for [`ReduceOp::WeightedSum`].
+    /// Start a session: every rank calls it, about to relay `total` elements (an exchange of
+    /// the lengths, the chunk size and the weights). `scale` is this rank's weight for
+    /// [`ReduceOp::WeightedSum`].
     pub(crate) fn begin(
         comm: &'c Comm,
         name: &'static str,
         op: ReduceOp,
         scale: f32,
+        total: usize,
     ) -> Result<Relay<'c>> {
-        let dev = &comm.device;
-        let mut bufs = comm.relay.lock().unwrap_or_else(|p| p.into_inner());
         let chunk = chunk_elems()?;
-        if bufs.as_ref().is_none_or(|b| b.chunk != chunk) {
-            *bufs = Some(RelayBuffers {
-                pinned: PinnedBuffer::new(dev, SLOTS * chunk * 4)?,
-                chunk,
-            });
-        }
-        let pinned = bufs
-            .as_mut()
-            .map_or(0, |b| b.pinned.as_mut_slice().as_mut_ptr() as usize);
+        let mine = {
+            let mut held = comm.hub.relay_buffers();
+            match &held[comm.rank] {
+                Some(b) if b.chunk == chunk => b.clone(),
+                _ => {
+                    let b = Arc::new(RelayBuffers::new(&comm.device, chunk)?);
+                    held[comm.rank] = Some(b.clone());
+                    b
+                }
+            }
+        };
         let slots = comm.exchange(
             name,
             Slot {
-                ptr: pinned,
-                len: chunk,
+                ptr: mine.addr,
+                len: total,
                 scale,
-                shape: Vec::new(),
+                shape: vec![chunk],
             },
         )?;
-        if slots.iter().any(|s| s.len != chunk) {
+        if slots.iter().any(|s| s.len != total) {
+            let lens: Vec<usize> = slots.iter().map(|s| s.len).collect();
+            return Err(Error::shape(
+                name,
+                format!("ranks hold different lengths {lens:?}"),
+            ));
+        }
+        if slots.iter().any(|s| s.shape != [chunk]) {
             return Err(Error::invalid(
                 name,
                 format!(
                     "ranks relay chunks of different sizes {:?} (NETCL_RELAY_CHUNK must be the same on every rank)",
-                    slots.iter().map(|s| s.len * 4).collect::<Vec<_>>()
+                    slots.iter().map(|s| s.shape.iter().sum::<usize>() * 4).collect::<Vec<_>>()
                 ),
             ));
         }
+        // Every rank stored its slots in the hub before the exchange.
+        let peers = (comm.hub.relay_buffers().iter().zip(&slots))
+            .map(|(b, s)| {
+                b.clone().filter(|b| b.addr == s.ptr).ok_or_else(|| {
+                    Error::invalid(name, "a rank's relay slots changed during the exchange")
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Relay {
             comm,
-            bufs,
-            peers: slots.iter().map(|s| s.ptr).collect(),
+            peers,
+            chunk,
             scales: slots.iter().map(|s| s.scale).collect(),
             op,
             base: comm.hub.own(comm.rank, Stage::Freed),
@@ -205,7 +238,7 @@ impl<'c> Relay<'c> {
 
     /// Elements per chunk: [`Relay::push`] takes at most this many.
     pub(crate) fn chunk(&self) -> usize {
-        self.bufs.as_ref().map_or(0, |b| b.chunk)
+        self.chunk
     }
 
     /// Queue a chunk (every rank pushes the same lengths in the same order). Its copies start
@@ -229,14 +262,13 @@ impl<'c> Relay<'c> {
     /// Host address of rank `rank`'s slot for chunk `i`.
     fn slot(&self, rank: usize, i: usize) -> usize {
         let k = ((self.base + i as u64) % SLOTS as u64) as usize;
-        self.peers[rank] + k * self.chunk() * 4
+        self.peers[rank].addr + k * self.chunk * 4
     }
 
     fn issue_down(&mut self, i: usize) -> Result<()> {
         let c = &self.chunks[i].chunk;
-        // SAFETY: the slot is this rank's and free (every rank is past its previous chunk); it
-        // lives in `bufs`, held for the session, and the copy is waited for before the session
-        // ends.
+        // SAFETY: the slot is this rank's and free (every rank is past its previous chunk); the
+        // session holds it (`peers`) and waits for the copy before letting go.
         let ev = unsafe {
             read(
                 &self.comm.device,
@@ -417,6 +449,10 @@ impl<'c> Relay<'c> {
     /// Pump until nothing moves (data-parallel training calls it between buckets, so copies go
     /// on while backward runs). Never waits for other ranks.
     pub(crate) fn poll(&mut self) -> Result<()> {
+        let hub = &self.comm.hub;
+        if hub.abort.is_set() {
+            return Err(hub.abort.error(self.name, self.comm.rank));
+        }
         while self.pump()? {}
         Ok(())
     }

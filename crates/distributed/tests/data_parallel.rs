@@ -300,6 +300,47 @@ fn a_failing_rank_fails_every_rank() -> Result<()> {
 
 /// The user guide shows examples/data_parallel.rs verbatim, so its code cannot rot (the example
 /// itself is compiled by every `cargo test`).
+/// Replicas of different sizes (parameters not broadcast): every rank's backward fails with the
+/// lengths, none waits for the others.
+#[test]
+fn replicas_of_different_sizes_are_an_error_on_every_rank() -> Result<()> {
+    let _turn = serial();
+    let cl = opencl_test_devices()?;
+    if cl.len() < 2 {
+        return Ok(());
+    }
+    let group = Group::new(cl[..2].to_vec())?.with_timeout(Duration::from_secs(60));
+    let started = Instant::now();
+    let errors = Mutex::new(Vec::new());
+    let result = group.run(|comm| {
+        let d = comm.device();
+        let mut gen = Generator::new(5);
+        let model = Sequential::new().with(Linear::new(4, 8 + comm.rank(), d, &mut gen)?);
+        let options = DdpOptions {
+            broadcast_parameters: false,
+            ..Default::default()
+        };
+        let mut ddp = DataParallel::new(comm, &model, options)?;
+        let f32 = netcl_core_devices::DType::F32;
+        let x = Tensor::ones(&[2, 4], f32, d)?;
+        let y = Tensor::zeros(&[2, 8 + comm.rank()], f32, d)?;
+        let tape = Tape::new();
+        let loss = mse_loss(&model.forward(&tape, &Var::from(x))?, &Var::from(y))?;
+        let e = ddp.backward(&tape, &loss).unwrap_err().to_string();
+        errors.lock().unwrap().push(e);
+        Ok(())
+    });
+    let errors = errors.into_inner().unwrap();
+    eprintln!("{result:?} {errors:?}");
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(
+        errors.iter().any(|e| e.contains("different lengths")),
+        "{errors:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+    Ok(())
+}
+
 #[test]
 fn the_guide_shows_the_compiled_example() {
     let guide = include_str!("../../../docs/guide/data-parallel.md");
