@@ -1,7 +1,7 @@
 //! Collectives on tensors (all_reduce, broadcast, reduce, scatter, gather, all_gather, reduce_scatter, barrier) through host staging.
 //!
 //! When every rank is an OpenCL device, all_reduce goes through the device relay (relay.rs: pinned
-//! slots that every device copies to and from, reductions on the devices). Otherwise every
+//! slots that every device copies to and from, sums on host threads). Otherwise every
 //! rank's data is staged in host memory (pinned buffers for OpenCL devices), which all ranks of
 //! the process share. A reduction is the ring's two phases without the hops: rank r reduces
 //! segment r of every rank's staged copy in rank order (reduce-scatter), then copies the other
@@ -13,7 +13,7 @@ use crate::group::Comm;
 use crate::hub::Slot;
 use crate::reduce::{reduce_range, split_range, ReduceOp};
 use crate::relay::{Chunk, Relay};
-use crate::staging::{check_f32, marker, queue, read, write, write_tensor, Queue};
+use crate::staging::{check_f32, compute_done, read, write, write_tensor, Queue};
 use netcl_core_devices::opencl3::event::Event;
 use netcl_core_devices::{ClResultExt, Error, Result};
 use netcl_core_memory::PinnedBuffer;
@@ -171,8 +171,7 @@ impl Comm {
         }
         let mut relay = Relay::begin(self, name, op, scale, n)?;
         let (mem, base, step) = (t.mem()?, t.offset() * 4, relay.chunk());
-        let mut ready = Some(marker(&self.device, Queue::Compute, &[])?);
-        queue(&self.device, Queue::Compute)?.flush().cl("clFlush")?;
+        let mut ready = Some(compute_done(&self.device)?);
         for s in (0..n).step_by(step) {
             relay.push(Chunk {
                 mem,

@@ -2,7 +2,7 @@
 use crate::bucket::{Bucket, BucketWorker, CopyRecord, Job};
 use crate::group::Comm;
 use crate::reduce::proportional_split;
-use crate::staging::{marker, write_tensor, Queue};
+use crate::staging::{compute_done, marker, write_tensor, Queue};
 use netcl_autograd::{GradBuffers, Parameter, Tape, Var};
 use netcl_core_devices::{ClResultExt, DType, Error, Result};
 use netcl_core_memory::PinnedBuffer;
@@ -389,10 +389,5 @@ fn launch(flat: &Tensor, b: &Bucket) -> Result<Job> {
     if flat.device().is_host() {
         return Ok(Job::Host(flat.narrow(0, b.start, b.len)?.to_vec::<f32>()?));
     }
-    let produced = marker(flat.device(), Queue::Compute, &[])?;
-    // Make the driver start the queued kernels now rather than when it next looks at the queue.
-    crate::staging::queue(flat.device(), Queue::Compute)?
-        .flush()
-        .cl("clFlush")?;
-    Ok(Job::Device(produced))
+    Ok(Job::Device(compute_done(flat.device())?))
 }

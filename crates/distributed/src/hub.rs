@@ -70,7 +70,7 @@ struct State {
 /// The stages of a chunk in the device relay (relay.rs) whose completion a rank publishes.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Stage {
-    /// Its segments for the other ranks are in its pinned slot.
+    /// Its chunk is in its pinned slot.
     Down = 0,
     /// Its own segment, reduced, is in its pinned slot.
     Reduced = 1,
@@ -88,11 +88,11 @@ pub(crate) struct Hub {
     pub(crate) timeout: Duration,
     /// Whether every rank is an OpenCL device, so all_reduce goes through the device relay.
     pub(crate) relay: bool,
-    /// Per rank, how many relay chunks have passed each [`Stage`] on this hub (counted over the
-    /// hub's life: every rank relays the same sequence of chunks).
     /// Each rank's relay slots (relay.rs), made at its first relay session.
     relay_buffers: Mutex<Vec<Option<Arc<RelayBuffers>>>>,
-    /// With a version that every publication increments.
+    /// Per rank, how many relay chunks have passed each [`Stage`] on this hub (counted over the
+    /// hub's life: every rank relays the same sequence of chunks), with a version that every
+    /// publication increments.
     progress: Mutex<(u64, Vec<[u64; 3]>)>,
     progress_cv: Condvar,
 }

@@ -87,7 +87,7 @@ pub(crate) struct Chunk {
     pub tag: usize,
 }
 
-/// Device times (raw device clock, ns) of one chunk's copies: its down copies and its gather.
+/// Device times (raw device clock, ns) of one chunk's copies: its down copy and its gather.
 pub(crate) struct ChunkTimes {
     pub tag: usize,
     pub bytes: usize,
@@ -97,7 +97,7 @@ pub(crate) struct ChunkTimes {
 
 struct InFlight {
     chunk: Chunk,
-    down: Vec<Event>,
+    down: Option<Event>,
     /// Set by the fold of this rank's segment once it is in the slot.
     folded: Arc<AtomicBool>,
     gather: Vec<Event>,
@@ -252,7 +252,7 @@ impl<'c> Relay<'c> {
         }
         self.chunks.push(InFlight {
             chunk,
-            down: Vec::new(),
+            down: None,
             folded: Arc::new(AtomicBool::new(false)),
             gather: Vec::new(),
         });
@@ -280,7 +280,7 @@ impl<'c> Relay<'c> {
                 &[],
             )?
         };
-        self.chunks[i].down = vec![ev];
+        self.chunks[i].down = Some(ev);
         Ok(())
     }
 
@@ -378,7 +378,7 @@ impl<'c> Relay<'c> {
             moved = true;
         }
         while self.down_done < self.down_issued
-            && complete(&self.chunks[self.down_done].down, self.name)?
+            && complete(self.chunks[self.down_done].down.as_slice(), self.name)?
         {
             self.down_done += 1;
             hub.publish(r, Stage::Down, base + self.down_done as u64);
@@ -418,15 +418,14 @@ impl<'c> Relay<'c> {
             }
             if since.elapsed() > hub.timeout {
                 let why = format!(
-                    "{}: rank {} waited {:.1} s for the other ranks' copies (chunk {} of {}: down {}, reduced {}, freed {})",
+                    "{}: rank {} waited {:.1} s for the other ranks' copies ({} of {} chunks freed, {} down, {} reduced)",
                     self.name,
                     self.comm.rank,
                     since.elapsed().as_secs_f64(),
                     self.freed,
                     self.chunks.len(),
                     self.down_done,
-                    self.reduced,
-                    self.freed
+                    self.reduced
                 );
                 hub.abort.raise(why.clone());
                 return Err(Error::device(self.name, why));
@@ -469,7 +468,7 @@ impl<'c> Relay<'c> {
             .map(|c| ChunkTimes {
                 tag: c.chunk.tag,
                 bytes: c.chunk.len * 4,
-                down: span(&c.down),
+                down: span(c.down.as_slice()),
                 gather: span(&c.gather),
             })
             .collect())

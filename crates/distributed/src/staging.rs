@@ -90,6 +90,14 @@ pub(crate) fn marker(device: &Device, q: Queue, wait: &[&Event]) -> Result<Event
     Ok(Event::new(ev))
 }
 
+/// A marker after everything enqueued so far on the compute queue, with that queue flushed so
+/// the driver starts the work now rather than when it next looks at the queue.
+pub(crate) fn compute_done(device: &Device) -> Result<Event> {
+    let ev = marker(device, Queue::Compute, &[])?;
+    queue(device, Queue::Compute)?.flush().cl("clFlush")?;
+    Ok(ev)
+}
+
 /// Checks that `t` is a contiguous f32 tensor (what the collectives move and reduce).
 pub(crate) fn check_f32(op: &str, t: &Tensor) -> Result<()> {
     if t.dtype() != DType::F32 {
