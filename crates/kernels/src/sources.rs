@@ -23,6 +23,8 @@ source!(RANDOM, "random.cl");
 source!(MATMUL, "matmul.cl");
 // Tensor-core GEMM (inline NVIDIA PTX): built only where its probe passes, so not in `ALL`.
 source!(MATMUL_TC, "matmul_tc.cl");
+// f32 GEMM through a cp.async pipeline (inline NVIDIA PTX): built only where its probe passes.
+source!(MATMUL_ASYNC, "matmul_async.cl");
 // GEMM for CPU devices: built with the -D blocking matmul_cpu.rs chooses, so not in `ALL` either.
 source!(MATMUL_CPU, "matmul_cpu.cl");
 source!(INDEX, "index.cl");

@@ -46,6 +46,7 @@ pub use fused::activation::Activation;
 pub use fused::eval::{fused, fused_into};
 pub use fused::expr::{BinaryOp, Expr, UnaryOp};
 pub use fused::groups::{fused_into_groups, FusedGroup, FUSED_MAX_GROUPS};
+pub use matmul::pipe::has_async_gemm;
 pub use matmul::tc::{
     device_float32_matmul_precision, float32_matmul_precision, has_tensor_cores,
     set_device_float32_matmul_precision, set_float32_matmul_precision, MatmulPrecision,

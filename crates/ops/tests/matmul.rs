@@ -1,7 +1,9 @@
 //! matmul on every device against the host GEMM: random sizes, batch broadcasting, transposed and strided operands, epilogues, errors.
 use netcl_core_devices::test_devices;
 use netcl_ops::testing::{check_close, random_tensor, tolerance, Cases};
-use netcl_ops::{Activation, DType, Device, Error, GemmTile, MatmulOptions, Tensor};
+use netcl_ops::{
+    has_async_gemm, Activation, DType, Device, Error, GemmTile, MatmulOptions, Tensor,
+};
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 
@@ -422,6 +424,71 @@ fn causal_attention_matches_the_definition() {
         .err()
         .unwrap();
     assert!(e.to_string().contains("[2, 3, 4]"), "{e}");
+}
+
+#[test]
+fn pipelined_f32_products_match_the_host() {
+    // Products big enough to keep the 128 x 128 tile (a work-group per compute unit or more), on
+    // devices that run matmul_async.cl: every way of reaching an operand (row- or column-major,
+    // a column-major view with an odd stride), ragged edges, a strip of columns, batch dims with
+    // broadcasting, both operands K-contiguous, and the epilogue. Elsewhere the portable kernels take these shapes, and the
+    // tests above cover them at smaller sizes.
+    for dev in test_devices().unwrap() {
+        if !has_async_gemm(&dev) {
+            continue;
+        }
+        let side = 128 * (dev.info().compute_units as f64).sqrt().ceil() as usize;
+        let cases = [
+            (side, side, 64, false, false, &[][..]),
+            (side + 5, side + 32, 37, true, false, &[][..]),
+            (side - 3, side + 7, 72, false, true, &[][..]),
+            (side + 64, side + 1, 9, true, true, &[][..]),
+            (side / 2 + 16, side / 2, 40, false, true, &[2usize, 2][..]),
+            // Both K-contiguous and big: B (then A) copied N- (M-) contiguous first.
+            (2053, 1100, 72, false, true, &[][..]),
+            (1100, 2100, 40, false, true, &[][..]),
+        ];
+        for (i, &(m, n, k, ta, tb, batch)) in cases.iter().enumerate() {
+            let a = operand(DType::F32, batch, m, k, ta, 11 + i as u64);
+            let b = operand(
+                DType::F32,
+                &batch[batch.len().min(1)..],
+                k,
+                n,
+                tb,
+                21 + i as u64,
+            );
+            // M contiguous with an odd K stride: a view of a (k, m + 1) tensor.
+            let a = if i == 3 {
+                let wide = random_tensor(DType::F32, &[k, m + 1], -1.0, 1.0, 31);
+                wide.narrow(1, 0, m).unwrap().transpose(0, 1).unwrap()
+            } else {
+                a
+            };
+            let bias = random_tensor(DType::F32, &[n], -1.0, 1.0, 41);
+            for (bias, act) in [(None, Activation::None), (Some(&bias), Activation::Gelu)] {
+                let opts = MatmulOptions {
+                    bias,
+                    activation: act,
+                    ..Default::default()
+                };
+                let want = a.matmul_with(&b, opts).unwrap();
+                let biasd = bias.map(|t| t.to_device(&dev).unwrap());
+                let opts = MatmulOptions {
+                    bias: biasd.as_ref(),
+                    ..opts
+                };
+                let (ad, bd) = (a.to_device(&dev).unwrap(), b.to_device(&dev).unwrap());
+                let got = ad.matmul_with(&bd, opts).unwrap();
+                let what = format!(
+                    "pipelined {:?} x {:?} {act:?} on {dev}",
+                    a.shape(),
+                    b.shape()
+                );
+                check(&got, &want, DType::F32, k, &what);
+            }
+        }
+    }
 }
 
 #[test]

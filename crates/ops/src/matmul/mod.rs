@@ -1,6 +1,7 @@
 //! Matrix products: 2-D and batched with broadcast batch dims, any operand strides (transposes cost no copy), bias + activation epilogue (from the unary-op table).
 pub(crate) mod cpu;
 mod opencl;
+pub(crate) mod pipe;
 mod reference;
 pub(crate) mod tc;
 use crate::base::checks::same_float;

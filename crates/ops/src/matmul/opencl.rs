@@ -1,5 +1,6 @@
 //! The OpenCL GEMMs: matmul.cl's tiled kernel (with split-K for long K and few tiles), its skinny-product kernel, tensor cores (tc.rs) and the CPU-device kernels (cpu.rs).
 use super::cpu::{self, cpu_gemm};
+use super::pipe;
 use super::tc::{self, tensor_core_kind};
 use super::{Matmul, MatmulOptions};
 use crate::base::layout::{check_reach, contiguous_strides, numel, KernelLayout};
@@ -8,9 +9,9 @@ use crate::fused::activation::Activation;
 use crate::fused::expr::{Class, UnaryOp};
 use netcl_core_devices::{DType, Device, Error, Result};
 use netcl_kernels::sources::MATMUL;
-use netcl_kernels::{gemm_tile, program, GemmTile, Kernel, Source};
+use netcl_kernels::{gemm_tile, program, GemmTile, Kernel, Program, Source};
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The name of matmul.cl's kernel, passed to its build as `-DMATMUL_KERNEL`.
 const MATMUL_KERNEL: &str = "matmul";
@@ -75,6 +76,31 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
     let out_dtype = opts.out_dtype.unwrap_or(a.dtype);
     if out_dtype != a.dtype && tc.is_none() {
         return super::widened(a, b, opts)?.reshape(&shape);
+    }
+    if let (None, None, 1, Some(which)) = (
+        opts.tile,
+        tc,
+        numel(batch),
+        pipe::copy_first(
+            device,
+            a.dtype,
+            [m, n, k],
+            a.strides[a.ndim() - 1],
+            b.strides[b.ndim() - 2],
+        ),
+    ) {
+        // Both operands K-contiguous: one of them copied M- (N-) contiguous, for the pipeline.
+        let nd = a.ndim();
+        let (a, b) = match which {
+            pipe::Operand::A => (
+                a.transpose(nd - 2, nd - 1)?
+                    .contiguous()?
+                    .transpose(nd - 2, nd - 1)?,
+                b.clone(),
+            ),
+            pipe::Operand::B => (a.clone(), b.contiguous()?),
+        };
+        return a.matmul_with(&b, opts)?.reshape(&shape);
     }
     let out = Tensor::alloc(&shape, out_dtype, device)?;
     let (sam, sak) = (a.strides[a.ndim() - 2], a.strides[a.ndim() - 1]);
@@ -199,31 +225,89 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
     } else {
         vec![(0, n, tile)]
     };
+    let launch = TiledLaunch {
+        out: &out,
+        a,
+        b,
+        bias: opts.bias,
+        layout: &layout,
+        batch_strides: [sa, sb],
+        dims: [m, n, k, numel(batch)],
+        strides,
+    };
     for (col, width, t) in strips {
-        let [tx, ty] = t.local();
-        let groups_n = width.div_ceil(t.bn as usize);
-        let groups_m = m.div_ceil(t.bm as usize);
-        let mut kern = Kernel::new(&build_for(&t, width)?, MATMUL_KERNEL)?;
-        kern.arg_mem(out.mem()?)?
-            .arg_mem(a.mem()?)?
-            .arg_mem(b.mem()?)?
-            .arg_mem(opts.bias.map_or_else(|| out.mem(), |t| t.mem())?)?
-            .arg(&layout)?;
+        // The 128 x 128 tile through the cp.async pipeline where the device runs it (f32).
+        let piped = match t == tile && t.bm == 128 && t.bn == 128 {
+            true => pipe::for_launch(device, &launch, opts.activation, col, width)?,
+            false => None,
+        };
+        match piped {
+            Some(p) => launch.run(&p, MATMUL_KERNEL, col, width, pipe::SHAPE)?,
+            None => {
+                let [tx, ty] = t.local();
+                let shape = ((t.bm as usize, t.bn as usize), [tx, ty, 1]);
+                launch.run(&build_for(&t, width)?, MATMUL_KERNEL, col, width, shape)?
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One product for matmul.cl's kernel or a kernel with its arguments (matmul_async.cl's):
+/// `out (batch, M, N) = act(a x b + bias)` with a's and b's (M, K) and (K, N) strides
+/// `[sam, sak, sbk, sbn]`; `dims` = [M, N, K, batch].
+pub(super) struct TiledLaunch<'a> {
+    pub out: &'a Tensor,
+    pub a: &'a Tensor,
+    pub b: &'a Tensor,
+    pub bias: Option<&'a Tensor>,
+    pub layout: &'a KernelLayout,
+    /// a's and b's strides over the batch dims.
+    pub batch_strides: [&'a [usize]; 2],
+    pub dims: [usize; 4],
+    pub strides: [usize; 4],
+}
+
+impl TiledLaunch<'_> {
+    /// Launches `name` of `program` over columns `col .. col + width`, in work-groups of `local`
+    /// work-items that each compute a `tile` (rows, columns) of the output.
+    pub fn run(
+        &self,
+        program: &Arc<Program>,
+        name: &str,
+        col: usize,
+        width: usize,
+        (tile, local): ((usize, usize), [usize; 3]),
+    ) -> Result<()> {
+        let [m, n, k, batches] = self.dims;
+        let u = |x: usize| x as u32;
+        let mut kern = Kernel::new(program, name)?;
+        kern.arg_mem(self.out.mem()?)?
+            .arg_mem(self.a.mem()?)?
+            .arg_mem(self.b.mem()?)?
+            .arg_mem(self.bias.map_or_else(|| self.out.mem(), |t| t.mem())?)?
+            .arg(self.layout)?;
+        let [sam, sak, sbk, sbn] = self.strides;
         for v in [m, width, k, sam, sak, sbk, sbn] {
             kern.arg(&u(v))?;
         }
-        kern.arg(&u(opts.bias.is_some() as usize))?;
+        kern.arg(&u(self.bias.is_some() as usize))?;
         kern.arg(&u(n))?.arg(&u(col))?;
         // A once, this launch's columns of B and C (and the bias); a multiply and an add per
         // (batch, m, column, k).
-        let elems = a.numel() + (k + m) * width * numel(batch) + opts.bias.map_or(0, |_| width);
+        let elems = self.a.numel() + (k + m) * width * batches + self.bias.map_or(0, |_| width);
         kern.declare(
-            (elems * a.dtype.size()) as u64,
-            2 * (numel(batch) * m * width * k) as u64,
+            (elems * self.a.dtype.size()) as u64,
+            2 * (batches * m * width * k) as u64,
         );
-        kern.launch(&[groups_n * tx, groups_m * ty, numel(batch)], &[tx, ty, 1])?;
+        let groups = [width.div_ceil(tile.1), m.div_ceil(tile.0), batches];
+        let global = [
+            groups[0] * local[0],
+            groups[1] * local[1],
+            groups[2] * local[2],
+        ];
+        kern.launch(&global, &local)
     }
-    Ok(out)
 }
 
 /// The number of K chunks for a GEMM of `groups` work-groups on `cus` compute units: a divisor

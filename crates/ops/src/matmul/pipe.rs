@@ -1,0 +1,275 @@
+//! The f32 GEMM through a cp.async pipeline (kernels/matmul_async.cl): which devices run it (a probe with an exact-result check, cached per device), its settings and build options.
+use super::matmul_source;
+use super::opencl::TiledLaunch;
+use crate::base::layout::KernelLayout;
+use crate::base::tensor::Tensor;
+use crate::fused::activation::Activation;
+use crate::fused::expr::Class;
+use netcl_core_devices::{DType, Device, Result};
+use netcl_kernels::sources::MATMUL_ASYNC;
+use netcl_kernels::{program, Program};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The kernel's output tile (rows, columns) and work-group, fixed in matmul_async.cl.
+pub(super) const SHAPE: ((usize, usize), [usize; 3]) = ((128, 128), [256, 1, 1]);
+
+/// The pipeline's depth (2 to 5 steps of K in flight), its K step (8 or 16) and a register cap
+/// per work-item (0: none). `NETCL_GEMM_ASYNC`: `0` turns the pipeline off, else
+/// `stages[,k step[,registers]]`. The default, 2 steps of 16, was the fastest on the H100 of
+/// (2, 3, 4, 5) x 8 and 2 x 16 (docs/performance.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Settings {
+    stages: u32,
+    k_step: u32,
+    max_registers: u32,
+}
+
+/// The settings in force (read once per process), None when turned off.
+fn settings() -> Option<Settings> {
+    static SETTINGS: OnceLock<Option<Settings>> = OnceLock::new();
+    *SETTINGS.get_or_init(|| {
+        let default = Settings {
+            stages: 2,
+            k_step: 16,
+            max_registers: 0,
+        };
+        let Ok(v) = std::env::var("NETCL_GEMM_ASYNC") else {
+            return Some(default);
+        };
+        let f: Vec<u32> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+        let field = |i: usize, d: u32| f.get(i).copied().unwrap_or(d);
+        let s = Settings {
+            stages: field(0, default.stages),
+            k_step: field(1, default.k_step),
+            max_registers: field(2, default.max_registers),
+        };
+        // Local memory: both operands' padded tiles (k_step rows of 132 floats) per stage.
+        let fits = s.stages * s.k_step * 132 * 4 * 2 <= 48 * 1024;
+        match f[..] {
+            [0] => None,
+            _ if (2..=5).contains(&s.stages) && [8, 16].contains(&s.k_step) && fits => Some(s),
+            _ => {
+                eprintln!(
+                    "netcl: NETCL_GEMM_ASYNC={v:?} ignored (want 0, or stages 2-5, k step 8 or \
+                     16 within 48 KiB, registers)"
+                );
+                Some(default)
+            }
+        }
+    })
+}
+
+/// Whether `device` runs matmul_async.cl with exact results: probed once per device (NVIDIA
+/// OpenCL devices only, as the kernel is PTX).
+pub fn has_async_gemm(device: &Device) -> bool {
+    static PROBES: OnceLock<Mutex<HashMap<usize, bool>>> = OnceLock::new();
+    let probes = PROBES.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(&ok) = probes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&device.ordinal())
+    {
+        return ok;
+    }
+    let eligible = device.is_opencl()
+        && device
+            .info()
+            .extensions
+            .contains("cl_nv_device_attribute_query");
+    let ok = eligible
+        && settings().is_some_and(|s| match probe(device, s) {
+            Ok(ok) => ok,
+            Err(e) => {
+                log::info!("pipelined f32 GEMM unavailable on {device}: {e}");
+                false
+            }
+        });
+    probes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(device.ordinal(), ok);
+    ok
+}
+
+/// How matmul_async.cl copies an operand into its tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Staging {
+    /// 16 bytes at a time along M (N).
+    Vec,
+    /// 4 bytes at a time, consecutive work-items along K.
+    NarrowK,
+    /// 4 bytes at a time, consecutive work-items along M (N).
+    Narrow,
+}
+
+impl Staging {
+    /// The staging of an operand whose M (N) stride is `contig`, K stride `k_stride`, other
+    /// strides `others` and offset `offset`.
+    fn of(contig: usize, k_stride: usize, others: &[usize], offset: usize) -> Staging {
+        let aligned = [k_stride, offset].iter().chain(others).all(|s| s.is_multiple_of(4));
+        match (contig, k_stride) {
+            (1, _) if aligned => Staging::Vec,
+            (_, 1) => Staging::NarrowK,
+            _ => Staging::Narrow,
+        }
+    }
+
+    /// The build flag for operand `name` (A or B).
+    fn flag(self, name: char) -> String {
+        match self {
+            Staging::Vec => format!(" -D{name}_VEC"),
+            Staging::NarrowK => format!(" -D{name}_KFAST"),
+            Staging::Narrow => String::new(),
+        }
+    }
+}
+
+/// The stagings of `l`'s operands (columns from `col`).
+fn stagings(l: &TiledLaunch<'_>, col: usize) -> [Staging; 2] {
+    let [sam, sak, sbk, sbn] = l.strides;
+    [
+        Staging::of(sam, sak, l.batch_strides[0], l.a.offset),
+        Staging::of(sbn, sbk, l.batch_strides[1], l.b.offset + col * sbn),
+    ]
+}
+
+/// The operand of an f32 product `m x n x k` on `device` to copy transposed before the pipeline
+/// takes it, when both are K-contiguous (x Wᵀ: K strides `sak == sbk == 1`): matmul_async.cl would
+/// read both 4 bytes at a time (25-29% slower than matmul.cl on the H100), and matmul.cl runs
+/// about 10% behind the pipeline's 16-byte copies. The smaller one (B where n <= m) is made M- or
+/// N-contiguous, for products where the copy costs about 3% of the product or less (the larger of
+/// m and n at least 2048, the smaller at least a tile).
+pub(super) fn copy_first(
+    device: &Device,
+    dtype: DType,
+    [m, n, k]: [usize; 3],
+    sak: usize,
+    sbk: usize,
+) -> Option<Operand> {
+    let worth = m.max(n) >= 2048 && m.min(n) >= 128 && k >= 64;
+    (dtype == DType::F32 && sak == 1 && sbk == 1 && worth && has_async_gemm(device))
+        .then_some(if n <= m { Operand::B } else { Operand::A })
+}
+
+/// One operand of a product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Operand {
+    A,
+    B,
+}
+
+/// The program for columns `col .. col + width` of `l`'s product through the pipeline, when it
+/// takes it: f32 operands on a device whose probe passed.
+pub(super) fn for_launch(
+    device: &Device,
+    l: &TiledLaunch<'_>,
+    act: Activation,
+    col: usize,
+    width: usize,
+) -> Result<Option<Arc<Program>>> {
+    match settings() {
+        // Both operands through 4-byte copies ran 25-29% slower than matmul.cl on the H100
+        // (8192 x 768 x 768: 38.7 -> 29.1 TF/s): such products stay there (see `copy_first`).
+        Some(s)
+            if l.a.dtype == DType::F32
+                && stagings(l, col).contains(&Staging::Vec)
+                && has_async_gemm(device) =>
+        {
+            build(device, l, act, col, width, s).map(Some)
+        }
+        _ => Ok(None),
+    }
+}
+
+/// matmul_async.cl built for `l`'s operand layouts (columns `col .. col + width`) and `act`.
+fn build(
+    device: &Device,
+    l: &TiledLaunch<'_>,
+    act: Activation,
+    col: usize,
+    width: usize,
+    s: Settings,
+) -> Result<Arc<Program>> {
+    let [m, _, k, _] = l.dims;
+    let [a, b] = stagings(l, col);
+    let aligned = m.is_multiple_of(128)
+        && width.is_multiple_of(128)
+        && k.is_multiple_of(s.k_step as usize);
+    let options = format!(
+        "{} -DMATMUL_KERNEL=matmul -DSTAGES={} -DTK={}{}{}{}{}",
+        DType::F32.build_option(),
+        s.stages,
+        s.k_step,
+        match s.max_registers {
+            0 => String::new(),
+            r => format!(" -cl-nv-maxrregcount={r}"),
+        },
+        a.flag('A'),
+        b.flag('B'),
+        if aligned { " -DALIGNED" } else { "" },
+    );
+    let source = matmul_source(MATMUL_ASYNC, act, Class::of(DType::F32));
+    program(device, &source, &options)
+}
+
+/// Small integers make every product and sum exact in f32: the device must match the host bit for
+/// bit, over ragged M, N and K with several steps of K, for each way of reaching an operand.
+fn probe(device: &Device, s: Settings) -> Result<bool> {
+    let (m, n, k) = (136usize, 132usize, 70usize);
+    let host = Device::host();
+    let av: Vec<f32> = (0..m * k).map(|i| ((i * 7 + 3) % 5) as f32 - 2.0).collect();
+    let bv: Vec<f32> = (0..k * n).map(|i| ((i * 3 + 1) % 5) as f32 - 2.0).collect();
+    let want: Vec<f64> = (0..m * n)
+        .map(|i| {
+            let (r, c) = (i / n, i % n);
+            (0..k).map(|j| av[r * k + j] * bv[j * n + c]).sum::<f32>() as f64
+        })
+        .collect();
+    // `rows` x `cols` stored with row stride `ld` (>= cols), element (r, c) = f(r, c).
+    let stored = |rows: usize, cols: usize, ld: usize, f: &dyn Fn(usize, usize) -> f32| {
+        let v = (0..rows * ld)
+            .map(|i| {
+                if i % ld < cols {
+                    f(i / ld, i % ld)
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        Tensor::from_vec(v, &[rows, ld], &host)?
+            .to_device(device)?
+            .narrow(1, 0, cols)
+    };
+    let a_of = |r: usize, j: usize| av[r * k + j];
+    let b_of = |j: usize, c: usize| bv[j * n + c];
+    // A with K contiguous (4-byte copies along K) and B with N contiguous (16-byte copies); A with
+    // M contiguous and B with K contiguous; A with M contiguous but an odd K stride (4-byte copies
+    // along M).
+    let a = stored(m, k, k, &a_of)?;
+    let b = stored(k, n, n, &b_of)?;
+    let a_mk = stored(k, m, m, &|j, r| a_of(r, j))?.transpose(0, 1)?;
+    let b_nk = stored(n, k, k, &|c, j| b_of(j, c))?.transpose(0, 1)?;
+    let a_odd = stored(k, m, m + 1, &|j, r| a_of(r, j))?.transpose(0, 1)?;
+    for (a, b) in [(&a, &b), (&a_mk, &b_nk), (&a_odd, &b)] {
+        let out = Tensor::alloc(&[m, n], DType::F32, device)?;
+        let layout =
+            KernelLayout::new("matmul", &[], &[(&[], 0), (&[], a.offset), (&[], b.offset)])?;
+        let l = TiledLaunch {
+            out: &out,
+            a,
+            b,
+            bias: None,
+            layout: &layout,
+            batch_strides: [&[], &[]],
+            dims: [m, n, k, 1],
+            strides: [a.strides[0], a.strides[1], b.strides[0], b.strides[1]],
+        };
+        let prog = build(device, &l, Activation::None, 0, n, s)?;
+        l.run(&prog, "matmul", 0, n, SHAPE)?;
+        if out.to_vec_f64()? != want {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
