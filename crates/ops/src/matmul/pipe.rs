@@ -107,7 +107,10 @@ impl Staging {
     /// The staging of an operand whose M (N) stride is `contig`, K stride `k_stride`, other
     /// strides `others` and offset `offset`.
     fn of(contig: usize, k_stride: usize, others: &[usize], offset: usize) -> Staging {
-        let aligned = [k_stride, offset].iter().chain(others).all(|s| s.is_multiple_of(4));
+        let aligned = [k_stride, offset]
+            .iter()
+            .chain(others)
+            .all(|s| s.is_multiple_of(4));
         match (contig, k_stride) {
             (1, _) if aligned => Staging::Vec,
             (_, 1) => Staging::NarrowK,
@@ -193,9 +196,8 @@ fn build(
 ) -> Result<Arc<Program>> {
     let [m, _, k, _] = l.dims;
     let [a, b] = stagings(l, col);
-    let aligned = m.is_multiple_of(128)
-        && width.is_multiple_of(128)
-        && k.is_multiple_of(s.k_step as usize);
+    let aligned =
+        m.is_multiple_of(128) && width.is_multiple_of(128) && k.is_multiple_of(s.k_step as usize);
     let options = format!(
         "{} -DMATMUL_KERNEL=matmul -DSTAGES={} -DTK={}{}{}{}{}",
         DType::F32.build_option(),
