@@ -67,10 +67,13 @@ inline void cp_wait_all(void) { __asm__ volatile("cp.async.wait_group 0;" ::: "m
 #define VEC_COPIES (TM * TK / 4 / NT)
 #define NARROW_COPIES (TM * TK / NT)
 #define E(r) (tid + (r) * NT)
+// A_WIDTH: elements per copy along M; A_COPY: the copy.
 #if defined(A_VEC)
 #define A_COPIES VEC_COPIES
 #define A_ROW(r) (E(r) % 32 * 4)
 #define A_K(r) (E(r) / 32)
+#define A_WIDTH 4u
+#define A_COPY cp16
 #elif defined(A_KFAST)
 #define A_COPIES NARROW_COPIES
 #define A_ROW(r) (E(r) / TK)
@@ -80,10 +83,16 @@ inline void cp_wait_all(void) { __asm__ volatile("cp.async.wait_group 0;" ::: "m
 #define A_ROW(r) (E(r) % TM)
 #define A_K(r) (E(r) / TM)
 #endif
+#ifndef A_VEC
+#define A_WIDTH 1u
+#define A_COPY cp4
+#endif
 #if defined(B_VEC)
 #define B_COPIES VEC_COPIES
 #define B_ROW(r) (E(r) % 32 * 4)
 #define B_K(r) (E(r) / 32)
+#define B_WIDTH 4u
+#define B_COPY cp16
 #elif defined(B_KFAST)
 #define B_COPIES NARROW_COPIES
 #define B_ROW(r) (E(r) / TK)
@@ -92,6 +101,18 @@ inline void cp_wait_all(void) { __asm__ volatile("cp.async.wait_group 0;" ::: "m
 #define B_COPIES NARROW_COPIES
 #define B_ROW(r) (E(r) % TN)
 #define B_K(r) (E(r) / TN)
+#endif
+#ifndef B_VEC
+#define B_WIDTH 1u
+#define B_COPY cp4
+#endif
+
+// Bytes in range of a copy of `width` elements from row `row` of `rows`.
+inline uint bytes_in(uint row, uint rows, uint width) { return row < rows ? min(rows - row, width) * 4 : 0; }
+#ifdef ALIGNED
+#define UNALIGNED(x)
+#else
+#define UNALIGNED(x) x
 #endif
 
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
@@ -116,51 +137,21 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
     uint a_ok[A_COPIES], b_ok[B_COPIES];
 #endif
     for (int r = 0; r < A_COPIES; ++r) {
-        uint row = A_ROW(r), kk = A_K(r);
-        a_at[r] = o.y + (m0 + row) * sam + kk * sak;
-        a_dst[r] = TROW(kk, row) * 4;
-#ifndef ALIGNED
-#if defined(A_VEC)
-        a_ok[r] = m0 + row < M ? min(M - m0 - row, 4u) * 4 : 0;
-#else
-        a_ok[r] = m0 + row < M ? 4 : 0;
-#endif
-        if (!a_ok[r]) a_at[r] = o.y;
-#endif
+        a_at[r] = o.y + (m0 + A_ROW(r)) * sam + A_K(r) * sak;
+        a_dst[r] = TROW(A_K(r), A_ROW(r)) * 4;
+        UNALIGNED(a_ok[r] = bytes_in(m0 + A_ROW(r), M, A_WIDTH); if (!a_ok[r]) a_at[r] = o.y;)
     }
     for (int r = 0; r < B_COPIES; ++r) {
-        uint col = B_ROW(r), kk = B_K(r);
-        b_at[r] = o.z + kk * sbk + (c_col + n0 + col) * sbn;
-        b_dst[r] = TROW(kk, col) * 4;
-#ifndef ALIGNED
-#if defined(B_VEC)
-        b_ok[r] = n0 + col < N ? min(N - n0 - col, 4u) * 4 : 0;
-#else
-        b_ok[r] = n0 + col < N ? 4 : 0;
-#endif
-        if (!b_ok[r]) b_at[r] = o.z;
-#endif
+        b_at[r] = o.z + B_K(r) * sbk + (c_col + n0 + B_ROW(r)) * sbn;
+        b_dst[r] = TROW(B_K(r), B_ROW(r)) * 4;
+        UNALIGNED(b_ok[r] = bytes_in(n0 + B_ROW(r), N, B_WIDTH); if (!b_ok[r]) b_at[r] = o.z;)
     }
 
-// Step t's tiles (K from t * TK) into stage s. Unaligned: a copy past K reads nothing (zero-filled).
-#if defined(A_VEC)
-#define A_FULL 16u
-#define A_COPY cp16
-#else
-#define A_FULL 4u
-#define A_COPY cp4
-#endif
-#if defined(B_VEC)
-#define B_FULL 16u
-#define B_COPY cp16
-#else
-#define B_FULL 4u
-#define B_COPY cp4
-#endif
-// Bytes of copy r in range at step k0 (its bytes along M or N, found at the start, while its k is inside K).
+// Step t's tiles (K from t * TK) into stage s. Bytes of copy r in range at step k0: its bytes along M or N while
+// its k is inside K (a copy past the edges reads nothing and zero-fills).
 #if defined(ALIGNED)
-#define A_BYTES(r, k0) A_FULL
-#define B_BYTES(r, k0) B_FULL
+#define A_BYTES(r, k0) (A_WIDTH * 4)
+#define B_BYTES(r, k0) (B_WIDTH * 4)
 #else
 #define A_BYTES(r, k0) ((k0) + A_K(r) < K ? a_ok[r] : 0u)
 #define B_BYTES(r, k0) ((k0) + B_K(r) < K ? b_ok[r] : 0u)

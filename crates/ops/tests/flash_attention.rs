@@ -188,6 +188,32 @@ fn flash_attention_matches_naive_attention_on_every_device() {
     }
 }
 
+/// Head dim 64, the Llama shapes' (the register-blocked forward and backward on devices whose local
+/// memory holds their tiles): lengths across several 32-row blocks of queries and keys, grouped
+/// heads, causal with fewer and with more keys than queries, f32 and f64.
+#[test]
+fn head_dim_64_blocks_match_naive_attention() {
+    let devices = test_devices().unwrap();
+    for (n, (tq, tk)) in [(130, 130), (64, 97), (97, 40), (1, 70)]
+        .into_iter()
+        .enumerate()
+    {
+        for causal in [true, false] {
+            let dtype = [DType::F32, DType::F64][n % 2];
+            Case {
+                dtype,
+                dims: [2, 4, 2, tq, tk, 64],
+                causal,
+                scale: None,
+                transposed: [n == 1, false, causal],
+                seed: 500 + 10 * n as u64 + causal as u64,
+                compute: None,
+            }
+            .check(&devices);
+        }
+    }
+}
+
 /// The shapes the tensor-core kernels take on GPUs that have them (16-bit, head dims 16 to 64 in
 /// steps of 16), with lengths across their 64-row blocks, grouped heads, causal with fewer keys
 /// than queries (queries that see no key) and more; in 16-bit storage and as f32 operands

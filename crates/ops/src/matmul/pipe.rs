@@ -1,6 +1,7 @@
 //! The f32 GEMM through a cp.async pipeline (kernels/matmul_async.cl): which devices run it (a probe with an exact-result check, cached per device), its settings and build options.
 use super::matmul_source;
 use super::opencl::TiledLaunch;
+use super::tc::{probed, Probes};
 use crate::base::layout::KernelLayout;
 use crate::base::tensor::Tensor;
 use crate::fused::activation::Activation;
@@ -8,8 +9,7 @@ use crate::fused::expr::Class;
 use netcl_core_devices::{DType, Device, Result};
 use netcl_kernels::sources::MATMUL_ASYNC;
 use netcl_kernels::{program, Program};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 /// The kernel's output tile (rows, columns) and work-group, fixed in matmul_async.cl.
 pub(super) const SHAPE: ((usize, usize), [usize; 3]) = ((128, 128), [256, 1, 1]);
@@ -63,33 +63,13 @@ fn settings() -> Option<Settings> {
 /// Whether `device` runs matmul_async.cl with exact results: probed once per device (NVIDIA
 /// OpenCL devices only, as the kernel is PTX).
 pub fn has_async_gemm(device: &Device) -> bool {
-    static PROBES: OnceLock<Mutex<HashMap<usize, bool>>> = OnceLock::new();
-    let probes = PROBES.get_or_init(|| Mutex::new(HashMap::new()));
-    if let Some(&ok) = probes
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&device.ordinal())
-    {
-        return ok;
-    }
-    let eligible = device.is_opencl()
-        && device
-            .info()
-            .extensions
-            .contains("cl_nv_device_attribute_query");
-    let ok = eligible
-        && settings().is_some_and(|s| match probe(device, s) {
-            Ok(ok) => ok,
-            Err(e) => {
-                log::info!("pipelined f32 GEMM unavailable on {device}: {e}");
-                false
-            }
-        });
-    probes
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(device.ordinal(), ok);
-    ok
+    static PROBES: Probes<usize> = OnceLock::new();
+    let Some(s) = settings() else {
+        return false;
+    };
+    probed(&PROBES, device.ordinal(), device, true, || {
+        probe(device, s).map_err(|e| format!("pipelined f32 GEMM unavailable on {device}: {e}"))
+    })
 }
 
 /// How matmul_async.cl copies an operand into its tile.

@@ -126,28 +126,43 @@ impl TensorCoreKind {
 /// Whether `device` runs matmul_tc.cl for `kind` with exact results: probed once per device and
 /// kind (NVIDIA OpenCL devices only, as the kernel is PTX; `NETCL_TENSOR_CORES=0` turns it off).
 pub fn has_tensor_cores(device: &Device, kind: TensorCoreKind) -> bool {
-    static PROBES: OnceLock<Mutex<HashMap<(usize, TensorCoreKind), bool>>> = OnceLock::new();
-    let probes = PROBES.get_or_init(|| Mutex::new(HashMap::new()));
-    let key = (device.ordinal(), kind);
-    if let Some(&ok) = probes.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+    static PROBES: Probes<(usize, TensorCoreKind)> = OnceLock::new();
+    let enabled = std::env::var("NETCL_TENSOR_CORES").map_or(true, |v| v != "0");
+    probed(&PROBES, (device.ordinal(), kind), device, enabled, || {
+        probe(device, kind)
+            .map_err(|e| format!("tensor cores ({kind:?}) unavailable on {device}: {e}"))
+    })
+}
+
+/// Cached probe results, by key.
+pub(crate) type Probes<K> = OnceLock<Mutex<HashMap<K, bool>>>;
+
+/// `probe`'s result for `key`, run once per key where `enabled` on NVIDIA OpenCL devices (whose
+/// compiler takes the inline PTX of matmul_tc.cl and matmul_async.cl) and cached; false elsewhere
+/// and when the probe fails (its message logged).
+pub(crate) fn probed<K: Copy + Eq + std::hash::Hash>(
+    cache: &'static Probes<K>,
+    key: K,
+    device: &Device,
+    enabled: bool,
+    probe: impl FnOnce() -> std::result::Result<bool, String>,
+) -> bool {
+    let map = cache.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(&ok) = map.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return ok;
     }
-    let eligible = device.is_opencl()
+    let eligible = enabled
+        && device.is_opencl()
         && device
             .info()
             .extensions
-            .contains("cl_nv_device_attribute_query")
-        && std::env::var("NETCL_TENSOR_CORES").map_or(true, |v| v != "0");
+            .contains("cl_nv_device_attribute_query");
     let ok = eligible
-        && match probe(device, kind) {
-            Ok(ok) => ok,
-            Err(e) => {
-                log::info!("tensor cores ({kind:?}) unavailable on {device}: {e}");
-                false
-            }
-        };
-    probes
-        .lock()
+        && probe().unwrap_or_else(|e| {
+            log::info!("{e}");
+            false
+        });
+    map.lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert(key, ok);
     ok
