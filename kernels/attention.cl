@@ -367,6 +367,11 @@ inline bool sees(const AttnGeom* g, uint i, uint j) {
     return i < g->tq && j < g->tk && (!g->causal || (int)j <= (int)i + g->offset);
 }
 
+// Whether every query of [i0, i0 + TB) sees every key of [j0, j0 + TB): such blocks skip `sees`.
+inline bool sees_all(const AttnGeom* g, uint i0, uint j0) {
+    return i0 + TB <= g->tq && j0 + TB <= g->tk && (!g->causal || (int)(j0 + TB - 1) <= (int)i0 + g->offset);
+}
+
 // The forward over a block of TB queries (online softmax over blocks of TB keys): the 2 x 4 score
 // tile per work-item as in the backward, each row's block maximum through local memory, the
 // probabilities into local memory transposed, and the output as a 4 x 4 tile (queries x dims) per
@@ -396,11 +401,12 @@ void attention_fwd_blocked(__global T* o, __global ACC* lse, __global const T* q
         barrier(CLK_LOCAL_MEM_FENCE);
         ACC s[2][4], unused[2][4];
         score_tile(qs, qs, ks, ks, lid, false, s, unused);
+        bool full = sees_all(&g, i0, j0);
         for (uint w = 0; w < 2; w++) {
             uint rr = qr + 16 * w;
             ACC mx = -INFINITY;
             for (uint u = 0; u < 4; u++) {
-                if (!sees(&g, i0 + rr, j0 + kc + 8 * u)) s[w][u] = -INFINITY;
+                if (!full && !sees(&g, i0 + rr, j0 + kc + 8 * u)) s[w][u] = -INFINITY;
                 mx = fmax(mx, s[w][u]);
             }
             red[rr][kc] = mx;
@@ -476,12 +482,13 @@ void attention_bwd_dkdv(__global T* dk, __global T* dv, __global const T* q, __g
             barrier(CLK_LOCAL_MEM_FENCE);
             ACC s[2][4], dp[2][4];
             score_tile(qs, ds, ks, vs, lid, true, s, dp);
+            bool full = sees_all(&g, i0, j0);
             for (uint w = 0; w < 2; w++) {
                 uint rr = qr + 16 * w;
                 ACC li = ls[rr], dl = dls[rr];
                 for (uint u = 0; u < 4; u++) {
                     uint cc = kc + 8 * u;
-                    bool on = sees(&g, i0 + rr, j0 + cc) && li != (-INFINITY);
+                    bool on = (full || sees(&g, i0 + rr, j0 + cc)) && li != (-INFINITY);
                     ACC p = on ? EXPF(s[w][u] - li) : 0;
                     pm[rr][cc] = p;
                     sm[rr][cc] = p * (dp[w][u] - dl);
@@ -554,12 +561,13 @@ void attention_bwd_dq_blocked(__global T* dq, __global ACC* delta, __global cons
         barrier(CLK_LOCAL_MEM_FENCE);
         ACC s[2][4], dp[2][4];
         score_tile(qs, ds, ks, vs, lid, true, s, dp);
+        bool full = sees_all(&g, i0, j0);
         for (uint w = 0; w < 2; w++) {
             uint rr = qr + 16 * w;
             ACC li = ls[rr], dl = dls[rr];
             for (uint u = 0; u < 4; u++) {
                 uint cc = kc + 8 * u;
-                bool on = sees(&g, i0 + rr, j0 + cc) && li != (-INFINITY);
+                bool on = (full || sees(&g, i0 + rr, j0 + cc)) && li != (-INFINITY);
                 st[cc][rr] = on ? EXPF(s[w][u] - li) * (dp[w][u] - dl) : 0;
             }
         }
