@@ -12,11 +12,11 @@
 //   neither: 4-byte copies, consecutive work-items along M.
 // B likewise (-DB_VEC, -DB_KFAST). Out-of-range elements are zero-filled by the copy itself (cp.async's source size),
 // so ragged edges cost no branch in the inner loop. -DALIGNED: M, N multiples of 128, K of TK.
-#ifndef STAGES
-#define STAGES 4
+#ifndef STAGES  // the host's defaults (pipe.rs)
+#define STAGES 2
 #endif
 #ifndef TK
-#define TK 8
+#define TK 16
 #endif
 #ifndef MATMUL_KERNEL
 #error "matmul_async.cl needs -DMATMUL_KERNEL=<kernel name> (set by matmul/pipe.rs)"
@@ -59,7 +59,6 @@ inline void cp_wait_all(void) { __asm__ volatile("cp.async.wait_group 0;" ::: "m
 #define INSIDE(x, X) ((x) < (X))
 #endif
 
-// Where work-item tid's copy r of an operand lands in its [k][row] tile, and which element it is.
 // Where a tile keeps (k, row), in floats.
 #define TROW(k, row) ((k) * LROW + (row))
 #define STAGE_FLOATS (TK * LROW)

@@ -431,8 +431,8 @@ fn pipelined_f32_products_match_the_host() {
     // Products big enough to keep the 128 x 128 tile (a work-group per compute unit or more), on
     // devices that run matmul_async.cl: every way of reaching an operand (row- or column-major,
     // a column-major view with an odd stride), ragged edges, a strip of columns, batch dims with
-    // broadcasting, both operands K-contiguous, and the epilogue. Elsewhere the portable kernels take these shapes, and the
-    // tests above cover them at smaller sizes.
+    // broadcasting, both operands K-contiguous, and the epilogue. Elsewhere the portable kernels
+    // take these shapes, and the tests above cover them at smaller sizes.
     for dev in test_devices().unwrap() {
         if !has_async_gemm(&dev) {
             continue;

@@ -13,8 +13,8 @@ use netcl_kernels::{gemm_tile, program, GemmTile, Kernel, Program, Source};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// The name of matmul.cl's kernel, passed to its build as `-DMATMUL_KERNEL`.
-const MATMUL_KERNEL: &str = "matmul";
+/// The name of matmul.cl's (and matmul_async.cl's) kernel, passed to its build as `-DMATMUL_KERNEL`.
+pub(super) const MATMUL_KERNEL: &str = "matmul";
 /// The name of matmul.cl's skinny-product kernel, passed as `-DGEMV_KERNEL`.
 const GEMV_KERNEL: &str = "gemv";
 /// Most rows of A the skinny-product kernel takes (`GEMV_ROWS` in matmul.cl), and its work-group.
@@ -237,9 +237,10 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
     };
     for (col, width, t) in strips {
         // The 128 x 128 tile through the cp.async pipeline where the device runs it (f32).
-        let piped = match t == tile && t.bm == 128 && t.bn == 128 {
-            true => pipe::for_launch(device, &launch, opts.activation, col, width)?,
-            false => None,
+        let piped = if t == tile && t.bm == 128 && t.bn == 128 {
+            pipe::for_launch(device, &launch, opts.activation, col, width)?
+        } else {
+            None
         };
         match piped {
             Some(p) => launch.run(&p, MATMUL_KERNEL, col, width, pipe::SHAPE)?,

@@ -1,6 +1,6 @@
 //! The f32 GEMM through a cp.async pipeline (kernels/matmul_async.cl): which devices run it (a probe with an exact-result check, cached per device), its settings and build options.
 use super::matmul_source;
-use super::opencl::TiledLaunch;
+use super::opencl::{TiledLaunch, MATMUL_KERNEL};
 use super::tc::{probed, Probes};
 use crate::base::layout::KernelLayout;
 use crate::base::tensor::Tensor;
@@ -179,7 +179,7 @@ fn build(
     let aligned =
         m.is_multiple_of(128) && width.is_multiple_of(128) && k.is_multiple_of(s.k_step as usize);
     let options = format!(
-        "{} -DMATMUL_KERNEL=matmul -DSTAGES={} -DTK={}{}{}{}{}",
+        "{} -DMATMUL_KERNEL={MATMUL_KERNEL} -DSTAGES={} -DTK={}{}{}{}{}",
         DType::F32.build_option(),
         s.stages,
         s.k_step,
@@ -248,7 +248,7 @@ fn probe(device: &Device, s: Settings) -> Result<bool> {
             strides: [a.strides[0], a.strides[1], b.strides[0], b.strides[1]],
         };
         let prog = build(device, &l, Activation::None, 0, n, s)?;
-        l.run(&prog, "matmul", 0, n, SHAPE)?;
+        l.run(&prog, MATMUL_KERNEL, 0, n, SHAPE)?;
         if out.to_vec_f64()? != want {
             return Ok(false);
         }
