@@ -228,3 +228,20 @@ void GEMV_KERNEL(__global T* c,           /* (M, N) contiguous */
         }
     }
 }
+
+// The sum of a split-K product's S partial products (each over a chunk of K), with the epilogue:
+// c[i] = act(sum_p parts[p * MN + i] + bias[i % N]), the parts summed in order p = 0, 1, ...
+#ifndef PARTS_KERNEL
+#error "matmul.cl needs -DPARTS_KERNEL=<kernel name> (set by matmul.rs)"
+#endif
+__kernel void PARTS_KERNEL(__global T* c,            /* (M, N) contiguous */
+                           __global const T* parts,  /* (S, M, N) contiguous */
+                           __global const T* bias,   /* (N), read when has_bias */
+                           uint S, uint N, uint has_bias, uint MN) {
+    uint i = get_global_id(0);
+    if (i >= MN) return;
+    ACC v = LOAD(parts, i);
+    for (uint p = 1; p < S; ++p) v += LOAD(parts, p * MN + i);
+    if (has_bias) v += LOAD(bias, i % N);
+    STORE(c, i, activate(v));
+}

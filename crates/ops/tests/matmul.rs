@@ -494,7 +494,9 @@ fn pipelined_f32_products_match_the_host() {
 #[test]
 fn long_k_with_few_output_tiles_splits_k() {
     // A handful of output tiles and K >= 1024: the device path sums partial products over K
-    // chunks (weight gradients of convolutions have this shape).
+    // chunks (weight gradients of convolutions have this shape), and applies the bias and the
+    // activation in the sum (a small batch through a wide layer). An explicit tile takes the
+    // tiled kernels on CPU devices too (else their f32 products run matmul_cpu.cl, unsplit).
     for dev in test_devices().unwrap() {
         for (m, k, n, ta, tb) in [
             (5, 4096, 3, false, false),
@@ -520,6 +522,36 @@ fn long_k_with_few_output_tiles_splits_k() {
                     dtype,
                     k,
                     &format!("split-K {m}x{k}x{n} {dtype} on {dev}"),
+                );
+                let bias = random_tensor(dtype, &[n], -1.0, 1.0, 9);
+                let with = |bias, tile| MatmulOptions {
+                    bias: Some(bias),
+                    activation: Activation::Silu,
+                    tile,
+                    ..Default::default()
+                };
+                let want = a.matmul_with(&b, with(&bias, None)).unwrap();
+                let tile = (!dev.is_host()).then_some(GemmTile {
+                    bm: 16,
+                    bn: 16,
+                    bk: 8,
+                    wm: 2,
+                    wn: 2,
+                });
+                let got = a
+                    .to_device(&dev)
+                    .unwrap()
+                    .matmul_with(
+                        &b.to_device(&dev).unwrap(),
+                        with(&bias.to_device(&dev).unwrap(), tile),
+                    )
+                    .unwrap();
+                check(
+                    &got,
+                    &want,
+                    dtype,
+                    k,
+                    &format!("split-K {m}x{k}x{n} + bias, silu, {dtype} on {dev}"),
                 );
             }
         }

@@ -22,6 +22,8 @@ const GEMV_ROWS: usize = 4;
 const GEMV_GROUP: usize = 256;
 /// Output columns per work-group of the skinny-product kernel (work-group / team of 32).
 const GEMV_COLS: usize = GEMV_GROUP / 32;
+/// The name of matmul.cl's kernel summing a split-K product's parts, passed as `-DPARTS_KERNEL`.
+const PARTS_KERNEL: &str = "matmul_parts";
 
 /// A GEMM source (matmul.cl, matmul_tc.cl) for `act` in arithmetic `class`: the plain file without
 /// an activation, else the file after a generated `activate(v)` from the op's table row (built once
@@ -145,13 +147,7 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
         let aligned = m.is_multiple_of(t.bm as usize)
             && width.is_multiple_of(t.bn as usize)
             && k.is_multiple_of(t.bk as usize);
-        let options = format!(
-            "{} {} -DMATMUL_KERNEL={MATMUL_KERNEL} -DGEMV_KERNEL={GEMV_KERNEL}{}",
-            a.dtype.build_option(),
-            t.options(),
-            if aligned { " -DALIGNED" } else { "" }
-        );
-        program(device, &source, &options)
+        matmul_program(device, &source, a.dtype, t, aligned)
     };
     let build = || build_for(&tile, n);
     let u = |x: usize| x as u32;
@@ -188,21 +184,35 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
         Some(_) => tc::tiles(m, n) * numel(batch),
         None => m.div_ceil(base.bm as usize) * n.div_ceil(base.bn as usize) * numel(batch),
     };
-    let plain = opts.bias.is_none() && opts.activation == Activation::None;
-    if let (true, Some(s)) = (plain && numel(batch) == 1, split_k(groups, cus, k)) {
-        // Too few output tiles for the device and a long K (weight gradients): S partial
-        // products over K chunks as one batched GEMM over strided views, then their sum.
+    if let (1, Some(s)) = (numel(batch), split_k(groups, cus, k)) {
+        // Too few output tiles for the device and a long K (small batches through wide layers,
+        // weight gradients): S partial products over K chunks as one batched GEMM over strided
+        // views, then one kernel summing them with the bias and activation.
         let kc = k / s;
         let av = a.view_of(vec![s, m, kc], vec![kc * sak, sam, sak], a.offset);
         let bv = b.view_of(vec![s, kc, n], vec![kc * sbk, sbk, sbn], b.offset);
         let parts = MatmulOptions {
             out_dtype: opts.out_dtype,
+            tile: opts.tile,
             ..Default::default()
         };
-        return av
-            .matmul_with(&bv, parts)?
-            .sum(&[0], false)?
-            .reshape(&shape);
+        let parts = av.matmul_with(&bv, parts)?;
+        let class = Class::of(out_dtype);
+        let source = matmul_source(MATMUL, opts.activation, class);
+        let program = matmul_program(device, &source, out_dtype, &base, false)?;
+        let mut kern = Kernel::new(&program, PARTS_KERNEL)?;
+        kern.arg_mem(out.mem()?)?
+            .arg_mem(parts.mem()?)?
+            .arg_mem(opts.bias.map_or_else(|| out.mem(), |t| t.mem())?)?;
+        for v in [s, n, opts.bias.is_some() as usize, m * n] {
+            kern.arg(&u(v))?;
+        }
+        kern.declare(
+            ((s + 1) * m * n * out_dtype.size()) as u64,
+            (s * m * n) as u64,
+        );
+        kern.launch(&[(m * n).div_ceil(256) * 256], &[256])?;
+        return Ok(out);
     }
     if let Some(kind) = tc {
         tc::launch(kind, &out, a, b, batch, opts)?;
@@ -317,7 +327,14 @@ impl TiledLaunch<'_> {
 /// tiles make two work-groups per compute unit or K is short. (Between one and two, the unsplit
 /// product runs one wave with some units doing twice the others' work: the 15M Llama's input
 /// gradient through its LM head, 8192 x 288 x 32000, ran at 20 TF/s in 192 tiles.)
+/// `NETCL_GEMM_SPLIT=S` splits every product whose K it divides in S (1: none), for tuning.
 fn split_k(groups: usize, cus: usize, k: usize) -> Option<usize> {
+    if let Some(s) = std::env::var("NETCL_GEMM_SPLIT")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        return (s > 1 && k.is_multiple_of(s)).then_some(s);
+    }
     if groups >= 2 * cus || k < 1024 {
         return None;
     }
@@ -326,4 +343,22 @@ fn split_k(groups: usize, cus: usize, k: usize) -> Option<usize> {
     (want..=most)
         .find(divides)
         .or_else(|| (2..want.min(most + 1)).rev().find(divides))
+}
+
+/// matmul.cl built for `dtype` and tile `t` (`aligned`: the tile divides M, N and K).
+fn matmul_program(
+    device: &Device,
+    source: &Source,
+    dtype: DType,
+    t: &GemmTile,
+    aligned: bool,
+) -> Result<Arc<Program>> {
+    let options = format!(
+        "{} {} -DMATMUL_KERNEL={MATMUL_KERNEL} -DGEMV_KERNEL={GEMV_KERNEL} \
+         -DPARTS_KERNEL={PARTS_KERNEL}{}",
+        dtype.build_option(),
+        t.options(),
+        if aligned { " -DALIGNED" } else { "" }
+    );
+    program(device, source, &options)
 }

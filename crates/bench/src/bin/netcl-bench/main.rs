@@ -11,6 +11,7 @@ use std::time::Instant;
 
 mod ddp;
 mod llama;
+mod tiles;
 
 /// One measured workload; `bytes` and `flops` are what the op must move and compute.
 #[derive(Serialize)]
@@ -342,8 +343,36 @@ impl Runner {
                 ""
             );
             if !self.dev.is_host() {
+                if std::env::var("NETCL_BENCH_KERNELS").is_ok_and(|v| v == "1") {
+                    self.kernel_times(name, &mut t)?;
+                }
                 self.graph_step(name, &mut t)?;
             }
+        }
+        Ok(())
+    }
+
+    /// One eager step of `t` under the profiler (`NETCL_BENCH_KERNELS=1`): each kernel's device
+    /// time and the device's idle time since the previous kernel ended.
+    fn kernel_times(&mut self, name: &str, t: &mut TrainStep) -> Result<()> {
+        self.dev.synchronize()?;
+        let p = netcl_profiling::Profiler::start();
+        t.step()?;
+        self.dev.synchronize()?;
+        let mut prev_end = None;
+        for kr in p.stop().kernels {
+            let (start, end) = (
+                kr.device_start_ns.unwrap_or(0),
+                kr.device_end_ns.unwrap_or(0),
+            );
+            let gap = prev_end.map_or(0.0, |e: u64| start.saturating_sub(e) as f64 / 1e3);
+            prev_end = Some(end);
+            println!(
+                "             {name} kernel {:<26} {:>10?} {:>8.1} us, idle before {gap:>6.1} us",
+                kr.kernel,
+                kr.global,
+                end.saturating_sub(start) as f64 / 1e3
+            );
         }
         Ok(())
     }
@@ -445,10 +474,11 @@ fn raw_enqueue_secs(dev: &Device, graph: &netcl_graph::Graph, n: usize) -> Resul
     Ok(secs)
 }
 
-const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama,attention,decode,llama_gemm,ddp] [--sizes 1024,2048,4096] [--llama 15m,110m,15m_bf16,110m_bf16,110m_lora,110m_b2,110m_lora_b2,110m_b1,110m_lora_b1,generate] [--json FILE]
+const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama,attention,decode,llama_gemm,ddp,tiles] [--sizes 1024,2048,4096] [--llama 15m,110m,15m_bf16,110m_bf16,110m_lora,110m_b2,110m_lora_b2,110m_b1,110m_lora_b1,generate] [--json FILE]
   Times each workload (median of 5 batches, device synchronised around each) and prints
   one line per workload; --json writes the records for benches/reference/torch_bench.py --netcl.
-  NETCL_CLBLAST=/path/libclblast.so adds CLBlast as the OpenCL GEMM peer.";
+  NETCL_CLBLAST=/path/libclblast.so adds CLBlast as the OpenCL GEMM peer; NETCL_BENCH_KERNELS=1 lists
+  the train suite's kernels with device times; --suite tiles times small products per GEMM tile.";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -470,6 +500,7 @@ fn main() -> Result<()> {
         "decode",
         "llama_gemm",
         "ddp",
+        "tiles",
     ];
     if let Some(bad) = suite
         .split(',')
@@ -525,6 +556,9 @@ fn main() -> Result<()> {
     }
     if want("decode") {
         r.decode()?;
+    }
+    if suite.split(',').any(|x| x == "tiles") {
+        r.tiles()?;
     }
     if want("llama_gemm") {
         r.llama_gemm()?;
