@@ -240,6 +240,16 @@ def main():
                 ga = torch.randn(kk, m, device=dev).t() if layout == "tn" else torch.randn(m, kk, device=dev)
                 gb = torch.randn(nn, kk, device=dev).t() if layout == "nt" else torch.randn(kk, nn, device=dev)
                 rec("llama_gemm", f"llama_gemm_{layout}_{m}x{nn}x{kk}", timed(lambda: ga @ gb), flops=2 * m * nn * kk)
+                # The 110M products under bf16 autocast (bf16 operands; cuBLAS writes bf16).
+                if n != 288 and k != 288:
+                    ha, hb = ga.bfloat16(), gb.bfloat16()
+                    if layout == "tn":
+                        ha = ga.t().contiguous().bfloat16().t()
+                    if layout == "nt":
+                        hb = gb.t().contiguous().bfloat16().t()
+                    rec("llama_gemm", f"llama_gemm_{layout}_{m}x{nn}x{kk}_bf16", timed(lambda: ha @ hb),
+                        flops=2 * m * nn * kk)
+                    del ha, hb
                 del ga, gb
     if want("decode"):
         # The one-token decode ops at the 110M shape, batch 1 (netcl-bench --suite decode):

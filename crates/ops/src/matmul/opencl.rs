@@ -184,7 +184,8 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
         Some(_) => tc::tiles(m, n) * numel(batch),
         None => m.div_ceil(base.bm as usize) * n.div_ceil(base.bn as usize) * numel(batch),
     };
-    if let (1, Some(s)) = (numel(batch), split_k(groups, cus, k)) {
+    let waves = if tc.is_some() { 1 } else { 4 };
+    if let (1, Some(s)) = (numel(batch), split_k(groups, cus, k, waves)) {
         // Too few output tiles for the device and a long K (small batches through wide layers,
         // weight gradients): S partial products over K chunks as one batched GEMM over strided
         // views, then one kernel summing them with the bias and activation.
@@ -326,13 +327,16 @@ impl TiledLaunch<'_> {
 }
 
 /// The number of K chunks for a GEMM of `groups` work-groups on `cus` compute units: a divisor
-/// of `k` giving at least four work-groups per compute unit (so that the last, partly filled wave
-/// is short) with chunks of at least 256, else the largest divisor below that; None when the
-/// tiles make two work-groups per compute unit or K is short. (Between one and two, the unsplit
-/// product runs one wave with some units doing twice the others' work: the 15M Llama's input
-/// gradient through its LM head, 8192 x 288 x 32000, ran at 20 TF/s in 192 tiles.)
+/// of `k` giving at least `waves` work-groups per compute unit with chunks of at least 256, else
+/// the largest divisor below that; None when the tiles make two work-groups per compute unit or K
+/// is short. (Between one and two, the unsplit product runs one wave with some units doing twice
+/// the others' work: the 15M Llama's input gradient through its LM head, 8192 x 288 x 32000, ran
+/// at 20 TF/s in 192 tiles.) The portable kernels want four waves, so that the last, partly
+/// filled one is short (768 x 768 x 8192 in f32 on the H100: 0.26 ms in 16 chunks, 0.29 in 8);
+/// the tensor-core kernel one, since its f32 parts cost as much to write and sum as its chunks
+/// to multiply (the same product in bf16: 0.071 ms in 4 chunks, 0.093 in 16).
 /// `NETCL_GEMM_SPLIT=S` splits every product whose K it divides in S (1: none), for tuning.
-fn split_k(groups: usize, cus: usize, k: usize) -> Option<usize> {
+fn split_k(groups: usize, cus: usize, k: usize, waves: usize) -> Option<usize> {
     if let Some(s) = std::env::var("NETCL_GEMM_SPLIT")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
@@ -342,7 +346,7 @@ fn split_k(groups: usize, cus: usize, k: usize) -> Option<usize> {
     if groups >= 2 * cus || k < 1024 {
         return None;
     }
-    let (want, most) = ((4 * cus).div_ceil(groups), k / 256);
+    let (want, most) = ((waves * cus).div_ceil(groups).max(2), k / 256);
     let divides = |s: &usize| k.is_multiple_of(*s);
     (want..=most)
         .find(divides)
@@ -365,4 +369,25 @@ fn matmul_program(
         if aligned { " -DALIGNED" } else { "" }
     );
     program(device, source, &options)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_k;
+
+    #[test]
+    fn split_k_makes_two_chunks_or_more_or_none() {
+        // (groups, K, waves) on 132 compute units -> chunks.
+        for ((groups, k, waves), want) in [
+            ((36, 8192, 4), Some(16)),
+            ((36, 8192, 1), Some(4)),
+            ((96, 8192, 1), Some(2)),
+            // A wave's worth of tiles: still two chunks (one would be the product itself).
+            ((140, 8192, 1), Some(2)),
+            ((264, 8192, 1), None),
+            ((36, 768, 4), None),
+        ] {
+            assert_eq!(split_k(groups, 132, k, waves), want, "{groups} {k} {waves}");
+        }
+    }
 }

@@ -111,6 +111,34 @@ impl Runner {
                 tokens as f64 / ms * 1e3,
                 peak as f64 / (1u64 << 30) as f64
             );
+            if !self.dev.is_host()
+                && std::env::var("NETCL_BENCH_KERNELS").is_ok_and(|v| v == "1" || v == "2")
+            {
+                // One step under the profiler: device time per kernel name, largest first.
+                let p = netcl_profiling::Profiler::start();
+                t.step()?;
+                self.dev.synchronize()?;
+                let mut by: std::collections::BTreeMap<String, (usize, f64)> = Default::default();
+                // NETCL_BENCH_KERNELS=2: by kernel name and global size.
+                let sized = std::env::var("NETCL_BENCH_KERNELS").is_ok_and(|v| v == "2");
+                for k in p.stop().kernels {
+                    let key = match sized {
+                        true => format!("{} {:?}", k.kernel, k.global),
+                        false => k.kernel.to_string(),
+                    };
+                    let e = by.entry(key).or_default();
+                    e.0 += 1;
+                    e.1 += k.device_ns().unwrap_or(0) as f64 / 1e6;
+                }
+                let mut by: Vec<_> = by.into_iter().collect();
+                by.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+                for (kernel, (n, ms)) in by {
+                    println!(
+                        "{:<12} {name:<28} kernel {kernel:<28} {n:>4}x {ms:>9.3} ms",
+                        ""
+                    );
+                }
+            }
             if !self.dev.is_host() && std::env::var("NETCL_BENCH_GRAPH").is_ok_and(|v| v == "1") {
                 // The same step captured once and replayed (netcl-graph).
                 let (mut graph, ()) = netcl_graph::Graph::capture(&self.dev, |_| t.step())?;
@@ -209,9 +237,32 @@ impl Runner {
             };
             let flops = 2.0 * (m * n * k) as f64;
             let name = format!("llama_gemm_{layout}_{m}x{n}x{k}");
-            self.measure("llama_gemm", name, (0.0, flops, 1), || {
+            self.measure("llama_gemm", name.clone(), (0.0, flops, 1), || {
                 a.matmul(&b).map(|_| ())
             })?;
+            if n != 288 && k != 288 && m != 288 {
+                // The 110M products under bf16 autocast: bf16 operands in the same layouts, the
+                // product written in f32.
+                let bf16 = DType::BF16;
+                let a = match layout {
+                    "tn" => self.randn(&[k, m])?.to_dtype(bf16)?.transpose(0, 1)?,
+                    _ => self.randn(&[m, k])?.to_dtype(bf16)?,
+                };
+                let b = match layout {
+                    "nt" => self.randn(&[n, k])?.to_dtype(bf16)?.transpose(0, 1)?,
+                    _ => self.randn(&[k, n])?.to_dtype(bf16)?,
+                };
+                let f32_out = netcl_ops::MatmulOptions {
+                    out_dtype: Some(DType::F32),
+                    ..Default::default()
+                };
+                self.measure(
+                    "llama_gemm",
+                    format!("{name}_bf16"),
+                    (0.0, flops, 1),
+                    || a.matmul_with(&b, f32_out).map(|_| ()),
+                )?;
+            }
         }
         Ok(())
     }

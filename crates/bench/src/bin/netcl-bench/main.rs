@@ -11,6 +11,7 @@ use std::time::Instant;
 
 mod ddp;
 mod llama;
+mod peak;
 mod tiles;
 
 /// One measured workload; `bytes` and `flops` are what the op must move and compute.
@@ -474,7 +475,7 @@ fn raw_enqueue_secs(dev: &Device, graph: &netcl_graph::Graph, n: usize) -> Resul
     Ok(secs)
 }
 
-const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama,attention,decode,llama_gemm,ddp,tiles] [--sizes 1024,2048,4096] [--llama 15m,110m,15m_bf16,110m_bf16,110m_lora,110m_b2,110m_lora_b2,110m_b1,110m_lora_b1,generate] [--json FILE]
+const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama,attention,decode,llama_gemm,ddp,tiles,mma_peak] [--sizes 1024,2048,4096] [--llama 15m,110m,15m_bf16,110m_bf16,110m_lora,110m_b2,110m_lora_b2,110m_b1,110m_lora_b1,generate] [--json FILE]
   Times each workload (median of 5 batches, device synchronised around each) and prints
   one line per workload; --json writes the records for benches/reference/torch_bench.py --netcl.
   NETCL_CLBLAST=/path/libclblast.so adds CLBlast as the OpenCL GEMM peer; NETCL_BENCH_KERNELS=1 lists
@@ -501,6 +502,7 @@ fn main() -> Result<()> {
         "llama_gemm",
         "ddp",
         "tiles",
+        "mma_peak",
     ];
     if let Some(bad) = suite
         .split(',')
@@ -556,6 +558,9 @@ fn main() -> Result<()> {
     }
     if want("decode") {
         r.decode()?;
+    }
+    if suite.split(',').any(|x| x == "mma_peak") {
+        r.mma_peak()?;
     }
     if suite.split(',').any(|x| x == "tiles") {
         r.tiles()?;
