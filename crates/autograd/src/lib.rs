@@ -10,6 +10,7 @@ mod index;
 mod matmul;
 mod norm;
 mod param;
+mod parts;
 mod pool;
 mod reduce;
 mod rope;

@@ -1,6 +1,7 @@
 //! Tape and Var: ops on Vars record a backward closure on the tape; `backward` runs them in reverse.
 use crate::anomaly::{self, Site};
 use crate::param::Parameter;
+use crate::parts::{gather, Part};
 use netcl_ops::{DType, Device, Error, Result, Tensor, VersionWatch};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -28,6 +29,8 @@ struct Node {
     watched: Vec<Watched>,
     /// Where the op was recorded, kept only while anomaly detection is on (`NETCL_DEBUG=nan`).
     site: Option<Site>,
+    /// A narrow view of its one input: its gradient becomes a part of the input's (parts.rs).
+    part: Option<Part>,
 }
 
 /// One value a node's backward rule may read: input `index` (None: the output) and its version.
@@ -238,6 +241,7 @@ impl Tape {
             dtype: value.dtype(),
             watched: Vec::new(),
             site: None,
+            part: None,
         }
     }
 
@@ -371,14 +375,25 @@ impl Tape {
         check_versions(&nodes, root.id)?;
         let check_grads = netcl_core_devices::debug::nan_checks()?;
         let mut grads: Vec<Option<Tensor>> = (0..nodes.len()).map(|_| None).collect();
+        // Gradients of narrow views, per input, gathered when the input's turn comes.
+        let mut parts: Vec<Vec<(Part, Tensor)>> = (0..nodes.len()).map(|_| Vec::new()).collect();
         grads[root.id] = Some(seed);
         let mut leaf_grads = HashMap::new();
         // Parameters' gradients are added only once every rule has run, so an error part-way
         // (out of memory, say) leaves every parameter's gradient as it was.
         let mut param_grads = Vec::new();
         for id in (0..=root.id).rev() {
-            let Some(g) = grads[id].take() else { continue };
+            let pending = std::mem::take(&mut parts[id]);
+            let Some(g) = gather(grads[id].take(), pending, &nodes[id].shape)? else {
+                continue;
+            };
             let node = &mut nodes[id];
+            if let Some(part) = node.part {
+                if node.tracked[0] {
+                    parts[node.inputs[0]].push((part, g));
+                }
+                continue;
+            }
             if let Some(p) = &node.param {
                 match on_ready.as_mut() {
                     Some(hook) => {
@@ -537,6 +552,28 @@ pub(crate) fn record(
     value: Tensor,
     backward: impl FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + 'static,
 ) -> Result<Var> {
+    record_node(op, inputs, value, Box::new(backward), None)
+}
+
+/// Records `value`, the narrow view `part` of `input`: its gradient is gathered into the input's
+/// with those of the input's other views (parts.rs), not scattered into zeros of its own.
+pub(crate) fn record_part(op: &'static str, input: &Var, value: Tensor, part: Part) -> Result<Var> {
+    let unused = |_: &Tensor, _: &[bool]| -> Result<Vec<Option<Tensor>>> {
+        Err(Error::invalid(
+            "Tape::backward",
+            "a view's gradient is gathered by the tape",
+        ))
+    };
+    record_node(op, &[input], value, Box::new(unused), Some(part))
+}
+
+fn record_node(
+    op: &'static str,
+    inputs: &[&Var],
+    value: Tensor,
+    backward: BackwardFn,
+    part: Option<Part>,
+) -> Result<Var> {
     let checked = netcl_core_devices::debug::nan_checks()?;
     if checked {
         let values: Vec<&Tensor> = inputs.iter().map(|v| &v.value).collect();
@@ -585,12 +622,13 @@ pub(crate) fn record(
         op,
         inputs: ids,
         tracked,
-        backward: Some(Box::new(backward)),
+        backward: Some(backward),
         param: None,
         shape: value.shape().to_vec(),
         dtype: value.dtype(),
         watched,
         site: checked.then(Site::here),
+        part,
     };
     let r = tape.clone().push(node);
     Ok(Var {

@@ -1,6 +1,7 @@
 //! Backward rules of the view ops (reshape, permute, transpose, narrow, slice, broadcast, squeeze, unsqueeze, contiguous).
 use crate::binary::sum_to;
-use crate::tape::{record, Var};
+use crate::parts::Part;
+use crate::tape::{record, record_part, Var};
 use netcl_ops::{fused_into, Expr, Result, Tensor};
 
 /// A zero tensor shaped like the input with `g` written into the part `part` selects.
@@ -59,14 +60,11 @@ impl Var {
         })
     }
 
+    /// `len` entries of `dim` from `start`, a view; its gradient becomes a part of this Var's,
+    /// gathered with those of its other views (one concat where they tile it).
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Var> {
         let y = self.value().narrow(dim, start, len)?;
-        let s = self.shape().to_vec();
-        record("narrow", &[self], y, move |g, _| {
-            Ok(vec![Some(scatter_into_zeros(g, &s, |z| {
-                z.narrow(dim, start, len)
-            })?)])
-        })
+        record_part("narrow", self, y, Part { dim, start, len })
     }
 
     pub fn slice(&self, dim: usize, start: usize, end: usize, step: usize) -> Result<Var> {

@@ -494,6 +494,29 @@ fn views_and_shapes() {
         },
     );
     check(
+        "narrow parts",
+        // Views that overlap, along two dims, and the value also used whole: their gradients
+        // are summed into one (the views' parts added to the whole's).
+        |d| vec![signed(d, &[4, 5], 92)],
+        |v| {
+            let (a, b) = (v[0].narrow(1, 0, 3)?, v[0].narrow(1, 2, 3)?);
+            let c = v[0].narrow(0, 1, 2)?;
+            a.mul(&b)?
+                .sum_all()?
+                .add(&c.mul(&c)?.sum_all()?)?
+                .add(&v[0].mul(&v[0])?.sum_all()?)
+        },
+    );
+    check(
+        "narrow tiles",
+        // Views tiling the value along one dim, in no particular order: one concat.
+        |d| vec![signed(d, &[3, 6], 93)],
+        |v| {
+            let (a, b) = (v[0].narrow(1, 4, 2)?, v[0].narrow(1, 0, 4)?);
+            a.mul(&a)?.sum_all()?.add(&b.sum_all()?)
+        },
+    );
+    check(
         "pad",
         |d| vec![signed(d, &[2, 3], 91)],
         |v| v[0].pad(&[(1, 2), (0, 1)], 0.5),

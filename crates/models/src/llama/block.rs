@@ -89,9 +89,30 @@ impl Attention {
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let (h, hkv, hd) = (c.n_heads, c.n_kv_heads, c.head_dim());
         let rope = |v: Var| v.rope_with_freqs(c.rope_style, positions.clone(), self.freqs.clone());
-        let q = rope(self.wq.forward(tape, x)?.reshape(&[b, t, h, hd])?)?;
-        let k = rope(self.wk.forward(tape, x)?.reshape(&[b, t, hkv, hd])?)?;
-        let v = self.wv.forward(tape, x)?.reshape(&[b, t, hkv, hd])?;
+        // [B, T, heads, hd] each. Without a cache and with plain projections, one product over
+        // the three weights stacked per step, its heads split as views: one GEMM each way
+        // instead of three, one input gradient without sums (the views' gradients are gathered
+        // into one by the tape). The values are copied out of the product (attention keeps them
+        // for backward; a view would keep all of it), the queries and keys go through RoPE.
+        let (q, k, v) = if cache.is_none() && [&self.wq, &self.wk, &self.wv].into_iter().all(plain)
+        {
+            let w = [&self.wq, &self.wk, &self.wv].map(|l| tape.param(&l.weight));
+            let w = Var::concat(&[&w[0], &w[1], &w[2]], 0)?;
+            let y = x.linear(&w, None, Activation::None)?;
+            let heads = y.reshape(&[b, t, h + 2 * hkv, hd])?;
+            (
+                heads.narrow(2, 0, h)?,
+                heads.narrow(2, h, hkv)?,
+                heads.narrow(2, h + hkv, hkv)?.contiguous()?,
+            )
+        } else {
+            (
+                self.wq.forward(tape, x)?.reshape(&[b, t, h, hd])?,
+                self.wk.forward(tape, x)?.reshape(&[b, t, hkv, hd])?,
+                self.wv.forward(tape, x)?.reshape(&[b, t, hkv, hd])?,
+            )
+        };
+        let (q, k) = (rope(q)?, rope(k)?);
         // [B, Hkv, S, hd]: this step's keys and values, or all the cache holds after them.
         let (k, v) = (k.transpose(1, 2)?, v.transpose(1, 2)?);
         let (k, v) = match cache {
