@@ -1,4 +1,4 @@
-//! The OpenCL RoPE: one `rope` kernel (rope.cl), a work-item per rotated pair.
+//! The OpenCL RoPE: one `rope` kernel (rope.cl), a work-item per position and pair index for all heads.
 use super::{Rope, RopeStyle};
 use crate::base::acc::arg_acc;
 use crate::base::checks::u32_arg;
@@ -12,30 +12,28 @@ use netcl_kernels::sources::ROPE;
 pub(super) fn rope(desc: &Rope, device: &Device) -> Result<Tensor> {
     let (op, x, ids, table) = (desc.op, &desc.x, &desc.ids, &desc.table);
     let out = Tensor::alloc(&x.shape, x.dtype, device)?;
-    let n = x.numel() / 2;
-    if n == 0 {
+    if x.numel() == 0 {
         return Ok(out);
     }
     check_reach(op, &x.shape, &x.strides, x.offset)?;
     let (b, t, h, dh) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
-    let pairs = [b, t, h, dh / 2];
+    // Work-items over (b, t, pair index); each rotates the pair in every head (one angle).
+    let pairs = [b, t, dh / 2];
+    let n = b * t * (dh / 2);
     // Pair p starts at element p * step of the head; its partner is `second` elements on.
     let (step, second) = match desc.style {
         RopeStyle::Interleaved => (2, 1),
         RopeStyle::Halves => (1, dh / 2),
     };
-    let out_strides = [t * h * dh, h * dh, dh, step];
-    let x_strides = [
-        x.strides[0],
-        x.strides[1],
-        x.strides[2],
-        x.strides[3] * step,
-    ];
+    let out_strides = [t * h * dh, h * dh, step];
+    let x_strides = [x.strides[0], x.strides[1], x.strides[3] * step];
     let layout = KernelLayout::new(op, &pairs, &[(&out_strides, 0), (&x_strides, x.offset)])?;
     let pos_rows = ids.as_ref().map_or(0, |ids| ids.numel() / t);
     let args = [
         u32_arg(op, "stride", x.strides[3] * second)?,
         u32_arg(op, "stride", second)?,
+        u32_arg(op, "stride", x.strides[2])?,
+        u32_arg(op, "stride", dh)?,
         u32_arg(op, "size", t)?,
         u32_arg(op, "size", h)?,
         u32_arg(op, "size", dh / 2)?,
