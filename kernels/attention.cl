@@ -448,11 +448,15 @@ void attention_fwd_blocked(__global T* o, __global ACC* lse, __global const T* q
 }
 
 // dk and dv of a block of TB keys, summed over the H / Hkv query heads of their group. Stored as
-// dense (B, Tk, Hkv, D). Groups: B * Hkv * ceil(Tk / TB), TG items. delta from attention_bwd_dq_blocked.
+// dense (B, Tk, Hkv, D). Groups: B * Hkv * ceil(Tk / TB), TG items. delta from
+// attention_bwd_dq_blocked or attention_bwd_delta. With want_ds, also the scores' gradients times
+// the scale, dsg (B, H, Tq, Tk) contiguous (zeros where a query does not see a key), for dq = dsg k
+// as one batched GEMM (flash_attention/opencl.rs).
 __kernel __attribute__((reqd_work_group_size(TG, 1, 1)))
 void attention_bwd_dkdv(__global T* dk, __global T* dv, __global const T* q, __global const T* k,
                         __global const T* v, __global const T* dout, __global const ACC* lse,
-                        __global const ACC* delta, AttnGeom g, ACC scale) {
+                        __global const ACC* delta, __global ACC* dsg, uint want_ds, AttnGeom g,
+                        ACC scale) {
     __local ACC4 ks[TB][DP4], vs[TB][DP4], qs[TB][DP4], ds[TB][DP4];
     __local ACC pm[TB][TP], sm[TB][TP];
     __local ACC ls[TB], dls[TB];
@@ -470,6 +474,13 @@ void attention_bwd_dkdv(__global T* dk, __global T* dv, __global const T* q, __g
     uint i_start = first <= 0 ? 0u : (uint)first / TB * TB;
     for (uint r = 0; r < rep; r++) {
         uint h = hk * rep + r, bh = b * g.heads + h;
+        if (want_ds) {
+            // The blocks of queries that see none of these keys.
+            for (uint e = lid; e < i_start * TB; e += TG) {
+                uint i = e / TB, j = j0 + e % TB;
+                if (i < g.tq && j < g.tk) dsg[((size_t)bh * g.tq + i) * g.tk + j] = 0;
+            }
+        }
         for (uint i0 = i_start; i0 < g.tq; i0 += TB) {
             barrier(CLK_LOCAL_MEM_FENCE);
             load_rows(qs, q, g.q_off + b * g.q_sb + h * g.q_sh, g.q_st, i0, g.tq, scale, lid);
@@ -495,6 +506,12 @@ void attention_bwd_dkdv(__global T* dk, __global T* dv, __global const T* q, __g
                 }
             }
             barrier(CLK_LOCAL_MEM_FENCE);
+            if (want_ds) {
+                for (uint e = lid; e < TB * TB; e += TG) {
+                    uint rr = e / TB, cc = e % TB, i = i0 + rr, j = j0 + cc;
+                    if (i < g.tq && j < g.tk) dsg[((size_t)bh * g.tq + i) * g.tk + j] = sm[rr][cc] * scale;
+                }
+            }
             if (dg < D4) {
                 uint rn = min((uint)TB, g.tq - i0);
                 for (uint rr = 0; rr < rn; rr++) {
@@ -514,6 +531,28 @@ void attention_bwd_dkdv(__global T* dk, __global T* dv, __global const T* q, __g
         store4(dk, at, dg, adk[u]);
         store4(dv, at, dg, adv[u]);
     }
+}
+
+// delta = rowsum(do * o) alone, for attention_bwd_dkdv where dq comes from its ds: four work-items
+// per query. Groups: B * H * ceil(Tq / TB), TG items.
+__kernel __attribute__((reqd_work_group_size(TG, 1, 1)))
+void attention_bwd_delta(__global ACC* delta, __global const T* dout, __global const T* o,
+                         AttnGeom g, ACC scale) {
+    __local ACC part[TG];
+    uint nqb = (g.tq + TB - 1) / TB;
+    uint grp = get_group_id(0), qb = grp % nqb, bh = grp / nqb;
+    uint h = bh % g.heads, b = bh / g.heads;
+    uint lid = get_local_id(0), rr = lid / 4, i = qb * TB + rr;
+    ACC4 acc = (ACC4)(0);
+    if (i < g.tq) {
+        uint dat = g.o_off + b * g.o_sb + h * g.o_sh + i * g.o_st;
+        uint oat = g.x_off + b * g.x_sb + h * g.x_sh + i * g.x_st;
+        for (uint c = lid % 4; c < D4; c += 4) acc = fma(load4(dout, dat, c), load4(o, oat, c), acc);
+    }
+    part[lid] = hsum(acc);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid % 4 == 0 && i < g.tq)
+        delta[bh * g.tq + i] = (part[lid] + part[lid + 1]) + (part[lid + 2] + part[lid + 3]);
 }
 
 // dq of a block of TB queries, and delta = rowsum(do * o) for attention_bwd_dkdv. dq stored as dense

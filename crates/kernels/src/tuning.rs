@@ -36,11 +36,28 @@ impl GemmTile {
     /// per-item block halved only down to 4 and the work-group kept at 128 items or more: the
     /// MLP's 256 x 1024 x 784 product ran at 28 us in 64 x 32 tiles of 4 x 4 against 37 us in
     /// 32 x 32 tiles of 2 x 2 on the H100. Then tile and per-item block halved together (the
-    /// work-group keeps its size). Seven eighths of a wave counts as a full one.
+    /// work-group keeps its size). Seven eighths of a wave counts as a full one. A side at most
+    /// half a tile long halves the tile along it first where the device is full anyway.
     pub fn fit(self, m: usize, n: usize, batch: usize, compute_units: usize) -> GemmTile {
         let groups = |t: &GemmTile| m.div_ceil(t.bm as usize) * n.div_ceil(t.bn as usize) * batch;
         let short = |t: &GemmTile| 8 * groups(t) < 7 * compute_units;
         let mut t = self;
+        // A side at most half a tile where the product fills the device anyway (attention's
+        // dq = ds k, N = head dim 64 against 128-wide tiles): that side halved, with its block.
+        while !short(&t) && 2 * n <= t.bn as usize && t.bn >= 64 && t.wn >= 2 {
+            t = GemmTile {
+                bn: t.bn / 2,
+                wn: t.wn / 2,
+                ..t
+            };
+        }
+        while !short(&t) && 2 * m <= t.bm as usize && t.bm >= 64 && t.wm >= 2 {
+            t = GemmTile {
+                bm: t.bm / 2,
+                wm: t.wm / 2,
+                ..t
+            };
+        }
         while short(&t) && m >= 128 && n >= 128 {
             let next = if t.bn >= t.bm {
                 GemmTile {
@@ -237,6 +254,7 @@ mod tests {
             ((1024, 1024, 1), tile(128, 64, 8, 4)),
             ((1024, 784, 1), tile(64, 64, 4, 4)),
             ((256, 1024, 4), tile(128, 64, 8, 4)),
+            ((512, 64, 192), tile(128, 64, 8, 4)),
             // A side shorter than a tile: tile and per-item block halved together.
             ((256, 10, 1), tile(32, 32, 2, 2)),
             ((10, 1024, 1), tile(32, 32, 2, 2)),

@@ -120,6 +120,16 @@ fn tensor_core_program(
     program(device, &ATTENTION_TC, &options).map(Some)
 }
 
+/// Whether the register-blocked backward takes dq from the scores' gradients (B, H, Tq, Tk),
+/// written by the dk/dv kernel and multiplied by k as one GEMM: f32 and f64 (the gradients in
+/// the operands' dtype) up to 512 MiB of them (the Llama-110M shape, B 16, H 12, T 512: 192 MiB;
+/// on the H100 the dq kernel took 0.54 ms a layer there). `NETCL_ATTENTION_DS=0` turns it off.
+fn scores_fit(d: &Dims, dtype: DType) -> bool {
+    let on = std::env::var("NETCL_ATTENTION_DS").map_or(true, |v| v != "0");
+    let bytes = d.b * d.h * d.tq * d.tk * dtype.size();
+    on && matches!(dtype, DType::F32 | DType::F64) && bytes <= 512 << 20
+}
+
 /// Rows per work-group and work-items of attention_tc.cl's kernels.
 const TC_BLOCK: (usize, usize) = (64, 128);
 
@@ -178,7 +188,7 @@ impl Kernels<'_> {
     fn run(
         &self,
         name: &str,
-        bufs: &[&Tensor],
+        (bufs, flags): (&[&Tensor], &[u32]),
         products: u64,
         pairs: usize,
         rows: usize,
@@ -189,6 +199,9 @@ impl Kernels<'_> {
         k.declare(bytes as u64, products * self.d.pair_flops());
         for t in bufs {
             k.arg_mem(t.mem()?)?;
+        }
+        for f in flags {
+            k.arg(f)?;
         }
         k.arg(&self.geom)?;
         arg_acc(&mut k, self.dtype, self.d.scale)?;
@@ -238,7 +251,14 @@ pub(super) fn forward(desc: &FlashAttention, device: &Device) -> Result<(Tensor,
         d,
         dtype,
     };
-    kernels.run(name, &[&out, &lse, &q, &k, &v], 2, d.b * d.h, d.tq, block)?;
+    kernels.run(
+        name,
+        (&[&out, &lse, &q, &k, &v], &[]),
+        2,
+        d.b * d.h,
+        d.tq,
+        block,
+    )?;
     Ok((out, lse))
 }
 
@@ -280,9 +300,7 @@ pub(super) fn backward(
         d,
         dtype,
     };
-    let dq = d.t_major(d.tq, d.h, dtype, device)?;
     let delta = Tensor::alloc(&[d.b, d.h, d.tq], acc_dtype(dtype), device)?;
-    let dq_bufs = [&dq, &delta, &q, &k, &v, &grad, &out, &lse];
     let key_grad = || d.t_major(d.tk, d.hkv, dtype, device);
     let rest = [&q, &k, &v, &grad, &lse, &delta];
     // Tensor cores or register-blocked: dq (and delta), then dk and dv in one kernel (five
@@ -297,20 +315,59 @@ pub(super) fn backward(
         None => None,
     };
     if let Some((dq_name, dkdv_name, block)) = paired {
-        kernels.run(dq_name, &dq_bufs, 3, d.b * d.h, d.tq, block)?;
         let (dk, dv) = (key_grad()?, key_grad()?);
         let mut bufs = vec![&dk, &dv];
         bufs.extend(rest);
-        kernels.run(dkdv_name, &bufs, 4, d.b * d.hkv, d.tk, block)?;
+        if tc.is_none() && scores_fit(d, dtype) {
+            // delta, then dk, dv and the scores' gradients ds, then dq = ds k as one batched
+            // GEMM: four products per visible pair in the kernel (two scores, two updates) and
+            // one dense product, where dq's own kernel recomputes both scores.
+            let ds = Tensor::alloc(&[d.b, d.h, d.tq, d.tk], dtype, device)?;
+            kernels.run(
+                "attention_bwd_delta",
+                (&[&delta, &grad, &out], &[]),
+                0,
+                d.b * d.h,
+                d.tq,
+                block,
+            )?;
+            bufs.push(&ds);
+            kernels.run(dkdv_name, (&bufs, &[1]), 4, d.b * d.hkv, d.tk, block)?;
+            let rep = d.h / d.hkv;
+            let ds = ds.reshape(&[d.b, d.hkv, rep, d.tq, d.tk])?;
+            let dq = ds.matmul(&k.unsqueeze(2)?)?;
+            return Ok((dq.reshape(&[d.b, d.h, d.tq, d.d])?, dk, dv));
+        }
+        let dq = d.t_major(d.tq, d.h, dtype, device)?;
+        let dq_bufs = [&dq, &delta, &q, &k, &v, &grad, &out, &lse];
+        kernels.run(dq_name, (&dq_bufs, &[]), 3, d.b * d.h, d.tq, block)?;
+        let flags: &[u32] = match tc {
+            Some(_) => &[],
+            None => {
+                // attention_bwd_dkdv's ds and want_ds: none wanted (delta stands in).
+                bufs.push(&delta);
+                &[0]
+            }
+        };
+        kernels.run(dkdv_name, (&bufs, flags), 4, d.b * d.hkv, d.tk, block)?;
         return Ok((dq, dk, dv));
     }
-    kernels.run("attention_bwd_dq", &dq_bufs, 3, d.b * d.h, d.tq, (BQ, BQ))?;
+    let dq = d.t_major(d.tq, d.h, dtype, device)?;
+    let dq_bufs = [&dq, &delta, &q, &k, &v, &grad, &out, &lse];
+    kernels.run(
+        "attention_bwd_dq",
+        (&dq_bufs, &[]),
+        3,
+        d.b * d.h,
+        d.tq,
+        (BQ, BQ),
+    )?;
     // dk needs three products per visible pair (score, its gradient, the update), dv two.
     let one = |name: &str, products: u64| -> Result<Tensor> {
         let t = key_grad()?;
         let mut bufs = vec![&t];
         bufs.extend(rest);
-        kernels.run(name, &bufs, products, d.b * d.hkv, d.tk, (BQ, BQ))?;
+        kernels.run(name, (&bufs, &[]), products, d.b * d.hkv, d.tk, (BQ, BQ))?;
         Ok(t)
     };
     let dk = one("attention_bwd_dk", 3)?;
