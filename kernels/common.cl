@@ -302,6 +302,15 @@ inline uint4 philox4x32_10(uint4 c, uint2 k) {
     return c;
 }
 
+// Where a GEMM tile's K loop may stop when A is zero past column m + diag (`lower`, a hint from
+// the host: a causal attention's scores' gradients): one past the last column the tile's rows
+// (up to m_end) may see, rounded up to the tile step; K otherwise.
+inline uint lower_k_end(uint K, uint m_end, uint lower, int diag, uint step) {
+    if (!lower) return K;
+    int last = (int)m_end + diag;
+    return last <= 0 ? 0u : min(K, ((uint)last + step - 1) / step * step);
+}
+
 // Records the first bad index a kernel meets in its device's error record (ops/device_errors.rs):
 // err = {op code, position, value, bound}; the host reads it at the next read from the device.
 inline void report_index(__global int* err, int code, uint pos, int value, uint bound) {

@@ -51,7 +51,8 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
             __global const T* bias,  /* (ldc), read at c_col + n when has_bias */
             Layout batch,            /* batch dims: operand 0 = c, 1 = a, 2 = b */
             uint M, uint N, uint K, uint sam, uint sak, uint sbk, uint sbn, uint has_bias,
-            uint ldc, uint c_col) {  /* this launch: columns c_col .. c_col + N of C (and B) */
+            uint ldc, uint c_col,    /* this launch: columns c_col .. c_col + N of C (and B) */
+            uint lower, int diag) {  /* A zero past column m + diag (a hint; see lower_k_end) */
     __local ACC As[BK][BM + PAD] __attribute__((aligned(16)));
     __local ACC Bs[BK][BN + PAD] __attribute__((aligned(16)));
     const uint tx = get_local_id(0), ty = get_local_id(1);
@@ -150,11 +151,12 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
         b_ok |= (uint)(n0 + nn < N) << r;
     }
 #endif
+    const uint kend = lower_k_end(K, m0 + BM, lower, diag, BK);
     FETCH(0)
-    for (uint k0 = 0; k0 < K; k0 += BK) {
+    for (uint k0 = 0; k0 < kend; k0 += BK) {
         STAGE()
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (k0 + BK < K) {
+        if (k0 + BK < kend) {
             FETCH(k0 + BK)
         }
         #pragma unroll

@@ -121,7 +121,8 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
                    __global const T* bias,  /* (ldc), read at c_col + n when has_bias */
                    Layout batch,            /* batch dims: operand 0 = c, 1 = a, 2 = b */
                    uint M, uint N, uint K, uint sam, uint sak, uint sbk, uint sbn, uint has_bias,
-                   uint ldc, uint c_col) {  /* this launch: columns c_col .. c_col + N of C (and B) */
+                   uint ldc, uint c_col,    /* this launch: columns c_col .. c_col + N of C (and B) */
+            uint lower, int diag) {  /* A zero past column m + diag (a hint; see lower_k_end) */
     __local float As[STAGES * STAGE_FLOATS] __attribute__((aligned(16)));
     __local float Bs[STAGES * STAGE_FLOATS] __attribute__((aligned(16)));
     const uint tid = get_local_id(0);
@@ -169,7 +170,7 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
     for (int i = 0; i < 8; ++i)
         for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
 
-    const uint steps = (K + TK - 1) / TK;
+    const uint steps = (lower_k_end(K, m0 + TM, lower, diag, TK) + TK - 1) / TK;
     for (uint t = 0; t < STAGES - 1; ++t) {
         if (t < steps) {
             FETCH(t, t * TK)

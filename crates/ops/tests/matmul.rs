@@ -210,7 +210,7 @@ fn one_dim_operands_sliced_views_and_explicit_tiles() {
                     tile: t,
                     bias: Some(&bias.to_device(d).unwrap()),
                     activation: Activation::Relu,
-                    out_dtype: None,
+                    ..Default::default()
                 };
                 let (xd, yd) = (x.to_device(d).unwrap(), y.to_device(d).unwrap());
                 xd.matmul_with(&yd, opts).unwrap()
@@ -250,7 +250,7 @@ fn one_dim_operands_sliced_views_and_explicit_tiles() {
                 tile,
                 bias: Some(bias),
                 activation: Activation::Relu,
-                out_dtype: None,
+                ..Default::default()
             };
             let got = x
                 .to_device(&dev)
@@ -700,6 +700,50 @@ fn cpu_devices_take_the_cpu_kernels_on_every_layout() {
                     }
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn a_lower_hint_skips_only_zeros() {
+    // A zero past column m + d (a causal attention's scores' gradients): the tiled kernels stop
+    // each tile's K loop at the last column its rows may see; the product is the full one.
+    let devices = test_devices().unwrap();
+    let (m, k, n) = (70, 90, 33);
+    for d in [-3isize, 0, 5, 40] {
+        let full = random_tensor(DType::F32, &[m, k], -1.0, 1.0, 60);
+        let v: Vec<f32> = (full.to_vec::<f32>().unwrap().into_iter().enumerate())
+            .map(|(i, x)| {
+                if ((i % k) as isize) > (i / k) as isize + d {
+                    0.0
+                } else {
+                    x
+                }
+            })
+            .collect();
+        let a = Tensor::from_vec(v, &[m, k], &Device::host()).unwrap();
+        let b = random_tensor(DType::F32, &[k, n], -1.0, 1.0, 61);
+        let want = a.matmul(&b).unwrap();
+        for dev in &devices {
+            // An explicit tile takes the tiled kernel on CPU devices too.
+            let tile = (!dev.is_host()).then_some(GemmTile {
+                bm: 16,
+                bn: 16,
+                bk: 8,
+                wm: 2,
+                wn: 2,
+            });
+            let opts = MatmulOptions {
+                lower: Some(d),
+                tile,
+                ..Default::default()
+            };
+            let got = a
+                .to_device(dev)
+                .unwrap()
+                .matmul_with(&b.to_device(dev).unwrap(), opts)
+                .unwrap();
+            check(&got, &want, DType::F32, k, &format!("lower {d} on {dev}"));
         }
     }
 }

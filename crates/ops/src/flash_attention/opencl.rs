@@ -335,7 +335,13 @@ pub(super) fn backward(
             kernels.run(dkdv_name, (&bufs, &[1]), 4, d.b * d.hkv, d.tk, block)?;
             let rep = d.h / d.hkv;
             let ds = ds.reshape(&[d.b, d.hkv, rep, d.tq, d.tk])?;
-            let dq = ds.matmul(&k.unsqueeze(2)?)?;
+            // Causal: a query's row of ds is zero past its last visible key (tk - tq further on).
+            let lower = d.causal.then_some(d.tk as isize - d.tq as isize);
+            let opts = crate::matmul::MatmulOptions {
+                lower,
+                ..Default::default()
+            };
+            let dq = ds.matmul_with(&k.unsqueeze(2)?, opts)?;
             return Ok((dq.reshape(&[d.b, d.h, d.tq, d.d])?, dk, dv));
         }
         let dq = d.t_major(d.tq, d.h, dtype, device)?;

@@ -25,6 +25,10 @@ pub struct MatmulOptions<'a> {
     /// autocast products). Tensor cores write their f32 sums as they are; other devices round the
     /// product to the operands' dtype, then widen it. The bias then is f32 too.
     pub out_dtype: Option<DType>,
+    /// A hint: A's entries (m, k) with k > m + d are zeros (a causal attention's scores'
+    /// gradients), so the tiled kernels may stop each tile's K loop early. Results do not depend
+    /// on it.
+    pub lower: Option<isize>,
 }
 
 /// A checked product `act(A x B + bias)`: A (batch..., M, K) and B (batch..., K, N) at any

@@ -249,6 +249,7 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
         batch_strides: [sa, sb],
         dims: [m, n, k, numel(batch)],
         strides,
+        lower: opts.lower,
     };
     for (col, width, t) in strips {
         // The 128 x 128 tile through the cp.async pipeline where the device runs it (f32).
@@ -282,6 +283,8 @@ pub(super) struct TiledLaunch<'a> {
     pub batch_strides: [&'a [usize]; 2],
     pub dims: [usize; 4],
     pub strides: [usize; 4],
+    /// `MatmulOptions::lower`.
+    pub lower: Option<isize>,
 }
 
 impl TiledLaunch<'_> {
@@ -309,6 +312,11 @@ impl TiledLaunch<'_> {
         }
         kern.arg(&u(self.bias.is_some() as usize))?;
         kern.arg(&u(n))?.arg(&u(col))?;
+        let diag = self
+            .lower
+            .unwrap_or(0)
+            .clamp(i32::MIN as isize, i32::MAX as isize) as i32;
+        kern.arg(&u(self.lower.is_some() as usize))?.arg(&diag)?;
         // A once, this launch's columns of B and C (and the bias); a multiply and an add per
         // (batch, m, column, k).
         let elems = self.a.numel() + (k + m) * width * batches + self.bias.map_or(0, |_| width);

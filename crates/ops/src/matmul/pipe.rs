@@ -246,6 +246,7 @@ fn probe(device: &Device, s: Settings) -> Result<bool> {
             batch_strides: [&[], &[]],
             dims: [m, n, k, 1],
             strides: [a.strides[0], a.strides[1], b.strides[0], b.strides[1]],
+            lower: None,
         };
         let prog = build(device, &l, Activation::None, 0, n, s)?;
         l.run(&prog, MATMUL_KERNEL, 0, n, SHAPE)?;
