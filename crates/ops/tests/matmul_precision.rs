@@ -53,8 +53,8 @@ fn run(dev: &Device, dtype: DType, out: Option<DType>, tol: f64) -> bool {
         let opts = |bias, out_dtype| MatmulOptions {
             bias,
             activation: Activation::Relu,
-            tile: None,
             out_dtype,
+            ..Default::default()
         };
         let to64 = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
         let bias64 = bias_t.as_ref().map(to64);
