@@ -533,6 +533,24 @@ void attention_bwd_dkdv(__global T* dk, __global T* dv, __global const T* q, __g
     }
 }
 
+// delta = rowsum(do * o) of queries [i0, i0 + TB) of (b, h), four work-items per query: each
+// work-item's partial sum into part[lid]; after a barrier, delta_sum(part, r) is query i0 + r's.
+inline void delta_part(__local ACC* part, __global const T* dout, __global const T* o,
+                       const AttnGeom* g, uint b, uint h, uint i0, uint lid) {
+    uint i = i0 + lid / 4;
+    ACC4 acc = (ACC4)(0);
+    if (i < g->tq) {
+        uint dat = g->o_off + b * g->o_sb + h * g->o_sh + i * g->o_st;
+        uint oat = g->x_off + b * g->x_sb + h * g->x_sh + i * g->x_st;
+        for (uint c = lid % 4; c < D4; c += 4) acc = fma(load4(dout, dat, c), load4(o, oat, c), acc);
+    }
+    part[lid] = hsum(acc);
+}
+
+inline ACC delta_sum(__local const ACC* part, uint r) {
+    return (part[4 * r] + part[4 * r + 1]) + (part[4 * r + 2] + part[4 * r + 3]);
+}
+
 // delta = rowsum(do * o) alone, for attention_bwd_dkdv where dq comes from its ds: four work-items
 // per query. Groups: B * H * ceil(Tq / TB), TG items.
 __kernel __attribute__((reqd_work_group_size(TG, 1, 1)))
@@ -542,17 +560,10 @@ void attention_bwd_delta(__global ACC* delta, __global const T* dout, __global c
     uint nqb = (g.tq + TB - 1) / TB;
     uint grp = get_group_id(0), qb = grp % nqb, bh = grp / nqb;
     uint h = bh % g.heads, b = bh / g.heads;
-    uint lid = get_local_id(0), rr = lid / 4, i = qb * TB + rr;
-    ACC4 acc = (ACC4)(0);
-    if (i < g.tq) {
-        uint dat = g.o_off + b * g.o_sb + h * g.o_sh + i * g.o_st;
-        uint oat = g.x_off + b * g.x_sb + h * g.x_sh + i * g.x_st;
-        for (uint c = lid % 4; c < D4; c += 4) acc = fma(load4(dout, dat, c), load4(o, oat, c), acc);
-    }
-    part[lid] = hsum(acc);
+    uint lid = get_local_id(0), i0 = qb * TB;
+    delta_part(part, dout, o, &g, b, h, i0, lid);
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (lid % 4 == 0 && i < g.tq)
-        delta[bh * g.tq + i] = (part[lid] + part[lid + 1]) + (part[lid + 2] + part[lid + 3]);
+    if (lid < TB && i0 + lid < g.tq) delta[bh * g.tq + i0 + lid] = delta_sum(part, lid);
 }
 
 // dq of a block of TB queries, and delta = rowsum(do * o) for attention_bwd_dkdv. dq stored as dense
@@ -570,21 +581,11 @@ void attention_bwd_dq_blocked(__global T* dq, __global ACC* delta, __global cons
     uint lid = get_local_id(0), i0 = qb * TB;
     load_rows(qs, q, g.q_off + b * g.q_sb + h * g.q_sh, g.q_st, i0, g.tq, scale, lid);
     load_rows(ds, dout, g.o_off + b * g.o_sb + h * g.o_sh, g.o_st, i0, g.tq, (ACC)1, lid);
-    {
-        // delta: four work-items per query.
-        uint rr = lid / 4, i = i0 + rr;
-        ACC4 acc = (ACC4)(0);
-        if (i < g.tq) {
-            uint dat = g.o_off + b * g.o_sb + h * g.o_sh + i * g.o_st;
-            uint oat = g.x_off + b * g.x_sb + h * g.x_sh + i * g.x_st;
-            for (uint c = lid % 4; c < D4; c += 4) acc = fma(load4(dout, dat, c), load4(o, oat, c), acc);
-        }
-        part[lid] = hsum(acc);
-    }
+    delta_part(part, dout, o, &g, b, h, i0, lid);
     barrier(CLK_LOCAL_MEM_FENCE);
     if (lid < TB) {
         uint i = i0 + lid;
-        ACC dl = (part[4 * lid] + part[4 * lid + 1]) + (part[4 * lid + 2] + part[4 * lid + 3]);
+        ACC dl = delta_sum(part, lid);
         ls[lid] = i < g.tq ? lse[bh * g.tq + i] : (-INFINITY);
         dls[lid] = dl;
         if (i < g.tq) delta[bh * g.tq + i] = dl;

@@ -24,6 +24,18 @@ fn operand(dtype: DType, batch: &[usize], rows: usize, cols: usize, t: bool, see
     }
 }
 
+/// A small explicit tile on OpenCL devices: their tiled kernels, also on CPU devices (whose f32
+/// products otherwise run matmul_cpu.cl); none on the host.
+fn tiled(dev: &Device) -> Option<GemmTile> {
+    (!dev.is_host()).then_some(GemmTile {
+        bm: 16,
+        bn: 16,
+        bk: 8,
+        wm: 2,
+        wn: 2,
+    })
+}
+
 fn check(got: &Tensor, want: &Tensor, dtype: DType, k: usize, what: &str) {
     assert_eq!(got.shape(), want.shape(), "{what}");
     let tol = match dtype {
@@ -531,13 +543,7 @@ fn long_k_with_few_output_tiles_splits_k() {
                     ..Default::default()
                 };
                 let want = a.matmul_with(&b, with(&bias, None)).unwrap();
-                let tile = (!dev.is_host()).then_some(GemmTile {
-                    bm: 16,
-                    bn: 16,
-                    bk: 8,
-                    wm: 2,
-                    wn: 2,
-                });
+                let tile = tiled(&dev);
                 let got = a
                     .to_device(&dev)
                     .unwrap()
@@ -725,14 +731,7 @@ fn a_lower_hint_skips_only_zeros() {
         let b = random_tensor(DType::F32, &[k, n], -1.0, 1.0, 61);
         let want = a.matmul(&b).unwrap();
         for dev in &devices {
-            // An explicit tile takes the tiled kernel on CPU devices too.
-            let tile = (!dev.is_host()).then_some(GemmTile {
-                bm: 16,
-                bn: 16,
-                bk: 8,
-                wm: 2,
-                wn: 2,
-            });
+            let tile = tiled(dev);
             let opts = MatmulOptions {
                 lower: Some(d),
                 tile,
