@@ -17,6 +17,29 @@ pub struct GemmTile {
 }
 
 impl GemmTile {
+    /// A `bm` x `bn` output tile stepping `bk` along K, `wm` x `wn` outputs per work-item.
+    pub const fn new(bm: u32, bn: u32, bk: u32, wm: u32, wn: u32) -> GemmTile {
+        GemmTile { bm, bn, bk, wm, wn }
+    }
+
+    /// This tile with its columns (`cols`) or rows halved, and the per-item block along that side
+    /// halved too, but not below `least` (nor raised where it already was).
+    fn halved(self, cols: bool, least: u32) -> GemmTile {
+        let half = |w: u32| (w / 2).max(least.min(w));
+        match cols {
+            true => GemmTile {
+                bn: self.bn / 2,
+                wn: half(self.wn),
+                ..self
+            },
+            false => GemmTile {
+                bm: self.bm / 2,
+                wm: half(self.wm),
+                ..self
+            },
+        }
+    }
+
     /// Work-group size (along n, along m).
     pub fn local(&self) -> [usize; 2] {
         [(self.bn / self.wn) as usize, (self.bm / self.wm) as usize]
@@ -45,33 +68,13 @@ impl GemmTile {
         // A side at most half a tile where the product fills the device anyway (attention's
         // dq = ds k, N = head dim 64 against 128-wide tiles): that side halved, with its block.
         while !short(&t) && 2 * n <= t.bn as usize && t.bn >= 64 && t.wn >= 2 {
-            t = GemmTile {
-                bn: t.bn / 2,
-                wn: t.wn / 2,
-                ..t
-            };
+            t = t.halved(true, 1);
         }
         while !short(&t) && 2 * m <= t.bm as usize && t.bm >= 64 && t.wm >= 2 {
-            t = GemmTile {
-                bm: t.bm / 2,
-                wm: t.wm / 2,
-                ..t
-            };
+            t = t.halved(false, 1);
         }
         while short(&t) && m >= 128 && n >= 128 {
-            let next = if t.bn >= t.bm {
-                GemmTile {
-                    bn: t.bn / 2,
-                    wn: (t.wn / 2).max(4.min(t.wn)),
-                    ..t
-                }
-            } else {
-                GemmTile {
-                    bm: t.bm / 2,
-                    wm: (t.wm / 2).max(4.min(t.wm)),
-                    ..t
-                }
-            };
+            let next = t.halved(t.bn >= t.bm, 4);
             let [x, y] = next.local();
             if next.bm < 32
                 || next.bn < 32
@@ -83,13 +86,7 @@ impl GemmTile {
             t = next;
         }
         while short(&t) && t.bm >= 64 && t.bn >= 64 && t.wm >= 2 && t.wn >= 2 {
-            t = GemmTile {
-                bm: t.bm / 2,
-                bn: t.bn / 2,
-                wm: t.wm / 2,
-                wn: t.wn / 2,
-                ..t
-            };
+            t = t.halved(true, 1).halved(false, 1);
         }
         t
     }
@@ -239,13 +236,7 @@ mod tests {
 
     #[test]
     fn small_products_get_smaller_tiles_that_fill_the_device() {
-        let tile = |bm, bn, wm, wn| GemmTile {
-            bm,
-            bn,
-            bk: 16,
-            wm,
-            wn,
-        };
+        let tile = |bm, bn, wm, wn| GemmTile::new(bm, bn, 16, wm, wn);
         let big = tile(128, 128, 8, 8);
         // (m, n, batch) on 132 compute units -> the fitted tile.
         for ((m, n, batch), want) in [

@@ -1,4 +1,4 @@
-//! The register-blocked attention backward with dq from its own kernel (NETCL_ATTENTION_DS=0), the path of shapes whose scores' gradients exceed their budget, against the naive attention on every device (its own process: the switch is read at each call).
+//! The register-blocked attention backward with dq from its own kernel (NETCL_ATTENTION_DS=0), the path of shapes whose scores' gradients exceed their budget, against the naive attention on every device (its own process: the switch is read once, at the first backward).
 use netcl_core_devices::test_devices;
 
 mod attention_support;

@@ -123,9 +123,11 @@ fn tensor_core_program(
 /// Whether the register-blocked backward takes dq from the scores' gradients (B, H, Tq, Tk),
 /// written by the dk/dv kernel and multiplied by k as one GEMM: f32 and f64 (the gradients in
 /// the operands' dtype) up to 512 MiB of them (the Llama-110M shape, B 16, H 12, T 512: 192 MiB;
-/// on the H100 the dq kernel took 0.54 ms a layer there). `NETCL_ATTENTION_DS=0` turns it off.
+/// on the H100 the dq kernel took 0.54 ms a layer there). `NETCL_ATTENTION_DS=0` (read once)
+/// turns it off.
 fn scores_fit(d: &Dims, dtype: DType) -> bool {
-    let on = std::env::var("NETCL_ATTENTION_DS").map_or(true, |v| v != "0");
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("NETCL_ATTENTION_DS").map_or(true, |v| v != "0"));
     let bytes = d.b * d.h * d.tq * d.tk * dtype.size();
     on && matches!(dtype, DType::F32 | DType::F64) && bytes <= 512 << 20
 }

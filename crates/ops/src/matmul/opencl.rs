@@ -343,12 +343,16 @@ impl TiledLaunch<'_> {
 /// filled one is short (768 x 768 x 8192 in f32 on the H100: 0.26 ms in 16 chunks, 0.29 in 8);
 /// the tensor-core kernel one, since its f32 parts cost as much to write and sum as its chunks
 /// to multiply (the same product in bf16: 0.071 ms in 4 chunks, 0.093 in 16).
-/// `NETCL_GEMM_SPLIT=S` splits every product whose K it divides in S (1: none), for tuning.
+/// `NETCL_GEMM_SPLIT=S` (read once) splits every product whose K it divides in S (1: none), for
+/// tuning.
 fn split_k(groups: usize, cus: usize, k: usize, waves: usize) -> Option<usize> {
-    if let Some(s) = std::env::var("NETCL_GEMM_SPLIT")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-    {
+    static FORCED: OnceLock<Option<usize>> = OnceLock::new();
+    let forced = FORCED.get_or_init(|| {
+        std::env::var("NETCL_GEMM_SPLIT")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+    });
+    if let Some(s) = *forced {
         return (s > 1 && k.is_multiple_of(s)).then_some(s);
     }
     if groups >= 2 * cus || k < 1024 {

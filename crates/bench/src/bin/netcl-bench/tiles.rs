@@ -8,13 +8,7 @@ impl Runner {
     /// Each product as the MLP's Linear layers run it: forward `x Wᵀ + b`, input gradient
     /// `dY W`, weight gradient `dYᵀ X`; first as dispatched, then under each tile.
     pub(crate) fn tiles(&mut self) -> Result<()> {
-        let tile = |bm, bn, wm, wn| GemmTile {
-            bm,
-            bn,
-            bk: 16,
-            wm,
-            wn,
-        };
+        let tile = |bm, bn, wm, wn| GemmTile::new(bm, bn, 16, wm, wn);
         let tiles = [
             tile(128, 128, 8, 8),
             tile(64, 128, 4, 8),
