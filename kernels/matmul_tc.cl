@@ -9,9 +9,9 @@
 //
 // A work-group of WG (WARPS_M x WARPS_N warps) computes a TBM x TBN tile; a warp WMI x WNJ mma
 // tiles. Both operands are staged in local memory as 32-bit words along K (one TF32 element, or
-// two 16-bit elements with the lower K index in the low half, as mma wants them), rows of SROW
-// words. Fragments come out through ldmatrix (four 8 x 8 matrices of 16-bit elements an
-// instruction; a TF32 element is two of them), whose eight 16-byte rows a phase hit distinct banks.
+// two 16-bit elements with the lower K index in the low half, as mma wants them), or (A_MN, B_KN)
+// as rows along K of 16-bit M (N) elements (layouts below). Fragments come out through ldmatrix
+// (four 8 x 8 matrices of 16-bit elements an instruction; a TF32 element is two of them).
 #ifndef TC_KERNEL
 #error "matmul_tc.cl needs -DTC_KERNEL=<kernel name> (set by matmul_tc.rs)"
 #endif
@@ -33,10 +33,14 @@
 #else
 #define EPW 2
 #endif
-// -DASYNC: tiles go global -> local memory through cp.async (no registers), STAGES deep; else
-// through registers (the next tile is fetched while the current one is multiplied).
+// -DASYNC=S: tiles go global -> local memory through cp.async (no registers) in an S-stage ring
+// (S - 1 steps in flight while one is multiplied, one barrier a step); else through registers
+// (the next tile is fetched while the current one is multiplied).
 #ifdef ASYNC
-#define STAGES 2
+#define STAGES ASYNC
+#if STAGES < 2 || STAGES > 5
+#error "ASYNC takes 2 to 5 stages"
+#endif
 #else
 #define STAGES 1
 #endif
@@ -44,21 +48,40 @@
 #define KW 32           // words of K per tile step
 #endif
 #define TBK (KW * EPW)  // elements of K per tile step
-#define SROW (KW + 4)   // local row stride in words (K-contiguous tiles)
 #if (defined(A_MN) || defined(B_KN)) && defined(TC_TF32)
 #error "M/N-contiguous operands take 16-bit elements (ldmatrix.trans)"
 #endif
-// A tile in local memory: TBM rows of K words, or (A_MN) TBK rows of TBM elements; B likewise.
-#ifdef A_MN
-#define A_ROW (TBM / 2 + 4)
-#define A_WORDS (TBK * A_ROW)
+// Local tiles are rows of 16-byte chunks: KW / 4 chunks along K, padded by one chunk (a row
+// stride of KW + 4 words puts eight consecutive rows' same chunk in distinct bank groups), or
+// (A_MN, B_KN) TBM / 8 (TBN / 8) chunks along M (N), padded likewise, or with -DMN_SWIZZLE
+// unpadded and swizzled (swz below). Measured on the H100 (docs/performance.md): padding is
+// faster for K-contiguous tiles; the swizzle with 16 words of K for products whose A is
+// M-contiguous (weight gradients).
+#define KCH (KW / 4)
+#define SROW (KW + 4)
+#ifdef MN_SWIZZLE
+#define MN_LOC(r, c, ch) swz(r, c, ch)
+#define MN_WORDS(rows) ((rows) * KW)
 #else
+#define MN_LOC(r, c, ch) ((r) * ((ch) * 4 + 4) + (c) * 4)
+#define MN_WORDS(rows) (TBK * ((rows) / 2 + 4))
+#endif
+#ifdef A_MN
+#define A_CH (TBM / 8)
+#define A_LOC(r, c) MN_LOC(r, c, A_CH)
+#define A_WORDS MN_WORDS(TBM)
+#else
+#define A_CH KCH
+#define A_LOC(r, c) ((r) * SROW + (c) * 4)
 #define A_WORDS (TBM * SROW)
 #endif
 #ifdef B_KN
-#define B_ROW (TBN / 2 + 4)
-#define B_WORDS (TBK * B_ROW)
+#define B_CH (TBN / 8)
+#define B_LOC(r, c) MN_LOC(r, c, B_CH)
+#define B_WORDS MN_WORDS(TBN)
 #else
+#define B_CH KCH
+#define B_LOC(r, c) ((r) * SROW + (c) * 4)
 #define B_WORDS (TBN * SROW)
 #endif
 #ifdef C_F32
@@ -91,15 +114,24 @@ inline ACC activate(ACC v) { return v; }
 
 // Operand rows are K-contiguous and 16-byte aligned, with K a multiple of 4 words (matmul_tc.rs
 // copies an operand that is not): every fetch is one 16-byte copy of 4 words.
-#define VPR (KW / 4)            // 16-byte vectors per tile row
-#define A_VEC (TBM * VPR / WG)  // vectors each work-item stages per operand and step
-#define B_VEC (TBN * VPR / WG)
+#define A_VEC (TBM * KCH / WG)  // 16-byte vectors each work-item stages per operand and step
+#define B_VEC (TBN * KCH / WG)
 #ifdef ALIGNED
 #define IN(r, R) 1
 #else
 #define IN(r, R) ((r) < (R))
 #endif
 #define VEC(p, i) (*(__global const uint4*)((__global const uchar*)(p) + (i) * sizeof(T)))
+
+#ifdef MN_SWIZZLE
+// Word offset of chunk c of row r in an unpadded local tile of ch chunks a row (ch a power of
+// two): rows of 128 bytes or more xor c with r % 8, shorter ones with the row's index among the
+// 128-byte lines' rows, so that any eight consecutive rows' chunk c lie in distinct bank groups.
+inline uint swz(uint r, uint c, uint ch) {
+    uint x = ch >= 8 ? r % 8 : (r * ch / 8) % ch;
+    return (r * ch + (c ^ x)) * 4;
+}
+#endif
 
 #ifdef ASYNC
 // 16 bytes global -> local without registers; zero-filled when !valid (nothing read).
@@ -108,6 +140,17 @@ inline void copy16(__local uint* dst, __global const T* src, uint valid) {
                      "r"(valid ? 16u : 0u)
                      : "memory");
 }
+// Waits until at most STAGES - 2 groups of this work-item's copies are pending (its own copies
+// of the step about to be multiplied have landed).
+#if STAGES == 2
+#define WAIT_STAGE() __asm__ volatile("cp.async.wait_group 0;" ::: "memory")
+#elif STAGES == 3
+#define WAIT_STAGE() __asm__ volatile("cp.async.wait_group 1;" ::: "memory")
+#elif STAGES == 4
+#define WAIT_STAGE() __asm__ volatile("cp.async.wait_group 2;" ::: "memory")
+#else
+#define WAIT_STAGE() __asm__ volatile("cp.async.wait_group 3;" ::: "memory")
+#endif
 #endif
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
@@ -117,7 +160,7 @@ void TC_KERNEL(__global OT* c,          /* (batch, M, N) contiguous per batch: c
                __global const OT* bias, /* (N), read when has_bias */
                Layout batch,            /* batch dims: operand 0 = c, 1 = a, 2 = b */
                uint M, uint N, uint K, uint sam, uint sbn, uint has_bias) {
-    // As[stage][m * SROW + w]: A's rows as words along K; Bs likewise B's columns.
+    // As[stage][A_LOC(row, chunk)]: A's tile (rows along M, or A_MN along K); Bs likewise B's.
     __local uint As[STAGES][A_WORDS] __attribute__((aligned(16)));
     __local uint Bs[STAGES][B_WORDS] __attribute__((aligned(16)));
     const uint tid = get_local_id(0), lane = tid % 32, warp = tid / 32;
@@ -133,23 +176,25 @@ void TC_KERNEL(__global OT* c,          /* (batch, M, N) contiguous per batch: c
 #pragma unroll
             for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
 
-// Vector s of a work-item: tile row e / VPR, words 4 (e % VPR) .. + 3 (l: its local word, gi: its
-// first element, ok: inside the matrix); M/N-contiguous: k row e / (TBM / 8), elements 8 (e % ..).
+// Vector s of a work-item e: tile row e / KCH, its chunk e % KCH (4 words of K) (l: its local
+// word, gi: its first element, ok: inside the matrix); M/N-contiguous: k row e / A_CH, its chunk
+// e % A_CH (8 elements of M).
 #ifdef A_MN
-#define A_AT(s, k0) uint e = tid + (s) * WG, r = m0 + (e % (TBM / 8)) * 8, k = (k0) + e / (TBM / 8); \
-    uint l = (e / (TBM / 8)) * A_ROW + (e % (TBM / 8)) * 4; uint ok = IN(r, M) && k < K; uint gi = o.y + k * sam + r;
+#define A_AT(s, k0) uint e = tid + (s) * WG, r = m0 + (e % A_CH) * 8, k = (k0) + e / A_CH; \
+    uint l = A_LOC(e / A_CH, e % A_CH); uint ok = IN(r, M) && k < K; uint gi = o.y + k * sam + r;
 #else
-#define A_AT(s, k0) uint e = tid + (s) * WG, r = m0 + e / VPR, k = (k0) + (e % VPR) * 4 * EPW; \
-    uint l = (e / VPR) * SROW + (e % VPR) * 4; uint ok = IN(r, M) && k < K; uint gi = o.y + r * sam + k;
+#define A_AT(s, k0) uint e = tid + (s) * WG, r = m0 + e / KCH, k = (k0) + (e % KCH) * 4 * EPW; \
+    uint l = A_LOC(e / KCH, e % KCH); uint ok = IN(r, M) && k < K; uint gi = o.y + r * sam + k;
 #endif
 #ifdef B_KN
-#define B_AT(s, k0) uint e = tid + (s) * WG, r = n0 + (e % (TBN / 8)) * 8, k = (k0) + e / (TBN / 8); \
-    uint l = (e / (TBN / 8)) * B_ROW + (e % (TBN / 8)) * 4; uint ok = IN(r, N) && k < K; uint gi = o.z + k * sbn + r;
+#define B_AT(s, k0) uint e = tid + (s) * WG, r = n0 + (e % B_CH) * 8, k = (k0) + e / B_CH; \
+    uint l = B_LOC(e / B_CH, e % B_CH); uint ok = IN(r, N) && k < K; uint gi = o.z + k * sbn + r;
 #else
-#define B_AT(s, k0) uint e = tid + (s) * WG, r = n0 + e / VPR, k = (k0) + (e % VPR) * 4 * EPW; \
-    uint l = (e / VPR) * SROW + (e % VPR) * 4; uint ok = IN(r, N) && k < K; uint gi = o.z + r * sbn + k;
+#define B_AT(s, k0) uint e = tid + (s) * WG, r = n0 + e / KCH, k = (k0) + (e % KCH) * 4 * EPW; \
+    uint l = B_LOC(e / KCH, e % KCH); uint ok = IN(r, N) && k < K; uint gi = o.z + r * sbn + k;
 #endif
 
+    const uint steps = (K + TBK - 1) / TBK;
 #ifdef ASYNC
 #define ISSUE(st, k0)                                                                  \
     _Pragma("unroll") for (int s = 0; s < A_VEC; ++s) {                                \
@@ -157,18 +202,27 @@ void TC_KERNEL(__global OT* c,          /* (batch, M, N) contiguous per batch: c
     }                                                                                  \
     _Pragma("unroll") for (int s = 0; s < B_VEC; ++s) {                                \
         B_AT(s, k0) copy16(&Bs[st][l], ok ? b + gi : b, ok);                           \
-    }                                                                                  \
-    __asm__ volatile("cp.async.commit_group;" ::: "memory");
-    ISSUE(0, 0)
-    for (uint k0 = 0; k0 < K; k0 += TBK) {
-        const uint st = (k0 / TBK) % STAGES;
-        if (k0 + TBK < K) {
-            ISSUE((st + 1) % STAGES, k0 + TBK)
-            __asm__ volatile("cp.async.wait_group 1;" ::: "memory");
-        } else {
-            __asm__ volatile("cp.async.wait_group 0;" ::: "memory");
+    }
+#define COMMIT() __asm__ volatile("cp.async.commit_group;" ::: "memory")
+    // Steps 0 .. STAGES - 2 in flight; each step waits for its own group, then (after the
+    // barrier that also ends every warp's reads of the stage it refills) issues STAGES - 1 ahead.
+    for (uint p = 0; p + 1 < STAGES; ++p) {
+        if (p < steps) {
+            ISSUE(p, p * TBK)
         }
+        COMMIT();
+    }
+    for (uint step = 0; step < steps; ++step) {
+        const uint st = step % STAGES;
+        WAIT_STAGE();
         barrier(CLK_LOCAL_MEM_FENCE);
+        {
+            const uint ahead = step + STAGES - 1;
+            if (ahead < steps) {
+                ISSUE(ahead % STAGES, ahead * TBK)
+            }
+            COMMIT();
+        }
 #else
     uint4 ra[A_VEC], rb[B_VEC];
 #define FETCH(k0)                                                                      \
@@ -179,7 +233,7 @@ void TC_KERNEL(__global OT* c,          /* (batch, M, N) contiguous per batch: c
         B_AT(s, k0) rb[s] = ok ? VEC(b, gi) : (uint4)(0);                              \
     }
     FETCH(0)
-    for (uint k0 = 0; k0 < K; k0 += TBK) {
+    for (uint step = 0; step < steps; ++step) {
         const uint st = 0;
 #pragma unroll
         for (int s = 0; s < A_VEC; ++s) {
@@ -192,8 +246,8 @@ void TC_KERNEL(__global OT* c,          /* (batch, M, N) contiguous per batch: c
             *(__local uint4*)&Bs[0][l] = rb[s];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (k0 + TBK < K) {
-            FETCH(k0 + TBK)
+        if (step + 1 < steps) {
+            FETCH((step + 1) * TBK)
         }
 #endif
 #pragma unroll
@@ -207,10 +261,10 @@ void TC_KERNEL(__global OT* c,          /* (batch, M, N) contiguous per batch: c
             for (int i = 0; i < WMI; ++i) {
 #ifdef A_MN
                 uint kr = 2 * kw + 8 * (lane / 16) + lane % 8;
-                LDMATRIX_X4_T(af[i], &As[st][kr * A_ROW + (wm + i * 16 + 8 * ((lane / 8) % 2)) / 2]);
+                LDMATRIX_X4_T(af[i], &As[st][A_LOC(kr, (wm + i * 16) / 8 + (lane / 8) % 2)]);
 #else
                 uint r = wm + i * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-                LDMATRIX_X4(af[i], &As[st][r * SROW + kw + 4 * (lane / 16)]);
+                LDMATRIX_X4(af[i], &As[st][A_LOC(r, kw / 4 + lane / 16)]);
 #endif
 #pragma unroll
                 for (int q = 0; q < 4; ++q) af[i][q] = TF32(af[i][q]);
@@ -220,10 +274,10 @@ void TC_KERNEL(__global OT* c,          /* (batch, M, N) contiguous per batch: c
                 uint x[4];
 #ifdef B_KN
                 uint kr = 2 * kw + 8 * ((lane / 8) % 2) + lane % 8;
-                LDMATRIX_X4_T(x, &Bs[st][kr * B_ROW + (wn + (j + lane / 16) * 8) / 2]);
+                LDMATRIX_X4_T(x, &Bs[st][B_LOC(kr, (wn + j * 8) / 8 + lane / 16)]);
 #else
                 uint r = wn + j * 8 + (lane % 8) + 8 * (lane / 16);
-                LDMATRIX_X4(x, &Bs[st][r * SROW + kw + 4 * ((lane / 8) % 2)]);
+                LDMATRIX_X4(x, &Bs[st][B_LOC(r, kw / 4 + (lane / 8) % 2)]);
 #endif
                 bf[j][0] = TF32(x[0]);
                 bf[j][1] = TF32(x[1]);
@@ -235,7 +289,9 @@ void TC_KERNEL(__global OT* c,          /* (batch, M, N) contiguous per batch: c
 #pragma unroll
                 for (int j = 0; j < WNJ; ++j) MMA(acc[i][j], af[i], bf[j][0], bf[j][1]);
         }
-        barrier(CLK_LOCAL_MEM_FENCE);
+#ifndef ASYNC
+        barrier(CLK_LOCAL_MEM_FENCE);  // the next step overwrites the tile
+#endif
     }
 
     // acc[i][j] = {(g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)} of mma tile (i, j).

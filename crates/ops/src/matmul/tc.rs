@@ -206,9 +206,10 @@ fn probe(device: &Device, kind: TensorCoreKind) -> Result<bool> {
 }
 
 /// matmul_tc.cl's tiling: a warp grid of `warps_m` x `warps_n`, each warp `mi` x `nj` mma tiles
-/// (16 x 8 each), `kw` 32-bit words of K per step, staged through cp.async when `copy_async`.
-/// `NETCL_TC_TILE=warps_m,warps_n,mi,nj,kw,async` overrides the default (2,2,4,8,32,0), which was
-/// the fastest of the shapes measured on the H100 (docs/performance.md).
+/// (16 x 8 each), `kw` 32-bit words of K per step, staged through registers, or through a ring of
+/// `stages` (2-5) cp.async copies when `stages` > 0. `NETCL_TC_TILE=warps_m,warps_n,mi,nj,kw,stages`
+/// overrides the default (2,2,4,8,32,0), which was the fastest of the shapes measured on the
+/// H100 (docs/performance.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct TcTile {
     warps_m: usize,
@@ -216,39 +217,47 @@ struct TcTile {
     mi: usize,
     nj: usize,
     kw: usize,
-    copy_async: bool,
+    stages: usize,
 }
 
 impl TcTile {
-    /// The tiling in force: `NETCL_TC_TILE` when set (read once per process), else the default.
-    fn get() -> TcTile {
-        static TILE: OnceLock<TcTile> = OnceLock::new();
-        *TILE.get_or_init(TcTile::from_env)
+    const DEFAULT: TcTile = TcTile {
+        warps_m: 2,
+        warps_n: 2,
+        mi: 4,
+        nj: 8,
+        kw: 32,
+        stages: 0,
+    };
+
+    /// The tiling in force: `NETCL_TC_TILE` when set (read once per process), else the default,
+    /// with 16 words of K for products whose A is M-contiguous (`a_mn`: their local tiles are
+    /// swizzled, which was faster there on the H100).
+    fn get(a_mn: bool) -> TcTile {
+        static TILE: OnceLock<Option<TcTile>> = OnceLock::new();
+        match *TILE.get_or_init(TcTile::from_env) {
+            Some(t) => t,
+            None if a_mn => TcTile {
+                kw: 16,
+                ..TcTile::DEFAULT
+            },
+            None => TcTile::DEFAULT,
+        }
     }
 
-    fn from_env() -> TcTile {
-        let default = TcTile {
-            warps_m: 2,
-            warps_n: 2,
-            mi: 4,
-            nj: 8,
-            kw: 32,
-            copy_async: false,
-        };
-        let Ok(v) = std::env::var("NETCL_TC_TILE") else {
-            return default;
-        };
+    fn from_env() -> Option<TcTile> {
+        let v = std::env::var("NETCL_TC_TILE").ok()?;
         let f: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
         match f[..] {
-            [warps_m, warps_n, mi, nj, kw, a] => TcTile {
+            [warps_m, warps_n, mi, nj, kw, stages] => Some(TcTile {
                 warps_m,
                 warps_n,
                 mi,
                 nj,
                 kw,
-                copy_async: a != 0,
-            },
-            _ => default,
+                stages: if stages == 0 { 0 } else { stages.clamp(2, 5) },
+            }),
+            _ => None,
         }
     }
     fn rows(&self) -> usize {
@@ -268,7 +277,11 @@ impl TcTile {
             self.mi,
             self.nj,
             self.kw,
-            if self.copy_async { " -DASYNC" } else { "" }
+            if self.stages > 0 {
+                format!(" -DASYNC={}", self.stages)
+            } else {
+                String::new()
+            }
         )
     }
 }
@@ -319,7 +332,6 @@ pub(crate) fn launch(
     opts: MatmulOptions<'_>,
 ) -> Result<()> {
     const NAME: &str = "matmul_tc";
-    let tile = TcTile::get();
     let op = "matmul";
     let (na, nb) = (a.ndim(), b.ndim());
     let (m, k, n) = (a.shape[na - 2], a.shape[na - 1], b.shape[nb - 1]);
@@ -338,6 +350,7 @@ pub(crate) fn launch(
     } else {
         k_rows(&b_t, kp, q)?
     };
+    let tile = TcTile::get(a_mn);
     let mut operands = Vec::new();
     for t in [&a, &bt] {
         let nd = t.ndim();
@@ -366,7 +379,7 @@ pub(crate) fn launch(
     let c_f32 = out.dtype != kind.dtype();
     let flags = [
         (aligned, " -DALIGNED"),
-        (a_mn, " -DA_MN"),
+        (a_mn, " -DA_MN -DMN_SWIZZLE"),
         (b_kn, " -DB_KN"),
         (c_f32, " -DC_F32"),
     ];
@@ -412,6 +425,6 @@ pub(crate) fn launch(
 
 /// Output tiles of matmul_tc.cl's work-groups for an `m` x `n` product.
 pub(crate) fn tiles(m: usize, n: usize) -> usize {
-    let t = TcTile::get();
+    let t = TcTile::get(false);
     m.div_ceil(t.rows()) * n.div_ceil(t.cols())
 }
