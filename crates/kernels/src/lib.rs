@@ -4,6 +4,7 @@ mod disk_cache;
 mod launch;
 mod program;
 pub mod sources;
+mod tc_tile;
 pub mod tuning;
 
 pub use bound::{BoundArg, BoundKernel};
@@ -11,7 +12,7 @@ pub use disk_cache::default_dir as cache_dir;
 pub use launch::{set_after_sync_check, thread_launches, thread_launches_total, Kernel};
 pub use program::{build, program, Origin, Program};
 pub use sources::Source;
-pub use tuning::{gemm_tile, GemmTile};
+pub use tuning::{gemm_tile, tc_tile, GemmTile, TcTile};
 
 /// The work-group size netcl uses for one-dimensional kernels (few distinct local sizes keep PoCL fast).
 pub const GROUP_1D: usize = 256;

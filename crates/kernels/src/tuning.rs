@@ -1,4 +1,5 @@
-//! Tuning data per device (GEMM tile sizes): the user's autotuned file first, then kernels/tuning.json, then defaults by device kind.
+//! Tuning data per device (GEMM tile sizes, the tensor-core tiling): the user's autotuned file first, then kernels/tuning.json, then defaults by device kind.
+pub use crate::tc_tile::TcTile;
 use netcl_core_devices::{Device, DeviceKind, Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -124,6 +125,9 @@ pub struct TuningEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver: Option<String>,
     pub gemm: GemmTile,
+    /// The tensor-core GEMM's tiling (devices with tensor cores).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tc: Option<TcTile>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -147,11 +151,10 @@ impl TuningTable {
         Ok(t)
     }
 
-    fn find(&self, name: &str) -> Option<GemmTile> {
+    fn find(&self, name: &str) -> Option<&TuningEntry> {
         self.devices
             .iter()
             .find(|e| name.to_lowercase().contains(&e.pattern.to_lowercase()))
-            .map(|e| e.gemm)
     }
 }
 
@@ -171,49 +174,85 @@ pub fn user_table_path() -> Option<PathBuf> {
         .or_else(|| crate::cache_dir().map(|d| d.join("tuning.json")))
 }
 
+/// The tiles chosen for a device.
+#[derive(Clone, Copy)]
+struct Choice {
+    gemm: GemmTile,
+    tc: TcTile,
+}
+
 /// The GEMM tile for `device`: its entry in the user's table, else in the shipped table, else a
 /// default by device kind. Read once per device and process (`reset_tuning` forgets).
 pub fn gemm_tile(device: &Device) -> GemmTile {
+    choice(device).gemm
+}
+
+/// The tensor-core tiling for `device`: `NETCL_TC_TILE`, else the user's table's entry, else the
+/// shipped table's, else `TcTile::DEFAULT`; one that does not fit the device is skipped. Read
+/// once per device and process (`reset_tuning` forgets).
+pub fn tc_tile(device: &Device) -> TcTile {
+    choice(device).tc
+}
+
+fn choice(device: &Device) -> Choice {
     let mut cache = CHOICES
         .get_or_init(|| Mutex::new(HashMap::new()))
         .lock()
         .unwrap_or_else(|p| p.into_inner());
-    *cache.entry(device.ordinal()).or_insert_with(|| {
-        let name = device.info().name.clone();
-        let user = user_table_path()
-            .and_then(|p| std::fs::read_to_string(&p).ok().map(|t| (p, t)))
-            .and_then(
-                |(p, t)| match TuningTable::parse(&t, &p.display().to_string()) {
-                    Ok(t) => t.find(&name),
-                    Err(e) => {
-                        log::warn!("ignoring {e}");
-                        None
-                    }
-                },
-            );
-        user.or_else(|| builtin_table().find(&name))
-            .filter(|t| t.check(device, 4).is_ok())
-            .unwrap_or(match device.info().kind {
-                DeviceKind::Gpu => GemmTile {
-                    bm: 64,
-                    bn: 64,
-                    bk: 16,
-                    wm: 4,
-                    wn: 4,
-                },
-                // CPUs (PoCL): 16 work-items of 8x8 outputs (netcl-autotune's best on PoCL 3.1).
-                _ => GemmTile {
-                    bm: 32,
-                    bn: 32,
-                    bk: 16,
-                    wm: 8,
-                    wn: 8,
-                },
-            })
-    })
+    *cache
+        .entry(device.ordinal())
+        .or_insert_with(|| choose(device))
 }
 
-static CHOICES: OnceLock<Mutex<HashMap<usize, GemmTile>>> = OnceLock::new();
+fn choose(device: &Device) -> Choice {
+    let name = device.info().name.clone();
+    let user = user_table_path()
+        .and_then(|p| std::fs::read_to_string(&p).ok().map(|t| (p, t)))
+        .and_then(
+            |(p, t)| match TuningTable::parse(&t, &p.display().to_string()) {
+                Ok(t) => t.find(&name).cloned(),
+                Err(e) => {
+                    log::warn!("ignoring {e}");
+                    None
+                }
+            },
+        );
+    let builtin = builtin_table().find(&name).cloned();
+    let entries = [user, builtin];
+    let gemm = entries
+        .iter()
+        .flatten()
+        .map(|e| e.gemm)
+        .find(|t| t.check(device, 4).is_ok())
+        .unwrap_or(match device.info().kind {
+            DeviceKind::Gpu => GemmTile {
+                bm: 64,
+                bn: 64,
+                bk: 16,
+                wm: 4,
+                wn: 4,
+            },
+            // CPUs (PoCL): 16 work-items of 8x8 outputs (netcl-autotune's best on PoCL 3.1).
+            _ => GemmTile {
+                bm: 32,
+                bn: 32,
+                bk: 16,
+                wm: 8,
+                wn: 8,
+            },
+        });
+    static ENV: OnceLock<Option<TcTile>> = OnceLock::new();
+    let tc = ENV
+        .get_or_init(TcTile::from_env)
+        .iter()
+        .copied()
+        .chain(entries.iter().flatten().filter_map(|e| e.tc))
+        .find(|t| t.check(device).is_ok())
+        .unwrap_or(TcTile::DEFAULT);
+    Choice { gemm, tc }
+}
+
+static CHOICES: OnceLock<Mutex<HashMap<usize, Choice>>> = OnceLock::new();
 
 /// Forget the tiles chosen so far (after the autotuner wrote a new table).
 pub fn reset_tuning() {
@@ -229,7 +268,8 @@ mod tests {
     #[test]
     fn the_shipped_table_parses_and_bad_tables_are_errors() {
         let t = builtin_table();
-        assert!(t.find("NVIDIA H200").is_some());
+        let h200 = t.find("NVIDIA H200").expect("an H200 entry");
+        assert_eq!(h200.tc, Some(TcTile::DEFAULT));
         assert!(TuningTable::parse("{}", "x.json").is_err());
         assert!(TuningTable::parse(r#"{"schema": 2, "devices": []}"#, "x.json").is_err());
     }

@@ -54,7 +54,7 @@ pub use matmul::tc::{
 };
 pub use matmul::{MatmulOptions, MatmulVectors};
 pub use netcl_core_devices::{DType, Device, Error, Result};
-pub use netcl_kernels::GemmTile;
+pub use netcl_kernels::{GemmTile, TcTile};
 pub use pool::Pool2dParams;
 pub use reduce::ReduceOp;
 pub use rope::{RopeFreqs, RopePositions, RopeStyle};

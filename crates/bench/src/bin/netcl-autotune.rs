@@ -1,25 +1,65 @@
-//! netcl-autotune: measures GEMM tile candidates on the chosen device and writes the best into the user's tuning table.
+//! netcl-autotune: measures GEMM tile candidates (f32, and the tensor-core tiling where the device has tensor cores) on the chosen device and writes the best into the user's tuning table.
 use netcl_bench::{check_flags, device_from_args, flag_value, time_per_call};
-use netcl_core_devices::{DType, DeviceKind, Result};
+use netcl_core_devices::{DType, Device, DeviceKind, Result};
 use netcl_kernels::tuning::{builtin_table, user_table_path, TuningEntry, TuningTable};
-use netcl_kernels::GemmTile;
-use netcl_ops::{Generator, MatmulOptions, Tensor};
+use netcl_kernels::{gemm_tile, GemmTile, TcTile};
+use netcl_ops::{has_tensor_cores, Generator, MatmulOptions, Tensor, TensorCoreKind};
 
-const USAGE: &str = "netcl-autotune [--device SPEC] [--size N]
-  Times GEMM tile candidates at N^3 (default 2048) and writes the best into the user's tuning table.";
+const USAGE: &str = "netcl-autotune [--device SPEC] [--size N] [--only f32|tc]
+  Times GEMM tile candidates at N^3 (default 2048): f32 tiles, and on devices with tensor cores
+  the tensor-core tiling (bf16 products A x B and A x B^T, then A^T x B for the K step of
+  products whose A is M-contiguous). Writes the best into the user's tuning table.";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    if !check_flags(&args, "netcl-autotune", &["--device", "--size"], USAGE)? {
+    if !check_flags(
+        &args,
+        "netcl-autotune",
+        &["--device", "--size", "--only"],
+        USAGE,
+    )? {
         return Ok(());
     }
     let dev = device_from_args(&args)?;
     let n: usize = flag_value(&args, "--size")
         .and_then(|s| s.parse().ok())
         .unwrap_or(2048);
+    let only = flag_value(&args, "--only");
     let mut gen = Generator::new(1);
-    let a = Tensor::randn(&[n, n], DType::F32, &dev, &mut gen)?;
-    let b = Tensor::randn(&[n, n], DType::F32, &dev, &mut gen)?;
+    let gemm = match only {
+        Some("tc") => None,
+        _ => f32_sweep(&dev, n, &mut gen)?,
+    };
+    let tc = match only {
+        Some("f32") => None,
+        _ if has_tensor_cores(&dev, TensorCoreKind::Bf16) => tc_sweep(&dev, n, &mut gen)?,
+        _ => {
+            println!("no tensor cores on {dev}: no tensor-core tiling to tune");
+            None
+        }
+    };
+    if gemm.is_none() && tc.is_none() {
+        println!("nothing measured on {dev}: the tuning table is unchanged");
+        return Ok(());
+    }
+    save(&dev, gemm, tc)
+}
+
+/// Seconds per call of `run`, or `None` (reported) where it fails.
+fn timed(dev: &Device, what: &str, run: impl FnMut() -> Result<()>) -> Option<f64> {
+    match time_per_call(dev, 2, 3, 3, run) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            println!("  {what}: {e}");
+            None
+        }
+    }
+}
+
+/// The fastest f32 tile at `n`^3.
+fn f32_sweep(dev: &Device, n: usize, gen: &mut Generator) -> Result<Option<GemmTile>> {
+    let a = Tensor::randn(&[n, n], DType::F32, dev, gen)?;
+    let b = Tensor::randn(&[n, n], DType::F32, dev, gen)?;
     let mut best: Option<(f64, GemmTile)> = None;
     println!("autotuning f32 GEMM {n}^3 on {dev}");
     // GPUs: large tiles over 64..256 work-items. CPUs (PoCL runs a work-group as a loop on one
@@ -40,7 +80,7 @@ fn main() -> Result<()> {
                             continue;
                         }
                         let threads = (bm / wm) * (bn / wn);
-                        if tile.check(&dev, 4).is_err() || !items.contains(&threads) {
+                        if tile.check(dev, 4).is_err() || !items.contains(&threads) {
                             continue;
                         }
                         if cpu && (bm != bn || wm != wn) {
@@ -51,16 +91,13 @@ fn main() -> Result<()> {
                             tile: Some(tile),
                             ..Default::default()
                         };
-                        let run = || a.matmul_with(&b, opts).map(|_| ());
-                        let secs = match time_per_call(&dev, 2, 3, 3, run) {
-                            Ok(s) => s,
-                            Err(e) => {
-                                println!("  {tile:?}: {e}");
-                                continue;
-                            }
+                        let what = format!("{tile:?}");
+                        let Some(secs) = timed(dev, &what, || a.matmul_with(&b, opts).map(|_| ()))
+                        else {
+                            continue;
                         };
                         let tflops = 2.0 * (n as f64).powi(3) / secs / 1e12;
-                        println!("  {tile:?}: {tflops:.3} TFLOP/s");
+                        println!("  {what}: {tflops:.3} TFLOP/s");
                         if best.is_none_or(|(t, _)| tflops > t) {
                             best = Some((tflops, tile));
                         }
@@ -69,11 +106,89 @@ fn main() -> Result<()> {
             }
         }
     }
-    let Some((tflops, tile)) = best else {
-        println!("no tile ran on {dev}");
-        return Ok(());
+    if let Some((tflops, tile)) = best {
+        println!("best f32 {tile:?}: {tflops:.2} TFLOP/s");
+    }
+    Ok(best.map(|b| b.1))
+}
+
+/// The fastest tensor-core tiling at `n`^3 in bf16: warp grids, K steps and staging timed over
+/// A x B and A x B^T (the forward's and input gradients' layouts), then the K step of products
+/// whose A is M-contiguous (weight gradients) timed over A^T x B.
+fn tc_sweep(dev: &Device, n: usize, gen: &mut Generator) -> Result<Option<TcTile>> {
+    let bf16 =
+        |g: &mut Generator| Tensor::randn(&[n, n], DType::F32, dev, g)?.to_dtype(DType::BF16);
+    let (a, b) = (bf16(gen)?, bf16(gen)?);
+    let bt = b.transpose(0, 1)?;
+    let at = a.transpose(0, 1)?;
+    let flops = 2.0 * (n as f64).powi(3);
+    let time = |tile: TcTile, pairs: &[(&Tensor, &Tensor)]| -> Option<f64> {
+        let opts = MatmulOptions {
+            tc_tile: Some(tile),
+            ..Default::default()
+        };
+        let mut total = 0.0;
+        for (x, y) in pairs {
+            let what = format!("{tile:?}");
+            total += timed(dev, &what, || x.matmul_with(y, opts).map(|_| ()))?;
+        }
+        Some(total / pairs.len() as f64)
     };
-    println!("best {tile:?}: {tflops:.2} TFLOP/s");
+    println!("autotuning the bf16 tensor-core GEMM {n}^3 on {dev}");
+    let grids = [
+        (2, 2, 4, 8),
+        (2, 2, 4, 4),
+        (2, 2, 2, 8),
+        (4, 2, 2, 8),
+        (2, 4, 4, 4),
+        (4, 2, 4, 8),
+    ];
+    let mut best: Option<(f64, TcTile)> = None;
+    for (warps_m, warps_n, mi, nj) in grids {
+        for (kw, stages) in [(32, 0), (16, 0), (16, 2)] {
+            let tile = TcTile::uniform(warps_m, warps_n, mi, nj, kw, stages);
+            if tile.check(dev).is_err() {
+                continue;
+            }
+            let Some(secs) = time(tile, &[(&a, &b), (&a, &bt)]) else {
+                continue;
+            };
+            println!("  {tile:?}: {:.1} TFLOP/s", flops / secs / 1e12);
+            if best.is_none_or(|(s, _)| secs < s) {
+                best = Some((secs, tile));
+            }
+        }
+    }
+    let Some((_, mut tile)) = best else {
+        return Ok(None);
+    };
+    // The K step where A is M-contiguous (swizzled tiles), for the best grid.
+    let mut best_mn: Option<(f64, u32)> = None;
+    for kw_mn in [16, 32] {
+        let t = TcTile { kw_mn, ..tile };
+        if t.check(dev).is_err() {
+            continue;
+        }
+        if let Some(secs) = time(t, &[(&at, &b)]) {
+            println!(
+                "  A^T x B, {kw_mn} words of K: {:.1} TFLOP/s",
+                flops / secs / 1e12
+            );
+            if best_mn.is_none_or(|(s, _)| secs < s) {
+                best_mn = Some((secs, kw_mn));
+            }
+        }
+    }
+    if let Some((_, kw_mn)) = best_mn {
+        tile.kw_mn = kw_mn;
+    }
+    println!("best tensor-core tiling {tile:?}");
+    Ok(Some(tile))
+}
+
+/// Writes `dev`'s entry of the user's tuning table: the measured tiles, the current choice for
+/// what was not measured.
+fn save(dev: &Device, gemm: Option<GemmTile>, tc: Option<TcTile>) -> Result<()> {
     let Some(path) = user_table_path() else {
         println!("no cache directory (NETCL_TUNING / NETCL_CACHE_DIR / HOME): not saved");
         return Ok(());
@@ -87,13 +202,19 @@ fn main() -> Result<()> {
             devices: Vec::new(),
         });
     let name = dev.info().name.clone();
+    let old_tc = table
+        .devices
+        .iter()
+        .find(|e| e.pattern == name)
+        .and_then(|e| e.tc);
     table.devices.retain(|e| e.pattern != name);
     table.devices.insert(
         0,
         TuningEntry {
             pattern: name,
             driver: Some(dev.info().driver_version.clone()),
-            gemm: tile,
+            gemm: gemm.unwrap_or_else(|| gemm_tile(dev)),
+            tc: tc.or(old_tc),
         },
     );
     if let Some(dir) = path.parent() {

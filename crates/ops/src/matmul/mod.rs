@@ -10,7 +10,7 @@ use crate::base::layout::{broadcast_shapes, broadcast_strides, numel};
 use crate::base::tensor::Tensor;
 use crate::fused::activation::Activation;
 use netcl_core_devices::{DType, Error, Result};
-use netcl_kernels::GemmTile;
+use netcl_kernels::{GemmTile, TcTile};
 pub(crate) use opencl::matmul_source;
 
 /// Options of `Tensor::matmul_with`.
@@ -21,6 +21,8 @@ pub struct MatmulOptions<'a> {
     pub activation: Activation,
     /// Tile sizes to use instead of the device's tuning entry (for the autotuner).
     pub tile: Option<GemmTile>,
+    /// The tensor-core tiling to use instead of the device's (for the autotuner).
+    pub tc_tile: Option<TcTile>,
     /// The product's dtype, when not the operands': only f32 for bf16 or f16 operands (the
     /// autocast products). Tensor cores write their f32 sums as they are; other devices round the
     /// product to the operands' dtype, then widen it. The bias then is f32 too.

@@ -181,7 +181,7 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
     // tokens ran at 15 TF/s in 64x64 tiles on the H100).
     let base = opts.tile.unwrap_or_else(|| gemm_tile(device));
     let groups = match tc {
-        Some(_) => tc::tiles(m, n) * numel(batch),
+        Some(_) => tc::tiles(device, opts.tc_tile, m, n) * numel(batch),
         None => m.div_ceil(base.bm as usize) * n.div_ceil(base.bn as usize) * numel(batch),
     };
     let waves = if tc.is_some() { 1 } else { 4 };
@@ -195,6 +195,7 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
         let parts = MatmulOptions {
             out_dtype: opts.out_dtype,
             tile: opts.tile,
+            tc_tile: opts.tc_tile,
             ..Default::default()
         };
         let parts = av.matmul_with(&bv, parts)?;

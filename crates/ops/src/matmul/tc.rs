@@ -7,7 +7,7 @@ use crate::base::tensor::Tensor;
 use crate::fused::expr::Class;
 use netcl_core_devices::{DType, Device, Error, Result};
 use netcl_kernels::sources::MATMUL_TC;
-use netcl_kernels::{program, Kernel};
+use netcl_kernels::{program, tc_tile, Kernel, TcTile};
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -205,87 +205,6 @@ fn probe(device: &Device, kind: TensorCoreKind) -> Result<bool> {
     Ok(got.iter().zip(want).all(|(&g, w)| g == w))
 }
 
-/// matmul_tc.cl's tiling: a warp grid of `warps_m` x `warps_n`, each warp `mi` x `nj` mma tiles
-/// (16 x 8 each), `kw` 32-bit words of K per step, staged through registers, or through a ring of
-/// `stages` (2-5) cp.async copies when `stages` > 0. `NETCL_TC_TILE=warps_m,warps_n,mi,nj,kw,stages`
-/// overrides the default (2,2,4,8,32,0), which was the fastest of the shapes measured on the
-/// H100 (docs/performance.md).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct TcTile {
-    warps_m: usize,
-    warps_n: usize,
-    mi: usize,
-    nj: usize,
-    kw: usize,
-    stages: usize,
-}
-
-impl TcTile {
-    const DEFAULT: TcTile = TcTile {
-        warps_m: 2,
-        warps_n: 2,
-        mi: 4,
-        nj: 8,
-        kw: 32,
-        stages: 0,
-    };
-
-    /// The tiling in force: `NETCL_TC_TILE` when set (read once per process), else the default,
-    /// with 16 words of K for products whose A is M-contiguous (`a_mn`: their local tiles are
-    /// swizzled, which was faster there on the H100).
-    fn get(a_mn: bool) -> TcTile {
-        static TILE: OnceLock<Option<TcTile>> = OnceLock::new();
-        match *TILE.get_or_init(TcTile::from_env) {
-            Some(t) => t,
-            None if a_mn => TcTile {
-                kw: 16,
-                ..TcTile::DEFAULT
-            },
-            None => TcTile::DEFAULT,
-        }
-    }
-
-    fn from_env() -> Option<TcTile> {
-        let v = std::env::var("NETCL_TC_TILE").ok()?;
-        let f: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
-        match f[..] {
-            [warps_m, warps_n, mi, nj, kw, stages] => Some(TcTile {
-                warps_m,
-                warps_n,
-                mi,
-                nj,
-                kw,
-                stages: if stages == 0 { 0 } else { stages.clamp(2, 5) },
-            }),
-            _ => None,
-        }
-    }
-    fn rows(&self) -> usize {
-        self.warps_m * self.mi * 16
-    }
-    fn cols(&self) -> usize {
-        self.warps_n * self.nj * 8
-    }
-    fn group(&self) -> usize {
-        32 * self.warps_m * self.warps_n
-    }
-    fn options(&self) -> String {
-        format!(
-            "-DWARPS_M={} -DWARPS_N={} -DWMI={} -DWNJ={} -DKW={}{}",
-            self.warps_m,
-            self.warps_n,
-            self.mi,
-            self.nj,
-            self.kw,
-            if self.stages > 0 {
-                format!(" -DASYNC={}", self.stages)
-            } else {
-                String::new()
-            }
-        )
-    }
-}
-
 /// Whether `t` (..., rows, K) has K-contiguous rows of `kp` elements, each row and batch 16 bytes
 /// aligned (`q` elements).
 fn k_aligned(t: &Tensor, kp: usize, q: usize) -> bool {
@@ -350,7 +269,10 @@ pub(crate) fn launch(
     } else {
         k_rows(&b_t, kp, q)?
     };
-    let tile = TcTile::get(a_mn);
+    let tile = match opts.tc_tile {
+        Some(t) => t.check(&out.device).map(|_| t)?,
+        None => tc_tile(&out.device),
+    };
     let mut operands = Vec::new();
     for t in [&a, &bt] {
         let nd = t.ndim();
@@ -379,7 +301,7 @@ pub(crate) fn launch(
     let c_f32 = out.dtype != kind.dtype();
     let flags = [
         (aligned, " -DALIGNED"),
-        (a_mn, " -DA_MN -DMN_SWIZZLE"),
+        (a_mn, " -DA_MN"),
         (b_kn, " -DB_KN"),
         (c_f32, " -DC_F32"),
     ];
@@ -387,7 +309,7 @@ pub(crate) fn launch(
         "{} {} {} -DTC_KERNEL={NAME}{}",
         kind.dtype().build_option(),
         kind.define(),
-        tile.options(),
+        tile.options(a_mn),
         flags
             .iter()
             .filter(|f| f.0)
@@ -423,8 +345,9 @@ pub(crate) fn launch(
     )
 }
 
-/// Output tiles of matmul_tc.cl's work-groups for an `m` x `n` product.
-pub(crate) fn tiles(m: usize, n: usize) -> usize {
-    let t = TcTile::get(false);
+/// Output tiles of matmul_tc.cl's work-groups for an `m` x `n` product on `device` (`tile` when
+/// given, else the device's tiling).
+pub(crate) fn tiles(device: &Device, tile: Option<TcTile>, m: usize, n: usize) -> usize {
+    let t = tile.unwrap_or_else(|| tc_tile(device));
     m.div_ceil(t.rows()) * n.div_ceil(t.cols())
 }
