@@ -66,13 +66,13 @@
 #define MN_LOC(r, c, ch) ((r) * ((ch) * 4 + 4) + (c) * 4)
 #define MN_WORDS(rows) (TBK * ((rows) / 2 + 4))
 #endif
+#define K_LOC(r, c) ((r) * SROW + (c) * 4)
 #ifdef A_MN
 #define A_CH (TBM / 8)
 #define A_LOC(r, c) MN_LOC(r, c, A_CH)
 #define A_WORDS MN_WORDS(TBM)
 #else
-#define A_CH KCH
-#define A_LOC(r, c) ((r) * SROW + (c) * 4)
+#define A_LOC(r, c) K_LOC(r, c)
 #define A_WORDS (TBM * SROW)
 #endif
 #ifdef B_KN
@@ -80,8 +80,7 @@
 #define B_LOC(r, c) MN_LOC(r, c, B_CH)
 #define B_WORDS MN_WORDS(TBN)
 #else
-#define B_CH KCH
-#define B_LOC(r, c) ((r) * SROW + (c) * 4)
+#define B_LOC(r, c) K_LOC(r, c)
 #define B_WORDS (TBN * SROW)
 #endif
 #ifdef C_F32
@@ -125,7 +124,7 @@ inline ACC activate(ACC v) { return v; }
 
 #ifdef MN_SWIZZLE
 // Word offset of chunk c of row r in an unpadded local tile of ch chunks a row (ch a power of
-// two): rows of 128 bytes or more xor c with r % 8, shorter ones with the row's index among the
+// two, which TcTile::check requires): rows of 128 bytes or more xor c with r % 8, shorter ones with the row's index among the
 // 128-byte lines' rows, so that any eight consecutive rows' chunk c lie in distinct bank groups.
 inline uint swz(uint r, uint c, uint ch) {
     uint x = ch >= 8 ? r % 8 : (r * ch / 8) % ch;

@@ -12,7 +12,8 @@ pub use disk_cache::default_dir as cache_dir;
 pub use launch::{set_after_sync_check, thread_launches, thread_launches_total, Kernel};
 pub use program::{build, program, Origin, Program};
 pub use sources::Source;
-pub use tuning::{gemm_tile, tc_tile, GemmTile, TcTile};
+pub use tc_tile::TcTile;
+pub use tuning::{gemm_tile, tc_tile, GemmTile};
 
 /// The work-group size netcl uses for one-dimensional kernels (few distinct local sizes keep PoCL fast).
 pub const GROUP_1D: usize = 256;

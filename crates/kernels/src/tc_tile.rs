@@ -4,8 +4,8 @@ use serde::{Deserialize, Serialize};
 
 /// matmul_tc.cl's tiling: a warp grid of `warps_m` x `warps_n`, each warp `mi` x `nj` mma tiles
 /// (16 x 8 each), `kw` 32-bit words of K a step (`kw_mn` in products whose A is M-contiguous,
-/// whose local tiles are swizzled), staged through registers, or through a ring of `stages`
-/// (2-5) cp.async copies when `stages` > 0.
+/// whose local tiles are swizzled; 0 or absent: `kw`), staged through registers, or through a
+/// ring of `stages` (2-5) cp.async copies when `stages` > 0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TcTile {
     pub warps_m: u32,
@@ -13,6 +13,7 @@ pub struct TcTile {
     pub mi: u32,
     pub nj: u32,
     pub kw: u32,
+    #[serde(default)]
     pub kw_mn: u32,
     #[serde(default)]
     pub stages: u32,
@@ -68,7 +69,7 @@ impl TcTile {
 
     /// Words of K a step for a product whose A is M-contiguous (`a_mn`) or not.
     pub fn words(&self, a_mn: bool) -> u32 {
-        if a_mn {
+        if a_mn && self.kw_mn > 0 {
             self.kw_mn
         } else {
             self.kw
@@ -94,25 +95,33 @@ impl TcTile {
         o
     }
 
-    /// Checks that the tiling builds on `device`: whole warps, an even `nj`, K steps of 8 to 64
-    /// words, every work-item staging whole 16-byte vectors, 0 or 2-5 stages, and the work-group
-    /// size and local memory (16-byte rows padded by one, at most) within the device's limits.
+    /// Checks that the tiling builds on `device`: whole warps, an even `nj`, tile sides whose
+    /// 16-byte chunk counts (rows / 8, columns / 8) are powers of two (the swizzle), K steps of 8
+    /// to 64 words, every work-item staging whole 16-byte vectors, 0 or 2-5 stages, and the
+    /// work-group size and local memory (the largest of the padded and swizzled layouts) within
+    /// the device's limits.
     pub fn check(&self, device: &Device) -> Result<()> {
         let info = device.info();
         let group = self.group();
         let fields = [self.warps_m, self.warps_n, self.mi, self.nj];
-        let steps = [self.kw, self.kw_mn];
+        let kws = [self.words(false), self.words(true)];
         let whole = |kw: u32| {
             let vectors = |side: usize| side * kw as usize / 4;
             vectors(self.rows()) % group == 0 && vectors(self.cols()) % group == 0
         };
+        // Words a stage of one operand's tile takes at most: rows along K padded by 4 words
+        // (side x (kw + 4)), or rows of K padded by 4 words (2 kw x (side / 2 + 4)).
+        let tile = |side: usize, kw: usize| kw * side + 4 * side.max(2 * kw);
         let local = |kw: u32| {
-            (self.stages.max(1) as usize) * (self.rows() + self.cols()) * (kw as usize + 4) * 4
+            let words = tile(self.rows(), kw as usize) + tile(self.cols(), kw as usize);
+            (self.stages.max(1) as usize) * words * 4
         };
-        let bytes = steps.iter().map(|&kw| local(kw)).max().unwrap_or(0);
+        let bytes = kws.iter().map(|&kw| local(kw)).max().unwrap_or(0);
         let ok = fields.iter().all(|&f| f > 0)
             && self.nj.is_multiple_of(2)
-            && steps
+            && (self.rows() / 8).is_power_of_two()
+            && (self.cols() / 8).is_power_of_two()
+            && kws
                 .iter()
                 .all(|&kw| (8..=64).contains(&kw) && kw.is_multiple_of(8) && whole(kw))
             && (self.stages == 0 || (2..=5).contains(&self.stages));
@@ -129,13 +138,14 @@ impl TcTile {
         Ok(())
     }
 
-    /// `NETCL_TC_TILE=warps_m,warps_n,mi,nj,kw,stages` (`kw` for every product), if set and
-    /// well formed (else reported once on stderr and ignored).
+    /// `NETCL_TC_TILE=warps_m,warps_n,mi,nj,kw,stages` (`kw` for every product; `stages` 1, the
+    /// old "cp.async on", means 2), if set and well formed (else reported on stderr and ignored).
     pub fn from_env() -> Option<TcTile> {
         let v = std::env::var("NETCL_TC_TILE").ok()?;
         let f: Vec<u32> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
         match f[..] {
             [warps_m, warps_n, mi, nj, kw, stages] => {
+                let stages = if stages == 1 { 2 } else { stages };
                 Some(TcTile::uniform(warps_m, warps_n, mi, nj, kw, stages))
             }
             _ => {

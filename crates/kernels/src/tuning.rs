@@ -1,5 +1,5 @@
 //! Tuning data per device (GEMM tile sizes, the tensor-core tiling): the user's autotuned file first, then kernels/tuning.json, then defaults by device kind.
-pub use crate::tc_tile::TcTile;
+use crate::tc_tile::TcTile;
 use netcl_core_devices::{Device, DeviceKind, Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -242,13 +242,21 @@ fn choose(device: &Device) -> Choice {
             },
         });
     static ENV: OnceLock<Option<TcTile>> = OnceLock::new();
-    let tc = ENV
+    let env = ENV
         .get_or_init(TcTile::from_env)
         .iter()
-        .copied()
-        .chain(entries.iter().flatten().filter_map(|e| e.tc))
-        .find(|t| t.check(device).is_ok())
-        .unwrap_or(TcTile::DEFAULT);
+        .map(|t| ("NETCL_TC_TILE", *t));
+    let table = (entries.iter().flatten()).filter_map(|e| e.tc.map(|t| ("the tuning table", t)));
+    let tc = env
+        .chain(table)
+        .find(|(origin, t)| match t.check(device) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("netcl: ignoring {origin}'s tensor-core tiling: {e}");
+                false
+            }
+        })
+        .map_or(TcTile::DEFAULT, |(_, t)| t);
     Choice { gemm, tc }
 }
 

@@ -112,9 +112,10 @@ fn f32_sweep(dev: &Device, n: usize, gen: &mut Generator) -> Result<Option<GemmT
     Ok(best.map(|b| b.1))
 }
 
-/// The fastest tensor-core tiling at `n`^3 in bf16: warp grids, K steps and staging timed over
-/// A x B and A x B^T (the forward's and input gradients' layouts), then the K step of products
-/// whose A is M-contiguous (weight gradients) timed over A^T x B.
+/// The fastest tensor-core tiling at `n`^3 in bf16 (TF32 and f16 products take it too): warp
+/// grids, K steps and staging timed over A x B and A x B^T (the forward's and input gradients'
+/// layouts), then the K step of products whose A is M-contiguous (weight gradients) timed over
+/// A^T x B.
 fn tc_sweep(dev: &Device, n: usize, gen: &mut Generator) -> Result<Option<TcTile>> {
     let bf16 =
         |g: &mut Generator| Tensor::randn(&[n, n], DType::F32, dev, g)?.to_dtype(DType::BF16);
@@ -186,8 +187,8 @@ fn tc_sweep(dev: &Device, n: usize, gen: &mut Generator) -> Result<Option<TcTile
     Ok(Some(tile))
 }
 
-/// Writes `dev`'s entry of the user's tuning table: the measured tiles, the current choice for
-/// what was not measured.
+/// Writes `dev`'s entry of the user's tuning table: the measured tiles, and for what was not
+/// measured the entry's earlier values.
 fn save(dev: &Device, gemm: Option<GemmTile>, tc: Option<TcTile>) -> Result<()> {
     let Some(path) = user_table_path() else {
         println!("no cache directory (NETCL_TUNING / NETCL_CACHE_DIR / HOME): not saved");
@@ -202,19 +203,19 @@ fn save(dev: &Device, gemm: Option<GemmTile>, tc: Option<TcTile>) -> Result<()> 
             devices: Vec::new(),
         });
     let name = dev.info().name.clone();
-    let old_tc = table
-        .devices
-        .iter()
-        .find(|e| e.pattern == name)
-        .and_then(|e| e.tc);
+    let old = table.devices.iter().find(|e| e.pattern == name).cloned();
     table.devices.retain(|e| e.pattern != name);
     table.devices.insert(
         0,
         TuningEntry {
             pattern: name,
             driver: Some(dev.info().driver_version.clone()),
-            gemm: gemm.unwrap_or_else(|| gemm_tile(dev)),
-            tc: tc.or(old_tc),
+            // What was not measured keeps this device's earlier entry (an entry needs an f32
+            // tile: without one, the tile in force now).
+            gemm: gemm
+                .or(old.as_ref().map(|e| e.gemm))
+                .unwrap_or_else(|| gemm_tile(dev)),
+            tc: tc.or(old.and_then(|e| e.tc)),
         },
     );
     if let Some(dir) = path.parent() {
