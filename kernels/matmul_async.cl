@@ -122,7 +122,7 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
                    Layout batch,            /* batch dims: operand 0 = c, 1 = a, 2 = b */
                    uint M, uint N, uint K, uint sam, uint sak, uint sbk, uint sbn, uint has_bias,
                    uint ldc, uint c_col,    /* this launch: columns c_col .. c_col + N of C (and B) */
-            uint lower, int diag) {  /* A zero past column m + diag (a hint; see lower_k_end) */
+                   uint lower, int diag) {  /* A zero past column m + diag (a hint; see lower_k_end) */
     __local float As[STAGES * STAGE_FLOATS] __attribute__((aligned(16)));
     __local float Bs[STAGES * STAGE_FLOATS] __attribute__((aligned(16)));
     const uint tid = get_local_id(0);

@@ -305,6 +305,13 @@ pub(super) fn backward(
     let delta = Tensor::alloc(&[d.b, d.h, d.tq], acc_dtype(dtype), device)?;
     let key_grad = || d.t_major(d.tk, d.hkv, dtype, device);
     let rest = [&q, &k, &v, &grad, &lse, &delta];
+    // dq (and delta) through its own kernel.
+    let dq_kernel = |name: &str, block: (usize, usize)| -> Result<Tensor> {
+        let dq = d.t_major(d.tq, d.h, dtype, device)?;
+        let bufs = [&dq, &delta, &q, &k, &v, &grad, &out, &lse];
+        kernels.run(name, (&bufs, &[]), 3, d.b * d.h, d.tq, block)?;
+        Ok(dq)
+    };
     // Tensor cores or register-blocked: dq (and delta), then dk and dv in one kernel (five
     // products per visible pair: two scores, the probability's and the gradient's updates, dq's).
     let paired = match tc {
@@ -346,9 +353,7 @@ pub(super) fn backward(
             let dq = ds.matmul_with(&k.unsqueeze(2)?, opts)?;
             return Ok((dq.reshape(&[d.b, d.h, d.tq, d.d])?, dk, dv));
         }
-        let dq = d.t_major(d.tq, d.h, dtype, device)?;
-        let dq_bufs = [&dq, &delta, &q, &k, &v, &grad, &out, &lse];
-        kernels.run(dq_name, (&dq_bufs, &[]), 3, d.b * d.h, d.tq, block)?;
+        let dq = dq_kernel(dq_name, block)?;
         let flags: &[u32] = match tc {
             Some(_) => &[],
             None => {
@@ -360,16 +365,7 @@ pub(super) fn backward(
         kernels.run(dkdv_name, (&bufs, flags), 4, d.b * d.hkv, d.tk, block)?;
         return Ok((dq, dk, dv));
     }
-    let dq = d.t_major(d.tq, d.h, dtype, device)?;
-    let dq_bufs = [&dq, &delta, &q, &k, &v, &grad, &out, &lse];
-    kernels.run(
-        "attention_bwd_dq",
-        (&dq_bufs, &[]),
-        3,
-        d.b * d.h,
-        d.tq,
-        (BQ, BQ),
-    )?;
+    let dq = dq_kernel("attention_bwd_dq", (BQ, BQ))?;
     // dk needs three products per visible pair (score, its gradient, the update), dv two.
     let one = |name: &str, products: u64| -> Result<Tensor> {
         let t = key_grad()?;
