@@ -9,6 +9,24 @@ __kernel void strided_copy(__global T* out,        /* layout operand 0 */
     STORE(out, o.x, LOAD(src, o.y));
 }
 
+// strided_copy in words of four elements (the bits as they are): the layout counts words, and
+// every row of the innermost dim is dense and starts at a multiple of four elements.
+#if defined(DT_F64)
+typedef ulong4 WORD4;
+#elif defined(DT_F16) || defined(DT_BF16)
+typedef ushort4 WORD4;
+#else
+typedef uint4 WORD4;
+#endif
+__kernel void strided_copy_words(__global WORD4* out,        /* layout operand 0, in words */
+                                 __global const WORD4* src,  /* layout operand 1, in words */
+                                 Layout l, uint n) {
+    uint i = get_global_id(0);
+    if (i >= n) return;
+    uint3 o = layout_offsets(&l, i);
+    out[o.x] = src[o.y];
+}
+
 __kernel void fill(__global T* out,  /* (n) */
                    ACC value, uint n) {
     uint i = get_global_id(0);

@@ -126,6 +126,54 @@ fn views_and_contiguous_match_the_host() {
 }
 
 #[test]
+fn copies_and_sums_of_views_in_runs_of_four_match_the_host_in_every_dtype() {
+    // Views whose dense rows start at multiples of 4 elements (copied 4 at a time) and views
+    // just off that (an offset of 2, rows of 6): contiguous(), a concat of heads (as the
+    // attention's values and its gradients' gather take them) and sums of such views.
+    let devices = test_devices().unwrap();
+    for (case, dtype) in DType::ALL.into_iter().enumerate() {
+        let host = sample(dtype, &[2, 5, 3, 8], case as u64);
+        let views = |t: &Tensor| -> Vec<Tensor> {
+            vec![
+                t.narrow(1, 1, 3).unwrap(),
+                t.narrow(3, 4, 4).unwrap(),
+                t.narrow(3, 2, 6).unwrap(),
+                t.narrow(2, 1, 2).unwrap().transpose(1, 2).unwrap(),
+            ]
+        };
+        let heads = |t: &Tensor| -> Tensor {
+            let parts: Vec<Tensor> = (0..3).map(|h| t.narrow(2, h, 1).unwrap()).collect();
+            let parts: Vec<&Tensor> = parts.iter().rev().collect();
+            Tensor::concat(&parts, 2).unwrap()
+        };
+        // Elementwise over such views: 4 elements a work-item, and one by one (rows of 6).
+        let sums = |t: &Tensor| -> Vec<f64> {
+            let a = t.narrow(3, 4, 4).unwrap().add(&t.narrow(3, 0, 4).unwrap());
+            let b = t.narrow(3, 2, 6).unwrap().add(&t.narrow(3, 0, 6).unwrap());
+            let mut v = a.unwrap().to_vec_f64().unwrap();
+            v.extend(b.unwrap().to_vec_f64().unwrap());
+            v
+        };
+        let want: Vec<Vec<f64>> = views(&host)
+            .iter()
+            .map(|v| v.contiguous().unwrap().to_vec_f64().unwrap())
+            .chain([heads(&host).to_vec_f64().unwrap(), sums(&host)])
+            .collect();
+        for dev in devices.iter().filter(|d| dtypes_for(d).contains(&dtype)) {
+            let t = host.to_device(dev).unwrap();
+            let got: Vec<Vec<f64>> = views(&t)
+                .iter()
+                .map(|v| v.contiguous().unwrap().to_vec_f64().unwrap())
+                .chain([heads(&t).to_vec_f64().unwrap(), sums(&t)])
+                .collect();
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g, w, "{dtype} view {i} on {dev}");
+            }
+        }
+    }
+}
+
+#[test]
 fn contiguous_of_transposed_views_matches_the_host() {
     // The tiled transpose path: ragged tiles, a batch dim, an offset, a row stride wider than
     // the rows, every dtype; and its launch is counted.

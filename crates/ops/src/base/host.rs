@@ -1,10 +1,8 @@
 //! Host-side views that reference implementations read, and the dense copy kernels read from.
+use crate::base::copy::strided_copy;
 use crate::base::dispatch::{backend, Backend};
-use crate::base::launch::{launch_1d, program_for};
-use crate::base::layout::KernelLayout;
 use crate::base::tensor::Tensor;
 use netcl_core_devices::{Error, Result};
-use netcl_kernels::sources::COPY;
 
 /// The elements of a host tensor as f64 in row-major order.
 pub(crate) fn host_f64(op: &str, t: &Tensor) -> Result<Vec<f64>> {
@@ -22,17 +20,12 @@ pub(crate) fn dense(t: &Tensor) -> Result<Tensor> {
     if crate::base::transpose::transpose_into(t, &out)? {
         return Ok(out);
     }
-    let layout = KernelLayout::new(
+    strided_copy(
         "contiguous",
+        (&out, (&out.strides, 0)),
+        (t, (&t.strides, t.offset)),
         &t.shape,
-        &[(&out.strides, 0), (&t.strides, t.offset)],
     )?;
-    let program = program_for(&t.device, &COPY, t.dtype)?;
-    launch_1d(&program, "strided_copy", t.numel(), |k| {
-        k.declare((2 * t.numel() * t.dtype.size()) as u64, 0);
-        k.arg_mem(out.mem()?)?.arg_mem(t.mem()?)?.arg(&layout)?;
-        Ok(())
-    })?;
     Ok(out)
 }
 

@@ -223,6 +223,20 @@ pub fn merged_dims(
         .collect())
 }
 
+/// Whether runs of `w` consecutive elements lie side by side in every operand of `dims` (from
+/// `merged_dims`; `offsets` per operand): the innermost dim has stride 1 everywhere and a
+/// multiple of `w` elements, and every other stride and every offset is a multiple of `w`.
+/// Kernels may then move `w` elements at a time from any element index that is a multiple of `w`.
+pub fn runs_of(w: u32, dims: &[(u32, Vec<u32>)], offsets: &[usize]) -> bool {
+    let Some(((inner, inner_strides), outer)) = dims.split_last() else {
+        return false;
+    };
+    inner % w == 0
+        && inner_strides.iter().all(|&s| s == 1)
+        && outer.iter().all(|(_, st)| st.iter().all(|s| s % w == 0))
+        && offsets.iter().all(|o| o % w as usize == 0)
+}
+
 /// `n` as a 32-bit kernel argument; an error naming `op` and `what` when it does not fit.
 pub(crate) fn u32_arg(op: &str, what: &str, n: usize) -> Result<u32> {
     u32::try_from(n)

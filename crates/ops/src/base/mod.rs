@@ -4,6 +4,7 @@ pub(crate) mod element;
 pub(crate) mod acc;
 pub(crate) mod axis;
 pub(crate) mod checks;
+pub(crate) mod copy;
 pub(crate) mod device_errors;
 #[macro_use]
 pub(crate) mod dispatch;

@@ -1,13 +1,12 @@
 //! Tensor: Arc'd storage (pooled device block or host vector) with shape, strides, offset, dtype and device.
+use crate::base::copy::strided_copy;
 use crate::base::dispatch::{backend, dispatch, Backend, Op};
 use crate::base::element::{Element, HostData};
-use crate::base::launch::{launch_1d, program_for};
 use crate::base::layout::{
     checked_numel, contiguous_strides, is_contiguous, numel, strided_positions, KernelLayout,
 };
 use netcl_core_devices::{DType, Device, Error, Result};
 use netcl_core_memory::{host_charge, host_release, Block, Pool};
-use netcl_kernels::sources::COPY;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, Weak};
@@ -296,14 +295,7 @@ impl Tensor {
             }
             return Ok(());
         }
-        let layout = KernelLayout::new("contiguous", shape, &[dst, src])?;
-        let n = numel(shape);
-        let program = program_for(&self.device, &COPY, self.dtype)?;
-        launch_1d(&program, "strided_copy", n, |k| {
-            k.declare((2 * n * self.dtype.size()) as u64, 0);
-            k.arg_mem(out.mem()?)?.arg_mem(self.mem()?)?.arg(&layout)?;
-            Ok(())
-        })
+        strided_copy("contiguous", (out, dst), (self, src), shape)
     }
 
     /// For host storage: the elements seen through (`shape`, `strides`) from this tensor's offset,

@@ -1,7 +1,7 @@
 //! Running a fused plan: operand checks, broadcasting and destinations, then the dispatch to the generated kernel or the host evaluation; `fused`, `fused_into` and `map`.
 use crate::base::dispatch::{dispatch, Op};
-use crate::base::launch::{launch_1d, launch_1d_over};
-use crate::base::layout::{broadcast_shapes, broadcast_strides, merged_dims, numel};
+use crate::base::launch::launch_1d_over;
+use crate::base::layout::{broadcast_shapes, broadcast_strides, merged_dims, numel, runs_of};
 use crate::base::tensor::Tensor;
 use crate::fused::codegen::{
     arithmetic_nodes, is_uniform, program, set_scalars, Form, FUSED_CONTIG, FUSED_STRIDED, VEC,
@@ -259,8 +259,15 @@ fn launch(e: &FusedEval<'_>, device: &Device) -> Result<()> {
         for (j, (_, off)) in operands.iter().enumerate() {
             words[1 + crate::base::layout::MAX_DIMS * (1 + k) + j] = *off as u32;
         }
-        let program = program(device, plan, 1, &Form::Single { uniform: 0 })?;
-        launch_1d(&program, FUSED_STRIDED, n, |k| {
+        // 4 elements per work-item where runs of 4 lie side by side in every operand.
+        let offsets: Vec<usize> = operands.iter().map(|(_, off)| *off).collect();
+        let vec = if runs_of(VEC as u32, &dims, &offsets) {
+            VEC
+        } else {
+            1
+        };
+        let program = program(device, plan, vec, &Form::Single { uniform: 0 })?;
+        launch_1d_over(&program, FUSED_STRIDED, n.div_ceil(vec), n, |k| {
             k.declare(work.0, work.1);
             allow_in_place(k);
             set_buffers(k)?;

@@ -2,12 +2,13 @@
 use super::{Concat, OneHot, Pad, Tri, TriMask};
 use crate::base::acc::arg_acc;
 use crate::base::checks::u32_arg;
+use crate::base::copy::strided_copy;
 use crate::base::launch::{launch_1d, program_for};
 use crate::base::layout::check_reach;
 use crate::base::layout::{KernelLayout, MAX_DIMS};
 use crate::base::tensor::Tensor;
 use netcl_core_devices::{Device, Error, Result};
-use netcl_kernels::sources::{COPY, SHAPE};
+use netcl_kernels::sources::SHAPE;
 
 /// `PadLayout` of kernels/shape.cl.
 #[repr(C)]
@@ -23,20 +24,12 @@ struct PadLayout {
 
 /// Copy `src` into `dst`, a view of a freshly allocated device tensor of the same dtype (one kernel).
 fn copy_into(op: &str, dst: &Tensor, src: &Tensor) -> Result<()> {
-    if src.numel() == 0 {
-        return Ok(());
-    }
-    let layout = KernelLayout::new(
+    strided_copy(
         op,
+        (dst, (&dst.strides, dst.offset)),
+        (src, (&src.strides, src.offset)),
         &src.shape,
-        &[(&dst.strides, dst.offset), (&src.strides, src.offset)],
-    )?;
-    let program = program_for(&src.device, &COPY, src.dtype)?;
-    launch_1d(&program, "strided_copy", src.numel(), |k| {
-        k.declare((2 * src.numel() * src.dtype.size()) as u64, 0);
-        k.arg_mem(dst.mem()?)?.arg_mem(src.mem()?)?.arg(&layout)?;
-        Ok(())
-    })
+    )
 }
 
 /// One-hot rows on `device`: one kernel over the output, the ids read with stride 0 along the
