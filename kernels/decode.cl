@@ -21,6 +21,7 @@ typedef struct {
     uint hd, smax;             // QKV: head dim, cache length
     uint has_pads, halves, use_table;
     int code;                  // QKV: op code for the error record
+    uint w_off[3];             // element offsets of w0, w1, w2
 } GemvArgs;
 
 // The cache position of this step's token, read from the device (so a replayed step needs no new
@@ -85,6 +86,7 @@ void decode_gemv(__global T* y,               /* PLAIN, SWIGLU: (B, n0 or N); QK
     uint m = 0, r0 = 0, r1 = 0, second = 0;
     bool active = u < units;
     if (active) gemv_rows(u, mode, n0, n1, hd, halves, &m, &r0, &r1, &second);
+    w0 += a.w_off[0]; w1 += a.w_off[1]; w2 += a.w_off[2];
     __global const T* w = m == 0 ? w0 : (m == 1 ? w1 : w2);
     __global const T* wa = w + (size_t)r0 * K;
     __global const T* wb = (mode == EPI_SWIGLU ? w1 : w) + (size_t)r1 * K;

@@ -4,9 +4,14 @@ use netcl_ops::{Error, Result, Tensor};
 
 impl Var {
     /// Concatenation along `dim`; each input's gradient is its slice of the output gradient.
+    /// Values that already lie side by side in one storage ([`Tensor::joined`]: parameters
+    /// allocated as rows of one tensor, say) are joined as a view, without a copy.
     pub fn concat(vars: &[&Var], dim: usize) -> Result<Var> {
         let values: Vec<&Tensor> = vars.iter().map(|v| v.value()).collect();
-        let y = Tensor::concat(&values, dim)?;
+        let y = match Tensor::joined(&values, dim) {
+            Some(view) => view,
+            None => Tensor::concat(&values, dim)?,
+        };
         let sizes: Vec<usize> = vars
             .iter()
             .map(|v| v.shape().get(dim).copied().unwrap_or(0))

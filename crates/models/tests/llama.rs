@@ -1,4 +1,4 @@
-//! Llama on every device: KV-cache decoding equals the full forward, batched padded generation equals one prompt at a time, a tiny model learns, parameter gradients match finite differences in f64, bad input is an error.
+//! Llama on every device: KV-cache decoding equals the full forward, batched padded generation equals one prompt at a time, a tiny model learns, parameter gradients match finite differences in f64, bad input is an error, training resumes exactly (its stacked weights still joined).
 use netcl_autograd::Tape;
 use netcl_core_devices::test_devices;
 use netcl_models::{generate, KvCache, Llama, LlamaConfig, RopeScaling, Sampler, Sampling};
@@ -440,6 +440,15 @@ fn training_resumed_from_a_checkpoint_follows_the_same_losses() {
             straight, resumed,
             "{dev}: bit-identical losses after resume"
         );
+        // The stacked products' weights still lie side by side (joined without a copy) after
+        // a load and AdamW's updates.
+        for b in &m.layers {
+            let (a, f) = (&b.attention, &b.feed_forward);
+            let qkv = [&a.wq, &a.wk, &a.wv].map(|l| l.weight.value());
+            assert!(Tensor::joined(&qkv, 0).is_some(), "{dev}: wq, wk, wv");
+            let gate_up = [&f.w1, &f.w3].map(|l| l.weight.value());
+            assert!(Tensor::joined(&gate_up, 0).is_some(), "{dev}: w1, w3");
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

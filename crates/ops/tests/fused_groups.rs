@@ -230,6 +230,43 @@ fn groups_on_two_devices_launch_once_each() {
 }
 
 #[test]
+fn parameters_that_are_rows_of_one_tensor_update_as_independent_groups() {
+    // Stacked projection weights: each group's p is a block of rows of one tensor (as the
+    // Llama's wq, wk, wv), the same as updating separate copies.
+    let exprs = update();
+    for dev in test_devices().unwrap() {
+        let stacked = random_tensor(DType::F32, &[12, 4], -1.0, 1.0, 7)
+            .to_device(&dev)
+            .unwrap();
+        let rows = [(0, 4), (4, 4), (8, 4)];
+        let ts: Vec<[Tensor; 3]> = rows
+            .iter()
+            .enumerate()
+            .map(|(k, &(start, n))| {
+                let spec = spec(DType::F32, &[n, 4], Layout::Dense);
+                let p = stacked.narrow(0, start, n).unwrap();
+                [
+                    p,
+                    operand(&spec, &dev, 8, k, 1),
+                    operand(&spec, &dev, 8, k, 2),
+                ]
+            })
+            .collect();
+        let copies: Vec<[Tensor; 3]> = ts
+            .iter()
+            .map(|t| t.clone().map(|x| x.mul_scalar(1.0).unwrap()))
+            .collect();
+        fused_into_groups(&exprs, &groups(&ts)).unwrap();
+        for c in &copies {
+            let (p, g, m) = (&c[0], &c[1], &c[2]);
+            let dests = [(exprs[0].clone(), m), (exprs[1].clone(), p)];
+            fused_into(&[p, g, m], &dests).unwrap();
+        }
+        assert_eq!(values(&ts), values(&copies), "{dev}");
+    }
+}
+
+#[test]
 fn bad_groups_are_errors_and_change_nothing() {
     let exprs = update();
     for dev in test_devices().unwrap() {

@@ -272,6 +272,34 @@ fn view_ops_share_storage_and_check_arguments() {
             [0., 0., 0., 0., 1., 1., 1., 1.]
         );
         assert_eq!(t.unsqueeze(3).unwrap().squeeze_all().shape(), &[2, 3, 4]);
+        // Pieces side by side in one storage join as a view; out of order, strided apart or
+        // from two storages they do not (concat copies those).
+        let piece = |d: usize, s: usize, n: usize| t.narrow(d, s, n).unwrap();
+        let (a, b, c) = (piece(1, 0, 1), piece(1, 1, 2), piece(2, 1, 2));
+        let j = Tensor::joined(&[&a, &b], 1).unwrap();
+        assert!(j.shares_storage(&t) && j.shape() == [2, 3, 4]);
+        assert_eq!(j.to_vec::<f32>().unwrap(), t.to_vec::<f32>().unwrap());
+        let rows = Tensor::joined(&[&piece(0, 0, 1), &piece(0, 1, 1)], 0).unwrap();
+        assert!(rows.is_contiguous() && rows.shares_storage(&t));
+        let c2 = piece(2, 3, 1);
+        assert_eq!(
+            Tensor::joined(&[&c, &c2], 2)
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap(),
+            t.narrow(2, 1, 3).unwrap().to_vec::<f32>().unwrap()
+        );
+        let other = Tensor::zeros(&[2, 3, 4], DType::F32, &dev).unwrap();
+        let copy = other.narrow(1, 1, 2).unwrap();
+        for parts in [
+            vec![&b, &a],
+            vec![&a, &piece(1, 2, 1)],
+            vec![&a, &copy],
+            vec![&a],
+        ] {
+            assert!(Tensor::joined(&parts, 1).is_none());
+        }
+        assert!(Tensor::joined(&[&a, &b], 3).is_none());
         // Reshape of a non-contiguous view copies; of a contiguous one it does not.
         assert!(t.reshape(&[6, 4]).unwrap().shares_storage(&t));
         assert!(!tr.reshape(&[24]).unwrap().shares_storage(&t));

@@ -21,13 +21,43 @@ fn proj(
     Linear::with_init(inn, out, false, INIT, cfg.dtype, dev, g)
 }
 
-/// The parameters of `parts`, each name prefixed by its part's.
+/// Projections of one input whose weights are rows of one tensor ([sum of outputs, inn], drawn
+/// at once), from row `start`, `out` rows each: the stacked products below (queries, keys and
+/// values; gate and up) then read the weights where they lie instead of concatenating them every
+/// step (`Var::concat` joins them as a view). Loading or updating a weight writes in place and
+/// keeps them joined; a weight replaced by other storage is concatenated as before.
+struct Joint(Tensor);
+
+impl Joint {
+    fn new(
+        inn: usize,
+        total: usize,
+        cfg: &LlamaConfig,
+        dev: &Device,
+        g: &mut Generator,
+    ) -> Result<Joint> {
+        Ok(Joint(INIT.tensor(
+            &[total, inn],
+            inn,
+            total,
+            cfg.dtype,
+            dev,
+            g,
+        )?))
+    }
+
+    fn proj(&self, start: usize, out: usize) -> Result<Linear> {
+        Linear::from_weights(self.0.narrow(0, start, out)?, None)
+    }
+}
+
 /// A projection without bias or LoRA adapter: its weight alone is the product (what the fused
 /// gate/up product and the decode kernels take).
 pub(super) fn plain(lin: &Linear) -> bool {
     lin.bias.is_none() && lin.lora.is_none()
 }
 
+/// The parameters of `parts`, each name prefixed by its part's.
 fn named(parts: &[(&str, &dyn Module)]) -> Vec<(String, Parameter)> {
     parts
         .iter()
@@ -64,10 +94,11 @@ impl Attention {
                 RopeFreqs::Table(t.to_dtype(netcl_ops::acc_dtype(cfg.dtype))?)
             }
         };
+        let qkv = Joint::new(d, d + 2 * kv, cfg, dev, g)?;
         Ok(Attention {
-            wq: proj(d, d, cfg, dev, g)?,
-            wk: proj(d, kv, cfg, dev, g)?,
-            wv: proj(d, kv, cfg, dev, g)?,
+            wq: qkv.proj(0, d)?,
+            wk: qkv.proj(d, kv)?,
+            wv: qkv.proj(d + kv, kv)?,
             wo: proj(d, d, cfg, dev, g)?,
             cfg: cfg.clone(),
             freqs,
@@ -159,10 +190,12 @@ pub struct FeedForward {
 
 impl FeedForward {
     pub fn new(cfg: &LlamaConfig, dev: &Device, g: &mut Generator) -> Result<FeedForward> {
+        let (d, h) = (cfg.dim, cfg.hidden_dim);
+        let gate_up = Joint::new(d, 2 * h, cfg, dev, g)?;
         Ok(FeedForward {
-            w1: proj(cfg.dim, cfg.hidden_dim, cfg, dev, g)?,
-            w2: proj(cfg.hidden_dim, cfg.dim, cfg, dev, g)?,
-            w3: proj(cfg.dim, cfg.hidden_dim, cfg, dev, g)?,
+            w1: gate_up.proj(0, h)?,
+            w2: proj(h, d, cfg, dev, g)?,
+            w3: gate_up.proj(h, h)?,
         })
     }
 

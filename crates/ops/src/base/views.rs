@@ -87,6 +87,33 @@ impl Tensor {
         self.slice(dim, start, end, 1)
     }
 
+    /// The concatenation of `tensors` along `dim` as a view, when they already lie side by side
+    /// in one storage (one strides, each starting where the one before ends along `dim`, as
+    /// narrow views of one tensor do, in order): `None` otherwise, and for fewer than two.
+    /// Unlike [`Tensor::concat`], the result shares the pieces' storage.
+    pub fn joined(tensors: &[&Tensor], dim: usize) -> Option<Tensor> {
+        let (first, rest) = tensors.split_first()?;
+        if rest.is_empty() || dim >= first.ndim() {
+            return None;
+        }
+        let mut end = first.offset + first.shape[dim] * first.strides[dim];
+        for t in rest {
+            let fits = t.shares_storage(first)
+                && t.dtype == first.dtype
+                && t.strides == first.strides
+                && t.offset == end
+                && t.ndim() == first.ndim()
+                && (0..t.ndim()).all(|d| d == dim || t.shape[d] == first.shape[d]);
+            if !fits {
+                return None;
+            }
+            end += t.shape[dim] * t.strides[dim];
+        }
+        let mut shape = first.shape.clone();
+        shape[dim] = tensors.iter().map(|t| t.shape[dim]).sum();
+        Some(first.view_of(shape, first.strides.clone(), first.offset))
+    }
+
     /// Entries `start, start + step, ...` below `end` of `dim`.
     pub fn slice(&self, dim: usize, start: usize, end: usize, step: usize) -> Result<Tensor> {
         self.check_dim("slice", dim)?;

@@ -31,6 +31,8 @@ struct GemvArgs {
     halves: u32,
     use_table: u32,
     code: i32,
+    /// Element offsets of w0, w1, w2 in their buffers.
+    w_off: [u32; 3],
 }
 
 /// `GEMV_GROUP`, `GEMV_MAXB` and `ATT_GROUP` of decode.cl.
@@ -41,7 +43,18 @@ const ATT_GROUP: usize = 256;
 pub(super) fn gemv(desc: &DecodeGemv, device: &Device) -> Result<Tensor> {
     let op = "decode_gemv";
     let x = dense(&desc.x)?;
-    let w: Vec<Tensor> = desc.weights.iter().map(dense).collect::<Result<_>>()?;
+    // Weights as they lie where their rows' 4-element loads stay aligned (rows of a stacked
+    // weight, say); other layouts copied dense.
+    let w: Vec<Tensor> = (desc.weights.iter())
+        .map(|t| match t.is_contiguous() && t.offset % 4 == 0 {
+            true => Ok(t.clone()),
+            false => dense(t),
+        })
+        .collect::<Result<_>>()?;
+    let mut w_off = [0; 3];
+    for (o, t) in w_off.iter_mut().zip(&w) {
+        *o = u32_arg(op, "weight offset", t.offset)?;
+    }
     let (b, k) = (x.shape[0], x.shape[1]);
     let (n0, n1) = (w[0].shape[0], w.get(1).map_or(0, |t| t.shape[0]));
     let n2 = w.get(2).map_or(0, |t| t.shape[0]);
@@ -83,6 +96,7 @@ pub(super) fn gemv(desc: &DecodeGemv, device: &Device) -> Result<Tensor> {
         halves: 0,
         use_table: 0,
         code: code_of("decode_qkv"),
+        w_off,
     };
     let (mut theta, mut table, mut pads, mut step) = (1.0, None, None, None);
     match &desc.epilogue {

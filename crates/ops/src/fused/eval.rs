@@ -281,7 +281,7 @@ fn launch(e: &FusedEval<'_>, device: &Device) -> Result<()> {
 /// Whether views `a` and `b` of one buffer share no element: their element ranges do not meet,
 /// or they have one shape and the same strides with a contiguous last dim whose runs interleave
 /// without touching (the two halves of a last dim).
-fn disjoint(a: &Tensor, b: &Tensor) -> bool {
+pub(crate) fn disjoint(a: &Tensor, b: &Tensor) -> bool {
     let reach = |t: &Tensor| {
         let far: usize = (t.shape.iter().zip(&t.strides))
             .map(|(n, s)| n.saturating_sub(1) * s)

@@ -6,7 +6,7 @@ use crate::base::tensor::Tensor;
 use crate::fused::codegen::{
     arithmetic_nodes, is_uniform, program, set_scalars, slot_operands, Form, FUSED_GROUPS, VEC,
 };
-use crate::fused::eval::run;
+use crate::fused::eval::{disjoint, run};
 use crate::fused::expr::{Class, Expr};
 use crate::fused::plan::{plan, Plan};
 use netcl_core_devices::{DType, Device, Error, Result};
@@ -131,21 +131,26 @@ fn storage_id(t: &Tensor) -> usize {
     t.storage_id()
 }
 
-/// No destination of one group shares storage with a tensor of another group.
+/// No destination of one group shares an element with a tensor of another group (views of one
+/// storage that do not meet, parameters allocated as rows of one tensor say, are independent).
 fn check_independent(groups: &[FusedGroup<'_>]) -> Result<()> {
-    let mut written: HashMap<usize, usize> = HashMap::new();
+    let mut written: HashMap<usize, Vec<(usize, &Tensor)>> = HashMap::new();
     for (gi, g) in groups.iter().enumerate() {
         for d in &g.outputs {
-            written.entry(storage_id(d)).or_insert(gi);
+            written.entry(storage_id(d)).or_default().push((gi, d));
         }
     }
     for (gi, g) in groups.iter().enumerate() {
         for t in g.outputs.iter().chain(&g.inputs) {
-            if let Some(&w) = written.get(&storage_id(t)).filter(|&&w| w != gi) {
+            let dests = written.get(&storage_id(t)).into_iter().flatten();
+            let clash = dests
+                .filter(|(w, d)| *w != gi && !disjoint(d, t))
+                .map(|(w, _)| w);
+            if let Some(w) = clash.min() {
                 return Err(Error::invalid(
                     OP,
                     format!(
-                        "group {gi}'s tensor {:?} shares storage with a destination of group {w}; \
+                        "group {gi}'s tensor {:?} shares elements with a destination of group {w}; \
                          groups run in one kernel and must be independent",
                         t.shape
                     ),
