@@ -274,8 +274,10 @@ fn a_replayed_tiny_llama_step_is_bit_identical_to_eager() {
         // 60,928 B; no plan of whole-buffer slots can go below 63,744 B (for each size, the most
         // buffers at least that large alive at once need a slot each), and 16 more placement
         // orders plus moving single buffers between slots found nothing below 66,304 B. The
-        // MLP stays strictly below.
-        assert_planned_below_eager(&graph, 10);
+        // MLP stays strictly below. 2026-11-26, after the Llama's stacked weights became views
+        // (no concatenation buffers, eager or planned): plan 58,624 B, eager 50,688 B, and no
+        // plan of whole-buffer slots below 56,576 B (11.6% over eager's peak): hence 20%.
+        assert_planned_below_eager(&graph, 20);
     }
 }
 
