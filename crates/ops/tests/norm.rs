@@ -299,6 +299,52 @@ fn norm_backward_rows_at_register_boundaries() {
 }
 
 #[test]
+fn norm_backward_over_many_rows_matches_the_reference() {
+    // Parameter gradients summed over many chunks of rows (a row count no chunk divides), rows
+    // of 4-wide and 1-wide units.
+    let devices = test_devices().unwrap();
+    for (rows, n) in [(1029, 96), (517, 257)] {
+        for dtype in [DType::F32, DType::F64] {
+            let x = random_tensor(dtype, &[rows, n], -3.0, 3.0, n as u64);
+            let gy = random_tensor(dtype, &[rows, n], -1.0, 1.0, n as u64 + 1);
+            let w = random_tensor(dtype, &[n], 0.5, 1.5, n as u64 + 2);
+            let (xs, gs, wv) = (
+                x.to_vec_f64().unwrap(),
+                gy.to_vec_f64().unwrap(),
+                w.to_vec_f64().unwrap(),
+            );
+            for rms in [false, true] {
+                let [dx, dw, db] = norm_grads_reference(&xs, &gs, n, rms, &wv, 1e-5);
+                for dev in devices
+                    .iter()
+                    .filter(|d| dtype != DType::F64 || d.info().fp64)
+                {
+                    let what = format!("rms={rms} {dtype} [{rows}, {n}] on {dev}");
+                    let [x, dy, wd] = [&x, &gy, &w].map(|t| t.to_device(dev).unwrap());
+                    let g = if rms {
+                        let (_, r) = x.rms_norm(&[n], Some(&wd), 1e-5).unwrap();
+                        x.rms_norm_backward(&dy, &r, &[n], Some(&wd)).unwrap()
+                    } else {
+                        let (_, m, r) = x.layer_norm(&[n], Some(&wd), None, 1e-5).unwrap();
+                        x.layer_norm_backward(&dy, &m, &r, &[n], Some(&wd), true)
+                            .unwrap()
+                    };
+                    let tol = tolerance(dtype) * 8.0;
+                    let got = g.dx.to_vec_f64().unwrap();
+                    check_close(&got, &dx, tol, 4.0, &format!("dx {what}")).unwrap();
+                    let gw = g.dweight.unwrap().to_vec_f64().unwrap();
+                    check_close(&gw, &dw, tol, 8.0, &format!("dweight {what}")).unwrap();
+                    if let Some(gb) = g.dbias {
+                        let gb = gb.to_vec_f64().unwrap();
+                        check_close(&gb, &db, tol, 8.0, &format!("dbias {what}")).unwrap();
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn norm_gradients_match_finite_differences() {
     for dev in test_devices().unwrap() {
         if !dev.info().fp64 {
