@@ -275,9 +275,9 @@ fn a_replayed_tiny_llama_step_is_bit_identical_to_eager() {
         // buffers at least that large alive at once need a slot each), and 16 more placement
         // orders plus moving single buffers between slots found nothing below 66,304 B. The
         // MLP stays strictly below. 2026-11-26, after the Llama's stacked weights became views
-        // (no concatenation buffers, eager or planned): plan 58,624 B, eager 50,688 B, and no
-        // plan of whole-buffer slots below 56,576 B (11.6% over eager's peak): hence 20%.
-        assert_planned_below_eager(&graph, 20);
+        // (no concatenation buffers, eager or planned): plan 58,624 B, 15.7% over eager's
+        // 50,688 B, and no plan of whole-buffer slots below 56,576 B (11.6% over): hence 18%.
+        assert_planned_below_eager(&graph, 18);
     }
 }
 

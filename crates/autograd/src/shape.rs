@@ -5,7 +5,10 @@ use netcl_ops::{Error, Result, Tensor};
 impl Var {
     /// Concatenation along `dim`; each input's gradient is its slice of the output gradient.
     /// Values that already lie side by side in one storage ([`Tensor::joined`]: parameters
-    /// allocated as rows of one tensor, say) are joined as a view, without a copy.
+    /// allocated as rows of one tensor, say) are joined as a view, without a copy, as PyTorch's
+    /// views share storage: writing into the result in place writes into the inputs, and an
+    /// in-place write to an input between forward and backward is the tape's version error
+    /// where the result was saved for backward.
     pub fn concat(vars: &[&Var], dim: usize) -> Result<Var> {
         let values: Vec<&Tensor> = vars.iter().map(|v| v.value()).collect();
         let y = match Tensor::joined(&values, dim) {

@@ -300,6 +300,9 @@ fn view_ops_share_storage_and_check_arguments() {
             assert!(Tensor::joined(&parts, 1).is_none());
         }
         assert!(Tensor::joined(&[&a, &b], 3).is_none());
+        // Pieces broadcast along the dim (stride 0) would join onto one element: copied.
+        let bcast = t.narrow(0, 0, 1).unwrap().broadcast_to(&[2, 3, 4]).unwrap();
+        assert!(Tensor::joined(&[&bcast, &bcast], 0).is_none());
         // Reshape of a non-contiguous view copies; of a contiguous one it does not.
         assert!(t.reshape(&[6, 4]).unwrap().shares_storage(&t));
         assert!(!tr.reshape(&[24]).unwrap().shares_storage(&t));

@@ -162,6 +162,13 @@ impl KernelLayout {
     /// dims merged wherever every operand walks them as one.
     pub fn new(op: &str, shape: &[usize], operands: &[(&[usize], usize)]) -> Result<KernelLayout> {
         let dims = merged_dims(op, shape, operands)?;
+        let offsets: Vec<usize> = operands.iter().map(|(_, off)| *off).collect();
+        Ok(KernelLayout::from_dims(&dims, &offsets))
+    }
+
+    /// The layout of dims from [`merged_dims`] (extent, stride per operand) and the operands'
+    /// element offsets.
+    pub fn from_dims(dims: &[(u32, Vec<u32>)], offsets: &[usize]) -> KernelLayout {
         let mut l = KernelLayout {
             ndim: dims.len() as u32,
             shape: [1; MAX_DIMS],
@@ -174,10 +181,10 @@ impl KernelLayout {
                 row[i] = s;
             }
         }
-        for (j, (_, off)) in operands.iter().enumerate() {
+        for (j, off) in offsets.iter().enumerate() {
             l.offset[j] = *off as u32;
         }
-        Ok(l)
+        l
     }
 }
 

@@ -93,7 +93,8 @@ impl Tensor {
     /// Unlike [`Tensor::concat`], the result shares the pieces' storage.
     pub fn joined(tensors: &[&Tensor], dim: usize) -> Option<Tensor> {
         let (first, rest) = tensors.split_first()?;
-        if rest.is_empty() || dim >= first.ndim() {
+        // A stride of 0 along `dim` (a broadcast) would join pieces onto one element.
+        if rest.is_empty() || dim >= first.ndim() || first.strides[dim] == 0 {
             return None;
         }
         let mut end = first.offset + first.shape[dim] * first.strides[dim];

@@ -43,10 +43,12 @@ const ATT_GROUP: usize = 256;
 pub(super) fn gemv(desc: &DecodeGemv, device: &Device) -> Result<Tensor> {
     let op = "decode_gemv";
     let x = dense(&desc.x)?;
-    // Weights as they lie where their rows' 4-element loads stay aligned (rows of a stacked
-    // weight, say); other layouts copied dense.
+    // Contiguous weights as they lie (rows of a stacked weight, say) where their rows' 4-element
+    // loads stay aligned or the rows are loaded one element at a time (K not a multiple of 4);
+    // other layouts copied dense.
+    let k4 = desc.x.shape[1].is_multiple_of(4);
     let w: Vec<Tensor> = (desc.weights.iter())
-        .map(|t| match t.is_contiguous() && t.offset % 4 == 0 {
+        .map(|t| match t.is_contiguous() && (t.offset % 4 == 0 || !k4) {
             true => Ok(t.clone()),
             false => dense(t),
         })

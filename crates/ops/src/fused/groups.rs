@@ -40,8 +40,9 @@ pub struct FusedGroup<'a> {
 /// tensors) run one by one through `fused_into`, which checks them when they run; the batched
 /// groups are checked before anything runs.
 ///
-/// The groups must be independent: no destination of one group may share storage with any
-/// tensor of another group (an error otherwise, since they run in one kernel).
+/// The groups must be independent: no destination of one group may share an element with any
+/// tensor of another group (an error otherwise, since they run in one kernel); views of one
+/// storage that do not meet (parameters that are row blocks of one tensor) are independent.
 pub fn fused_into_groups(exprs: &[Expr], groups: &[FusedGroup<'_>]) -> Result<()> {
     let _span = netcl_profiling::span(OP);
     for (gi, g) in groups.iter().enumerate() {
