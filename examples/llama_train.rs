@@ -11,9 +11,9 @@
 //!
 //! Defaults: a 14.4M-parameter model (dim 384, 8 layers, 8 heads, SwiGLU 1024, BPE vocabulary 512,
 //! context 256, batch 32). On the fortunes corpus (2.5 MB; 1.2M train / 136k validation tokens)
-//! it reaches val loss 2.679 nats/token = 2.039 bits/byte against the bigram baseline's 2.939
-//! (31% better), in 800 steps and 46 s on an NVIDIA H100 (OpenCL, 144k tokens/s; measured
-//! 2026-11-23). A larger vocabulary or longer runs overfit this small corpus: with vocabulary
+//! it reaches val loss 2.683 nats/token = 2.043 bits/byte against the bigram baseline's 2.939
+//! (30.5% better), in 800 steps and 37 s on an NVIDIA H100 (OpenCL, 177k tokens/s; measured
+//! 2026-11-26; 2.679 nats in 46 s on 2026-11-23, before later kernel changes). A larger vocabulary or longer runs overfit this small corpus: with vocabulary
 //! 4096 the best was 15% better than its bigram, at step 800 of 2000.
 //!
 //! Data path (post-mortem 004): the token stream stays on the host, each step uploads only its

@@ -18,37 +18,37 @@ fn proj(
     dev: &Device,
     g: &mut Generator,
 ) -> Result<Linear> {
-    Linear::with_init(inn, out, false, INIT, cfg.dtype, dev, g)
+    Linear::from_weights(weight(inn, out, cfg, dev, g)?, None)
 }
 
-/// Projections of one input whose weights are rows of one tensor ([sum of outputs, inn], drawn
-/// at once), from row `start`, `out` rows each: the stacked products below (queries, keys and
-/// values; gate and up) then read the weights where they lie instead of concatenating them every
-/// step (`Var::concat` joins them as a view). Loading or updating a weight writes in place and
-/// keeps them joined; a weight replaced by other storage is concatenated as before.
+/// Projections of one input whose weights are rows of one tensor ([sum of outputs, inn]), from
+/// row `start`, `out` rows each: the stacked products below (queries, keys and values; gate and
+/// up) then read the weights where they lie instead of concatenating them every step
+/// (`Var::concat` joins them as a view). Loading or updating a weight writes in place and keeps
+/// them joined; a weight replaced by other storage is concatenated as before.
 struct Joint(Tensor);
 
 impl Joint {
-    fn new(
-        inn: usize,
-        total: usize,
-        cfg: &LlamaConfig,
-        dev: &Device,
-        g: &mut Generator,
-    ) -> Result<Joint> {
-        Ok(Joint(INIT.tensor(
-            &[total, inn],
-            inn,
-            total,
-            cfg.dtype,
-            dev,
-            g,
-        )?))
+    /// The weights drawn one by one, in the model's order (the same initial values for a seed
+    /// as separate projections), then copied into one tensor.
+    fn of(weights: &[&Tensor]) -> Result<Joint> {
+        Ok(Joint(Tensor::concat(weights, 0)?))
     }
 
     fn proj(&self, start: usize, out: usize) -> Result<Linear> {
         Linear::from_weights(self.0.narrow(0, start, out)?, None)
     }
+}
+
+/// A projection's weight [out, inn], drawn from `g`.
+fn weight(
+    inn: usize,
+    out: usize,
+    cfg: &LlamaConfig,
+    dev: &Device,
+    g: &mut Generator,
+) -> Result<Tensor> {
+    INIT.tensor(&[out, inn], inn, out, cfg.dtype, dev, g)
 }
 
 /// A projection without bias or LoRA adapter: its weight alone is the product (what the fused
@@ -94,7 +94,10 @@ impl Attention {
                 RopeFreqs::Table(t.to_dtype(netcl_ops::acc_dtype(cfg.dtype))?)
             }
         };
-        let qkv = Joint::new(d, d + 2 * kv, cfg, dev, g)?;
+        let wq = weight(d, d, cfg, dev, g)?;
+        let wk = weight(d, kv, cfg, dev, g)?;
+        let wv = weight(d, kv, cfg, dev, g)?;
+        let qkv = Joint::of(&[&wq, &wk, &wv])?;
         Ok(Attention {
             wq: qkv.proj(0, d)?,
             wk: qkv.proj(d, kv)?,
@@ -191,10 +194,13 @@ pub struct FeedForward {
 impl FeedForward {
     pub fn new(cfg: &LlamaConfig, dev: &Device, g: &mut Generator) -> Result<FeedForward> {
         let (d, h) = (cfg.dim, cfg.hidden_dim);
-        let gate_up = Joint::new(d, 2 * h, cfg, dev, g)?;
+        let w1 = weight(d, h, cfg, dev, g)?;
+        let w2 = proj(h, d, cfg, dev, g)?;
+        let w3 = weight(d, h, cfg, dev, g)?;
+        let gate_up = Joint::of(&[&w1, &w3])?;
         Ok(FeedForward {
             w1: gate_up.proj(0, h)?,
-            w2: proj(h, d, cfg, dev, g)?,
+            w2,
             w3: gate_up.proj(h, h)?,
         })
     }
