@@ -22,16 +22,6 @@ struct PadLayout {
     x_offset: u32,
 }
 
-/// Copy `src` into `dst`, a view of a freshly allocated device tensor of the same dtype (one kernel).
-fn copy_into(op: &str, dst: &Tensor, src: &Tensor) -> Result<()> {
-    strided_copy(
-        op,
-        (dst, (&dst.strides, dst.offset)),
-        (src, (&src.strides, src.offset)),
-        &src.shape,
-    )
-}
-
 /// One-hot rows on `device`: one kernel over the output, the ids read with stride 0 along the
 /// class dim.
 pub(super) fn one_hot(desc: &OneHot, device: &Device) -> Result<Tensor> {
@@ -71,7 +61,13 @@ pub(super) fn concat(desc: &Concat, device: &Device) -> Result<Tensor> {
     let out = Tensor::alloc(shape, tensors[0].dtype, device)?;
     let mut start = 0;
     for t in tensors {
-        copy_into("concat", &out.narrow(*dim, start, t.shape[*dim])?, t)?;
+        let dst = out.narrow(*dim, start, t.shape[*dim])?;
+        strided_copy(
+            "concat",
+            (&out, (&dst.strides, dst.offset)),
+            (t, (&t.strides, t.offset)),
+            &t.shape,
+        )?;
         start += t.shape[*dim];
     }
     Ok(out)
