@@ -160,3 +160,83 @@ fn autocast_tiny_llama_tracks_f32() {
         );
     }
 }
+
+/// `v` rounded to bf16 (round to nearest even), back in f64.
+fn bf16_round(v: &[f64]) -> Vec<f64> {
+    v.iter()
+        .map(|&x| half::bf16::from_f64(x).to_f64())
+        .collect()
+}
+
+fn assert_near(got: &[f64], want: &[f64], rel: f64, what: &str) {
+    let scale = want.iter().fold(1e-3f64, |m, w| m.max(w.abs()));
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= rel * scale, "{what}[{i}]: {g} vs {w}");
+    }
+}
+
+/// Under autocast a linear's output is bf16 (as PyTorch's autocast returns it), a binary op of
+/// an f32 and a bf16 operand computes and returns f32, and every gradient comes back in its
+/// input's dtype; values against f64 on the bf16-rounded operands.
+#[test]
+fn autocast_products_are_16_bit_and_gradients_keep_their_dtypes() {
+    for dev in test_devices().unwrap() {
+        let mut g = Generator::new(3);
+        let mut randn = |shape: &[usize]| Tensor::randn(shape, DType::F32, &dev, &mut g).unwrap();
+        let (x, w, b, r) = (randn(&[5, 8]), randn(&[6, 8]), randn(&[6]), randn(&[5, 6]));
+        let tape = Tape::new();
+        let [xv, wv, bv, rv] = [&x, &w, &b, &r].map(|t| tape.leaf(t).unwrap());
+        let (y, h) = autocast(DType::BF16, || -> netcl::Result<(Var, Var)> {
+            let y = xv.linear(&wv, Some(&bv), Activation::None)?;
+            Ok((y.clone(), rv.mul(&y)?))
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (y.dtype(), h.dtype()),
+            (DType::BF16, DType::F32),
+            "on {dev}"
+        );
+        let grads = tape.backward(&h.sum_all().unwrap()).unwrap();
+        let vals = |t: &Tensor| t.to_vec_f64().unwrap();
+        let (xr, wr, br, rv64) = (
+            bf16_round(&vals(&x)),
+            bf16_round(&vals(&w)),
+            bf16_round(&vals(&b)),
+            vals(&r),
+        );
+        let yref: Vec<f64> = (0..30)
+            .map(|e| {
+                (0..8)
+                    .map(|k| xr[e / 6 * 8 + k] * wr[e % 6 * 8 + k])
+                    .sum::<f64>()
+                    + br[e % 6]
+            })
+            .collect();
+        let yv = vals(y.value());
+        // One bf16 rounding of an f32 sum: within one unit of the last place.
+        assert_near(&yv, &bf16_round(&yref), 1.0 / 128.0, &format!("y on {dev}"));
+        // f32 times the widened bf16 output, exactly.
+        let hv: Vec<f64> = rv64.iter().zip(&yv).map(|(a, b)| a * b).collect();
+        assert_near(&vals(h.value()), &hv, 1e-6, &format!("h on {dev}"));
+        let grad = |v: &Var| grads.get(v).unwrap().clone();
+        for v in [&xv, &wv, &bv, &rv] {
+            assert_eq!(grad(v).dtype(), DType::F32, "on {dev}");
+        }
+        // d h / d r = y; y's gradient is r rounded to bf16, which the products read.
+        assert_near(&vals(&grad(&rv)), &yv, 1e-6, &format!("dr on {dev}"));
+        let gy = bf16_round(&rv64);
+        let dx: Vec<f64> = (0..40)
+            .map(|e| (0..6).map(|o| gy[e / 8 * 6 + o] * wr[o * 8 + e % 8]).sum())
+            .collect();
+        let dw: Vec<f64> = (0..48)
+            .map(|e| (0..5).map(|i| gy[i * 6 + e / 8] * xr[i * 8 + e % 8]).sum())
+            .collect();
+        let db: Vec<f64> = (0..6)
+            .map(|o| (0..5).map(|i| gy[i * 6 + o]).sum())
+            .collect();
+        assert_near(&vals(&grad(&xv)), &dx, 1.0 / 128.0, &format!("dx on {dev}"));
+        assert_near(&vals(&grad(&wv)), &dw, 1.0 / 128.0, &format!("dw on {dev}"));
+        assert_near(&vals(&grad(&bv)), &db, 1.0 / 128.0, &format!("db on {dev}"));
+    }
+}

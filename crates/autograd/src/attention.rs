@@ -1,5 +1,5 @@
 //! Scaled dot-product attention: the fused kernel's op and backward rule (`Var::flash_attention`), and `Var::attention`, which takes it where it can and composes recorded ops (matmul, mask, softmax, matmul) elsewhere.
-use crate::autocast::product_dtype;
+use crate::autocast::autocast_dtype;
 use crate::tape::{any_tracked, record, Var};
 use netcl_ops::{DType, Error, Result, Tensor};
 
@@ -65,7 +65,8 @@ impl Var {
     /// grouped-query heads, no materialised scores). The tape keeps q, k, v, the output and
     /// the rows' log-sum-exp (B, H, Tq), and the backward is the fused one (dq, dk and dv kernels).
     /// Under autocast, f32 operands compute in the autocast dtype ([`Tensor::flash_attention_in`]:
-    /// tensor cores read and write the f32 tensors), as PyTorch's autocast runs attention.
+    /// tensor cores read and write the f32 tensors), as PyTorch's autocast runs attention; 16-bit
+    /// operands (the projections' outputs under autocast) compute in their own dtype.
     pub fn flash_attention(
         q: &Var,
         k: &Var,
@@ -73,8 +74,8 @@ impl Var {
         causal: bool,
         scale: Option<f64>,
     ) -> Result<Var> {
-        let all_f32 = [k, v].iter().all(|x| x.dtype() == DType::F32);
-        let compute = product_dtype(q.dtype()).filter(|_| all_f32);
+        let all_f32 = [q, k, v].iter().all(|x| x.dtype() == DType::F32);
+        let compute = autocast_dtype().filter(|_| all_f32);
         let (qv, kv, vv) = (q.value(), k.value(), v.value());
         let (out, lse) = Tensor::flash_attention_in(qv, kv, vv, causal, scale, compute)?;
         if !any_tracked(&[q, k, v]) {

@@ -1,4 +1,4 @@
-//! Autocast (mixed precision): inside `autocast(dtype, f)`, matrix products, linear layers and fused attention of f32 values compute in bf16 or f16 (tensor cores where the device has them) and return f32; norms, softmax, losses, reductions and the parameters stay f32.
+//! Autocast (mixed precision): inside `autocast(dtype, f)`, matrix products and linear layers compute in bf16 or f16 (tensor cores where the device has them) and return that dtype, as PyTorch's autocast does; fused attention computes in it too; losses return f32, binary ops promote mixed float operands to the wider dtype, and the parameters stay f32.
 use netcl_ops::{DType, Error, Result};
 use std::cell::Cell;
 
@@ -16,11 +16,13 @@ impl Drop for Restore {
 }
 
 /// Runs `f` with autocast to `dtype` (`BF16` or `F16`) on this thread: `Var::matmul` and
-/// `Var::linear` multiply `dtype` copies of their f32 operands into f32 products, and
-/// `Var::flash_attention` computes in `dtype` and returns f32; their gradients, computed the same
-/// way, reach the f32 parameters (the master weights). Everything else computes in f32.
-/// Nest-safe: the previous policy returns when `f` ends. With f16, scale the loss (netcl-optim's
-/// `GradScaler`) so small gradients do not flush to zero.
+/// `Var::linear` multiply `dtype` copies of their f32 operands into `dtype` products (the
+/// activations downstream stay in `dtype`: SwiGLU, RoPE, attention read and write it, and each
+/// activation's gradient comes back in its dtype), `Var::flash_attention` of f32 operands computes
+/// in `dtype` and returns f32, a binary op of f32 and `dtype` operands computes in f32, and
+/// cross-entropy returns an f32 loss. The gradients of the f32 parameters (the master weights)
+/// are f32. Nest-safe: the previous policy returns when `f` ends. With f16, scale the loss
+/// (netcl-optim's `GradScaler`) so small gradients do not flush to zero.
 pub fn autocast<R>(dtype: DType, f: impl FnOnce() -> R) -> Result<R> {
     if !matches!(dtype, DType::BF16 | DType::F16) {
         return Err(Error::dtype(
@@ -37,8 +39,13 @@ pub fn autocast_dtype() -> Option<DType> {
     AUTOCAST.with(|a| a.get())
 }
 
-/// The dtype a product of `dtype` operands computes in under the current policy: the autocast
-/// dtype for f32 operands inside an autocast region, else None (compute as given).
-pub(crate) fn product_dtype(dtype: DType) -> Option<DType> {
-    (dtype == DType::F32).then(autocast_dtype).flatten()
+/// The dtype a product of operands of `dtypes` computes in under the current policy: the
+/// autocast dtype inside an autocast region when every operand is f32 or already in it, else
+/// None (compute as given).
+pub(crate) fn product_dtype(dtypes: &[DType]) -> Option<DType> {
+    let dt = autocast_dtype()?;
+    dtypes
+        .iter()
+        .all(|&d| d == DType::F32 || d == dt)
+        .then_some(dt)
 }

@@ -1,6 +1,7 @@
 //! Backward rules of the broadcasting binary ops, where/select and masked_fill: one fused kernel for both input gradients, then a sum over broadcast dims.
 use crate::tape::{record, Var};
-use netcl_ops::{fused, fused_into, BinaryOp, Expr, Result, Tensor};
+use netcl_ops::{fused, fused_into, BinaryOp, DType, Error, Expr, Result, Tensor};
+use std::cmp::Ordering;
 
 /// `g` summed over the dims that broadcasting expanded, giving a tensor of `shape`.
 pub(crate) fn sum_to(g: &Tensor, shape: &[usize]) -> Result<Tensor> {
@@ -22,14 +23,10 @@ pub(crate) fn sum_to(g: &Tensor, shape: &[usize]) -> Result<Tensor> {
     summed.reshape(shape)
 }
 
-/// The gradients of `op` as expressions of a = input(0), b = input(1), y = input(2), g = input(3).
-fn binary_grads(op: BinaryOp) -> Option<(Expr, Expr)> {
-    let (a, b, y, g) = (
-        Expr::input(0),
-        Expr::input(1),
-        Expr::input(2),
-        Expr::input(3),
-    );
+/// The gradients of `op` as expressions of the operands a and b (input(0) and input(1), widened
+/// where they were promoted), y = input(2) and g = input(3).
+fn binary_grads(op: BinaryOp, a: Expr, b: Expr) -> Option<(Expr, Expr)> {
+    let (y, g) = (Expr::input(2), Expr::input(3));
     Some(match op {
         BinaryOp::Add => (g.clone(), g),
         BinaryOp::Sub => (g.clone(), -g),
@@ -92,14 +89,28 @@ fn record_binary(
             bv.as_ref().unwrap_or(g),
             yv.as_ref().unwrap_or(g),
         );
-        let mut exprs = Vec::new();
-        if need[0] {
-            exprs.push(da);
+        // A gradient that is the output's gradient itself (add, the first of sub) is passed on
+        // as it is, not copied; the rest come from one kernel.
+        let wanted: Vec<Expr> = [(need[0], da), (need[1], db)]
+            .into_iter()
+            .filter_map(|(n, e)| n.then_some(e))
+            .collect();
+        let passed = |e: &Expr| *e == Expr::input(3) && g.is_contiguous();
+        let computed: Vec<Expr> = wanted.iter().filter(|e| !passed(e)).cloned().collect();
+        let mut outs = match computed.is_empty() {
+            true => Vec::new(),
+            false => fused(&[av, bv, yv, g], &computed)?,
         }
-        if need[1] {
-            exprs.push(db);
-        }
-        let outs = fused(&[av, bv, yv, g], &exprs)?;
+        .into_iter();
+        let outs = wanted
+            .iter()
+            .map(|e| match passed(e) {
+                true => Ok(g.clone()),
+                false => outs
+                    .next()
+                    .ok_or_else(|| Error::invalid(op, "missing gradient")),
+            })
+            .collect::<Result<Vec<_>>>()?;
         reduced(outs, need, [&a_shape, &b_shape])
     })
 }
@@ -136,11 +147,48 @@ binary_vars!(
     pow => Pow,
 );
 
+/// The dtype a binary op of float operands `a` and `b` of different dtypes computes and returns
+/// in, as PyTorch promotes: the wider one (f32 for bf16 with f16). None where they agree or one
+/// is not a float.
+fn promoted(a: DType, b: DType) -> Option<DType> {
+    if a == b || !a.is_float() || !b.is_float() {
+        return None;
+    }
+    Some(match a.size().cmp(&b.size()) {
+        Ordering::Greater => a,
+        Ordering::Less => b,
+        Ordering::Equal => DType::F32,
+    })
+}
+
 impl Var {
-    /// `op(self, other)` elementwise with broadcasting. Comparisons give constant masks.
+    /// `op(self, other)` elementwise with broadcasting. Comparisons give constant masks. Float
+    /// operands of different dtypes are promoted to the wider one (in the kernel, without a
+    /// copy), and each gradient comes back in its operand's dtype: under autocast, the residual
+    /// stream (f32) plus a projection's output (bf16) is f32.
     pub fn binary(&self, other: &Var, op: BinaryOp) -> Result<Var> {
-        let y = self.value().binary(other.value(), op)?;
-        record_binary(op.name(), self, other, y, binary_grads(op))
+        let Some(wide) = promoted(self.dtype(), other.dtype()) else {
+            let y = self.value().binary(other.value(), op)?;
+            let grads = binary_grads(op, Expr::input(0), Expr::input(1));
+            return record_binary(op.name(), self, other, y, grads);
+        };
+        let widen = |i: usize, d: DType| match d == wide {
+            true => Expr::input(i),
+            false => Expr::input(i).cast(wide),
+        };
+        let (a, b) = (widen(0, self.dtype()), widen(1, other.dtype()));
+        let y = fused(
+            &[self.value(), other.value()],
+            &[a.clone().binary(op, b.clone())],
+        )?
+        .remove(0);
+        let narrow = |e: Expr, d: DType| match d == wide {
+            true => e,
+            false => e.cast(d),
+        };
+        let grads = binary_grads(op, a, b)
+            .map(|(da, db)| (narrow(da, self.dtype()), narrow(db, other.dtype())));
+        record_binary(op.name(), self, other, y, grads)
     }
 
     /// `a` where `cond` is non-zero, else `b` (cond is a constant mask; broadcasting).

@@ -31,22 +31,28 @@ impl Var {
     }
 
     fn matmul_nd(&self, other: &Var) -> Result<Var> {
-        let cast = Cast(product_dtype(self.dtype()).filter(|_| other.dtype() == DType::F32));
+        let cast = Cast(product_dtype(&[self.dtype(), other.dtype()]));
         let (av, bv) = (cast.low(self.value())?, cast.low(other.value())?);
-        let y = av.matmul_with(&bv, cast.options())?;
+        let y = av.matmul_with(&bv, MatmulOptions::default())?;
         // Each operand is kept only for the other's gradient: a frozen weight's product keeps
         // no activation alive (PyTorch saves the same way).
         let (a_shape, b_shape) = (self.shape().to_vec(), other.shape().to_vec());
+        let (a_dtype, b_dtype) = (self.dtype(), other.dtype());
         let a = other.is_tracked().then_some(av);
         let b = self.is_tracked().then_some(bv);
         record("matmul", &[self, other], y, move |g, need| {
-            let g = cast.low(g)?;
             let da = match (&b, need[0]) {
-                (Some(b), true) => Some(sum_to(&g.matmul_with(&t(b)?, cast.options())?, &a_shape)?),
+                (Some(b), true) => Some(sum_to(
+                    &g.matmul_with(&t(b)?, cast.writing(a_dtype))?,
+                    &a_shape,
+                )?),
                 _ => None,
             };
             let db = match (&a, need[1]) {
-                (Some(a), true) => Some(sum_to(&t(a)?.matmul_with(&g, cast.options())?, &b_shape)?),
+                (Some(a), true) => Some(sum_to(
+                    &t(a)?.matmul_with(g, cast.writing(b_dtype))?,
+                    &b_shape,
+                )?),
                 _ => None,
             };
             Ok(vec![da, db])
@@ -77,10 +83,14 @@ impl Var {
                 ),
             ));
         }
-        let all_f32 = weight.dtype() == DType::F32 && bias.is_none_or(|b| b.dtype() == DType::F32);
-        // Autocast: the products read 16-bit copies of x, the weight and the output's gradient
-        // and write f32 (the gradients arrive in the f32 values' dtype; no cast of any output).
-        let cast = Cast(product_dtype(self.dtype()).filter(|_| all_f32));
+        // Autocast: the products read 16-bit copies of x, the weight (and bias) and write the
+        // output in 16 bits; the output's gradient arrives in 16 bits, and each input's gradient
+        // is written in that input's dtype (f32 for the master weights).
+        let mut dtypes = vec![self.dtype(), weight.dtype()];
+        dtypes.extend(bias.map(|b| b.dtype()));
+        let cast = Cast(product_dtype(&dtypes));
+        let (x_dtype, w_dtype) = (self.dtype(), weight.dtype());
+        let b_dtype = bias.map(|b| b.dtype());
         let x_shape = self.shape().to_vec();
         let (inn, out) = (weight.shape()[1], weight.shape()[0]);
         let rows = x_shape[..x_shape.len() - 1].iter().product::<usize>();
@@ -91,10 +101,11 @@ impl Var {
         };
         let x2 = cast.low(&x2.reshape(&[rows, inn])?)?;
         let w = cast.low(weight.value())?;
+        let b = bias.map(|b| cast.low(b.value())).transpose()?;
         let opts = MatmulOptions {
-            bias: bias.map(|b| b.value()),
+            bias: b.as_ref(),
             activation,
-            ..cast.options()
+            ..Default::default()
         };
         let y2 = x2.matmul_with(&t(&w)?, opts)?;
         let mut y_shape = x_shape.clone();
@@ -117,20 +128,22 @@ impl Var {
                 .remove(0),
                 None => g2,
             };
-            let gl = cast.low(&gz)?;
             let dx = if need[0] {
-                Some(gl.matmul_with(&w, cast.options())?.reshape(&x_shape)?)
+                Some(
+                    gz.matmul_with(&w, cast.writing(x_dtype))?
+                        .reshape(&x_shape)?,
+                )
             } else {
                 None
             };
             let dw = match (&x2, need[1]) {
-                (Some(x2), true) => Some(t(&gl)?.matmul_with(x2, cast.options())?),
+                (Some(x2), true) => Some(t(&gz)?.matmul_with(x2, cast.writing(w_dtype))?),
                 _ => None,
             };
             let mut grads = vec![dx, dw];
-            if need.len() > 2 {
+            if let Some(b_dtype) = b_dtype {
                 grads.push(if need[2] {
-                    Some(gz.sum(&[0], false)?)
+                    Some(gz.sum(&[0], false)?.to_dtype(b_dtype)?)
                 } else {
                     None
                 });
@@ -140,8 +153,8 @@ impl Var {
     }
 }
 
-/// The autocast dtype of one product, if any: its operands (and the output's gradient) are read
-/// as copies in that dtype and the products written in f32.
+/// The autocast dtype of one product, if any: its operands are read as copies in that dtype, the
+/// product is written in it, and so is its output's gradient.
 #[derive(Clone, Copy)]
 struct Cast(Option<DType>);
 
@@ -154,10 +167,10 @@ impl Cast {
         }
     }
 
-    /// Options writing the product in f32 under autocast.
-    fn options(self) -> MatmulOptions<'static> {
+    /// Options writing a gradient product in `dtype` (its input's) under autocast.
+    fn writing(self, dtype: DType) -> MatmulOptions<'static> {
         MatmulOptions {
-            out_dtype: self.0.map(|_| DType::F32),
+            out_dtype: self.0.filter(|&dt| dt != dtype).map(|_| dtype),
             ..Default::default()
         }
     }

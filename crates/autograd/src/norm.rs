@@ -14,6 +14,18 @@ fn norm_grads(g: NormGrads, has_weight: bool, has_bias: bool) -> Vec<Option<Tens
     out
 }
 
+/// `x` widened to its affine parameters' dtype where that is wider: a 16-bit activation (under
+/// autocast) normalised with f32 weights computes and returns f32, as PyTorch's autocast runs
+/// norms.
+fn widened(x: &Var, params: [Option<&Var>; 2]) -> Result<Var> {
+    match params.into_iter().flatten().map(|p| p.dtype()).next() {
+        Some(d) if d.is_float() && x.dtype().is_float() && d.size() > x.dtype().size() => {
+            x.to_dtype(d)
+        }
+        _ => Ok(x.clone()),
+    }
+}
+
 fn inputs<'a>(x: &'a Var, weight: Option<&'a Var>, bias: Option<&'a Var>) -> Vec<&'a Var> {
     let mut v = vec![x];
     v.extend(weight);
@@ -31,16 +43,17 @@ impl Var {
         bias: Option<&Var>,
         eps: f64,
     ) -> Result<Var> {
+        let x = &widened(self, [weight, bias])?;
         let (w, b) = (weight.map(|w| w.value()), bias.map(|b| b.value()));
-        let all = inputs(self, weight, bias);
+        let all = inputs(x, weight, bias);
         if !any_tracked(&all) {
-            let y = self
+            let y = x
                 .value()
                 .layer_norm_inference(normalized_shape, w, b, eps)?;
             return Ok(Var::constant(y));
         }
-        let (y, mean, rstd) = self.value().layer_norm(normalized_shape, w, b, eps)?;
-        let x = self.value().clone();
+        let (y, mean, rstd) = x.value().layer_norm(normalized_shape, w, b, eps)?;
+        let x = x.value().clone();
         let w = weight.map(|w| w.value().clone());
         let ns = normalized_shape.to_vec();
         let has_bias = bias.is_some();
@@ -57,16 +70,17 @@ impl Var {
         weight: Option<&Var>,
         eps: f64,
     ) -> Result<Var> {
+        let xv = &widened(self, [weight, None])?;
         let w = weight.map(|w| w.value());
-        if !any_tracked(&inputs(self, weight, None)) {
-            let y = self.value().rms_norm_inference(normalized_shape, w, eps)?;
+        if !any_tracked(&inputs(xv, weight, None)) {
+            let y = xv.value().rms_norm_inference(normalized_shape, w, eps)?;
             return Ok(Var::constant(y));
         }
-        let (y, rstd) = self.value().rms_norm(normalized_shape, w, eps)?;
-        let x = self.value().clone();
+        let (y, rstd) = xv.value().rms_norm(normalized_shape, w, eps)?;
+        let x = xv.value().clone();
         let w = weight.map(|w| w.value().clone());
         let ns = normalized_shape.to_vec();
-        record("rms_norm", &inputs(self, weight, None), y, move |g, _| {
+        record("rms_norm", &inputs(xv, weight, None), y, move |g, _| {
             let grads = x.rms_norm_backward(g, &rstd, &ns, w.as_ref())?;
             Ok(norm_grads(grads, w.is_some(), false))
         })
