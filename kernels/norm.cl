@@ -132,14 +132,16 @@ __kernel void norm_bwd_x(__global T* dx,          /* (rows, n) */
 
 #ifdef ROW_NV
 // norm_bwd_x for contiguous rows held in registers (common.cl): x and dy read once, dx written
-// once. Row o starts at layout_offsets(lk, o): .x in dx, .y in x, .z in dy.
+// once. Row o starts at layout_offsets(lk, o): .x in dx, .y in x, .z in dy. With has_plus, dx
+// also gets plus added (the gradient its input had from elsewhere: no separate sum).
 __kernel void norm_bwd_rows(__global T* dx,           /* (rows, n) contiguous */
                             __global const T* dy,     /* row o at layout_offsets(lk, o).z, contiguous */
                             __global const T* x,      /* row o at layout_offsets(lk, o).y, contiguous */
                             __global const ACC* mean, /* (rows), read when rms == 0 */
                             __global const ACC* rstd, /* (rows) */
                             __global const T* w,      /* (n) when has_w */
-                            Layout lk, uint n, uint rows, uint team, int rms, int has_w) {
+                            __global const T* plus,   /* (rows, n) contiguous like dx, when has_plus */
+                            Layout lk, uint n, uint rows, uint team, int rms, int has_w, int has_plus) {
     __local ACC2 sh[NORM_GROUP];
     rowpos_t r = row_pos(n, rows, team);
     uint o = min(r.row, rows - 1);
@@ -163,6 +165,11 @@ __kernel void norm_bwd_rows(__global T* dx,           /* (rows, n) contiguous */
     ACC mg = rms ? (ACC)0 : t.x / (ACC)n, mgx = t.y / (ACC)n;
 #pragma unroll
     for (uint j = 0; j < ROW_NV; ++j) g[j] = rs * (g[j] - mg - h[j] * mgx);
+    if (has_plus) {
+        row_load(h, plus, base.x, r);
+#pragma unroll
+        for (uint j = 0; j < ROW_NV; ++j) g[j] += h[j];
+    }
     row_store(dx, base.x, g, r);
 }
 #endif

@@ -1,5 +1,5 @@
 //! Backward rules of layer_norm, rms_norm and training-mode batch_norm (the ops' fused backward kernels).
-use crate::tape::{any_tracked, record, Var};
+use crate::tape::{any_tracked, record, record_folding, Var};
 use netcl_ops::{NormGrads, Result, Tensor};
 
 /// The gradients in the order of the recorded inputs (x, weight?, bias?).
@@ -23,6 +23,26 @@ fn widened(x: &Var, params: [Option<&Var>; 2]) -> Result<Var> {
             x.to_dtype(d)
         }
         _ => Ok(x.clone()),
+    }
+}
+
+/// The norm's gradients, with the gradient x has so far (`acc`, from its other uses: the
+/// residual stream) taken and added to dx in the same kernel.
+fn backward(
+    x: &Tensor,
+    g: &Tensor,
+    (mean, rstd): (Option<&Tensor>, &Tensor),
+    ns: &[usize],
+    w: Option<&Tensor>,
+    bias: bool,
+    acc: &mut Option<Tensor>,
+) -> Result<NormGrads> {
+    match acc.take() {
+        Some(plus) => x.norm_backward_plus(g, mean, rstd, ns, w, bias, &plus),
+        None => match mean {
+            Some(mean) => x.layer_norm_backward(g, mean, rstd, ns, w, bias),
+            None => x.rms_norm_backward(g, rstd, ns, w),
+        },
     }
 }
 
@@ -57,8 +77,9 @@ impl Var {
         let w = weight.map(|w| w.value().clone());
         let ns = normalized_shape.to_vec();
         let has_bias = bias.is_some();
-        record("layer_norm", &all, y, move |g, _| {
-            let grads = x.layer_norm_backward(g, &mean, &rstd, &ns, w.as_ref(), has_bias)?;
+        record_folding("layer_norm", &all, y, move |g, _, acc| {
+            let stats = (Some(&mean), &rstd);
+            let grads = backward(&x, g, stats, &ns, w.as_ref(), has_bias, &mut acc[0])?;
             Ok(norm_grads(grads, w.is_some(), has_bias))
         })
     }
@@ -80,10 +101,15 @@ impl Var {
         let x = xv.value().clone();
         let w = weight.map(|w| w.value().clone());
         let ns = normalized_shape.to_vec();
-        record("rms_norm", &inputs(xv, weight, None), y, move |g, _| {
-            let grads = x.rms_norm_backward(g, &rstd, &ns, w.as_ref())?;
-            Ok(norm_grads(grads, w.is_some(), false))
-        })
+        record_folding(
+            "rms_norm",
+            &inputs(xv, weight, None),
+            y,
+            move |g, _, acc| {
+                let grads = backward(&x, g, (None, &rstd), &ns, w.as_ref(), false, &mut acc[0])?;
+                Ok(norm_grads(grads, w.is_some(), false))
+            },
+        )
     }
 
     /// Training-mode batch normalisation of (N, C, ...) over every dim but 1, with optional

@@ -10,9 +10,12 @@ use std::rc::Rc;
 /// Called with each parameter whose gradient is final (see [`Tape::backward_hooked`]).
 pub type ParamHook<'a> = dyn FnMut(&Parameter) -> Result<()> + 'a;
 
-/// What a backward rule gets: the gradient of the op's output, and which inputs need a gradient.
-/// It returns one gradient per input (`None` where not needed or identically zero).
-pub(crate) type BackwardFn = Box<dyn FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>>>;
+/// What a backward rule gets: the gradient of the op's output, which inputs need a gradient, and
+/// the gradients accumulated so far for its inputs (rules recorded with `record_folding` may take
+/// one and return it summed with their own, in their kernel, where a plain rule's gradient costs
+/// an add). It returns one gradient per input (`None` where not needed or identically zero).
+pub(crate) type BackwardFn =
+    Box<dyn FnOnce(&Tensor, &[bool], &mut [Option<Tensor>]) -> Result<Vec<Option<Tensor>>>>;
 
 struct Node {
     op: &'static str,
@@ -409,7 +412,21 @@ impl Tape {
                 continue;
             };
             let rule = netcl_profiling::span_in("backward", node.op);
-            let input_grads = backward(&g, &node.tracked)?;
+            // The gradients so far of the inputs, for a folding rule to add into; what it
+            // leaves goes back (a node may take the same input twice: the first slot has it).
+            let mut acc: Vec<Option<Tensor>> = node
+                .inputs
+                .iter()
+                .zip(&node.tracked)
+                .map(|(&i, &t)| (t && !check_grads).then(|| grads[i].take()).flatten())
+                .collect();
+            let input_grads = backward(&g, &node.tracked, &mut acc);
+            for (&i, a) in node.inputs.iter().zip(acc) {
+                if let Some(a) = a {
+                    grads[i] = Some(a);
+                }
+            }
+            let input_grads = input_grads?;
             drop(rule);
             if check_grads {
                 check_rule_grads(node, &input_grads, &g)?;
@@ -552,18 +569,34 @@ pub(crate) fn record(
     value: Tensor,
     backward: impl FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + 'static,
 ) -> Result<Var> {
+    let rule = move |g: &Tensor, need: &[bool], _: &mut [Option<Tensor>]| backward(g, need);
+    record_node(op, inputs, value, Box::new(rule), None)
+}
+
+/// Like [`record`], for a rule that may fold the gradient accumulated so far for an input into
+/// its own: it gets those gradients (one slot per input, `None` where there is none yet) and,
+/// where it takes one out of its slot, returns that input's total; what it leaves is added as
+/// usual. Anomaly checks offer it none, so each rule's own gradient is what they check.
+pub(crate) fn record_folding(
+    op: &'static str,
+    inputs: &[&Var],
+    value: Tensor,
+    backward: impl FnOnce(&Tensor, &[bool], &mut [Option<Tensor>]) -> Result<Vec<Option<Tensor>>>
+        + 'static,
+) -> Result<Var> {
     record_node(op, inputs, value, Box::new(backward), None)
 }
 
 /// Records `value`, the narrow view `part` of `input`: its gradient is gathered into the input's
 /// with those of the input's other views (parts.rs), not scattered into zeros of its own.
 pub(crate) fn record_part(op: &'static str, input: &Var, value: Tensor, part: Part) -> Result<Var> {
-    let unused = |_: &Tensor, _: &[bool]| -> Result<Vec<Option<Tensor>>> {
-        Err(Error::invalid(
-            "Tape::backward",
-            "a view's gradient is gathered by the tape",
-        ))
-    };
+    let unused =
+        |_: &Tensor, _: &[bool], _: &mut [Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
+            Err(Error::invalid(
+                "Tape::backward",
+                "a view's gradient is gathered by the tape",
+            ))
+        };
     record_node(op, &[input], value, Box::new(unused), Some(part))
 }
 

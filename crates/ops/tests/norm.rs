@@ -541,3 +541,62 @@ fn norms_are_deterministic() {
         }
     }
 }
+
+/// `norm_backward_plus`: dx with the input's gradient from elsewhere added (the residual stream's
+/// sum folded into the norm's kernel), for contiguous rows (the rows kernel) and transposed ones
+/// (the general kernel, then a sum), with the addend a view at an offset.
+#[test]
+fn norm_backward_plus_adds_the_other_gradient() {
+    let devices = test_devices().unwrap();
+    let (rows, n) = (7, 33);
+    for dtype in [DType::F32, DType::F64] {
+        let base = random_tensor(dtype, &[rows, n], -3.0, 3.0, 71);
+        let gy = random_tensor(dtype, &[rows, n], -1.0, 1.0, 72);
+        let pbase = random_tensor(dtype, &[rows, n + 1], -1.0, 1.0, 73);
+        let w = random_tensor(dtype, &[n], 0.5, 1.5, 74);
+        let (gs, ps, wv) = (
+            gy.to_vec_f64().unwrap(),
+            pbase.narrow(1, 1, n).unwrap().to_vec_f64().unwrap(),
+            w.to_vec_f64().unwrap(),
+        );
+        for transposed in [false, true] {
+            // The same values as a contiguous [rows, n] or as the transpose of an [n, rows] tensor.
+            let xt = base.transpose(0, 1).unwrap().contiguous().unwrap();
+            let xs = base.to_vec_f64().unwrap();
+            for rms in [false, true] {
+                let [dx, _, _] = norm_grads_reference(&xs, &gs, n, rms, &wv, 1e-5);
+                let want: Vec<f64> = dx.iter().zip(&ps).map(|(a, b)| a + b).collect();
+                for dev in devices
+                    .iter()
+                    .filter(|d| dtype != DType::F64 || d.info().fp64)
+                {
+                    let what = format!("rms={rms} transposed={transposed} {dtype} on {dev}");
+                    let x = match transposed {
+                        true => xt.to_device(dev).unwrap().transpose(0, 1).unwrap(),
+                        false => base.to_device(dev).unwrap(),
+                    };
+                    let [dy, wd] = [&gy, &w].map(|t| t.to_device(dev).unwrap());
+                    let plus = pbase.to_device(dev).unwrap().narrow(1, 1, n).unwrap();
+                    let (mean, rstd) = if rms {
+                        (None, x.rms_norm(&[n], Some(&wd), 1e-5).unwrap().1)
+                    } else {
+                        let (_, m, r) = x.layer_norm(&[n], Some(&wd), None, 1e-5).unwrap();
+                        (Some(m), r)
+                    };
+                    let g = x
+                        .norm_backward_plus(&dy, mean.as_ref(), &rstd, &[n], Some(&wd), !rms, &plus)
+                        .unwrap();
+                    let got = g.dx.to_vec_f64().unwrap();
+                    check_close(&got, &want, tolerance(dtype) * 8.0, 4.0, &what).unwrap();
+                    // A wrong-shaped addend is an error naming it.
+                    let bad = dy.narrow(0, 0, 2).unwrap();
+                    let e = x
+                        .norm_backward_plus(&dy, mean.as_ref(), &rstd, &[n], None, false, &bad)
+                        .unwrap_err()
+                        .to_string();
+                    assert!(e.contains("plus"), "{e}");
+                }
+            }
+        }
+    }
+}

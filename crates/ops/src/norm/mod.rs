@@ -74,6 +74,8 @@ struct NormBackward {
     n: usize,
     weight: Option<Tensor>,
     want_bias: bool,
+    /// Added to dx (x's shape and dtype): the input's gradient from elsewhere.
+    plus: Option<Tensor>,
 }
 
 impl_op!(
@@ -200,15 +202,19 @@ impl Tensor {
         normalized_shape: &[usize],
         weight: Option<&Tensor>,
         want_bias: bool,
+        plus: Option<&Tensor>,
     ) -> Result<NormGrads> {
         let (lead, n) = norm_rows(op, self, normalized_shape)?;
-        check_device(op, self, dy, "dy")?;
-        check_dtype(op, dy, "dy", self.dtype)?;
-        if dy.shape != self.shape {
-            return Err(Error::shape(
-                op,
-                format!("dy {:?} does not match input {:?}", dy.shape, self.shape),
-            ));
+        for (t, what) in [(Some(dy), "dy"), (plus, "plus")] {
+            let Some(t) = t else { continue };
+            check_device(op, self, t, what)?;
+            check_dtype(op, t, what, self.dtype)?;
+            if t.shape != self.shape {
+                return Err(Error::shape(
+                    op,
+                    format!("{what} {:?} does not match input {:?}", t.shape, self.shape),
+                ));
+            }
         }
         if let Some(m) = mean {
             check_stat(op, self, m, "mean", &lead)?;
@@ -226,6 +232,7 @@ impl Tensor {
             n,
             weight: weight.cloned(),
             want_bias,
+            plus: plus.cloned(),
         };
         dispatch(&self.device, &desc)
     }
@@ -250,6 +257,37 @@ impl Tensor {
             normalized_shape,
             weight,
             bias,
+            None,
+        )
+    }
+
+    /// [`Tensor::layer_norm_backward`] (with `mean`) or [`Tensor::rms_norm_backward`] (without)
+    /// whose dx comes back with `plus` added (x's shape and dtype: the gradient x has from its
+    /// other uses, such as a residual connection), in the same kernel where rows are contiguous.
+    #[allow(clippy::too_many_arguments)]
+    pub fn norm_backward_plus(
+        &self,
+        dy: &Tensor,
+        mean: Option<&Tensor>,
+        rstd: &Tensor,
+        normalized_shape: &[usize],
+        weight: Option<&Tensor>,
+        bias: bool,
+        plus: &Tensor,
+    ) -> Result<NormGrads> {
+        let op = match mean {
+            Some(_) => "layer_norm_backward",
+            None => "rms_norm_backward",
+        };
+        self.norm_backward(
+            op,
+            dy,
+            mean,
+            rstd,
+            normalized_shape,
+            weight,
+            bias,
+            Some(plus),
         )
     }
 
@@ -270,6 +308,7 @@ impl Tensor {
             normalized_shape,
             weight,
             false,
+            None,
         )
     }
 }

@@ -107,6 +107,7 @@ pub(super) fn backward(desc: &NormBackward, device: &Device) -> Result<NormGrads
         n,
         weight,
         want_bias,
+        plus,
     } = desc;
     let (op, n, want_bias) = (*op, *n, *want_bias);
     let rms = mean.is_none();
@@ -124,6 +125,14 @@ pub(super) fn backward(desc: &NormBackward, device: &Device) -> Result<NormGrads
     let (m, r) = (mean.as_ref().map(dense).transpose()?, dense(rstd)?);
     let w = weight.as_ref().map(dense).transpose()?;
     let dx = Tensor::alloc(&input.shape, input.dtype, device)?;
+    // The addend is read like dx (contiguous from offset 0) by the rows kernel.
+    let plus_dense = plus
+        .as_ref()
+        .map(|p| match p.is_contiguous() && p.offset == 0 {
+            true => Ok(p.clone()),
+            false => p.contiguous(),
+        })
+        .transpose()?;
     let some_dx = rows > 0 && n > 0;
     // Arguments after dx and the inputs: the statistics and weight.
     let stats = |k: &mut Kernel, x: &Tensor| -> Result<()> {
@@ -134,7 +143,9 @@ pub(super) fn backward(desc: &NormBackward, device: &Device) -> Result<NormGrads
     };
     // x and dy read, dx written, weight and statistics read; about ten flops per element.
     let es = input.dtype.size();
-    let bytes = 3 * rows * n * es + n * es + 2 * rows * acc_dtype(input.dtype).size();
+    let bytes = (3 + plus.is_some() as usize) * rows * n * es
+        + n * es
+        + 2 * rows * acc_dtype(input.dtype).size();
     let flops = 10 * rows * n;
     // Rows contiguous in x and dy: held in registers, one read of each and one write of dx.
     let mut rows_done = false;
@@ -154,9 +165,12 @@ pub(super) fn backward(desc: &NormBackward, device: &Device) -> Result<NormGrads
                     .arg_mem(dy.mem()?)?
                     .arg_mem(input.mem()?)?;
                 stats(&mut k, input)?;
+                k.arg_mem(plus_dense.as_ref().unwrap_or(&dx).mem()?)?;
                 k.arg(&lk)?;
                 plan.args(&mut k, n32, rows32)?;
-                k.arg(&(rms as i32))?.arg(&(w.is_some() as i32))?;
+                k.arg(&(rms as i32))?
+                    .arg(&(w.is_some() as i32))?
+                    .arg(&(plus.is_some() as i32))?;
                 k.declare(bytes as u64, flops as u64);
                 plan.launch(op, &mut k, rows)?;
                 rows_done = true;
@@ -217,5 +231,10 @@ pub(super) fn backward(desc: &NormBackward, device: &Device) -> Result<NormGrads
         dweight = weight.as_ref().map(|_| dw);
         dbias = want_bias.then_some(db);
     }
+    // The general kernel has no addend: the sum as its own kernel.
+    let dx = match (&plus_dense, rows_done) {
+        (Some(p), false) => dx.add(p)?,
+        _ => dx,
+    };
     Ok(NormGrads { dx, dweight, dbias })
 }

@@ -73,6 +73,7 @@ pub(super) fn backward(desc: &NormBackward) -> Result<NormGrads> {
         n,
         weight,
         want_bias,
+        plus,
         ..
     } = desc;
     let n = *n;
@@ -82,7 +83,7 @@ pub(super) fn backward(desc: &NormBackward) -> Result<NormGrads> {
     let mu = host_vals(mean.as_ref())?;
     let rs = rstd.to_vec_f64()?;
     let w = host_vals(weight.as_ref())?;
-    let mut dx = vec![0.0; rows * n];
+    let mut dx = host_vals(plus.as_ref())?.unwrap_or_else(|| vec![0.0; rows * n]);
     let (mut dw, mut db) = (vec![0.0; n], vec![0.0; n]);
     for o in 0..rows {
         let m = mu.as_ref().map_or(0.0, |m| m[o]);
@@ -97,7 +98,7 @@ pub(super) fn backward(desc: &NormBackward) -> Result<NormGrads> {
         };
         let mgx = gw.iter().zip(&xh).map(|(a, b)| a * b).sum::<f64>() / n as f64;
         for j in 0..n {
-            dx[o * n + j] = rs[o] * (gw[j] - mg - xh[j] * mgx);
+            dx[o * n + j] += rs[o] * (gw[j] - mg - xh[j] * mgx);
             dw[j] += g[o * n + j] * xh[j];
             db[j] += g[o * n + j];
         }
