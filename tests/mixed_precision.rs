@@ -240,3 +240,43 @@ fn autocast_products_are_16_bit_and_gradients_keep_their_dtypes() {
         assert_near(&vals(&grad(&bv)), &db, 1.0 / 128.0, &format!("db on {dev}"));
     }
 }
+
+/// The composed attention (a mask, or a few queries) and decoding through the KV cache under
+/// autocast: scores softmaxed in f32, the output in the queries' dtype, 16-bit keys written into
+/// the f32 cache; against the same computation in f32.
+#[test]
+fn autocast_composed_attention_and_cached_decoding_track_f32() {
+    for dev in test_devices().unwrap() {
+        let mut g = Generator::new(9);
+        let shape = [1, 2, 5, 8];
+        let [q, k, v] = [0; 3].map(|_| Tensor::randn(&shape, DType::F32, &dev, &mut g).unwrap());
+        let attend = || -> netcl::Result<Var> {
+            let [q, k, v] = [&q, &k, &v].map(|t| Var::from(t.clone()));
+            Var::attention(&q, &k, &v, None, true, None)
+        };
+        let want = attend().unwrap().value().to_vec_f64().unwrap();
+        let got = autocast(DType::BF16, attend).unwrap().unwrap();
+        assert_eq!(got.dtype(), DType::F32, "on {dev}");
+        assert_near(
+            &got.value().to_vec_f64().unwrap(),
+            &want,
+            0.05,
+            &format!("attention on {dev}"),
+        );
+
+        let model = Llama::new(LlamaConfig::tiny(32), &dev, &mut Generator::new(7)).unwrap();
+        let ids = Tensor::from_vec(vec![3i32, 1, 4, 1, 5], &[1, 5], &dev).unwrap();
+        let tape = Tape::no_grad();
+        let full = model.logits(&tape, &ids, None, None, None).unwrap();
+        let want = full.value().to_vec_f64().unwrap();
+        let cache = KvCache::new(&model.config, 1, &dev).unwrap();
+        let cached = autocast(DType::BF16, || {
+            model.logits(&tape, &ids, None, Some(&cache), None)
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(cached.dtype(), DType::BF16, "on {dev}");
+        let got = cached.value().to_vec_f64().unwrap();
+        assert_near(&got, &want, 0.05, &format!("cached logits on {dev}"));
+    }
+}

@@ -38,6 +38,12 @@ impl Var {
         let scale = scale.unwrap_or(1.0 / (d as f64).sqrt());
         let kt = k.transpose(k.ndim() - 2, k.ndim() - 1)?;
         let mut s = q.matmul(&kt)?.mul_scalar(scale)?;
+        // Autocast: the scores of a 16-bit product are softmaxed in f32 (as PyTorch's autocast
+        // runs softmax), and the output comes back in q's dtype, as the fused path returns it.
+        let autocast = autocast_dtype().is_some();
+        if autocast && s.dtype().size() < 4 {
+            s = s.to_dtype(DType::F32)?;
+        }
         if let Some(m) = mask {
             s = s.add(&Var::constant(m.clone()))?;
         }
@@ -48,7 +54,11 @@ impl Var {
             s = s.masked_fill(&m, f64::NEG_INFINITY)?;
         }
         let p = s.softmax(s.ndim() - 1)?;
-        p.matmul(v)
+        let o = p.matmul(v)?;
+        match autocast && o.dtype() != q.dtype() {
+            true => o.to_dtype(q.dtype()),
+            false => Ok(o),
+        }
     }
 
     /// Whether attention over these operands takes the fused kernel: no mask, 4-D operands that

@@ -156,7 +156,8 @@ impl Attention {
             }
             None => (k, v),
         };
-        let q = q.transpose(1, 2)?;
+        // Queries meet the cache's dtype (under autocast the projections are 16-bit).
+        let q = q.transpose(1, 2)?.to_dtype(k.dtype())?;
         let fused = Var::attention_is_fused(&q, &k, &v, mask);
         // [B, H, T, hd]: the fused kernel reads the grouped heads as they are; otherwise query
         // head j * rep + r meets key/value head j through a broadcast.

@@ -75,14 +75,19 @@ impl KvCache {
         Ok(())
     }
 
-    /// Writes `k`, `v` ([B, Hkv, T, hd], any strides) of `layer` at positions `len()..len()+T`
+    /// Writes `k`, `v` ([B, Hkv, T, hd], any strides and float dtype, converted to the cache's) of `layer` at positions `len()..len()+T`
     /// and returns views of the cached `[B, Hkv, len()+T, hd]`.
     pub fn append(&self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         let (pos, t) = (self.len(), k.shape()[2]);
         self.check_room(t)?;
         let (kc, vc) = self.layer(layer)?;
         for (new, cache) in [(k, kc), (v, vc)] {
-            fused_into(&[new], &[(Expr::input(0), &cache.narrow(2, pos, t)?)])?;
+            // 16-bit keys from projections under autocast go into the model-dtype cache.
+            let value = match new.dtype() == cache.dtype() {
+                true => Expr::input(0),
+                false => Expr::input(0).cast(cache.dtype()),
+            };
+            fused_into(&[new], &[(value, &cache.narrow(2, pos, t)?)])?;
         }
         Ok((kc.narrow(2, 0, pos + t)?, vc.narrow(2, 0, pos + t)?))
     }
