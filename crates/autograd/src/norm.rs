@@ -26,26 +26,6 @@ fn widened(x: &Var, params: [Option<&Var>; 2]) -> Result<Var> {
     }
 }
 
-/// The norm's gradients, with the gradient x has so far (`acc`, from its other uses: the
-/// residual stream) taken and added to dx in the same kernel.
-fn backward(
-    x: &Tensor,
-    g: &Tensor,
-    (mean, rstd): (Option<&Tensor>, &Tensor),
-    ns: &[usize],
-    w: Option<&Tensor>,
-    bias: bool,
-    acc: &mut Option<Tensor>,
-) -> Result<NormGrads> {
-    match acc.take() {
-        Some(plus) => x.norm_backward_plus(g, mean, rstd, ns, w, bias, &plus),
-        None => match mean {
-            Some(mean) => x.layer_norm_backward(g, mean, rstd, ns, w, bias),
-            None => x.rms_norm_backward(g, rstd, ns, w),
-        },
-    }
-}
-
 fn inputs<'a>(x: &'a Var, weight: Option<&'a Var>, bias: Option<&'a Var>) -> Vec<&'a Var> {
     let mut v = vec![x];
     v.extend(weight);
@@ -77,9 +57,11 @@ impl Var {
         let w = weight.map(|w| w.value().clone());
         let ns = normalized_shape.to_vec();
         let has_bias = bias.is_some();
+        // The gradient x has so far (the residual stream's) is added to dx in the same kernel.
         record_folding("layer_norm", &all, y, move |g, _, acc| {
-            let stats = (Some(&mean), &rstd);
-            let grads = backward(&x, g, stats, &ns, w.as_ref(), has_bias, &mut acc[0])?;
+            let plus = acc[0].take();
+            let (m, wr) = (Some(&mean), w.as_ref());
+            let grads = x.norm_backward_plus(g, m, &rstd, &ns, wr, has_bias, plus.as_ref())?;
             Ok(norm_grads(grads, w.is_some(), has_bias))
         })
     }
@@ -106,7 +88,9 @@ impl Var {
             &inputs(xv, weight, None),
             y,
             move |g, _, acc| {
-                let grads = backward(&x, g, (None, &rstd), &ns, w.as_ref(), false, &mut acc[0])?;
+                let plus = acc[0].take();
+                let wr = w.as_ref();
+                let grads = x.norm_backward_plus(g, None, &rstd, &ns, wr, false, plus.as_ref())?;
                 Ok(norm_grads(grads, w.is_some(), false))
             },
         )

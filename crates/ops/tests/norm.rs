@@ -544,7 +544,8 @@ fn norms_are_deterministic() {
 
 /// `norm_backward_plus`: dx with the input's gradient from elsewhere added (the residual stream's
 /// sum folded into the norm's kernel), for contiguous rows (the rows kernel) and transposed ones
-/// (the general kernel, then a sum), with the addend a view at an offset.
+/// (the general kernel, then a sum), with the addend a strided view or a contiguous one at an
+/// offset.
 #[test]
 fn norm_backward_plus_adds_the_other_gradient() {
     let devices = test_devices().unwrap();
@@ -552,17 +553,23 @@ fn norm_backward_plus_adds_the_other_gradient() {
     for dtype in [DType::F32, DType::F64] {
         let base = random_tensor(dtype, &[rows, n], -3.0, 3.0, 71);
         let gy = random_tensor(dtype, &[rows, n], -1.0, 1.0, 72);
-        let pbase = random_tensor(dtype, &[rows, n + 1], -1.0, 1.0, 73);
+        let pbase = random_tensor(dtype, &[rows + 1, n + 1], -1.0, 1.0, 73);
         let w = random_tensor(dtype, &[n], 0.5, 1.5, 74);
-        let (gs, ps, wv) = (
-            gy.to_vec_f64().unwrap(),
-            pbase.narrow(1, 1, n).unwrap().to_vec_f64().unwrap(),
-            w.to_vec_f64().unwrap(),
-        );
-        for transposed in [false, true] {
+        // The addend: columns 1..=n of the first rows (strided), or rows 1..=rows of the first
+        // n columns made contiguous (a contiguous view at an offset of n elements).
+        let addend = |t: &Tensor, strided: bool| match strided {
+            true => t.narrow(0, 0, rows).unwrap().narrow(1, 1, n).unwrap(),
+            false => {
+                let dense = t.narrow(1, 0, n).unwrap().contiguous().unwrap();
+                dense.narrow(0, 1, rows).unwrap()
+            }
+        };
+        let (gs, wv) = (gy.to_vec_f64().unwrap(), w.to_vec_f64().unwrap());
+        for (transposed, strided) in [(false, true), (false, false), (true, true)] {
             // The same values as a contiguous [rows, n] or as the transpose of an [n, rows] tensor.
             let xt = base.transpose(0, 1).unwrap().contiguous().unwrap();
             let xs = base.to_vec_f64().unwrap();
+            let ps = addend(&pbase, strided).to_vec_f64().unwrap();
             for rms in [false, true] {
                 let [dx, _, _] = norm_grads_reference(&xs, &gs, n, rms, &wv, 1e-5);
                 let want: Vec<f64> = dx.iter().zip(&ps).map(|(a, b)| a + b).collect();
@@ -570,28 +577,31 @@ fn norm_backward_plus_adds_the_other_gradient() {
                     .iter()
                     .filter(|d| dtype != DType::F64 || d.info().fp64)
                 {
-                    let what = format!("rms={rms} transposed={transposed} {dtype} on {dev}");
+                    let what = format!(
+                        "rms={rms} transposed={transposed} strided={strided} {dtype} on {dev}"
+                    );
                     let x = match transposed {
                         true => xt.to_device(dev).unwrap().transpose(0, 1).unwrap(),
                         false => base.to_device(dev).unwrap(),
                     };
                     let [dy, wd] = [&gy, &w].map(|t| t.to_device(dev).unwrap());
-                    let plus = pbase.to_device(dev).unwrap().narrow(1, 1, n).unwrap();
+                    let plus = addend(&pbase.to_device(dev).unwrap(), strided);
                     let (mean, rstd) = if rms {
                         (None, x.rms_norm(&[n], Some(&wd), 1e-5).unwrap().1)
                     } else {
                         let (_, m, r) = x.layer_norm(&[n], Some(&wd), None, 1e-5).unwrap();
                         (Some(m), r)
                     };
+                    let (m, wr) = (mean.as_ref(), Some(&wd));
                     let g = x
-                        .norm_backward_plus(&dy, mean.as_ref(), &rstd, &[n], Some(&wd), !rms, &plus)
+                        .norm_backward_plus(&dy, m, &rstd, &[n], wr, !rms, Some(&plus))
                         .unwrap();
                     let got = g.dx.to_vec_f64().unwrap();
                     check_close(&got, &want, tolerance(dtype) * 8.0, 4.0, &what).unwrap();
                     // A wrong-shaped addend is an error naming it.
                     let bad = dy.narrow(0, 0, 2).unwrap();
                     let e = x
-                        .norm_backward_plus(&dy, mean.as_ref(), &rstd, &[n], None, false, &bad)
+                        .norm_backward_plus(&dy, m, &rstd, &[n], None, false, Some(&bad))
                         .unwrap_err()
                         .to_string();
                     assert!(e.contains("plus"), "{e}");

@@ -75,8 +75,9 @@ impl KvCache {
         Ok(())
     }
 
-    /// Writes `k`, `v` ([B, Hkv, T, hd], any strides and float dtype, converted to the cache's) of `layer` at positions `len()..len()+T`
-    /// and returns views of the cached `[B, Hkv, len()+T, hd]`.
+    /// Writes `k`, `v` ([B, Hkv, T, hd], any strides, any float dtype: converted to the cache's)
+    /// of `layer` at positions `len()..len()+T` and returns views of the cached
+    /// `[B, Hkv, len()+T, hd]`.
     pub fn append(&self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         let (pos, t) = (self.len(), k.shape()[2]);
         self.check_room(t)?;

@@ -192,10 +192,13 @@ impl Tensor {
         Ok((y, rstd))
     }
 
+    /// [`Tensor::layer_norm_backward`] (with `mean`) or [`Tensor::rms_norm_backward`] (without),
+    /// whose dx comes back with `plus` added when given (x's shape and dtype: the gradient x has
+    /// from its other uses, such as a residual connection), in the same kernel where rows are
+    /// contiguous.
     #[allow(clippy::too_many_arguments)]
-    fn norm_backward(
+    pub fn norm_backward_plus(
         &self,
-        op: &'static str,
         dy: &Tensor,
         mean: Option<&Tensor>,
         rstd: &Tensor,
@@ -204,6 +207,10 @@ impl Tensor {
         want_bias: bool,
         plus: Option<&Tensor>,
     ) -> Result<NormGrads> {
+        let op = match mean {
+            Some(_) => "layer_norm_backward",
+            None => "rms_norm_backward",
+        };
         let (lead, n) = norm_rows(op, self, normalized_shape)?;
         for (t, what) in [(Some(dy), "dy"), (plus, "plus")] {
             let Some(t) = t else { continue };
@@ -249,46 +256,7 @@ impl Tensor {
         weight: Option<&Tensor>,
         bias: bool,
     ) -> Result<NormGrads> {
-        self.norm_backward(
-            "layer_norm_backward",
-            dy,
-            Some(mean),
-            rstd,
-            normalized_shape,
-            weight,
-            bias,
-            None,
-        )
-    }
-
-    /// [`Tensor::layer_norm_backward`] (with `mean`) or [`Tensor::rms_norm_backward`] (without)
-    /// whose dx comes back with `plus` added (x's shape and dtype: the gradient x has from its
-    /// other uses, such as a residual connection), in the same kernel where rows are contiguous.
-    #[allow(clippy::too_many_arguments)]
-    pub fn norm_backward_plus(
-        &self,
-        dy: &Tensor,
-        mean: Option<&Tensor>,
-        rstd: &Tensor,
-        normalized_shape: &[usize],
-        weight: Option<&Tensor>,
-        bias: bool,
-        plus: &Tensor,
-    ) -> Result<NormGrads> {
-        let op = match mean {
-            Some(_) => "layer_norm_backward",
-            None => "rms_norm_backward",
-        };
-        self.norm_backward(
-            op,
-            dy,
-            mean,
-            rstd,
-            normalized_shape,
-            weight,
-            bias,
-            Some(plus),
-        )
+        self.norm_backward_plus(dy, Some(mean), rstd, normalized_shape, weight, bias, None)
     }
 
     /// Gradients of [`Tensor::rms_norm`] (dx, and dweight when `weight` is given); kernels as
@@ -300,15 +268,6 @@ impl Tensor {
         normalized_shape: &[usize],
         weight: Option<&Tensor>,
     ) -> Result<NormGrads> {
-        self.norm_backward(
-            "rms_norm_backward",
-            dy,
-            None,
-            rstd,
-            normalized_shape,
-            weight,
-            false,
-            None,
-        )
+        self.norm_backward_plus(dy, None, rstd, normalized_shape, weight, false, None)
     }
 }

@@ -126,13 +126,7 @@ pub(super) fn backward(desc: &NormBackward, device: &Device) -> Result<NormGrads
     let w = weight.as_ref().map(dense).transpose()?;
     let dx = Tensor::alloc(&input.shape, input.dtype, device)?;
     // The addend is read like dx (contiguous from offset 0) by the rows kernel.
-    let plus_dense = plus
-        .as_ref()
-        .map(|p| match p.is_contiguous() && p.offset == 0 {
-            true => Ok(p.clone()),
-            false => p.contiguous(),
-        })
-        .transpose()?;
+    let plus_dense = plus.as_ref().map(dense).transpose()?;
     let some_dx = rows > 0 && n > 0;
     // Arguments after dx and the inputs: the statistics and weight.
     let stats = |k: &mut Kernel, x: &Tensor| -> Result<()> {
