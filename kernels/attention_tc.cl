@@ -70,32 +70,65 @@ inline uint visible(const AttnGeom* g, uint i) {
     return last < 0 ? 0u : min((uint)(last + 1), g->tk);
 }
 
-// Rows r0 .. r0 + 63 of a (rows, HEAD_DIM) view (row i at base + i * st) into t; zeros past n.
-inline void load_tile(__local uint* t, __global const T* p, uint base, uint st, uint r0, uint n,
-                      uint lid) {
-    for (uint e = lid; e < ROWS * (HEAD_DIM / 8); e += WG) {
-        uint r = e / (HEAD_DIM / 8), c = e % (HEAD_DIM / 8);
-        uint4 x = (uint4)(0);
+// A tile's rows travel in chunks of 8 elements (one 16-byte row piece of local memory), PER
+// per work-item: loaded into registers a tile ahead (the loads fly while the current tile is
+// multiplied), then stored into local memory. f32 storage stays f32 in registers (rounded at the
+// store, so that nothing waits on the loads early).
+#define PER (ROWS * (HEAD_DIM / 8) / WG)
 #ifdef IO_F32
-        if (r0 + r < n) {
-            __global const float4* f = (__global const float4*)p + (base + (r0 + r) * st) / 4 + 2 * c;
-            float4 lo = f[0], hi = f[1];
-            x = (uint4)(pack2(lo.x, lo.y), pack2(lo.z, lo.w), pack2(hi.x, hi.y), pack2(hi.z, hi.w));
-        }
+#define CHUNK float8
+inline CHUNK load_chunk(__global const T* p, uint at) {
+    __global const float4* f = (__global const float4*)p + at / 4;
+    return (float8)(f[0], f[1]);
+}
+inline uint4 packed(float8 x) {
+    return (uint4)(pack2(x.s0, x.s1), pack2(x.s2, x.s3), pack2(x.s4, x.s5), pack2(x.s6, x.s7));
+}
 #else
-        if (r0 + r < n) x = ((__global const uint4*)p)[(base + (r0 + r) * st) / 8 + c];
+#define CHUNK uint4
+inline CHUNK load_chunk(__global const T* p, uint at) { return ((__global const uint4*)p)[at / 8]; }
+inline uint4 packed(uint4 x) { return x; }
 #endif
-        *(__local uint4*)&t[r * RS + c * 4] = x;
+
+// Rows r0 .. r0 + 63 of a (rows, HEAD_DIM) view (row i at base + i * st) into registers r; zeros
+// past n.
+inline void fetch_tile(CHUNK* r, __global const T* p, uint base, uint st, uint r0, uint n, uint lid) {
+#pragma unroll
+    for (uint i = 0; i < PER; ++i) {
+        uint e = lid + i * WG, row = e / (HEAD_DIM / 8), c = e % (HEAD_DIM / 8);
+        r[i] = r0 + row < n ? load_chunk(p, base + (r0 + row) * st + 8 * c) : (CHUNK)(0);
     }
 }
 
-// Keys and values j0 .. j0 + 63 of (b, hk) into ks and vs, once every work-item is done with
-// the previous ones.
-inline void load_kv(__local uint* ks, __local uint* vs, __global const T* k, __global const T* v,
-                    const AttnGeom* G, uint b, uint hk, uint j0, uint lid) {
+// The fetched rows into local tile t.
+inline void stage_tile(__local uint* t, const CHUNK* r, uint lid) {
+#pragma unroll
+    for (uint i = 0; i < PER; ++i) {
+        uint e = lid + i * WG, row = e / (HEAD_DIM / 8), c = e % (HEAD_DIM / 8);
+        *(__local uint4*)&t[row * RS + c * 4] = packed(r[i]);
+    }
+}
+
+// Rows r0 .. r0 + 63 straight into t.
+inline void load_tile(__local uint* t, __global const T* p, uint base, uint st, uint r0, uint n,
+                      uint lid) {
+    CHUNK r[PER];
+    fetch_tile(r, p, base, st, r0, n, lid);
+    stage_tile(t, r, lid);
+}
+
+// Keys and values j0 .. j0 + 63 of (b, hk) into registers.
+inline void fetch_kv(CHUNK* kr, CHUNK* vr, __global const T* k, __global const T* v,
+                     const AttnGeom* G, uint b, uint hk, uint j0, uint lid) {
+    fetch_tile(kr, k, G->k_off + b * G->k_sb + hk * G->k_sh, G->k_st, j0, G->tk, lid);
+    fetch_tile(vr, v, G->v_off + b * G->v_sb + hk * G->v_sh, G->v_st, j0, G->tk, lid);
+}
+
+// The fetched keys and values into ks and vs, once every work-item is done with the previous ones.
+inline void stage_kv(__local uint* ks, __local uint* vs, const CHUNK* kr, const CHUNK* vr, uint lid) {
     barrier(CLK_LOCAL_MEM_FENCE);
-    load_tile(ks, k, G->k_off + b * G->k_sb + hk * G->k_sh, G->k_st, j0, G->tk, lid);
-    load_tile(vs, v, G->v_off + b * G->v_sb + hk * G->v_sh, G->v_st, j0, G->tk, lid);
+    stage_tile(ks, kr, lid);
+    stage_tile(vs, vr, lid);
     barrier(CLK_LOCAL_MEM_FENCE);
 }
 
@@ -161,7 +194,9 @@ void attention_fwd_tc(__global T* o, __global float* lse, __global const T* q,
     __local uint ks[ROWS * RS] __attribute__((aligned(16)));
     __local uint vs[ROWS * RS] __attribute__((aligned(16)));
     const uint lid = get_local_id(0), lane = lid % 32, warp = lid / 32, g = lane / 4, t = lane % 4;
-    const uint nqb = (G.tq + ROWS - 1) / ROWS, grp = get_group_id(0), qb = grp % nqb, bh = grp / nqb;
+    // The last query blocks see the most keys: they start first, so the short ones fill the tail.
+    const uint nqb = (G.tq + ROWS - 1) / ROWS, grp = get_group_id(0), qb = nqb - 1 - grp % nqb;
+    const uint bh = grp / nqb;
     const uint h = bh % G.heads, b = bh / G.heads, hk = h / (G.heads / G.kv_heads);
     const uint i0 = qb * ROWS, w0 = i0 + warp * 16;
     load_tile(qs, q, G.q_off + b * G.q_sb + h * G.q_sh, G.q_st, i0, G.tq, lid);
@@ -174,8 +209,11 @@ void attention_fwd_tc(__global T* o, __global float* lse, __global const T* q,
     uint vis[2] = {visible(&G, min(w0 + g, G.tq - 1)), visible(&G, min(w0 + g + 8, G.tq - 1))};
     const uint kend = visible(&G, min(i0 + ROWS - 1, G.tq - 1));
     const uint kfull = visible(&G, i0);  // keys every query of the group sees
+    CHUNK kr[PER], vr[PER];
+    if (kend > 0) fetch_kv(kr, vr, k, v, &G, b, hk, 0, lid);
     for (uint j0 = 0; j0 < kend; j0 += ROWS) {
-        load_kv(ks, vs, k, v, &G, b, hk, j0, lid);
+        stage_kv(ks, vs, kr, vr, lid);
+        if (j0 + ROWS < kend) fetch_kv(kr, vr, k, v, &G, b, hk, j0 + ROWS, lid);
         float s[8][4];
         SCORES(s, qf, ks);
         const bool edge = j0 + ROWS > kfull;
@@ -256,7 +294,9 @@ void attention_bwd_dq_tc(__global T* dq, __global float* delta, __global const T
     __local uint vs[ROWS * RS] __attribute__((aligned(16)));
     __local float ls[ROWS], dls[ROWS];
     const uint lid = get_local_id(0), lane = lid % 32, warp = lid / 32, g = lane / 4, t = lane % 4;
-    const uint nqb = (G.tq + ROWS - 1) / ROWS, grp = get_group_id(0), qb = grp % nqb, bh = grp / nqb;
+    // The last query blocks see the most keys: they start first, so the short ones fill the tail.
+    const uint nqb = (G.tq + ROWS - 1) / ROWS, grp = get_group_id(0), qb = nqb - 1 - grp % nqb;
+    const uint bh = grp / nqb;
     const uint h = bh % G.heads, b = bh / G.heads, hk = h / (G.heads / G.kv_heads);
     const uint i0 = qb * ROWS, w0 = i0 + warp * 16;
     load_tile(qs, q, G.q_off + b * G.q_sb + h * G.q_sh, G.q_st, i0, G.tq, lid);
@@ -280,8 +320,11 @@ void attention_bwd_dq_tc(__global T* dq, __global float* delta, __global const T
     ZERO(acc);
     const uint kend = visible(&G, min(i0 + ROWS - 1, G.tq - 1));
     const uint kfull = visible(&G, i0);
+    CHUNK kr[PER], vr[PER];
+    if (kend > 0) fetch_kv(kr, vr, k, v, &G, b, hk, 0, lid);
     for (uint j0 = 0; j0 < kend; j0 += ROWS) {
-        load_kv(ks, vs, k, v, &G, b, hk, j0, lid);
+        stage_kv(ks, vs, kr, vr, lid);
+        if (j0 + ROWS < kend) fetch_kv(kr, vr, k, v, &G, b, hk, j0 + ROWS, lid);
         float s[8][4], dp[8][4];
         SCORES(s, qf, ks);
         SCORES(dp, df, vs);
@@ -332,44 +375,60 @@ void attention_bwd_dkdv_tc(__global T* dk, __global T* dv, __global const T* q,
     const uint istart = first <= 0 ? 0u : ((uint)first / ROWS) * ROWS;
     // Queries from which on every query sees every key of the warp's rows (no masking).
     const int all = G.causal ? (int)min(w0 + 15, G.tk - 1) - G.offset : 0;
-    for (uint hh = 0; hh < group; ++hh) {
-        const uint h = hk * group + hh, bh = b * G.heads + h;
-        for (uint i0 = istart; i0 < G.tq; i0 += ROWS) {
-            barrier(CLK_LOCAL_MEM_FENCE);
-            load_tile(qs, q, G.q_off + b * G.q_sb + h * G.q_sh, G.q_st, i0, G.tq, lid);
-            load_tile(ds, dout, G.o_off + b * G.o_sb + h * G.o_sh, G.o_st, i0, G.tq, lid);
-            if (lid < ROWS) {
-                uint i = i0 + lid;
-                ls[lid] = i < G.tq ? lse[bh * G.tq + i] * M_LOG2E_F : -INFINITY;
-                dls[lid] = i < G.tq ? delta[bh * G.tq + i] : 0.0f;
-            }
-            barrier(CLK_LOCAL_MEM_FENCE);
-            // Transposed scores: rows are the warp's keys, columns the tile's queries.
-            float s[8][4], dp[8][4];
-            SCORES(s, kf, qs);
-            const bool edge = (int)i0 < all || i0 + ROWS > G.tq;
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    uint col = j * 8 + 2 * t + e, i = i0 + col;
-                    float lq = ls[col];
-#pragma unroll
-                    for (int h2 = 0; h2 < 2; ++h2) {
-                        int key = (int)(w0 + g + 8 * h2);
-                        bool on = lq != -INFINITY && (!edge || !G.causal || key <= (int)i + G.offset);
-                        s[j][2 * h2 + e] = on ? native_exp2(s[j][2 * h2 + e] * c - lq) : 0.0f;
-                    }
-                }
-            ACCUMULATE(adv, s, ds);
-            SCORES(dp, vf, ds);
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-                for (int q4 = 0; q4 < 4; ++q4) s[j][q4] *= dp[j][q4] - dls[j * 8 + 2 * t + q4 % 2];
-            ACCUMULATE(adk, s, qs);
-        }
+    // Steps over (query head of the group, query tile from istart), each step's tiles and row
+    // statistics fetched into registers one step ahead.
+    const uint tiles = istart < G.tq ? (G.tq - istart + ROWS - 1) / ROWS : 0, steps = group * tiles;
+    CHUNK qr[PER], dr[PER];
+    float lq_r = -INFINITY, dl_r = 0.0f;
+#define FETCH_STEP(n)                                                                          \
+    {                                                                                          \
+        const uint h_ = hk * group + (n) / tiles, i0_ = istart + ((n) % tiles) * ROWS;         \
+        fetch_tile(qr, q, G.q_off + b * G.q_sb + h_ * G.q_sh, G.q_st, i0_, G.tq, lid);        \
+        fetch_tile(dr, dout, G.o_off + b * G.o_sb + h_ * G.o_sh, G.o_st, i0_, G.tq, lid);     \
+        if (lid < ROWS) {                                                                      \
+            const uint i_ = i0_ + lid, bh_ = b * G.heads + h_;                                 \
+            lq_r = i_ < G.tq ? lse[bh_ * G.tq + i_] * M_LOG2E_F : -INFINITY;                   \
+            dl_r = i_ < G.tq ? delta[bh_ * G.tq + i_] : 0.0f;                                  \
+        }                                                                                      \
     }
+    if (steps > 0) FETCH_STEP(0)
+    for (uint n = 0; n < steps; ++n) {
+        const uint i0 = istart + (n % tiles) * ROWS;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        stage_tile(qs, qr, lid);
+        stage_tile(ds, dr, lid);
+        if (lid < ROWS) {
+            ls[lid] = lq_r;
+            dls[lid] = dl_r;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (n + 1 < steps) FETCH_STEP(n + 1)
+        // Transposed scores: rows are the warp's keys, columns the tile's queries.
+        float s[8][4], dp[8][4];
+        SCORES(s, kf, qs);
+        const bool edge = (int)i0 < all || i0 + ROWS > G.tq;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                uint col = j * 8 + 2 * t + e, i = i0 + col;
+                float lq = ls[col];
+#pragma unroll
+                for (int h2 = 0; h2 < 2; ++h2) {
+                    int key = (int)(w0 + g + 8 * h2);
+                    bool on = lq != -INFINITY && (!edge || !G.causal || key <= (int)i + G.offset);
+                    s[j][2 * h2 + e] = on ? native_exp2(s[j][2 * h2 + e] * c - lq) : 0.0f;
+                }
+            }
+        ACCUMULATE(adv, s, ds);
+        SCORES(dp, vf, ds);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int q4 = 0; q4 < 4; ++q4) s[j][q4] *= dp[j][q4] - dls[j * 8 + 2 * t + q4 % 2];
+        ACCUMULATE(adk, s, qs);
+    }
+#undef FETCH_STEP
     float one[2] = {1.0f, 1.0f}, mul[2] = {scale, scale};
     STORE_ROWS(dk, adk, w0, G.tk, mul, ((b * G.tk + row) * G.kv_heads + hk) * HEAD_DIM);
     STORE_ROWS(dv, adv, w0, G.tk, one, ((b * G.tk + row) * G.kv_heads + hk) * HEAD_DIM);
