@@ -6,6 +6,28 @@
 
 #define NORM_GROUP 256
 
+// y's storage, and dy's in the backward: x's, or with -DY_BF16 / -DY_F16 16 bits for an f32 x (a
+// norm feeding products under autocast writes their dtype: no cast between).
+#if defined(Y_BF16)
+typedef ushort YT;
+#define Y_LOAD(p, i) load_bf16(p, i)
+#define Y_STORE(p, i, v) store_bf16(p, i, v)
+#define Y_LOAD4(p, i) load4_bf16(p, 4 * (i))
+#define Y_STORE4(p, i, v) store4_bf16(p, 4 * (i), v)
+#elif defined(Y_F16)
+#define YT half
+#define Y_LOAD(p, i) load_f16(p, i)
+#define Y_STORE(p, i, v) store_f16(p, i, v)
+#define Y_LOAD4(p, i) load4_f16(p, 4 * (i))
+#define Y_STORE4(p, i, v) store4_f16(p, 4 * (i), v)
+#else
+#define YT T
+#define Y_LOAD LOAD
+#define Y_STORE STORE
+#define Y_LOAD4 LOAD4
+#define Y_STORE4 STORE4
+#endif
+
 // Merges of Welford states over a team of work-items (common.cl).
 TEAM_REDUCE_FN(wf_team, wf_t, wf_join)
 
@@ -16,7 +38,7 @@ inline uint norm_offset(const Layout* lr, uint r) {
 
 // layer_norm (rms == 0) or rms_norm (rms != 0) of row o, one work-group per row:
 // y = (x - mean) * rstd * w + b with rstd = 1 / sqrt(var + eps) (rms: mean 0, var = mean(x^2)).
-__kernel void norm_fwd(__global T* y,            /* (rows, n) contiguous */
+__kernel void norm_fwd(__global YT* y,           /* (rows, n) contiguous */
                        __global ACC* mean,       /* (rows), written when save and rms == 0 */
                        __global ACC* rstd,       /* (rows), written when save */
                        __global const T* x,      /* strided: row o at layout_offsets(lk, o).x, element r at + norm_offset(lr, r) */
@@ -41,7 +63,7 @@ __kernel void norm_fwd(__global T* y,            /* (rows, n) contiguous */
         ACC v = (LOAD(x, base + norm_offset(&lr, r)) - mu) * rs;
         if (has_w) v *= LOAD(w, r);
         if (has_b) v += LOAD(b, r);
-        STORE(y, o * n + r, v);
+        Y_STORE(y, o * n + r, v);
     }
     if (lid == 0 && save) {
         if (!rms) mean[o] = mu;
@@ -50,8 +72,27 @@ __kernel void norm_fwd(__global T* y,            /* (rows, n) contiguous */
 }
 
 #ifdef ROW_NV
+// Rows of y (dy) in YT: common.cl's row_load / row_store for its storage.
+#if ROW_V == 4
+#define Y_ROW_LOAD(p, base, u) Y_LOAD4(p, (base) / 4 + (u))
+#define Y_ROW_STORE(p, base, u, v) Y_STORE4(p, (base) / 4 + (u), v)
+#else
+#define Y_ROW_LOAD(p, base, u) Y_LOAD(p, (base) + (u))
+#define Y_ROW_STORE(p, base, u, v) Y_STORE(p, (base) + (u), v)
+#endif
+inline void y_row_load(row_t* v, __global const YT* p, uint base, rowpos_t r) {
+#pragma unroll
+    for (uint j = 0; j < ROW_NV; ++j) v[j] = ROW_HAS(r, j) ? Y_ROW_LOAD(p, base, ROW_UNIT(r, j)) : (row_t)0;
+}
+
+inline void y_row_store(__global YT* p, uint base, const row_t* v, rowpos_t r) {
+#pragma unroll
+    for (uint j = 0; j < ROW_NV; ++j)
+        if (ROW_HAS(r, j)) Y_ROW_STORE(p, base, ROW_UNIT(r, j), v[j]);
+}
+
 // norm_fwd for contiguous rows held in registers (common.cl): one read and one write per element.
-__kernel void norm_rows(__global T* y,            /* (rows, n) contiguous */
+__kernel void norm_rows(__global YT* y,           /* (rows, n) contiguous */
                         __global ACC* mean,       /* (rows), written when save and rms == 0 */
                         __global ACC* rstd,       /* (rows), written when save */
                         __global const T* x,      /* row o at layout_offsets(lk, o).x, contiguous */
@@ -91,7 +132,7 @@ __kernel void norm_rows(__global T* y,            /* (rows, n) contiguous */
             v[j] = h;
         }
     }
-    row_store(y, r.row * n, v, r);
+    y_row_store(y, r.row * n, v, r);
     if (r.lane == 0 && r.row < rows && save) {
         if (!rms) mean[r.row] = mu;
         rstd[r.row] = rs;
@@ -102,7 +143,7 @@ __kernel void norm_rows(__global T* y,            /* (rows, n) contiguous */
 // Input gradient, one work-group per row: with xhat = (x - mean) * rstd and g = dy * w,
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); rms_norm drops the mean(g) term.
 __kernel void norm_bwd_x(__global T* dx,          /* (rows, n) */
-                         __global const T* dy,    /* (rows, n) */
+                         __global const YT* dy,   /* (rows, n) */
                          __global const T* x,     /* (rows, n) */
                          __global const ACC* mean, /* (rows), read when rms == 0 */
                          __global const ACC* rstd, /* (rows) */
@@ -114,7 +155,7 @@ __kernel void norm_bwd_x(__global T* dx,          /* (rows, n) */
     ACC mu = rms ? (ACC)0 : mean[o], rs = rstd[o];
     ACC sg = 0, sgx = 0;
     for (uint r = lid; r < n; r += L) {
-        ACC g = LOAD(dy, row + r);
+        ACC g = Y_LOAD(dy, row + r);
         if (has_w) g *= LOAD(w, r);
         ACC xh = (LOAD(x, row + r) - mu) * rs;
         sg += g;
@@ -123,7 +164,7 @@ __kernel void norm_bwd_x(__global T* dx,          /* (rows, n) */
     ACC2 t = sum2_team((ACC2)(sg, sgx), sh, L);
     ACC mg = rms ? (ACC)0 : t.x / (ACC)n, mgx = t.y / (ACC)n;
     for (uint r = lid; r < n; r += L) {
-        ACC g = LOAD(dy, row + r);
+        ACC g = Y_LOAD(dy, row + r);
         if (has_w) g *= LOAD(w, r);
         ACC xh = (LOAD(x, row + r) - mu) * rs;
         STORE(dx, row + r, rs * (g - mg - xh * mgx));
@@ -135,7 +176,7 @@ __kernel void norm_bwd_x(__global T* dx,          /* (rows, n) */
 // once. Row o starts at layout_offsets(lk, o): .x in dx, .y in x, .z in dy. With has_plus, dx
 // also gets plus added (the gradient its input had from elsewhere: no separate sum).
 __kernel void norm_bwd_rows(__global T* dx,           /* (rows, n) contiguous */
-                            __global const T* dy,     /* row o at layout_offsets(lk, o).z, contiguous */
+                            __global const YT* dy,    /* row o at layout_offsets(lk, o).z, contiguous */
                             __global const T* x,      /* row o at layout_offsets(lk, o).y, contiguous */
                             __global const ACC* mean, /* (rows), read when rms == 0 */
                             __global const ACC* rstd, /* (rows) */
@@ -148,7 +189,7 @@ __kernel void norm_bwd_rows(__global T* dx,           /* (rows, n) contiguous */
     uint3 base = layout_offsets(&lk, o);
     row_t g[ROW_NV], h[ROW_NV];
     row_load(h, x, base.y, r);
-    row_load(g, dy, base.z, r);
+    y_row_load(g, dy, base.z, r);
     ACC mu = rms ? (ACC)0 : mean[o], rs = rstd[o];
     // g = dy * w and h = xhat in place, with this work-item's sums of g and g * xhat.
     ACC sg = 0, sgx = 0;
@@ -178,7 +219,7 @@ __kernel void norm_bwd_rows(__global T* dx,           /* (rows, n) contiguous */
 // [c * chunk, (c + 1) * chunk) of column j.
 __kernel void norm_bwd_params_part(__global ACC* pw,        /* (nchunks, n) */
                                    __global ACC* pb,        /* (nchunks, n) */
-                                   __global const T* dy,    /* (rows, n) */
+                                   __global const YT* dy,   /* (rows, n) */
                                    __global const T* x,     /* (rows, n) */
                                    __global const ACC* mean, /* (rows), read when rms == 0 */
                                    __global const ACC* rstd, /* (rows) */
@@ -189,7 +230,7 @@ __kernel void norm_bwd_params_part(__global ACC* pw,        /* (nchunks, n) */
     uint r1 = min(rows, (c + 1) * chunk);
     ACC aw = 0, ab = 0;
     for (uint i = c * chunk; i < r1; ++i) {
-        ACC g = LOAD(dy, i * n + j);
+        ACC g = Y_LOAD(dy, i * n + j);
         ACC mu = rms ? (ACC)0 : mean[i];
         aw += g * (LOAD(x, i * n + j) - mu) * rstd[i];
         ab += g;

@@ -1,6 +1,6 @@
 //! Backward rules of layer_norm, rms_norm and training-mode batch_norm (the ops' fused backward kernels).
 use crate::tape::{any_tracked, record, record_folding, Var};
-use netcl_ops::{NormGrads, Result, Tensor};
+use netcl_ops::{DType, NormGrads, Result, Tensor};
 
 /// The gradients in the order of the recorded inputs (x, weight?, bias?).
 fn norm_grads(g: NormGrads, has_weight: bool, has_bias: bool) -> Vec<Option<Tensor>> {
@@ -43,16 +43,31 @@ impl Var {
         bias: Option<&Var>,
         eps: f64,
     ) -> Result<Var> {
+        self.layer_norm_to(normalized_shape, weight, bias, eps, None)
+    }
+
+    /// [`Var::layer_norm`] writing its output in `out` (None: the dtype it computes in): bf16 or
+    /// f16 of an f32 norm, rounded once in the norm's kernel, where only products read the output
+    /// (they would cast it anyway under autocast); its gradient then arrives in `out`.
+    pub fn layer_norm_to(
+        &self,
+        normalized_shape: &[usize],
+        weight: Option<&Var>,
+        bias: Option<&Var>,
+        eps: f64,
+        out: Option<DType>,
+    ) -> Result<Var> {
         let x = &widened(self, [weight, bias])?;
         let (w, b) = (weight.map(|w| w.value()), bias.map(|b| b.value()));
+        let out = out.unwrap_or(x.dtype());
         let all = inputs(x, weight, bias);
         if !any_tracked(&all) {
             let y = x
                 .value()
                 .layer_norm_inference(normalized_shape, w, b, eps)?;
-            return Ok(Var::constant(y));
+            return Ok(Var::constant(y.to_dtype(out)?));
         }
-        let (y, mean, rstd) = x.value().layer_norm(normalized_shape, w, b, eps)?;
+        let (y, mean, rstd) = x.value().layer_norm_to(normalized_shape, w, b, eps, out)?;
         let x = x.value().clone();
         let w = weight.map(|w| w.value().clone());
         let ns = normalized_shape.to_vec();
@@ -73,13 +88,25 @@ impl Var {
         weight: Option<&Var>,
         eps: f64,
     ) -> Result<Var> {
+        self.rms_norm_to(normalized_shape, weight, eps, None)
+    }
+
+    /// [`Var::rms_norm`] writing its output in `out`, as [`Var::layer_norm_to`].
+    pub fn rms_norm_to(
+        &self,
+        normalized_shape: &[usize],
+        weight: Option<&Var>,
+        eps: f64,
+        out: Option<DType>,
+    ) -> Result<Var> {
         let xv = &widened(self, [weight, None])?;
         let w = weight.map(|w| w.value());
+        let out = out.unwrap_or(xv.dtype());
         if !any_tracked(&inputs(xv, weight, None)) {
             let y = xv.value().rms_norm_inference(normalized_shape, w, eps)?;
-            return Ok(Var::constant(y));
+            return Ok(Var::constant(y.to_dtype(out)?));
         }
-        let (y, rstd) = xv.value().rms_norm(normalized_shape, w, eps)?;
+        let (y, rstd) = xv.value().rms_norm_to(normalized_shape, w, eps, out)?;
         let x = xv.value().clone();
         let w = weight.map(|w| w.value().clone());
         let ns = normalized_shape.to_vec();

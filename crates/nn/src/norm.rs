@@ -114,6 +114,17 @@ impl RmsNorm {
             ..self
         })
     }
+    /// The layer's output where only matrix products read it (a Llama block's norms): under
+    /// autocast the norm's kernel writes it in the compute dtype, which the products would cast
+    /// it to anyway (the same values, no cast kernel either way); else as `forward`.
+    pub fn forward_for_products(&self, tape: &Tape, x: &Var) -> Result<Var> {
+        x.rms_norm_to(
+            self.weight.shape(),
+            Some(&tape.param(&self.weight)),
+            self.eps,
+            netcl_autograd::autocast_dtype(),
+        )
+    }
 }
 
 impl Module for RmsNorm {

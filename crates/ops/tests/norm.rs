@@ -610,3 +610,90 @@ fn norm_backward_plus_adds_the_other_gradient() {
         }
     }
 }
+
+/// An f32 norm writing bf16 or f16 (`*_norm_to`, autocast's norms before products) gives what a
+/// cast after it gives (on the host within one rounding: f64 rounds to 16 bits directly there),
+/// and its backward takes the 16-bit dy as the f32 backward takes dy widened; contiguous rows of
+/// both row widths and a transposed input (the general kernels).
+#[test]
+fn sixteen_bit_outputs_of_f32_norms_match_a_cast_after_them() {
+    let devices = test_devices().unwrap();
+    for (n, seed) in [(33, 81), (64, 82)] {
+        let rows = 6;
+        let base = random_tensor(DType::F32, &[rows, n], -3.0, 3.0, seed);
+        let xt = base.transpose(0, 1).unwrap().contiguous().unwrap();
+        let w = random_tensor(DType::F32, &[n], 0.5, 1.5, seed + 10);
+        for out in [DType::BF16, DType::F16] {
+            let dy16 = random_tensor(out, &[rows, n], -1.0, 1.0, seed + 20);
+            for dev in &devices {
+                for transposed in [false, true] {
+                    let what = format!("n={n} {out} transposed={transposed} on {dev}");
+                    let x = match transposed {
+                        true => xt.to_device(dev).unwrap().transpose(0, 1).unwrap(),
+                        false => base.to_device(dev).unwrap(),
+                    };
+                    let (wd, dy) = (w.to_device(dev).unwrap(), dy16.to_device(dev).unwrap());
+                    let dy32 = dy.to_dtype(DType::F32).unwrap();
+                    for rms in [false, true] {
+                        let (y, mean, rstd) = if rms {
+                            let (y, r) = x.rms_norm_to(&[n], Some(&wd), 1e-5, out).unwrap();
+                            (y, None, r)
+                        } else {
+                            let (y, m, r) =
+                                x.layer_norm_to(&[n], Some(&wd), None, 1e-5, out).unwrap();
+                            (y, Some(m), r)
+                        };
+                        let cast = match rms {
+                            true => x.rms_norm(&[n], Some(&wd), 1e-5).unwrap().0,
+                            false => x.layer_norm(&[n], Some(&wd), None, 1e-5).unwrap().0,
+                        };
+                        assert_eq!(y.dtype(), out, "{what}");
+                        let (got, want) = (y.to_vec_f64().unwrap(), cast.to_dtype(out).unwrap());
+                        let want = want.to_vec_f64().unwrap();
+                        match dev.is_host() {
+                            true => check_close(&got, &want, tolerance(out), 1.0, &what).unwrap(),
+                            false => assert_eq!(got, want, "forward rms={rms} {what}"),
+                        }
+                        let m = mean.as_ref();
+                        let grads = |g: &Tensor| {
+                            x.norm_backward_plus(g, m, &rstd, &[n], Some(&wd), !rms, None)
+                                .unwrap()
+                        };
+                        let (a, b) = (grads(&dy), grads(&dy32));
+                        assert_eq!(a.dx.dtype(), DType::F32, "{what}");
+                        for (ga, gb) in [(&a.dx, &b.dx)]
+                            .into_iter()
+                            .chain(a.dweight.as_ref().zip(b.dweight.as_ref()))
+                            .chain(a.dbias.as_ref().zip(b.dbias.as_ref()))
+                        {
+                            assert_eq!(
+                                ga.to_vec_f64().unwrap(),
+                                gb.to_vec_f64().unwrap(),
+                                "backward rms={rms} {what}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Other pairs of input and output dtypes are errors naming both.
+    let host = Device::host();
+    let x64 = random_tensor(DType::F64, &[2, 8], -1.0, 1.0, 90)
+        .to_device(&host)
+        .unwrap();
+    let e = x64
+        .rms_norm_to(&[8], None, 1e-5, DType::BF16)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rms_norm") && e.contains("bf16") && e.contains("f64"),
+        "{e}"
+    );
+    let x16 = x64.to_dtype(DType::BF16).unwrap();
+    let e = x16
+        .layer_norm_to(&[8], None, None, 1e-5, DType::F32)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("layer_norm") && e.contains("f32"), "{e}");
+}

@@ -255,9 +255,9 @@ impl Block {
         cache: Option<(&KvCache, usize)>,
         mask: Option<&Tensor>,
     ) -> Result<Var> {
-        let a = self.attention_norm.forward(tape, x)?;
+        let a = self.attention_norm.forward_for_products(tape, x)?;
         let h = x.add(&self.attention.forward(tape, &a, positions, cache, mask)?)?;
-        let f = self.ffn_norm.forward(tape, &h)?;
+        let f = self.ffn_norm.forward_for_products(tape, &h)?;
         h.add(&self.feed_forward.forward(tape, &f)?)
     }
 

@@ -128,7 +128,7 @@ impl Llama {
         if let Some(c) = cache {
             c.advance(t)?;
         }
-        let h = self.norm.forward(tape, &h)?;
+        let h = self.norm.forward_for_products(tape, &h)?;
         match &self.output {
             Some(out) => out.forward(tape, &h),
             None => h.linear(

@@ -78,10 +78,23 @@ impl RowPlan {
         dtype: DType,
         name: &str,
     ) -> Result<Option<(RowPlan, Kernel)>> {
+        RowPlan::kernel_with(device, n, aligned, source, (dtype, ""), name)
+    }
+
+    /// [`RowPlan::kernel`] with `extra` build options after the dtype's and the plan's.
+    pub(crate) fn kernel_with(
+        device: &Device,
+        n: usize,
+        aligned: bool,
+        source: &Source,
+        (dtype, extra): (DType, &str),
+        name: &str,
+    ) -> Result<Option<(RowPlan, Kernel)>> {
         let Some(plan) = RowPlan::new(device, n, aligned) else {
             return Ok(None);
         };
-        let k = Kernel::new(&program(device, source, &plan.options(dtype))?, name)?;
+        let options = plan.options(dtype) + extra;
+        let k = Kernel::new(&program(device, source, &options)?, name)?;
         Ok((k.max_work_group_size() >= plan.group).then_some((plan, k)))
     }
 

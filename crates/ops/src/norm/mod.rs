@@ -7,7 +7,7 @@ use crate::base::dispatch::dispatch;
 use crate::base::layout::numel;
 use crate::base::norm_params::{check_eps, check_param, check_stat, NormGrads};
 use crate::base::tensor::Tensor;
-use netcl_core_devices::{Error, Result};
+use netcl_core_devices::{DType, Error, Result};
 
 /// Rows and row length of `x` normalised over its trailing `normalized_shape`.
 fn norm_rows(op: &str, x: &Tensor, normalized_shape: &[usize]) -> Result<(Vec<usize>, usize)> {
@@ -41,12 +41,14 @@ type NormOut = (Tensor, Option<Tensor>, Option<Tensor>);
 
 /// A checked norm forward (`op`: layer_norm, or rms_norm when `rms`) of float `x` (any view)
 /// over its trailing dims: `lead` rows of `n` elements (`split`: the lead dims kept, the others
-/// reduced); weight and bias of the normalised shape in x's dtype. y is contiguous in x's dtype,
-/// the statistics shaped `lead` in [`acc_dtype`](crate::acc_dtype).
+/// reduced); weight and bias of the normalised shape in x's dtype. y is contiguous in `out`
+/// (x's dtype, or 16 bits for an f32 x: [`y_dtype_ok`]), the statistics shaped `lead` in
+/// [`acc_dtype`](crate::acc_dtype).
 #[derive(Clone, Debug)]
 struct NormForward {
     op: &'static str,
     x: Tensor,
+    out: DType,
     rms: bool,
     lead: Vec<usize>,
     n: usize,
@@ -59,8 +61,14 @@ struct NormForward {
 
 impl_op!(NormForward, NormOut, "layer_norm", forward, |d| d.op);
 
+/// Whether a norm of an `x` input may write (and take the gradient of) a `y` output: the same
+/// dtype, or bf16/f16 of an f32 input.
+fn y_dtype_ok(x: DType, y: DType) -> bool {
+    x == y || (x == DType::F32 && matches!(y, DType::BF16 | DType::F16))
+}
+
 /// A checked norm backward (`op`: layer_norm_backward with `mean`, rms_norm_backward without)
-/// for input `x` and `dy` (x's shape, dtype and device, any views), `lead` rows of `n`
+/// for input `x` and `dy` (x's shape and device, y's dtype, any views), `lead` rows of `n`
 /// elements; dweight when `weight` is given, dbias when `want_bias`.
 #[derive(Clone, Debug)]
 struct NormBackward {
@@ -97,15 +105,26 @@ impl Tensor {
         bias: Option<&Tensor>,
         eps: f64,
         stats: Stats,
+        out: DType,
     ) -> Result<NormOut> {
         let (lead, n) = norm_rows(op, self, normalized_shape)?;
         check_param(op, self, weight, "weight", normalized_shape)?;
         check_param(op, self, bias, "bias", normalized_shape)?;
         check_eps(op, eps)?;
+        if !y_dtype_ok(self.dtype, out) {
+            return Err(Error::dtype(
+                op,
+                format!(
+                    "cannot write a {out} output of a {} input {:?} (its dtype, or bf16/f16 of f32)",
+                    self.dtype, self.shape
+                ),
+            ));
+        }
         let mask: Vec<bool> = (0..self.ndim()).map(|d| d >= lead.len()).collect();
         let desc = NormForward {
             op,
             x: self.clone(),
+            out,
             rms,
             split: AxisSplit::new(self, &mask),
             lead,
@@ -130,6 +149,19 @@ impl Tensor {
         bias: Option<&Tensor>,
         eps: f64,
     ) -> Result<(Tensor, Tensor, Tensor)> {
+        self.layer_norm_to(normalized_shape, weight, bias, eps, self.dtype)
+    }
+
+    /// [`Tensor::layer_norm`] writing y in `out`: x's dtype, or bf16/f16 of an f32 x (rounded
+    /// once from the f32 result: what a cast after the norm gives, in the same kernel).
+    pub fn layer_norm_to(
+        &self,
+        normalized_shape: &[usize],
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+        out: DType,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
         let (y, mean, rstd) = self.norm_forward(
             "layer_norm",
             false,
@@ -138,6 +170,7 @@ impl Tensor {
             bias,
             eps,
             Stats::MeanRstd,
+            out,
         )?;
         let missing = || Error::invalid("layer_norm", "statistics were not computed");
         Ok((y, mean.ok_or_else(missing)?, rstd.ok_or_else(missing)?))
@@ -153,7 +186,16 @@ impl Tensor {
     ) -> Result<Tensor> {
         let ns = normalized_shape;
         Ok(self
-            .norm_forward("layer_norm", false, ns, weight, bias, eps, Stats::None)?
+            .norm_forward(
+                "layer_norm",
+                false,
+                ns,
+                weight,
+                bias,
+                eps,
+                Stats::None,
+                self.dtype,
+            )?
             .0)
     }
 
@@ -166,7 +208,16 @@ impl Tensor {
     ) -> Result<Tensor> {
         let ns = normalized_shape;
         Ok(self
-            .norm_forward("rms_norm", true, ns, weight, None, eps, Stats::None)?
+            .norm_forward(
+                "rms_norm",
+                true,
+                ns,
+                weight,
+                None,
+                eps,
+                Stats::None,
+                self.dtype,
+            )?
             .0)
     }
 
@@ -178,6 +229,17 @@ impl Tensor {
         weight: Option<&Tensor>,
         eps: f64,
     ) -> Result<(Tensor, Tensor)> {
+        self.rms_norm_to(normalized_shape, weight, eps, self.dtype)
+    }
+
+    /// [`Tensor::rms_norm`] writing y in `out`, as [`Tensor::layer_norm_to`].
+    pub fn rms_norm_to(
+        &self,
+        normalized_shape: &[usize],
+        weight: Option<&Tensor>,
+        eps: f64,
+        out: DType,
+    ) -> Result<(Tensor, Tensor)> {
         let (y, _, rstd) = self.norm_forward(
             "rms_norm",
             true,
@@ -186,6 +248,7 @@ impl Tensor {
             None,
             eps,
             Stats::Rstd,
+            out,
         )?;
         let rstd =
             rstd.ok_or_else(|| Error::invalid("rms_norm", "statistics were not computed"))?;
@@ -195,7 +258,8 @@ impl Tensor {
     /// [`Tensor::layer_norm_backward`] (with `mean`) or [`Tensor::rms_norm_backward`] (without),
     /// whose dx comes back with `plus` added when given (x's shape and dtype: the gradient x has
     /// from its other uses, such as a residual connection), in the same kernel where rows are
-    /// contiguous.
+    /// contiguous. `dy` is in y's dtype (x's, or 16 bits after [`Tensor::rms_norm_to`]); the
+    /// gradients are in x's.
     #[allow(clippy::too_many_arguments)]
     pub fn norm_backward_plus(
         &self,
@@ -215,7 +279,10 @@ impl Tensor {
         for (t, what) in [(Some(dy), "dy"), (plus, "plus")] {
             let Some(t) = t else { continue };
             check_device(op, self, t, what)?;
-            check_dtype(op, t, what, self.dtype)?;
+            match what {
+                "dy" if y_dtype_ok(self.dtype, t.dtype) => {}
+                _ => check_dtype(op, t, what, self.dtype)?,
+            }
             if t.shape != self.shape {
                 return Err(Error::shape(
                     op,

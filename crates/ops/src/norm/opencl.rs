@@ -3,14 +3,33 @@ use super::{NormBackward, NormForward, NormOut, Stats};
 use crate::base::acc::{acc_dtype, arg_acc, row_group};
 use crate::base::checks::u32_arg;
 use crate::base::host::dense;
-use crate::base::launch::{launch_1d, launch_groups, program_for};
+use crate::base::launch::{launch_1d, launch_groups};
 use crate::base::layout::{is_contiguous, numel};
 use crate::base::norm_params::NormGrads;
 use crate::base::rows::{row_starts, starts_aligned, RowPlan};
 use crate::base::tensor::Tensor;
-use netcl_core_devices::{Device, Result};
+use netcl_core_devices::{DType, Device, Result};
 use netcl_kernels::sources::NORM;
-use netcl_kernels::Kernel;
+use netcl_kernels::{program, Kernel, Program};
+use std::sync::Arc;
+
+/// kernels/norm.cl's build options beyond x's dtype: y's (and dy's) storage where it differs.
+fn y_option(x: DType, y: DType) -> &'static str {
+    match y {
+        DType::BF16 if x != y => " -DY_BF16",
+        DType::F16 if x != y => " -DY_F16",
+        _ => "",
+    }
+}
+
+/// kernels/norm.cl for x's dtype and y's.
+fn norm_program(device: &Device, x: DType, y: DType) -> Result<Arc<Program>> {
+    program(
+        device,
+        &NORM,
+        &format!("{}{}", x.build_option(), y_option(x, y)),
+    )
+}
 
 /// The forward: `norm_rows` over contiguous rows when a row plan fits, else `norm_fwd` (one
 /// work-group per row, any strides).
@@ -18,6 +37,7 @@ pub(super) fn forward(desc: &NormForward, device: &Device) -> Result<NormOut> {
     let NormForward {
         op,
         x,
+        out,
         rms,
         lead,
         n,
@@ -33,7 +53,7 @@ pub(super) fn forward(desc: &NormForward, device: &Device) -> Result<NormOut> {
     let (lk, lr) = split.layouts(op, x.offset)?;
     let n32 = u32_arg(op, "normalized size", n)?;
     u32_arg(op, "elements", rows * n)?;
-    let y = Tensor::alloc(&x.shape, x.dtype, device)?;
+    let y = Tensor::alloc(&x.shape, *out, device)?;
     let stat = |want: bool| want.then(|| Tensor::alloc(lead, acc, device)).transpose();
     let mean = stat(stats == Stats::MeanRstd)?;
     let rstd = stat(stats != Stats::None)?;
@@ -65,14 +85,19 @@ pub(super) fn forward(desc: &NormForward, device: &Device) -> Result<NormOut> {
     // x read, y written, weight and bias read, the statistics written; about eight flops per
     // element (mean, centre, square, sum, scale, weight, bias).
     let es = x.dtype.size();
-    let bytes = 2 * rows * n * es + 2 * n * es + 2 * rows * acc.size();
+    let bytes = rows * n * (es + out.size()) + 2 * n * es + 2 * rows * acc.size();
     let flops = 8 * rows * n;
     // Contiguous rows: held in registers, one read and one write per element.
     if is_contiguous(&split.red_shape, &split.red_strides) {
         let aligned = starts_aligned(x.offset, &split.kept_shape, &split.kept_strides);
-        if let Some((plan, mut k)) =
-            RowPlan::kernel(device, n, aligned, &NORM, x.dtype, "norm_rows")?
-        {
+        if let Some((plan, mut k)) = RowPlan::kernel_with(
+            device,
+            n,
+            aligned,
+            &NORM,
+            (x.dtype, y_option(x.dtype, *out)),
+            "norm_rows",
+        )? {
             head(&mut k)?;
             plan.args(&mut k, n32, u32_arg(op, "rows", rows)?)?;
             tail(&mut k)?;
@@ -81,7 +106,7 @@ pub(super) fn forward(desc: &NormForward, device: &Device) -> Result<NormOut> {
             return Ok((y, mean, rstd));
         }
     }
-    let program = program_for(device, &NORM, x.dtype)?;
+    let program = norm_program(device, x.dtype, *out)?;
     let mut k = Kernel::new(&program, "norm_fwd")?;
     head(&mut k)?;
     k.arg(&lr)?.arg(&n32)?;
@@ -116,7 +141,7 @@ pub(super) fn backward(desc: &NormBackward, device: &Device) -> Result<NormGrads
     let n32 = u32_arg(op, "normalized size", n)?;
     let rows32 = u32_arg(op, "rows", rows)?;
     u32_arg(op, "elements", rows * n)?;
-    let program = program_for(device, &NORM, input.dtype)?;
+    let program = norm_program(device, input.dtype, dy.dtype)?;
     // Column sums for dweight/dbias: about 2^18 work-items (rows in chunks of at least 8), enough
     // to keep a large GPU's memory busy; 2^14 left an H200 at a fifth of its bandwidth.
     let nchunks = ((1 << 18) / n.max(1)).clamp(1, rows.div_ceil(8).max(1));
@@ -137,7 +162,8 @@ pub(super) fn backward(desc: &NormBackward, device: &Device) -> Result<NormGrads
     };
     // x and dy read, dx written, weight and statistics read; about ten flops per element.
     let es = input.dtype.size();
-    let bytes = (3 + plus.is_some() as usize) * rows * n * es
+    let bytes = (2 + plus.is_some() as usize) * rows * n * es
+        + rows * n * dy.dtype.size()
         + n * es
         + 2 * rows * acc_dtype(input.dtype).size();
     let flops = 10 * rows * n;
@@ -152,9 +178,14 @@ pub(super) fn backward(desc: &NormBackward, device: &Device) -> Result<NormGrads
         ];
         if let Some((lk, aligned)) = row_starts(op, &input.shape, &mask, &operands)? {
             let name = "norm_bwd_rows";
-            if let Some((plan, mut k)) =
-                RowPlan::kernel(device, n, aligned, &NORM, input.dtype, name)?
-            {
+            if let Some((plan, mut k)) = RowPlan::kernel_with(
+                device,
+                n,
+                aligned,
+                &NORM,
+                (input.dtype, y_option(input.dtype, dy.dtype)),
+                name,
+            )? {
                 k.arg_mem(dx.mem()?)?
                     .arg_mem(dy.mem()?)?
                     .arg_mem(input.mem()?)?;

@@ -12,6 +12,7 @@ pub(super) fn forward(desc: &NormForward) -> Result<NormOut> {
     let NormForward {
         op,
         x: input,
+        out,
         rms,
         lead,
         n,
@@ -53,10 +54,7 @@ pub(super) fn forward(desc: &NormForward) -> Result<NormOut> {
     }
     let stat = |v: &[f64]| Tensor::from_host_data(HostData::from_fn(acc, rows, |i| v[i]), lead);
     Ok((
-        Tensor::from_host_data(
-            HostData::from_fn(input.dtype, y.len(), |i| y[i]),
-            &input.shape,
-        ),
+        Tensor::from_host_data(HostData::from_fn(*out, y.len(), |i| y[i]), &input.shape),
         (stats == Stats::MeanRstd).then(|| stat(&mean)),
         (stats != Stats::None).then(|| stat(&rstd)),
     ))
