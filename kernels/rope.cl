@@ -2,6 +2,8 @@
 
 #if !defined(DT_I32) && !defined(DT_U32)  // float dtypes only (rope.rs rejects the others)
 
+#define ROPE_HEADS 4
+
 // One work-item per (b, t, pair index) for all H heads, which share the angle: a = pos * inv_freq[i]
 // with a table, else pos / theta^(2i / Dh) (computed in ACC, as llama2.c does in float),
 // y0 = x0 cos a - x1 sin a, y1 = x0 sin a + x1 cos a for the pair (x0, x1) = x[first], x[first + second].
@@ -27,10 +29,24 @@ __kernel void rope(__global T* out,              /* layout operand 0: (B, T, Dh/
     ACC freq = use_table ? inv_freq[p] : (ACC)1 / pow(theta, (ACC)(2 * p) / (ACC)(2 * half_dim));
     ACC a = (ACC)pos * freq;
     ACC c = cos(a), s = sign * sin(a);
-    for (uint h = 0; h < heads; h++, o.x += out_head, o.y += x_head) {
-        ACC x0 = LOAD(x, o.y), x1 = LOAD(x, o.y + x_second);
-        STORE(out, o.x, x0 * c - x1 * s);
-        STORE(out, o.x + out_second, x0 * s + x1 * c);
+    // Heads in groups of ROPE_HEADS: every load of a group before its stores, so the loads are in
+    // flight together (out may be x itself: each element is read before it is written).
+    for (uint h0 = 0; h0 < heads; h0 += ROPE_HEADS) {
+        ACC x0[ROPE_HEADS], x1[ROPE_HEADS];
+#pragma unroll
+        for (uint j = 0; j < ROPE_HEADS; j++) {
+            uint at = o.y + (h0 + j) * x_head;
+            bool in = h0 + j < heads;
+            x0[j] = in ? LOAD(x, at) : (ACC)0;
+            x1[j] = in ? LOAD(x, at + x_second) : (ACC)0;
+        }
+#pragma unroll
+        for (uint j = 0; j < ROPE_HEADS; j++) {
+            if (h0 + j >= heads) break;
+            uint at = o.x + (h0 + j) * out_head;
+            STORE(out, at, x0[j] * c - x1[j] * s);
+            STORE(out, at + out_second, x0[j] * s + x1[j] * c);
+        }
     }
 }
 
