@@ -209,17 +209,20 @@ inline rowpos_t row_pos(uint n, uint rows, uint team) {
 #define ROW_UNIT(r, j) ((r).lane + (j) * (r).team)
 #define ROW_HAS(r, j) (ROW_UNIT(r, j) < (r).units)
 
-// v[j] = unit j of the row starting at element `base` of p (0 where the row has none).
-inline void row_load(row_t* v, __global const T* p, uint base, rowpos_t r) {
-#pragma unroll
-    for (uint j = 0; j < ROW_NV; ++j) v[j] = ROW_HAS(r, j) ? ROW_LOAD(p, base, ROW_UNIT(r, j)) : (row_t)0;
-}
-
-inline void row_store(__global T* p, uint base, const row_t* v, rowpos_t r) {
-#pragma unroll
-    for (uint j = 0; j < ROW_NV; ++j)
-        if (ROW_HAS(r, j)) ROW_STORE(p, base, ROW_UNIT(r, j), v[j]);
-}
+// load(v, p, base, r): v[j] = unit j of the row starting at element `base` of p (0 where the row
+// has none); store(p, base, v, r) writes the units back; for storage TY through the unit macros
+// LD(p, base, u) and ST(p, base, u, v). row_load / row_store are T's (kernels with another
+// storage for some operand make their own).
+#define ROW_IO(load, store, TY, LD, ST)                                                        \
+    inline void load(row_t* v, __global const TY* p, uint base, rowpos_t r) {                 \
+        _Pragma("unroll") for (uint j = 0; j < ROW_NV; ++j)                                    \
+            v[j] = ROW_HAS(r, j) ? LD(p, base, ROW_UNIT(r, j)) : (row_t)0;                     \
+    }                                                                                          \
+    inline void store(__global TY* p, uint base, const row_t* v, rowpos_t r) {                \
+        _Pragma("unroll") for (uint j = 0; j < ROW_NV; ++j)                                    \
+            if (ROW_HAS(r, j)) ST(p, base, ROW_UNIT(r, j), v[j]);                              \
+    }
+ROW_IO(row_load, row_store, T, ROW_LOAD, ROW_STORE)
 #endif
 
 // Typed loads and stores into each dtype's compute type (float for f32/f16/bf16), for kernels

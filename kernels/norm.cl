@@ -80,16 +80,7 @@ __kernel void norm_fwd(__global YT* y,           /* (rows, n) contiguous */
 #define Y_ROW_LOAD(p, base, u) Y_LOAD(p, (base) + (u))
 #define Y_ROW_STORE(p, base, u, v) Y_STORE(p, (base) + (u), v)
 #endif
-inline void y_row_load(row_t* v, __global const YT* p, uint base, rowpos_t r) {
-#pragma unroll
-    for (uint j = 0; j < ROW_NV; ++j) v[j] = ROW_HAS(r, j) ? Y_ROW_LOAD(p, base, ROW_UNIT(r, j)) : (row_t)0;
-}
-
-inline void y_row_store(__global YT* p, uint base, const row_t* v, rowpos_t r) {
-#pragma unroll
-    for (uint j = 0; j < ROW_NV; ++j)
-        if (ROW_HAS(r, j)) Y_ROW_STORE(p, base, ROW_UNIT(r, j), v[j]);
-}
+ROW_IO(y_row_load, y_row_store, YT, Y_ROW_LOAD, Y_ROW_STORE)
 
 // norm_fwd for contiguous rows held in registers (common.cl): one read and one write per element.
 __kernel void norm_rows(__global YT* y,           /* (rows, n) contiguous */
