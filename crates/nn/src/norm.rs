@@ -115,14 +115,16 @@ impl RmsNorm {
         })
     }
     /// The layer's output where only matrix products read it (a Llama block's norms): under
-    /// autocast the norm's kernel writes it in the compute dtype, which the products would cast
-    /// it to anyway (the same values, no cast kernel either way); else as `forward`.
+    /// autocast, a norm computing in f32 (an f32 weight, an input of at most 32 bits) writes it
+    /// in the compute dtype from its own kernel, which the products would cast it to anyway (the
+    /// same values, no cast kernel either way); else as `forward`.
     pub fn forward_for_products(&self, tape: &Tape, x: &Var) -> Result<Var> {
+        let f32_norm = self.weight.dtype() == DType::F32 && x.dtype().size() <= 4;
         x.rms_norm_to(
             self.weight.shape(),
             Some(&tape.param(&self.weight)),
             self.eps,
-            netcl_autograd::autocast_dtype(),
+            netcl_autograd::autocast_dtype().filter(|_| f32_norm),
         )
     }
 }

@@ -79,6 +79,30 @@ fn layers_from_given_weights_compute_with_them() {
                 assert!((y[r * 4 + i] - want).abs() < 1e-5, "{dev}");
             }
         }
+        // For products: as forward outside autocast, the compute dtype inside (the values a cast
+        // gives), and an f64 norm stays f64 there (its products do not autocast either).
+        let xin = Var::from(&x);
+        let plain = norm.forward_for_products(&tape, &xin).unwrap();
+        assert_eq!(plain.value().to_vec_f64().unwrap(), y, "{dev}");
+        let low = netcl_autograd::autocast(DType::BF16, || norm.forward_for_products(&tape, &xin))
+            .unwrap()
+            .unwrap();
+        assert_eq!(low.dtype(), DType::BF16, "{dev}");
+        let cast = plain
+            .value()
+            .to_dtype(DType::BF16)
+            .unwrap()
+            .to_vec_f64()
+            .unwrap();
+        for (a, b) in low.value().to_vec_f64().unwrap().iter().zip(&cast) {
+            assert!((a - b).abs() <= 1e-2 * b.abs(), "{a} {b} on {dev}");
+        }
+        let n64 = RmsNorm::from_weight(nw.to_dtype(DType::F64).unwrap(), 1e-5).unwrap();
+        let x64 = Var::from(&x.to_dtype(DType::F64).unwrap());
+        let y64 = netcl_autograd::autocast(DType::BF16, || n64.forward_for_products(&tape, &x64));
+        if dev.is_host() || dev.info().fp64 {
+            assert_eq!(y64.unwrap().unwrap().dtype(), DType::F64, "{dev}");
+        }
         let ln = LayerNorm::from_weights(nw.clone(), rnd(&dev, DType::F32, &[4], 8), 1e-5).unwrap();
         assert_eq!(ln.eps, 1e-5);
         assert!(LayerNorm::from_weights(nw.clone(), rnd(&dev, DType::F32, &[3], 8), 1e-5).is_err());
