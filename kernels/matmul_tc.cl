@@ -92,17 +92,11 @@ typedef T OT;
 #define OLOAD(p, i) LOAD(p, i)
 #define OSTORE(p, i, v) STORE(p, i, v)
 #if defined(TC_BF16) || defined(TC_F16)
-// Columns n and n + 1 at an even element e: both rounded by one cvt (lower column in the low
-// half) and written as one 32-bit word, where the portable STORE spends a dozen integer
-// operations and a 16-bit store on each.
+// Columns n and n + 1 at an even element e: both rounded by one cvt (common.cl's pack2, lower
+// column in the low half) and written as one 32-bit word, where the portable STORE spends a
+// dozen integer operations and a 16-bit store on each.
 inline void store_pair(__global OT* c, uint e, float lo, float hi) {
-    uint w;
-#ifdef TC_BF16
-    __asm__("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
-#else
-    __asm__("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
-#endif
-    ((__global uint*)c)[e / 2] = w;
+    ((__global uint*)c)[e / 2] = pack2(lo, hi);
 }
 #define PAIRED
 #endif

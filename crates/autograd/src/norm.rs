@@ -62,10 +62,15 @@ impl Var {
         let out = out.unwrap_or(x.dtype());
         let all = inputs(x, weight, bias);
         if !any_tracked(&all) {
-            let y = x
-                .value()
-                .layer_norm_inference(normalized_shape, w, b, eps)?;
-            return Ok(Var::constant(y.to_dtype(out)?));
+            // Inference: no statistics, unless the output's dtype differs (the one kernel that
+            // writes it keeps them; a cast after the norm would be a second kernel).
+            let y = match out == x.dtype() {
+                true => x
+                    .value()
+                    .layer_norm_inference(normalized_shape, w, b, eps)?,
+                false => x.value().layer_norm_to(normalized_shape, w, b, eps, out)?.0,
+            };
+            return Ok(Var::constant(y));
         }
         let (y, mean, rstd) = x.value().layer_norm_to(normalized_shape, w, b, eps, out)?;
         let x = x.value().clone();
@@ -103,8 +108,12 @@ impl Var {
         let w = weight.map(|w| w.value());
         let out = out.unwrap_or(xv.dtype());
         if !any_tracked(&inputs(xv, weight, None)) {
-            let y = xv.value().rms_norm_inference(normalized_shape, w, eps)?;
-            return Ok(Var::constant(y.to_dtype(out)?));
+            // Inference, as in layer_norm_to.
+            let y = match out == xv.dtype() {
+                true => xv.value().rms_norm_inference(normalized_shape, w, eps)?,
+                false => xv.value().rms_norm_to(normalized_shape, w, eps, out)?.0,
+            };
+            return Ok(Var::constant(y));
         }
         let (y, rstd) = xv.value().rms_norm_to(normalized_shape, w, eps, out)?;
         let x = xv.value().clone();
