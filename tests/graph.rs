@@ -1,4 +1,4 @@
-//! Graph capture and replay on every OpenCL device: a replayed training step (MLP, CNN, tiny Llama; forward, backward, optimizer) gives bit-identical losses and parameters to the eager step over 10 steps; the arena is smaller than eager's peak; shape changes, replaced parameters, reads and random ops inside a capture are errors; a saved graph reloads and replays.
+//! Graph capture and replay on every OpenCL device: a replayed training step (MLP, CNN, tiny Llama; forward, backward, optimizer) gives bit-identical losses and parameters to the eager step over 10 steps, replayed as a command buffer or over one to three queues; the arena is smaller than eager's peak; shape changes, replaced parameters, reads and random ops inside a capture are errors; a saved graph reloads and replays.
 use netcl::graph::Graph;
 use netcl::models::{Llama, LlamaConfig};
 use netcl::nn::{Conv2d, Linear, MaxPool2d, Module, Sequential};
@@ -127,7 +127,14 @@ fn replay_matches_eager<M>(
     })
     .unwrap();
     losses.push(bits(&loss));
-    for (x, y) in &batches[2..] {
+    // The first replays as built (a command buffer where the device has one, else node by node
+    // on the device's queue), then by turns over 2, 1 and 3 in-order queues.
+    let mut most_queues = 1;
+    for (i, (x, y)) in batches[2..].iter().enumerate() {
+        if i > 0 {
+            graph.use_queues([2, 1, 3][(i - 1) % 3]).unwrap();
+        }
+        most_queues = most_queues.max(graph.stats().queues);
         graph.set_input("x", x).unwrap();
         graph.set_input("y", y).unwrap();
         graph.replay().unwrap();
@@ -151,6 +158,10 @@ fn replay_matches_eager<M>(
     let s = graph.stats();
     println!("{what} on {dev}: {s:?}");
     assert!(s.kernels > 0);
+    assert!(
+        most_queues > 1,
+        "{what} on {dev}: no replay ran nodes side by side"
+    );
     graph
 }
 

@@ -1,5 +1,5 @@
 //! Replay through cl_khr_command_buffer where the device has it (PoCL does; NVIDIA's OpenCL does not): the graph's kernels and copies are recorded once into a finalized command buffer, and a replay is one enqueue.
-use crate::graph::Step;
+use crate::replay::Step;
 use netcl_core_devices::opencl3::types::{
     cl_command_queue, cl_int, cl_kernel, cl_mem, cl_uint, cl_ulong,
 };

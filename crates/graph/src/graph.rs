@@ -3,14 +3,15 @@ use crate::command_buffer::CommandBuffer;
 use crate::desc::{BufRef, GraphDesc, Node, NodeArg, Role, Slot, SCHEMA_VERSION};
 use crate::plan;
 use crate::record::{self, aligned, Resolved};
-use netcl_core_devices::opencl3::types::{cl_command_queue, cl_mem};
+use crate::replay::{CopyStep, Queues, Step};
+use crate::schedule::Access;
+use netcl_core_devices::opencl3::types::cl_mem;
 use netcl_core_devices::{cl3, ClResultExt, Device, Error, Result};
 use netcl_core_memory::capture::{self, Mem};
 use netcl_core_memory::watch::Watch;
 use netcl_core_memory::{size_class, Block, Pool};
 use netcl_kernels::{BoundArg, BoundKernel, Program};
 use netcl_ops::Tensor;
-use std::ptr;
 use std::sync::Arc;
 
 /// What the closure given to [`Graph::capture`] declares: the step's input and output slots and
@@ -90,47 +91,10 @@ pub struct GraphStats {
     pub adopted: usize,
     /// Whether replays run as one cl_khr_command_buffer.
     pub command_buffer: bool,
-}
-
-/// One enqueue of a replay.
-pub(crate) enum Step {
-    Kernel(BoundKernel),
-    Copy(CopyStep),
-}
-
-/// A device-to-device copy of a replay (buffers as `cl_mem` numbers).
-pub(crate) struct CopyStep {
-    pub src: usize,
-    pub src_offset: usize,
-    pub dst: usize,
-    pub dst_offset: usize,
-    pub len: usize,
-}
-
-impl CopyStep {
-    /// Enqueues the copy on `queue` (its event released at once).
-    ///
-    /// # Safety
-    /// Both buffers are alive and belong to the queue's context; the ranges lie inside them.
-    unsafe fn enqueue(&self, queue: cl_command_queue) -> Result<()> {
-        // SAFETY: the caller's contract.
-        let ev = unsafe {
-            cl3::command_queue::enqueue_copy_buffer(
-                queue,
-                self.src as cl_mem,
-                self.dst as cl_mem,
-                self.src_offset,
-                self.dst_offset,
-                self.len,
-                0,
-                ptr::null(),
-            )
-        }
-        .cl("clEnqueueCopyBuffer (graph replay)")?;
-        // The enqueue handed over a reference to its new event.
-        drop(netcl_core_devices::opencl3::event::Event::new(ev));
-        Ok(())
-    }
+    /// In-order queues a replay spreads its nodes over (1: the device's queue alone).
+    pub queues: usize,
+    /// Events one queue waits on from another per replay (start and end included).
+    pub cross_waits: usize,
 }
 
 /// A captured step: replays with one enqueue per node and nothing else.
@@ -138,7 +102,11 @@ pub struct Graph {
     pub(crate) desc: GraphDesc,
     device: Device,
     steps: Vec<Step>,
+    /// What each step reads and writes (its schedule over several queues comes from this).
+    access: Vec<Access>,
     command_buffer: Option<CommandBuffer>,
+    /// Side queues and the schedule over them, when replays enqueue step by step on several.
+    queues: Option<Queues>,
     inputs: Vec<(String, Tensor)>,
     outputs: Vec<(String, Tensor)>,
     /// Tensors whose storage the graph uses and keeps alive (slots, load-time allocations).
@@ -337,8 +305,10 @@ impl Graph {
             }
         };
         let mut steps = Vec::with_capacity(desc.nodes.len());
+        let mut access = Vec::with_capacity(desc.nodes.len());
         let mut writes = at.into_iter();
         for n in &desc.nodes {
+            access.push(node_access(&desc, n, &mem_of));
             steps.push(match n {
                 Node::Launch {
                     program,
@@ -393,11 +363,17 @@ impl Graph {
             .iter()
             .any(|e| e.name.as_deref() == Some(netcl_ops::INDEX_ERRORS_BUFFER));
         let command_buffer = CommandBuffer::record(device, &mut steps)?;
+        let queues = match command_buffer {
+            Some(_) => None,
+            None => Queues::plan(device, &access, default_queues())?,
+        };
         Ok(Graph {
             desc,
             device: device.clone(),
             steps,
+            access,
             command_buffer,
+            queues,
             inputs,
             outputs,
             _held: held,
@@ -432,7 +408,41 @@ impl Graph {
             eager_peak_bytes: self.desc.eager_peak_bytes,
             adopted: self.watch.as_ref().map_or(0, Watch::adopted),
             command_buffer: self.command_buffer.is_some(),
+            queues: self.queues.as_ref().map_or(1, |q| q.schedule().queues),
+            cross_waits: self
+                .queues
+                .as_ref()
+                .map_or(0, |q| q.schedule().cross_waits()),
         }
+    }
+
+    /// Makes replays enqueue node by node over `queues` in-order queues (instead of a command
+    /// buffer, where the device has one): nodes on independent branches run side by side, ordered
+    /// by events where one needs another's result. 1 gives the device's queue alone.
+    pub fn use_queues(&mut self, queues: usize) -> Result<()> {
+        if queues == 0 {
+            return Err(Error::invalid(
+                "Graph::use_queues",
+                "0 queues; 1 is the device's own queue",
+            ));
+        }
+        self.drain()?;
+        self.command_buffer = None;
+        self.queues = None;
+        self.queues = Queues::plan(&self.device, &self.access, queues)?;
+        Ok(())
+    }
+
+    /// Waits for the replays in flight on every queue the graph uses.
+    fn drain(&self) -> Result<()> {
+        if let Some(q) = &self.queues {
+            q.finish();
+        }
+        self.device
+            .cl("Graph")?
+            .queue
+            .finish()
+            .cl("clFinish (Graph)")
     }
 
     fn slot<'a>(slots: &'a [(String, Tensor)], name: &str, what: &str) -> Result<&'a Tensor> {
@@ -491,17 +501,15 @@ impl Graph {
             ));
         }
         let queue = self.device.cl("Graph::replay")?.queue.get();
-        match &self.command_buffer {
-            Some(cb) => cb.enqueue(queue)?,
-            None => {
+        // SAFETY (both enqueues below): the queues are the device's; every buffer is held by the
+        // graph or watched (a freed one stops the replay above); copy ranges were recorded from
+        // checked copies.
+        match (&self.command_buffer, &self.queues) {
+            (Some(cb), _) => cb.enqueue(queue)?,
+            (None, Some(q)) => unsafe { q.enqueue(queue, &mut self.steps)? },
+            (None, None) => {
                 for s in &mut self.steps {
-                    // SAFETY: the queue is the device's; every buffer is held by the graph or
-                    // watched (a freed one stops the replay above); copy ranges were recorded
-                    // from checked copies.
-                    match s {
-                        Step::Kernel(k) => unsafe { k.enqueue(queue)? },
-                        Step::Copy(c) => unsafe { c.enqueue(queue)? },
-                    }
+                    unsafe { s.enqueue_after(queue, &[], std::ptr::null_mut())? };
                 }
             }
         }
@@ -533,10 +541,9 @@ impl Drop for Graph {
     fn drop(&mut self) {
         // Copies read the constants and kernels use the slots: let the queue drain first, then
         // take the parts down in order (nothing adopted or marked stale meanwhile).
-        if let Ok(cl) = self.device.cl("Graph::drop") {
-            let _ = cl.queue.finish();
-        }
+        let _ = self.drain();
         self.watch.take();
+        self.queues.take();
         self.command_buffer.take();
         self.steps.clear();
         self._held.clear();
@@ -544,5 +551,51 @@ impl Drop for Graph {
         self.outputs.clear();
         self._slots.clear();
         self._constants.take();
+    }
+}
+
+/// Queues a replay spreads over unless `Graph::use_queues` says otherwise: `NETCL_GRAPH_QUEUES`,
+/// else 1. On NVIDIA's OpenCL an event one queue waits on from another costs more than the
+/// branches gain (the MLP step replayed 0.204 ms on one queue, 0.21-0.31 ms on two;
+/// docs/performance.md, 2026-11-26).
+fn default_queues() -> usize {
+    std::env::var("NETCL_GRAPH_QUEUES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(1)
+}
+
+/// What `node` reads and writes, as `cl_mem` numbers (`mem_of` gives a buffer's).
+fn node_access(desc: &GraphDesc, node: &Node, mem_of: &dyn Fn(BufRef) -> cl_mem) -> Access {
+    let mem = |b: &BufRef| mem_of(*b) as usize;
+    match node {
+        Node::Launch {
+            program,
+            kernel,
+            args,
+            ..
+        } => {
+            let writable = desc.programs.get(*program).and_then(|p| {
+                crate::access::writable_args(&p.text, &p.options, kernel)
+                    .filter(|w| w.len() == args.len())
+            });
+            let bufs: Vec<Option<usize>> = args
+                .iter()
+                .map(|a| match a {
+                    NodeArg::Buf(b) => Some(mem(b)),
+                    _ => None,
+                })
+                .collect();
+            Step::access(&bufs, writable.as_deref())
+        }
+        Node::Write { dst, .. } => Access {
+            reads: Vec::new(),
+            writes: vec![mem(dst)],
+        },
+        Node::Copy { src, dst, .. } => Access {
+            reads: vec![mem(src)],
+            writes: vec![mem(dst)],
+        },
     }
 }

@@ -18,12 +18,15 @@
 //! let loss = graph.output("loss")?.to_vec::<f32>()?;
 //! # Ok(()) }
 //! ```
+mod access;
 mod command_buffer;
 pub mod desc;
 mod graph;
 mod plan;
 mod record;
+mod replay;
 mod save;
+mod schedule;
 
 pub use desc::{GraphDesc, SCHEMA_VERSION};
 pub use graph::{Capture, Graph, GraphStats};

@@ -1,7 +1,7 @@
 //! Kernel objects whose arguments are set once, for replaying a captured graph: each replay is one clEnqueueNDRangeKernel per node, with no argument setting and no checks.
 use crate::program::Program;
 use netcl_core_devices::opencl3::kernel::Kernel as ClKernel;
-use netcl_core_devices::opencl3::types::{cl_command_queue, cl_kernel, cl_mem};
+use netcl_core_devices::opencl3::types::{cl_command_queue, cl_event, cl_kernel, cl_mem};
 use netcl_core_devices::{cl3, ClResultExt, Error, Result};
 use std::ptr;
 use std::sync::Arc;
@@ -115,9 +115,25 @@ impl BoundKernel {
     /// # Safety
     /// `queue` belongs to the kernel's context, and every buffer argument is alive.
     pub unsafe fn enqueue(&mut self, queue: cl_command_queue) -> Result<()> {
+        // SAFETY: the caller's contract; no wait list, no event.
+        unsafe { self.enqueue_after(queue, &[], ptr::null_mut()) }
+    }
+
+    /// Enqueues the kernel on `queue` after the events of `wait`, writing its own event to `event`
+    /// unless that is null (a replay spread over several queues).
+    ///
+    /// # Safety
+    /// As [`BoundKernel::enqueue`]; `wait` holds valid events of the same context; `event` is null
+    /// or writable (the caller then owns the event and releases it).
+    pub unsafe fn enqueue_after(
+        &mut self,
+        queue: cl_command_queue,
+        wait: &[cl_event],
+        event: *mut cl_event,
+    ) -> Result<()> {
         let (_, global, local) = self.ndrange();
-        // SAFETY: the caller's contract; all arguments were set in `new`; no event.
-        unsafe { crate::launch::enqueue(queue, self.kernel.get(), global, local, ptr::null_mut()) }
+        // SAFETY: the caller's contract; all arguments were set in `new`.
+        unsafe { crate::launch::enqueue(queue, self.kernel.get(), global, local, wait, event) }
             .map_err(|status| Error::Launch {
                 kernel: self.name.clone(),
                 msg: format!(

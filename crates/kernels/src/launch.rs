@@ -318,6 +318,7 @@ impl Kernel {
                 self.entry().kernel.get(),
                 &rounded[..dims],
                 local,
+                &[],
                 event_out,
             )
         }
@@ -390,17 +391,18 @@ pub fn set_after_sync_check(check: fn(&Device) -> Result<()>) {
     let _ = AFTER_SYNC.set(check);
 }
 
-/// `clEnqueueNDRangeKernel` with no wait list, writing the command's event to `event` unless it
-/// is null (cl3's wrapper always asks for one).
+/// `clEnqueueNDRangeKernel` after the events of `wait`, writing the command's event to `event`
+/// unless it is null (cl3's wrapper always asks for one).
 ///
 /// # Safety
 /// `queue` and `kernel` are valid, the kernel's arguments are set, `global` and `local` have
-/// the same 1 to 3 dims, `event` is null or writable.
+/// the same 1 to 3 dims, `wait` holds valid events, `event` is null or writable.
 pub(crate) unsafe fn enqueue(
     queue: cl_command_queue,
     kernel: cl_kernel,
     global: &[usize],
     local: &[usize],
+    wait: &[cl_event],
     event: *mut cl_event,
 ) -> std::result::Result<(), i32> {
     use cl3::error_codes::{DLOPEN_FUNCTION_NOT_AVAILABLE, DLOPEN_RUNTIME_LOAD_FAILED};
@@ -415,8 +417,12 @@ pub(crate) unsafe fn enqueue(
             ptr::null(),
             global.as_ptr(),
             local.as_ptr(),
-            0,
-            ptr::null(),
+            wait.len() as u32,
+            if wait.is_empty() {
+                ptr::null()
+            } else {
+                wait.as_ptr()
+            },
             event,
         )
         .ok_or(DLOPEN_FUNCTION_NOT_AVAILABLE)?;

@@ -155,6 +155,19 @@ impl Runner {
                     st.arena_bytes as f64 / (1u64 << 30) as f64,
                     st.eager_peak_bytes as f64 / (1u64 << 30) as f64
                 );
+                graph.use_queues(2)?;
+                let st = graph.stats();
+                self.measure("llama", format!("{name}_graph_2q"), (0.0, 0.0, 0), || {
+                    graph.replay()
+                })?;
+                let ms = self.records.last().map_or(f64::NAN, |r| r.ms);
+                println!(
+                    "{:<12} {name:<28} graph over {} queues: {:.0} tokens/s, {} cross-queue waits",
+                    "",
+                    st.queues,
+                    tokens as f64 / ms * 1e3,
+                    st.cross_waits
+                );
             }
         }
         if !on("generate") {

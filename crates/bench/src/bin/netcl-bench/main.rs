@@ -434,6 +434,23 @@ impl Runner {
             replay_peak >> 20,
             s.command_buffer
         );
+        // The same replays over two in-order queues (`Graph::use_queues`).
+        graph.use_queues(2)?;
+        self.measure(
+            "train",
+            format!("{name}_graph_2q"),
+            (0.0, 0.0, kernels),
+            || {
+                graph.set_input("x", &batch)?;
+                graph.replay()
+            },
+        )?;
+        println!(
+            "{:<12} {name:<28} graph over {} queues: {} cross-queue waits per replay",
+            "",
+            graph.stats().queues,
+            graph.stats().cross_waits
+        );
         Ok(())
     }
 }
