@@ -79,9 +79,22 @@ typedef struct {
     uint offset;
 } View4;
 
+// A divisor with its magic numbers (crates/ops/src/base/fastdiv.rs makes them): divq(f, n) is
+// n / f.d for every uint n, a multiply-high, an add and two shifts instead of a division's
+// twenty-odd instructions (which bound the index arithmetic of conv and pooling kernels).
+typedef struct {
+    uint d, m, s1, s2;
+} Div;
+
+inline uint divq(Div f, uint n) {
+    uint t = mul_hi(n, f.m);
+    return (t + ((n - t) >> f.s1)) >> f.s2;
+}
+
 // Coordinates (b, c, h, w) of the row-major index i of an (N, C, H, W) tensor.
-inline uint4 nchw_index(uint i, uint C, uint H, uint W) {
-    return (uint4)(i / (W * H * C), (i / (W * H)) % C, (i / W) % H, i % W);
+inline uint4 nchw_index(uint i, Div C, Div H, Div W) {
+    uint q = divq(W, i), r = divq(H, q), b = divq(C, r);
+    return (uint4)(b, r - b * C.d, q - r * H.d, i - q * W.d);
 }
 
 // A 2-D sliding window (conv, pooling), per axis a (0: height, 1: width): kernel extent k, stride s,
@@ -92,6 +105,7 @@ typedef struct {
     uint p[2];
     uint d[2];
     uint out[2];
+    Div sd[2];  // the strides as divisors
 } Window2;
 
 // Input index along axis a of tap k of output o (negative, or past the input, in the padding).
@@ -102,8 +116,10 @@ inline int win_in(const Window2* g, int a, uint o, uint k) {
 // Output index along axis a whose window puts tap k on input x, or -1 when none does.
 inline int win_out(const Window2* g, int a, uint x, uint k) {
     int t = (int)(x + g->p[a]) - (int)(k * g->d[a]);
-    if (t < 0 || (uint)t % g->s[a] != 0 || (uint)t / g->s[a] >= g->out[a]) return -1;
-    return (int)((uint)t / g->s[a]);
+    if (t < 0) return -1;
+    uint o = divq(g->sd[a], (uint)t);
+    if (o * g->s[a] != (uint)t || o >= g->out[a]) return -1;
+    return (int)o;
 }
 
 // Defines `type name(type x, __local type* sh, uint team)`: the merge of x over each team of `team`

@@ -6,6 +6,9 @@ typedef struct {
     uint groups;
     uint cg;              // input channels per group
     uint col_stride[4];   // columns (N, G, K, L), K = cg * kh * kw, L = ho * wo: element strides
+    Div dl, dk, dgroups;  // L, K and groups as divisors
+    Div dkk, dkw, dwo;    // kh * kw, kw and wo
+    Div dcg, dc, dh, dw;  // cg and the input's C, H, W
 } ConvGeom;
 
 // cols[n, g, k, l] = x[n, g * cg + ci, oh * sh - ph + ki * dh, ow * sw - pw + kj * dw] (0 in the
@@ -15,15 +18,13 @@ __kernel void im2col(__global T* cols,        /* (N, G, K, L) through g.col_stri
                      View4 v, ConvGeom g, uint n) {
     uint i = get_global_id(0);
     if (i >= n) return;
-    uint kh = g.win.k[0], kw = g.win.k[1], wo = g.win.out[1];
-    uint l = g.win.out[0] * wo, kk = kh * kw;
-    uint K = g.cg * kk;
-    uint li = i % l, rest = i / l;
-    uint k = rest % K;
-    rest /= K;
-    uint gi = rest % g.groups, b = rest / g.groups;
-    uint ci = k / kk, kr = k % kk, ki = kr / kw, kj = kr % kw;
-    int h = win_in(&g.win, 0, li / wo, ki), w = win_in(&g.win, 1, li % wo, kj);
+    uint rest = divq(g.dl, i), li = i - rest * g.dl.d;
+    uint bg = divq(g.dk, rest), k = rest - bg * g.dk.d;
+    uint b = divq(g.dgroups, bg), gi = bg - b * g.dgroups.d;
+    uint ci = divq(g.dkk, k), kr = k - ci * g.dkk.d;
+    uint ki = divq(g.dkw, kr), kj = kr - ki * g.dkw.d;
+    uint oh = divq(g.dwo, li), ow = li - oh * g.dwo.d;
+    int h = win_in(&g.win, 0, oh, ki), w = win_in(&g.win, 1, ow, kj);
     uint o = b * g.col_stride[0] + gi * g.col_stride[1] + k * g.col_stride[2] + li * g.col_stride[3];
     ACC val = (ACC)0;
     if (h >= 0 && w >= 0 && (uint)h < v.shape[2] && (uint)w < v.shape[3]) {
@@ -42,9 +43,9 @@ __kernel void col2im(__global T* dx,          /* dx: (N, C, H, W), contiguous, s
                      View4 v, ConvGeom g, uint n) {
     uint i = get_global_id(0);
     if (i >= n) return;
-    uint4 at = nchw_index(i, v.shape[1], v.shape[2], v.shape[3]);
+    uint4 at = nchw_index(i, g.dc, g.dh, g.dw);
     uint b = at.x, c = at.y, h = at.z, w = at.w;
-    uint gi = c / g.cg, ci = c % g.cg;
+    uint gi = divq(g.dcg, c), ci = c - gi * g.cg;
     uint base = b * g.col_stride[0] + gi * g.col_stride[1];
     ACC acc = (ACC)0;
     for (uint ki = 0; ki < g.win.k[0]; ++ki) {
@@ -63,9 +64,9 @@ __kernel void col2im(__global T* dx,          /* dx: (N, C, H, W), contiguous, s
 // y[b, c, p] += bias[c], in place on a contiguous (N, C, P) tensor.
 __kernel void add_channel_bias(__global T* y,           /* y: (N, C, P), contiguous */
                                __global const T* bias,  /* bias: (C) at boff + c * bstride */
-                               uint bstride, uint boff, uint c, uint p, uint n) {
+                               uint bstride, uint boff, Div c, Div p, uint n) {
     uint i = get_global_id(0);
     if (i >= n) return;
-    uint ch = (i / p) % c;
+    uint bc = divq(p, i), ch = bc - divq(c, bc) * c.d;
     STORE(y, i, LOAD(y, i) + LOAD(bias, boff + ch * bstride));
 }

@@ -5,6 +5,7 @@ typedef struct {
     Window2 win;
     uint h, w;
     uint include_pad;  // avg pooling: divide by the padded window size
+    Div dc, dh, dw, dho, dwo;  // channels, input and output extents as divisors
 } PoolGeom;
 
 inline uint at4(const View4* v, uint b, uint c, uint h, uint w) {
@@ -20,7 +21,7 @@ __kernel void max_pool2d(__global T* y,          /* y: (N, C, Ho, Wo), contiguou
     uint i = get_global_id(0);
     if (i >= n) return;
     uint ho = g.win.out[0], wo = g.win.out[1];
-    uint4 at = nchw_index(i, v.shape[1], ho, wo);
+    uint4 at = nchw_index(i, g.dc, g.dho, g.dwo);
     uint b = at.x, c = at.y, oh = at.z, ow = at.w;
     ACC best = (ACC)0;
     int bi = -1;
@@ -49,7 +50,7 @@ __kernel void max_pool2d_backward(__global T* dx,          /* dx: (N, C, H, W), 
                                   View4 gv, View4 iv, PoolGeom g, uint n) {
     uint i = get_global_id(0);
     if (i >= n) return;
-    uint4 at = nchw_index(i, gv.shape[1], g.h, g.w);
+    uint4 at = nchw_index(i, g.dc, g.dh, g.dw);
     uint b = at.x, c = at.y, h = at.z, w = at.w;
     int me = (int)(h * g.w + w);
     ACC acc = (ACC)0;
@@ -87,7 +88,7 @@ __kernel void avg_pool2d(__global T* y,        /* y: (N, C, Ho, Wo), contiguous 
     uint i = get_global_id(0);
     if (i >= n) return;
     uint ho = g.win.out[0], wo = g.win.out[1];
-    uint4 at = nchw_index(i, v.shape[1], ho, wo);
+    uint4 at = nchw_index(i, g.dc, g.dho, g.dwo);
     uint b = at.x, c = at.y, oh = at.z, ow = at.w;
     int hs, he, ws, we;
     ACC div = avg_divisor(&g, oh, ow, &hs, &he, &ws, &we);
@@ -103,7 +104,7 @@ __kernel void avg_pool2d_backward(__global T* dx,        /* dx: (N, C, H, W), co
                                   View4 gv, PoolGeom g, uint n) {
     uint i = get_global_id(0);
     if (i >= n) return;
-    uint4 at = nchw_index(i, gv.shape[1], g.h, g.w);
+    uint4 at = nchw_index(i, g.dc, g.dh, g.dw);
     uint b = at.x, c = at.y, h = at.z, w = at.w;
     ACC acc = (ACC)0;
     for (uint ki = 0; ki < g.win.k[0]; ++ki) {
@@ -131,7 +132,7 @@ __kernel void adaptive_avg_pool2d(__global T* y,        /* y: (N, C, Ho, Wo), co
     uint i = get_global_id(0);
     if (i >= n) return;
     uint ho = g.win.out[0], wo = g.win.out[1];
-    uint4 at = nchw_index(i, v.shape[1], ho, wo);
+    uint4 at = nchw_index(i, g.dc, g.dho, g.dwo);
     uint b = at.x, c = at.y, oh = at.z, ow = at.w;
     uint hs = ad_start(oh, g.h, ho), he = ad_end(oh, g.h, ho);
     uint ws = ad_start(ow, g.w, wo), we = ad_end(ow, g.w, wo);
@@ -147,7 +148,7 @@ __kernel void adaptive_avg_pool2d_backward(__global T* dx,        /* dx: (N, C, 
                                            View4 gv, PoolGeom g, uint n) {
     uint i = get_global_id(0);
     if (i >= n) return;
-    uint4 at = nchw_index(i, gv.shape[1], g.h, g.w);
+    uint4 at = nchw_index(i, g.dc, g.dh, g.dw);
     uint b = at.x, c = at.y, h = at.z, w = at.w;
     uint ho = g.win.out[0], wo = g.win.out[1];
     ACC acc = (ACC)0;

@@ -6,6 +6,7 @@ pub(crate) mod axis;
 pub(crate) mod checks;
 pub(crate) mod copy;
 pub(crate) mod device_errors;
+pub(crate) mod fastdiv;
 #[macro_use]
 pub(crate) mod dispatch;
 mod display;

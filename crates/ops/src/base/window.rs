@@ -1,5 +1,6 @@
 //! 2-D sliding windows shared by conv and pooling: validated geometry over NCHW, tap arithmetic for the host paths, and `Window2` of kernels/common.cl.
 use crate::base::checks::u32_arg;
+use crate::base::fastdiv::Div;
 use crate::base::layout::check_reach;
 use crate::base::tensor::Tensor;
 use netcl_core_devices::{Error, Result};
@@ -56,6 +57,7 @@ pub(crate) struct Window2 {
     p: [u32; 2],
     d: [u32; 2],
     out: [u32; 2],
+    sd: [Div; 2],
 }
 
 /// Output extent of a sliding window: error when the dilated kernel exceeds the padded input.
@@ -252,9 +254,11 @@ impl Window {
         let pair = |what: &str, v: (usize, usize)| -> Result<[u32; 2]> {
             Ok([u32_arg(op, what, v.0)?, u32_arg(op, what, v.1)?])
         };
+        let s = pair("stride", self.stride)?;
         Ok(Window2 {
             k: pair("kernel", self.kernel)?,
-            s: pair("stride", self.stride)?,
+            s,
+            sd: [Div::new(s[0]), Div::new(s[1])],
             p: pair("padding", self.padding)?,
             d: pair("dilation", self.dilation)?,
             out: pair("output size", (self.ho, self.wo))?,

@@ -1,6 +1,7 @@
 //! The OpenCL side of conv's own kernels (kernels/conv.cl): im2col, col2im and the channel bias; the products are matmul's.
 use super::{AddChannelBias, Col2im, Geom, Im2col};
 use crate::base::checks::u32_arg;
+use crate::base::fastdiv::Div;
 use crate::base::launch::{launch_1d, program_for};
 use crate::base::layout::check_reach;
 use crate::base::tensor::Tensor;
@@ -16,16 +17,40 @@ struct ConvGeom {
     groups: u32,
     cg: u32,
     col_stride: [u32; 4],
+    /// L, K, groups, kh * kw, kw, wo, cg and the input's C, H, W as divisors.
+    div: [Div; 10],
 }
 
 impl Geom {
     /// The kernels' geometry, with the strides of the columns (N, G, K, L).
     fn cl(&self, op: &str, col_stride: [usize; 4]) -> Result<ConvGeom> {
         let s = |what: &str, x: usize| u32_arg(op, what, x);
+        let w = &self.win;
+        let (groups, cg) = (
+            s("groups", self.groups)?,
+            s("channels per group", self.cg())?,
+        );
+        let sizes = [
+            self.l(),
+            self.k(),
+            self.groups,
+            w.kernel.0 * w.kernel.1,
+            w.kernel.1,
+            w.wo,
+            self.cg(),
+            w.c,
+            w.h,
+            w.w,
+        ];
+        let mut div = [Div::new(1); 10];
+        for (d, x) in div.iter_mut().zip(sizes) {
+            *d = Div::new(s("size", x)?);
+        }
         Ok(ConvGeom {
-            win: self.win.cl(op)?,
-            groups: s("groups", self.groups)?,
-            cg: s("channels per group", self.cg())?,
+            win: w.cl(op)?,
+            groups,
+            cg,
+            div,
             col_stride: [
                 s("stride", col_stride[0])?,
                 s("stride", col_stride[1])?,
@@ -118,7 +143,10 @@ pub(super) fn add_channel_bias(desc: &AddChannelBias, device: &Device) -> Result
         u32_arg(op, "offset", bias.offset)?,
     );
     let program = program_for(device, &CONV, y.dtype)?;
-    let (cu, pu) = (u32_arg(op, "size", c)?, u32_arg(op, "size", p)?);
+    let (cu, pu) = (
+        Div::new(u32_arg(op, "size", c)?),
+        Div::new(u32_arg(op, "size", p)?),
+    );
     launch_1d(&program, "add_channel_bias", y.numel(), |k| {
         k.declare((2 * y.numel() * y.dtype.size()) as u64, y.numel() as u64);
         k.arg_mem(y.mem()?)?

@@ -1,6 +1,7 @@
 //! The OpenCL side of pooling: one kernel of kernels/pool.cl per op, one work-item per output element.
 use super::{AvgPool, Geom, MaxPool2d, MaxPool2dBackward};
 use crate::base::checks::u32_arg;
+use crate::base::fastdiv::Div;
 use crate::base::launch::{launch_1d, program_for};
 use crate::base::tensor::Tensor;
 use crate::base::window::{View4, Window2};
@@ -16,15 +17,21 @@ struct PoolGeom {
     h: u32,
     w: u32,
     include_pad: u32,
+    /// Channels, input and output extents as divisors.
+    div: [Div; 5],
 }
 
 impl Geom {
     fn cl(&self, op: &str) -> Result<PoolGeom> {
+        let w = &self.win;
+        let [c, h, wi, ho, wo] = [w.c, w.h, w.w, w.ho, w.wo].map(|x| u32_arg(op, "size", x));
+        let (h, wi) = (h?, wi?);
         Ok(PoolGeom {
-            win: self.win.cl(op)?,
-            h: u32_arg(op, "height", self.win.h)?,
-            w: u32_arg(op, "width", self.win.w)?,
+            win: w.cl(op)?,
+            h,
+            w: wi,
             include_pad: self.include_pad as u32,
+            div: [c?, h, wi, ho?, wo?].map(Div::new),
         })
     }
 }
