@@ -294,15 +294,16 @@ typedef struct {
     uint shape[MAX_DIMS];
     uint stride[3][MAX_DIMS];
     uint offset[3];
+    Div div[MAX_DIMS];  // the extents as divisors
 } Layout;
 
 // Element offsets of the linear (row-major) index i in operands 0..2.
 inline uint3 layout_offsets(const Layout* l, uint i) {
     uint3 o = (uint3)(l->offset[0], l->offset[1], l->offset[2]);
     for (int d = (int)l->ndim - 1; d >= 0; --d) {
-        uint n = l->shape[d];
-        uint idx = i % n;
-        i /= n;
+        uint q = divq(l->div[d], i);
+        uint idx = i - q * l->shape[d];
+        i = q;
         o.x += idx * l->stride[0][d];
         o.y += idx * l->stride[1][d];
         o.z += idx * l->stride[2][d];

@@ -37,6 +37,7 @@ typedef struct {
     uint x_offset;
     uint idx_offset;
     uint src_offset;
+    Div div[MAX_DIMS];          // the output shape as divisors
 } ScatterLayout;
 
 // out[c] = x[c] + sum over j ascending of src[c with dim = j] where idx[c with dim = j] == c[dim].
@@ -55,8 +56,8 @@ __kernel void scatter_add(__global T* out,          /* (n): contiguous, shape l.
     uint rem = i, xo = l.x_offset, io = l.idx_offset, so = l.src_offset, target = 0;
     int inside = 1;
     for (int d = (int)l.ndim - 1; d >= 0; --d) {
-        uint c = rem % l.shape[d];
-        rem /= l.shape[d];
+        uint q = divq(l.div[d], rem), c = rem - q * l.shape[d];
+        rem = q;
         xo += c * l.x_stride[d];
         if ((uint)d == l.dim) {
             target = c;

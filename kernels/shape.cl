@@ -18,6 +18,7 @@ typedef struct {
     uint in_shape[MAX_DIMS];  // input shape
     uint x_stride[MAX_DIMS];
     uint x_offset;
+    Div div[MAX_DIMS];        // the output shape as divisors
 } PadLayout;
 
 // out = x surrounded by `value`, one work-item per output element.
@@ -29,8 +30,8 @@ __kernel void pad_constant(__global T* out,        /* (n): contiguous, shape l.s
     uint rem = i, xo = l.x_offset;
     int inside = 1;
     for (int d = (int)l.ndim - 1; d >= 0; --d) {
-        uint c = rem % l.shape[d];
-        rem /= l.shape[d];
+        uint q = divq(l.div[d], rem), c = rem - q * l.shape[d];
+        rem = q;
         if (c < l.before[d] || c - l.before[d] >= l.in_shape[d]) {
             inside = 0;
         } else {

@@ -26,6 +26,11 @@ impl Div {
         }
     }
 
+    /// The four words of the kernels' struct, for arguments built as words.
+    pub(crate) fn words(&self) -> [u32; 4] {
+        [self.d, self.m, self.s1, self.s2]
+    }
+
     /// The kernels' quotient, computed as they do.
     #[cfg(test)]
     fn quotient(&self, n: u32) -> u32 {

@@ -1,4 +1,5 @@
 //! Shapes and strides: contiguity, broadcasting, and the strided layout passed to kernels.
+use crate::base::fastdiv::Div;
 use netcl_core_devices::{Error, Result};
 
 /// Most dims a kernel layout holds after merging (kernels/common.cl MAX_DIMS).
@@ -155,6 +156,8 @@ pub struct KernelLayout {
     pub shape: [u32; MAX_DIMS],
     pub stride: [[u32; MAX_DIMS]; 3],
     pub offset: [u32; 3],
+    /// The extents as divisors.
+    div: [Div; MAX_DIMS],
 }
 
 impl KernelLayout {
@@ -174,9 +177,11 @@ impl KernelLayout {
             shape: [1; MAX_DIMS],
             stride: [[0; MAX_DIMS]; 3],
             offset: [0; 3],
+            div: [Div::new(1); MAX_DIMS],
         };
         for (i, (n, st)) in dims.iter().enumerate() {
             l.shape[i] = *n;
+            l.div[i] = Div::new(*n);
             for (row, &s) in l.stride.iter_mut().zip(st.iter()) {
                 row[i] = s;
             }

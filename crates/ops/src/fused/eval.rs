@@ -1,5 +1,6 @@
 //! Running a fused plan: operand checks, broadcasting and destinations, then the dispatch to the generated kernel or the host evaluation; `fused`, `fused_into` and `map`.
 use crate::base::dispatch::{dispatch, Op};
+use crate::base::fastdiv::Div;
 use crate::base::launch::launch_1d_over;
 use crate::base::layout::{broadcast_shapes, broadcast_strides, merged_dims, numel, runs_of};
 use crate::base::tensor::Tensor;
@@ -248,16 +249,23 @@ fn launch(e: &FusedEval<'_>, device: &Device) -> Result<()> {
         })?;
     } else {
         let k = operands.len();
-        let mut words = vec![0u32; 1 + crate::base::layout::MAX_DIMS * (1 + k) + k];
+        let max = crate::base::layout::MAX_DIMS;
+        // FusedLayout: ndim, shape, strides per operand, offsets, the extents as divisors.
+        let divs = 1 + max * (1 + k) + k;
+        let mut words = vec![0u32; divs + 4 * max];
         words[0] = dims.len() as u32;
+        for d in 0..max {
+            let extent = dims.get(d).map_or(1, |(e, _)| *e);
+            words[divs + 4 * d..divs + 4 * d + 4].copy_from_slice(&Div::new(extent).words());
+        }
         for (d, (extent, strides)) in dims.iter().enumerate() {
             words[1 + d] = *extent;
             for (j, s) in strides.iter().enumerate() {
-                words[1 + crate::base::layout::MAX_DIMS * (1 + j) + d] = *s;
+                words[1 + max * (1 + j) + d] = *s;
             }
         }
         for (j, (_, off)) in operands.iter().enumerate() {
-            words[1 + crate::base::layout::MAX_DIMS * (1 + k) + j] = *off as u32;
+            words[1 + max * (1 + k) + j] = *off as u32;
         }
         // 4 elements per work-item where runs of 4 lie side by side in every operand.
         let offsets: Vec<usize> = operands.iter().map(|(_, off)| *off).collect();

@@ -3,6 +3,7 @@ use super::sorted_rows::{as_matrix, sorted_row_add};
 use super::{Gather, RowAdd, ScatterAdd};
 use crate::base::checks::u32_arg;
 use crate::base::device_errors::{code_of, record_arg};
+use crate::base::fastdiv::Div;
 use crate::base::launch::{launch_1d, program_for};
 use crate::base::layout::{check_reach, KernelLayout, MAX_DIMS};
 use crate::base::tensor::Tensor;
@@ -61,6 +62,8 @@ struct ScatterLayout {
     x_offset: u32,
     idx_offset: u32,
     src_offset: u32,
+    /// The output shape as divisors.
+    div: [Div; MAX_DIMS],
 }
 
 /// A scatter-add on `device`: one `scatter_add` kernel over the output (none when it is empty),
@@ -95,6 +98,7 @@ pub(super) fn scatter_add(desc: &ScatterAdd, device: &Device) -> Result<Tensor> 
         x_offset: 0,
         idx_offset: u32_arg(op, "offset", idx.offset)?,
         src_offset: u32_arg(op, "offset", src.offset)?,
+        div: [Div::new(1); MAX_DIMS],
     };
     if let Some(x) = x {
         check_reach(op, &x.shape, &x.strides, x.offset)?;
@@ -105,6 +109,7 @@ pub(super) fn scatter_add(desc: &ScatterAdd, device: &Device) -> Result<Tensor> 
     }
     for d in 0..nd {
         l.shape[d] = u32_arg(op, "size", plan.shape[d])?;
+        l.div[d] = Div::new(l.shape[d]);
         l.idx_shape[d] = u32_arg(op, "size", plan.idx_shape[d])?;
         l.idx_stride[d] = u32_arg(op, "stride", plan.idx_strides[d])?;
         l.src_stride[d] = u32_arg(op, "stride", plan.src_strides[d])?;

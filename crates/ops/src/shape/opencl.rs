@@ -3,6 +3,7 @@ use super::{Concat, OneHot, Pad, Tri, TriMask};
 use crate::base::acc::arg_acc;
 use crate::base::checks::u32_arg;
 use crate::base::copy::strided_copy;
+use crate::base::fastdiv::Div;
 use crate::base::launch::{launch_1d, program_for};
 use crate::base::layout::check_reach;
 use crate::base::layout::{KernelLayout, MAX_DIMS};
@@ -20,6 +21,8 @@ struct PadLayout {
     in_shape: [u32; MAX_DIMS],
     x_stride: [u32; MAX_DIMS],
     x_offset: u32,
+    /// The output shape as divisors.
+    div: [Div; MAX_DIMS],
 }
 
 /// One-hot rows on `device`: one kernel over the output, the ids read with stride 0 along the
@@ -102,9 +105,11 @@ pub(super) fn pad(desc: &Pad, device: &Device) -> Result<Tensor> {
         in_shape: [1; MAX_DIMS],
         x_stride: [0; MAX_DIMS],
         x_offset: u32_arg(op, "offset", x.offset)?,
+        div: [Div::new(1); MAX_DIMS],
     };
     for d in 0..nd {
         l.shape[d] = u32_arg(op, "size", shape[d])?;
+        l.div[d] = Div::new(l.shape[d]);
         l.before[d] = u32_arg(op, "size", before[d])?;
         l.in_shape[d] = u32_arg(op, "size", x.shape[d])?;
         l.x_stride[d] = u32_arg(op, "stride", x.strides[d])?;
