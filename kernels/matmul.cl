@@ -232,18 +232,47 @@ void GEMV_KERNEL(__global T* c,           /* (M, N) contiguous */
 }
 
 // The sum of a split-K product's S partial products (each over a chunk of K), with the epilogue:
-// c[i] = act(sum_p parts[p * MN + i] + bias[i % N]), the parts summed in order p = 0, 1, ...
+// c[i] = act(sum_p parts[p * MN + i] + bias[i % N]). A work-group of PARTS_GROUP takes
+// W = PARTS_GROUP / TEAM consecutive outputs in TEAM slices: slice t sums p = t, t + TEAM, ... in
+// order (TEAM 1: all parts in order), and the slices' sums meet in a fixed tree, so many parts
+// over few outputs (a convolution's weight gradient) keep the device busy.
 #ifndef PARTS_KERNEL
 #error "matmul.cl needs -DPARTS_KERNEL=<kernel name> (set by matmul.rs)"
 #endif
-__kernel void PARTS_KERNEL(__global T* c,            /* (M, N) contiguous */
-                           __global const T* parts,  /* (S, M, N) contiguous */
-                           __global const T* bias,   /* (N), read when has_bias */
-                           uint S, uint N, uint has_bias, uint MN) {
-    uint i = get_global_id(0);
-    if (i >= MN) return;
-    ACC v = LOAD(parts, i);
-    for (uint p = 1; p < S; ++p) v += LOAD(parts, p * MN + i);
+#define PARTS_GROUP 256
+__kernel __attribute__((reqd_work_group_size(PARTS_GROUP, 1, 1)))
+void PARTS_KERNEL(__global T* c,            /* (M, N) contiguous */
+                  __global const T* parts,  /* (S, M, N) contiguous */
+                  __global const T* bias,   /* (N), read when has_bias */
+                  uint S, uint N, uint has_bias, uint MN, uint TEAM) {
+    __local ACC sh[PARTS_GROUP];
+    uint lid = get_local_id(0), W = PARTS_GROUP / TEAM;
+    uint i = get_group_id(0) * W + lid % W, t = lid / W;
+    ACC v = (ACC)0;
+    if (i < MN && t < S) {
+        v = LOAD(parts, t * MN + i);
+        uint p = t + TEAM;
+        // Four loads in flight, added in order.
+        for (; p + 3 * TEAM < S; p += 4 * TEAM) {
+            ACC a0 = LOAD(parts, p * MN + i), a1 = LOAD(parts, (p + TEAM) * MN + i);
+            ACC a2 = LOAD(parts, (p + 2 * TEAM) * MN + i), a3 = LOAD(parts, (p + 3 * TEAM) * MN + i);
+            v += a0;
+            v += a1;
+            v += a2;
+            v += a3;
+        }
+        for (; p < S; p += TEAM) v += LOAD(parts, p * MN + i);
+    }
+    if (TEAM > 1) {
+        sh[lid] = v;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (uint h = TEAM / 2; h > 0; h >>= 1) {
+            if (t < h) sh[lid] += sh[lid + h * W];
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+        v = sh[lid];
+    }
+    if (t != 0 || i >= MN) return;
     if (has_bias) v += LOAD(bias, i % N);
     STORE(c, i, activate(v));
 }

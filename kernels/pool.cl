@@ -60,10 +60,37 @@ __kernel void max_pool2d_backward(__global T* dx,          /* dx: (N, C, H, W), 
         for (uint kj = 0; kj < g.win.k[1]; ++kj) {
             int ow = win_out(&g.win, 1, w, kj);
             if (ow < 0) continue;
-            if (idx[at4(&iv, b, c, oh, ow)] == me) acc += LOAD(gy, at4(&gv, b, c, oh, ow));
+            // Both loads at once (not the gradient after the index): one memory latency a tap.
+            ACC tap = LOAD(gy, at4(&gv, b, c, oh, ow));
+            if (idx[at4(&iv, b, c, oh, ow)] == me) acc += tap;
         }
     }
     STORE(dx, i, acc);
+}
+
+// max_pool2d_backward where the windows tile the input exactly (kernel = stride, no padding or
+// dilation, out * stride = in, so every pixel lies in one window): one work-item per window writes
+// its k0 x k1 pixels, 0 + gy at the window's maximum and 0 elsewhere (the gather's values, in a
+// quarter of the work-items for 2 x 2 windows).
+__kernel void max_pool2d_backward_tiled(__global T* dx,          /* dx: (N, C, H, W), contiguous */
+                                        __global const T* gy,    /* gy: (N, C, Ho, Wo) through gv */
+                                        __global const int* idx, /* idx: (N, C, Ho, Wo) through iv */
+                                        View4 gv, View4 iv, PoolGeom g, uint n) {
+    uint i = get_global_id(0);
+    if (i >= n) return;
+    uint4 at = nchw_index(i, g.dc, g.dho, g.dwo);
+    uint b = at.x, c = at.y, oh = at.z, ow = at.w;
+    ACC v = (ACC)0 + LOAD(gy, at4(&gv, b, c, oh, ow));
+    int m = idx[at4(&iv, b, c, oh, ow)];
+    uint k0 = g.win.k[0], k1 = g.win.k[1];
+    uint plane = (b * g.dc.d + c) * g.h * g.w;
+    for (uint ki = 0; ki < k0; ++ki) {
+        uint h = oh * k0 + ki;
+        for (uint kj = 0; kj < k1; ++kj) {
+            uint at_hw = h * g.w + ow * k1 + kj;
+            STORE(dx, plane + at_hw, (int)at_hw == m ? v : (ACC)0);
+        }
+    }
 }
 
 // Divisor of the average over output pixel (oh, ow), as PyTorch's avg_pool2d; with ceil_mode a

@@ -504,6 +504,39 @@ fn pooling_and_backwards_match_nested_loops_on_every_device() {
 }
 
 #[test]
+fn max_pool_backward_over_windows_tiling_the_input_matches_nested_loops() {
+    // Kernel = stride, no padding, the input a whole number of windows: the backward writes
+    // each window's pixels from one work-item. Inputs and gradients as views too; every pixel
+    // gets one window's gradient or none, so the values match exactly.
+    let devices = test_devices().unwrap();
+    for (case, (xs, k)) in [
+        ([2, 3, 8, 6], (2, 2)),
+        ([1, 2, 9, 6], (3, 3)),
+        ([3, 1, 4, 10], (2, 1)),
+        ([1, 4, 5, 5], (1, 5)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for dtype in FLOATS {
+            let p = Pool2dParams::new(k);
+            let x = input(dtype, xs, case % 3, 40 + case as u64);
+            let ys = [xs[0], xs[1], xs[2] / k.0, xs[3] / k.1];
+            let gy = input(dtype, ys, (case + 1) % 3, 50 + case as u64);
+            let r = max_pool_ref(&x.to_vec_f64().unwrap(), xs, p, &gy.to_vec_f64().unwrap());
+            for dev in devices.iter().filter(|d| supports(d, dtype)) {
+                let what = format!("{dtype} x {xs:?} kernel {k:?} on {dev}");
+                let (_, idx) = x.to_device(dev).unwrap().max_pool2d(p).unwrap();
+                assert_eq!(idx.to_vec::<i32>().unwrap(), r.idx, "{what}");
+                let g = gy.to_device(dev).unwrap();
+                let dx = Tensor::max_pool2d_backward(&g, &idx, &xs, p).unwrap();
+                check_close(&dx.to_vec_f64().unwrap(), &r.dx, 0.0, 0.0, &what).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
 fn ceil_mode_pooling_gives_pytorchs_values() {
     // torch.arange(25.).view(1, 1, 5, 5) with kernel 2, ceil_mode=True: a partial last row and
     // column; avg_pool2d (count_include_pad) divides a partial window by its clipped size.

@@ -24,6 +24,19 @@ const GEMV_GROUP: usize = 256;
 const GEMV_COLS: usize = GEMV_GROUP / 32;
 /// The name of matmul.cl's kernel summing a split-K product's parts, passed as `-DPARTS_KERNEL`.
 const PARTS_KERNEL: &str = "matmul_parts";
+/// Its work-group size (matmul.cl's PARTS_GROUP).
+const PARTS_GROUP: usize = 256;
+
+/// Work-items that share one output of the parts' sum (a power of two up to 32): 1 while the
+/// outputs alone give each compute unit a work-group of them, else enough that `parts` of
+/// at least 4 each do (the CNN's first weight gradient: 288 outputs of 392 parts).
+fn parts_team(parts: usize, outputs: usize, compute_units: usize) -> usize {
+    let mut team = 1;
+    while team < 32 && parts >= 8 * team && outputs.div_ceil(PARTS_GROUP / team) < compute_units {
+        team *= 2;
+    }
+    team
+}
 
 /// A GEMM source (matmul.cl, matmul_tc.cl) for `act` in arithmetic `class`: the plain file without
 /// an activation, else the file after a generated `activate(v)` from the op's table row (built once
@@ -206,14 +219,16 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
         kern.arg_mem(out.mem()?)?
             .arg_mem(parts.mem()?)?
             .arg_mem(opts.bias.map_or_else(|| out.mem(), |t| t.mem())?)?;
-        for v in [s, n, opts.bias.is_some() as usize, m * n] {
+        let team = parts_team(s, m * n, cus);
+        for v in [s, n, opts.bias.is_some() as usize, m * n, team] {
             kern.arg(&u(v))?;
         }
         kern.declare(
             ((s + 1) * m * n * out_dtype.size()) as u64,
             (s * m * n) as u64,
         );
-        kern.launch(&[(m * n).div_ceil(256) * 256], &[256])?;
+        let w = PARTS_GROUP / team;
+        kern.launch(&[(m * n).div_ceil(w) * PARTS_GROUP], &[PARTS_GROUP])?;
         return Ok(out);
     }
     if let Some(kind) = tc {

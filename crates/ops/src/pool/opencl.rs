@@ -72,7 +72,8 @@ pub(super) fn max_pool2d(desc: &MaxPool2d, device: &Device) -> Result<(Tensor, T
     Ok((y, idx))
 }
 
-/// max_pool2d_backward: dx (N, C, H, W) from grad_y and the indices, both read through their views.
+/// max_pool2d_backward: dx (N, C, H, W) from grad_y and the indices, both read through their views;
+/// a work-item per input pixel, or per window where the windows tile the input.
 pub(super) fn max_pool2d_backward(desc: &MaxPool2dBackward, device: &Device) -> Result<Tensor> {
     let op = "max_pool2d_backward";
     let MaxPool2dBackward { grad_y, indices, g } = desc;
@@ -80,7 +81,19 @@ pub(super) fn max_pool2d_backward(desc: &MaxPool2dBackward, device: &Device) -> 
     if dx.numel() > 0 {
         let (gv, iv) = (View4::of(op, grad_y)?, View4::of(op, indices)?);
         let mems = [&dx, grad_y, indices];
-        launch(grad_y, op, dx.numel(), &mems, &[gv, iv], g.cl(op)?)?;
+        let w = &g.win;
+        let tiles = w.kernel == w.stride
+            && w.padding == (0, 0)
+            && w.dilation == (1, 1)
+            && w.ho * w.stride.0 == w.h
+            && w.wo * w.stride.1 == w.w;
+        match tiles {
+            true => {
+                let name = "max_pool2d_backward_tiled";
+                launch(grad_y, name, grad_y.numel(), &mems, &[gv, iv], g.cl(op)?)?
+            }
+            false => launch(grad_y, op, dx.numel(), &mems, &[gv, iv], g.cl(op)?)?,
+        }
     }
     Ok(dx)
 }
