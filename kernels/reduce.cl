@@ -120,8 +120,19 @@ __kernel void NAME##_wg(__global OUT_T* out,            /* (nout) when nsplit ==
         uint st = lr.ndim == 1 ? lr.stride[0][0] : 0;                                            \
         for (uint r = r0 + lid; r < r1; r += L) s = NAME##_accum(s, LOAD(x, base + r * st), r);  \
     } else {                                                                                     \
-        for (uint r = r0 + lid; r < r1; r += L)                                                  \
-            s = NAME##_accum(s, LOAD(x, base + layout_offsets(&lr, r).x), r);                    \
+        /* Four loads in flight (their offsets cost a walk of lr each), combined in order. */     \
+        uint r = r0 + lid;                                                                       \
+        for (; r + 3 * L < r1; r += 4 * L) {                                                     \
+            ACC a0 = LOAD(x, base + layout_offsets(&lr, r).x);                                   \
+            ACC a1 = LOAD(x, base + layout_offsets(&lr, r + L).x);                               \
+            ACC a2 = LOAD(x, base + layout_offsets(&lr, r + 2 * L).x);                           \
+            ACC a3 = LOAD(x, base + layout_offsets(&lr, r + 3 * L).x);                           \
+            s = NAME##_accum(s, a0, r);                                                          \
+            s = NAME##_accum(s, a1, r + L);                                                      \
+            s = NAME##_accum(s, a2, r + 2 * L);                                                  \
+            s = NAME##_accum(s, a3, r + 3 * L);                                                  \
+        }                                                                                        \
+        for (; r < r1; r += L) s = NAME##_accum(s, LOAD(x, base + layout_offsets(&lr, r).x), r); \
     }                                                                                            \
     s = NAME##_team(s, sh, L);                                                                   \
     if (lid == 0) {                                                                              \
