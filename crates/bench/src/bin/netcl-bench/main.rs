@@ -378,6 +378,20 @@ impl Runner {
         Ok(())
     }
 
+    /// Times replays of `graph`, a new batch copied into its input slot "x" before each.
+    fn replays(
+        &mut self,
+        label: String,
+        graph: &mut netcl_graph::Graph,
+        batch: &Tensor,
+    ) -> Result<()> {
+        let kernels = graph.stats().kernels;
+        self.measure("train", label, (0.0, 0.0, kernels), || {
+            graph.set_input("x", batch)?;
+            graph.replay()
+        })
+    }
+
     /// The step of `t` captured once (netcl-graph) and replayed, a new batch copied into its
     /// input slot before each replay; host time per replay and per replayed kernel against raw
     /// clEnqueueNDRangeKernel calls, and the pool's peak for an eager step and for replays.
@@ -390,15 +404,7 @@ impl Runner {
         })?;
         let batch = Tensor::randn(x.shape(), DType::F32, &self.dev, &mut self.gen)?;
         let kernels = graph.stats().kernels;
-        self.measure(
-            "train",
-            format!("{name}_graph"),
-            (0.0, 0.0, kernels),
-            || {
-                graph.set_input("x", &batch)?;
-                graph.replay()
-            },
-        )?;
+        self.replays(format!("{name}_graph"), &mut graph, &batch)?;
         let pool = netcl_core_memory::Pool::of(&self.dev)?;
         let peak = |f: &mut dyn FnMut() -> Result<()>| -> Result<usize> {
             self.dev.synchronize()?;
@@ -436,15 +442,7 @@ impl Runner {
         );
         // The same replays over two in-order queues (`Graph::use_queues`).
         graph.use_queues(2)?;
-        self.measure(
-            "train",
-            format!("{name}_graph_2q"),
-            (0.0, 0.0, kernels),
-            || {
-                graph.set_input("x", &batch)?;
-                graph.replay()
-            },
-        )?;
+        self.replays(format!("{name}_graph_2q"), &mut graph, &batch)?;
         println!(
             "{:<12} {name:<28} graph over {} queues: {} cross-queue waits per replay",
             "",
