@@ -433,16 +433,19 @@ impl Graph {
         Ok(())
     }
 
-    /// Waits for the replays in flight on every queue the graph uses.
+    /// Waits for the replays in flight on every queue the graph uses: the device's queue first
+    /// (finishing it submits the start marker the side queues may wait on), then the side queues.
     fn drain(&self) -> Result<()> {
-        if let Some(q) = &self.queues {
-            q.finish();
-        }
-        self.device
+        let finished = self
+            .device
             .cl("Graph")?
             .queue
             .finish()
-            .cl("clFinish (Graph)")
+            .cl("clFinish (Graph)");
+        if let Some(q) = &self.queues {
+            q.finish();
+        }
+        finished
     }
 
     fn slot<'a>(slots: &'a [(String, Tensor)], name: &str, what: &str) -> Result<&'a Tensor> {

@@ -170,6 +170,9 @@ impl Queues {
             events.0[start] =
                 unsafe { cl3::command_queue::enqueue_marker_with_wait_list(main, 0, ptr::null()) }
                     .cl("clEnqueueMarkerWithWaitList (graph replay start)")?;
+            // Side queues wait on it: submit it (a queue's events are only reliable to other
+            // queues once it is flushed).
+            cl3::command_queue::flush(main).cl("clFlush (graph replay start)")?;
         }
         let mut wait: Vec<cl_event> = Vec::with_capacity(8);
         for (i, (s, p)) in steps.iter_mut().zip(placed).enumerate() {
