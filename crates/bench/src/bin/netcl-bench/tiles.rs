@@ -1,4 +1,4 @@
-//! The `tiles` suite of netcl-bench: the MLP step's products (batch 256 through 784-1024-1024-10) with the dispatcher's own choice and with each candidate GEMM tile, to tune the choice for small products.
+//! The `tiles` suite of netcl-bench: the MLP step's products (batch 256 through 784-1024-1024-10) and the CNN step's per-image convolution products, with the dispatcher's own choice and with each candidate GEMM tile, to tune the choice for small products.
 use crate::Runner;
 use netcl_core_devices::{Device, Result};
 use netcl_kernels::GemmTile;
@@ -21,17 +21,21 @@ impl Runner {
             tile(32, 32, 2, 2),
             tile(32, 32, 4, 4),
         ];
-        // (name, M, N, K, weight-like operand transposed as x Wᵀ, A read transposed)
+        // (name, M, N, K, weight-like operand transposed as x Wᵀ, A read transposed, batch of B:
+        // the CNN's convolutions, one weight against each image's columns)
         let shapes = [
-            ("fwd_256x1024x784", 256, 1024, 784, true, false),
-            ("fwd_256x1024x1024", 256, 1024, 1024, true, false),
-            ("fwd_256x10x1024", 256, 10, 1024, true, false),
-            ("dx_256x1024x1024", 256, 1024, 1024, false, false),
-            ("dw_1024x1024x256", 1024, 1024, 256, false, true),
-            ("dw_1024x784x256", 1024, 784, 256, false, true),
-            ("dw_10x1024x256", 10, 1024, 256, false, true),
+            ("fwd_256x1024x784", 256, 1024, 784, true, false, 1),
+            ("fwd_256x1024x1024", 256, 1024, 1024, true, false, 1),
+            ("fwd_256x10x1024", 256, 10, 1024, true, false, 1),
+            ("dx_256x1024x1024", 256, 1024, 1024, false, false, 1),
+            ("dw_1024x1024x256", 1024, 1024, 256, false, true, 1),
+            ("dw_1024x784x256", 1024, 784, 256, false, true, 1),
+            ("dw_10x1024x256", 10, 1024, 256, false, true, 1),
+            ("conv1_32x784x9_b128", 32, 784, 9, false, false, 128),
+            ("conv2_64x196x288_b128", 64, 196, 288, false, false, 128),
+            ("conv2dx_288x196x64_b128", 288, 196, 64, false, true, 128),
         ];
-        for (name, m, n, k, wt, at) in shapes {
+        for (name, m, n, k, wt, at, batch) in shapes {
             let a = if at {
                 self.randn(&[k, m])?.transpose(0, 1)?
             } else {
@@ -39,11 +43,13 @@ impl Runner {
             };
             let b = if wt {
                 self.randn(&[n, k])?.transpose(0, 1)?
+            } else if batch > 1 {
+                self.randn(&[batch, k, n])?
             } else {
                 self.randn(&[k, n])?
             };
             let bias = self.randn(&[n])?;
-            let flops = 2.0 * (m * n * k) as f64;
+            let flops = 2.0 * (m * n * k * batch) as f64;
             let with = |tile| MatmulOptions {
                 bias: wt.then_some(&bias),
                 tile,
