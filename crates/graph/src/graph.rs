@@ -512,7 +512,7 @@ impl Graph {
             (None, Some(q)) => unsafe { q.enqueue(queue, &mut self.steps)? },
             (None, None) => {
                 for s in &mut self.steps {
-                    unsafe { s.enqueue_after(queue, &[], std::ptr::null_mut())? };
+                    unsafe { s.enqueue(queue, &[], std::ptr::null_mut())? };
                 }
             }
         }
@@ -583,14 +583,15 @@ fn node_access(desc: &GraphDesc, node: &Node, mem_of: &dyn Fn(BufRef) -> cl_mem)
                 crate::access::writable_args(&p.text, &p.options, kernel)
                     .filter(|w| w.len() == args.len())
             });
-            let bufs: Vec<Option<usize>> = args
-                .iter()
-                .map(|a| match a {
-                    NodeArg::Buf(b) => Some(mem(b)),
-                    _ => None,
-                })
-                .collect();
-            Step::access(&bufs, writable.as_deref())
+            // Buffers of writable arguments are written (all of them when unknown), the rest read.
+            let mut a = Access::default();
+            for (i, arg) in args.iter().enumerate() {
+                if let NodeArg::Buf(b) = arg {
+                    let w = writable.as_ref().is_none_or(|w| w[i]);
+                    if w { &mut a.writes } else { &mut a.reads }.push(mem(b));
+                }
+            }
+            a
         }
         Node::Write { dst, .. } => Access {
             reads: Vec::new(),

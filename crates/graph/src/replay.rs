@@ -27,7 +27,7 @@ impl CopyStep {
     /// # Safety
     /// Both buffers are alive and belong to the queue's context; the ranges lie inside them;
     /// `wait` holds valid events; `event` is null or writable.
-    unsafe fn enqueue_after(
+    unsafe fn enqueue(
         &self,
         queue: cl_command_queue,
         wait: &[cl_event],
@@ -60,8 +60,8 @@ impl CopyStep {
 
 impl Step {
     /// # Safety
-    /// As [`BoundKernel::enqueue_after`] and [`CopyStep::enqueue_after`].
-    pub(crate) unsafe fn enqueue_after(
+    /// As [`BoundKernel::enqueue`] and [`CopyStep::enqueue`].
+    pub(crate) unsafe fn enqueue(
         &mut self,
         queue: cl_command_queue,
         wait: &[cl_event],
@@ -70,24 +70,10 @@ impl Step {
         // SAFETY: the caller's contract.
         unsafe {
             match self {
-                Step::Kernel(k) => k.enqueue_after(queue, wait, event),
-                Step::Copy(c) => c.enqueue_after(queue, wait, event),
+                Step::Kernel(k) => k.enqueue(queue, wait, event),
+                Step::Copy(c) => c.enqueue(queue, wait, event),
             }
         }
-    }
-
-    /// What the step reads and writes, as `cl_mem` numbers: a copy reads its source and writes its
-    /// destination; a kernel writes the buffers of its `writable` arguments (all of them when
-    /// unknown) and reads the rest.
-    pub(crate) fn access(args: &[Option<usize>], writable: Option<&[bool]>) -> Access {
-        let mut a = Access::default();
-        for (i, m) in args.iter().enumerate() {
-            if let Some(m) = *m {
-                let w = writable.is_none_or(|w| w.get(i).copied().unwrap_or(true));
-                if w { &mut a.writes } else { &mut a.reads }.push(m);
-            }
-        }
-        a
     }
 }
 
@@ -129,6 +115,9 @@ impl Queues {
         access: &[Access],
         queues: usize,
     ) -> Result<Option<Queues>> {
+        if queues <= 1 {
+            return Ok(None);
+        }
         let schedule = crate::schedule::schedule(access, queues);
         if schedule.placed.iter().all(|p| p.queue == 0) {
             return Ok(None);
@@ -188,7 +177,7 @@ impl Queues {
             };
             let q = queue(p.queue);
             // SAFETY: the caller's contract; waited events come from earlier enqueues.
-            unsafe { s.enqueue_after(q, &wait, event)? };
+            unsafe { s.enqueue(q, &wait, event)? };
             if p.signal {
                 // Another queue waits on this: submit it now rather than at the replay's end.
                 cl3::command_queue::flush(q).cl("clFlush (graph replay)")?;

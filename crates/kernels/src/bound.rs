@@ -3,7 +3,6 @@ use crate::program::Program;
 use netcl_core_devices::opencl3::kernel::Kernel as ClKernel;
 use netcl_core_devices::opencl3::types::{cl_command_queue, cl_event, cl_kernel, cl_mem};
 use netcl_core_devices::{cl3, ClResultExt, Error, Result};
-use std::ptr;
 use std::sync::Arc;
 
 /// One argument of a bound kernel.
@@ -110,22 +109,15 @@ impl BoundKernel {
         (self.dims, &self.global[..d], &self.local[..d])
     }
 
-    /// Enqueues the kernel on `queue` with no event: the whole host cost of a replayed node.
+    /// Enqueues the kernel on `queue` after the events of `wait` (none: the whole host cost of a
+    /// replayed node), writing its own event to `event` unless that is null (a replay spread over
+    /// several queues).
     ///
     /// # Safety
-    /// `queue` belongs to the kernel's context, and every buffer argument is alive.
-    pub unsafe fn enqueue(&mut self, queue: cl_command_queue) -> Result<()> {
-        // SAFETY: the caller's contract; no wait list, no event.
-        unsafe { self.enqueue_after(queue, &[], ptr::null_mut()) }
-    }
-
-    /// Enqueues the kernel on `queue` after the events of `wait`, writing its own event to `event`
-    /// unless that is null (a replay spread over several queues).
-    ///
-    /// # Safety
-    /// As [`BoundKernel::enqueue`]; `wait` holds valid events of the same context; `event` is null
-    /// or writable (the caller then owns the event and releases it).
-    pub unsafe fn enqueue_after(
+    /// `queue` belongs to the kernel's context, and every buffer argument is alive; `wait` holds
+    /// valid events of the same context; `event` is null or writable (the caller then owns the
+    /// event and releases it).
+    pub unsafe fn enqueue(
         &mut self,
         queue: cl_command_queue,
         wait: &[cl_event],
