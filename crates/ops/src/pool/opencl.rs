@@ -87,13 +87,11 @@ pub(super) fn max_pool2d_backward(desc: &MaxPool2dBackward, device: &Device) -> 
             && w.dilation == (1, 1)
             && w.ho * w.stride.0 == w.h
             && w.wo * w.stride.1 == w.w;
-        match tiles {
-            true => {
-                let name = "max_pool2d_backward_tiled";
-                launch(grad_y, name, grad_y.numel(), &mems, &[gv, iv], g.cl(op)?)?
-            }
-            false => launch(grad_y, op, dx.numel(), &mems, &[gv, iv], g.cl(op)?)?,
-        }
+        let (name, n) = match tiles {
+            true => ("max_pool2d_backward_tiled", grad_y.numel()),
+            false => (op, dx.numel()),
+        };
+        launch(grad_y, name, n, &mems, &[gv, iv], g.cl(op)?)?;
     }
     Ok(dx)
 }
