@@ -184,52 +184,70 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
     }
 }
 
-// Skinny products (decoding one token: M <= GEMV_ROWS rows of A) against a B whose K dim is
-// contiguous (a row-major weight W (N, K) used as B = Wᵀ): c[r, j] = act(sum_k a[r, k] b[k, j] +
-// bias[j]). A team of GEMV_TEAM work-items per output column j strides over K, so each team reads
-// 128 contiguous bytes of W per step and every weight is read once; then a tree sum in local memory.
+// Skinny products: R <= 16 "few" rows F (R, K) against the "many" operand G (K, J),
+// c[r * scr + j * scj] = act(sum_k F[r, k] G[k, j] + bias), the bias indexed by r (bias_r) or j.
+// A product with M <= 16 takes F = A, G = B; one with N <= 16 takes F = Bᵀ, G = Aᵀ (a classifier
+// head, a LoRA down-projection). Each column j of G has `team` work-items (a power of two up to
+// the group) summing a slice of K each, R sums a work-item, and G is read once:
+// - kmajor (G's K contiguous: a row-major weight W (J, K) as G = Wᵀ): a team is adjacent
+//   work-items, so a step reads team contiguous elements of K;
+// - else (G's columns contiguous: activations (K, J)): the group's GEMV_GROUP / team columns are
+//   adjacent work-items, each team member a row of them.
+// Then a tree sum of each team's partial sums in local memory. Built for at most 4 rows
+// (GEMV_KERNEL##4, one-token decoding) and 16 (GEMV_KERNEL##16); rows past R re-read row R - 1
+// and are summed too (no branch in the loops, so every row's loads are in flight at once) but
+// never stored.
 #ifndef GEMV_KERNEL
 #error "matmul.cl needs -DGEMV_KERNEL=<kernel name> (set by matmul.rs)"
 #endif
-#define GEMV_ROWS 4
-#define GEMV_TEAM 32
 #define GEMV_GROUP 256
-__kernel __attribute__((reqd_work_group_size(GEMV_GROUP, 1, 1)))
-void GEMV_KERNEL(__global T* c,           /* (M, N) contiguous */
-                 __global const T* a,     /* (M, K): a[a_off + r * sam + k * sak] */
-                 __global const T* b,     /* (K, N): b[b_off + k + j * sbn] (K stride 1) */
-                 __global const T* bias,  /* (N), read when has_bias */
-                 uint M, uint N, uint K, uint sam, uint sak, uint sbn, uint a_off, uint b_off,
-                 uint has_bias) {
-    __local ACC part[GEMV_ROWS][GEMV_GROUP];
-    uint lid = get_local_id(0), lane = lid % GEMV_TEAM;
-    uint j = get_group_id(0) * (GEMV_GROUP / GEMV_TEAM) + lid / GEMV_TEAM;
-    ACC acc[GEMV_ROWS];
-    for (uint r = 0; r < GEMV_ROWS; ++r) acc[r] = (ACC)0;
-    if (j < N) {
-        for (uint k = lane; k < K; k += GEMV_TEAM) {
-            ACC w = LOAD(b, b_off + k + j * sbn);
-            for (uint r = 0; r < GEMV_ROWS; ++r)
-                if (r < M) acc[r] += LOAD(a, a_off + r * sam + k * sak) * w;
-        }
+#define SKINNY(NAME, RMAX)                                                                         \
+    __kernel __attribute__((reqd_work_group_size(GEMV_GROUP, 1, 1))) void NAME(                    \
+        __global T* c,          /* c[r * scr + j * scj] */                                        \
+        __global const T* f,    /* (R, K): f[f_off + r * sfr + k * sfk] */                        \
+        __global const T* g,    /* (K, J): g[g_off + k * sgk + j * sgj] */                        \
+        __global const T* bias, /* (R) when bias_r, else (J); read when has_bias */               \
+        uint R, uint J, uint K, uint sfr, uint sfk, uint sgk, uint sgj, uint f_off, uint g_off,    \
+        uint scr, uint scj, uint team, uint kmajor, uint has_bias, uint bias_r) {                  \
+        __local ACC part[RMAX][GEMV_GROUP];                                                        \
+        const uint lid = get_local_id(0), cols = GEMV_GROUP / team;                                \
+        const uint lane = kmajor ? lid % team : lid / cols;                                        \
+        const uint j = get_group_id(0) * cols + (kmajor ? lid / team : lid % cols);                \
+        /* The team's members sit `apart` work-items from each other. */                           \
+        const uint apart = kmajor ? 1 : cols;                                                      \
+        ACC acc[RMAX];                                                                             \
+        uint row[RMAX];                                                                            \
+        _Pragma("unroll") for (uint r = 0; r < RMAX; ++r) {                                        \
+            acc[r] = (ACC)0;                                                                       \
+            row[r] = f_off + min(r, R - 1) * sfr;                                                  \
+        }                                                                                          \
+        if (j < J) {                                                                               \
+            _Pragma("unroll 2") for (uint k = lane; k < K; k += team) {                            \
+                ACC x = LOAD(g, g_off + k * sgk + j * sgj);                                        \
+                _Pragma("unroll") for (uint r = 0; r < RMAX; ++r) acc[r] +=                         \
+                    LOAD(f, row[r] + k * sfk) * x;                                                 \
+            }                                                                                      \
+        }                                                                                          \
+        _Pragma("unroll") for (uint r = 0; r < RMAX; ++r) part[r][lid] = acc[r];                   \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                              \
+        for (uint s = team / 2; s > 0; s >>= 1) {                                                  \
+            if (lane < s)                                                                          \
+                _Pragma("unroll") for (uint r = 0; r < RMAX; ++r) part[r][lid] +=                  \
+                    part[r][lid + s * apart];                                                      \
+            barrier(CLK_LOCAL_MEM_FENCE);                                                          \
+        }                                                                                          \
+        if (lane == 0 && j < J) {                                                                  \
+            for (uint r = 0; r < R; ++r) {                                                         \
+                ACC v = part[r][lid];                                                              \
+                if (has_bias) v += LOAD(bias, bias_r ? r : j);                                     \
+                STORE(c, r * scr + j * scj, activate(v));                                          \
+            }                                                                                      \
+        }                                                                                          \
     }
-    for (uint r = 0; r < GEMV_ROWS; ++r) part[r][lid] = acc[r];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (uint s = GEMV_TEAM / 2; s > 0; s >>= 1) {
-        if (lane < s)
-            for (uint r = 0; r < GEMV_ROWS; ++r) part[r][lid] += part[r][lid + s];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    if (lane == 0 && j < N) {
-        for (uint r = 0; r < GEMV_ROWS; ++r) {
-            if (r < M) {
-                ACC v = part[r][lid];
-                if (has_bias) v += LOAD(bias, j);
-                STORE(c, r * N + j, activate(v));
-            }
-        }
-    }
-}
+#define SKINNY_NAME(name, rows) name##rows
+#define SKINNY_KERNEL(name, rows) SKINNY(SKINNY_NAME(name, rows), rows)
+SKINNY_KERNEL(GEMV_KERNEL, 4)
+SKINNY_KERNEL(GEMV_KERNEL, 16)
 
 // The sum of a split-K product's S partial products (each over a chunk of K), with the epilogue:
 // c[i] = act(sum_p parts[p * MN + i] + bias[i % N]). A work-group of PARTS_GROUP takes

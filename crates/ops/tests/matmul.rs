@@ -640,6 +640,64 @@ fn skinny_products_against_transposed_weights_match_the_host() {
 }
 
 #[test]
+fn skinny_products_on_either_side_match_the_host() {
+    // A few rows of A (weight gradients of a narrow layer: dYᵀ X) or a few columns of B (a
+    // classifier head x Wᵀ, a LoRA down-projection), each operand stored either way, so that the
+    // skinny kernel runs both its work-item layouts; odd sizes, the bias on either side, every
+    // epilogue.
+    let devices = test_devices().unwrap();
+    let host = Device::host();
+    for dtype in FLOATS {
+        for (i, (m, k, n, at, bt)) in [
+            (37, 300, 10, false, true),
+            (37, 300, 10, true, true),
+            (10, 256, 70, true, false),
+            (16, 100, 33, false, true),
+            (5, 2000, 3, false, false),
+            (300, 17, 1, true, false),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let a = operand(dtype, &[], m, k, at, 50 + i as u64);
+            let b = operand(dtype, &[], k, n, bt, 60 + i as u64);
+            let bias = random_tensor(dtype, &[n], -1.0, 1.0, 70 + i as u64);
+            for act in Activation::all() {
+                let opts = MatmulOptions {
+                    bias: (i % 2 == 0).then_some(&bias),
+                    activation: act,
+                    ..Default::default()
+                };
+                let want = a.matmul_with(&b, opts).unwrap();
+                for dev in &devices {
+                    if dev == &host || (dtype == DType::F64 && !dev.info().fp64) {
+                        continue;
+                    }
+                    let (ad, bd, biasd) = (
+                        a.to_device(dev).unwrap(),
+                        b.to_device(dev).unwrap(),
+                        bias.to_device(dev).unwrap(),
+                    );
+                    let opts = MatmulOptions {
+                        bias: (i % 2 == 0).then_some(&biasd),
+                        activation: act,
+                        ..Default::default()
+                    };
+                    let got = ad.matmul_with(&bd, opts).unwrap();
+                    check(
+                        &got,
+                        &want,
+                        dtype,
+                        k,
+                        &format!("{dev} {dtype} {m}x{k}x{n} at {at} bt {bt} {act:?}"),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn cpu_devices_take_the_cpu_kernels_on_every_layout() {
     // `x` on `dev` with the same strides: a copy to a device is contiguous, so a transposed view
     // goes over in its stored order and is transposed there.

@@ -17,11 +17,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub(super) const MATMUL_KERNEL: &str = "matmul";
 /// The name of matmul.cl's skinny-product kernel, passed as `-DGEMV_KERNEL`.
 const GEMV_KERNEL: &str = "gemv";
-/// Most rows of A the skinny-product kernel takes (`GEMV_ROWS` in matmul.cl), and its work-group.
-const GEMV_ROWS: usize = 4;
+/// Most rows the skinny-product kernel takes on its few side (`SKINNY_MAX` in matmul.cl), and
+/// its work-group.
+const SKINNY_MAX: usize = 16;
 const GEMV_GROUP: usize = 256;
-/// Output columns per work-group of the skinny-product kernel (work-group / team of 32).
-const GEMV_COLS: usize = GEMV_GROUP / 32;
 /// The name of matmul.cl's kernel summing a split-K product's parts, passed as `-DPARTS_KERNEL`.
 const PARTS_KERNEL: &str = "matmul_parts";
 /// Its work-group size (matmul.cl's PARTS_GROUP).
@@ -170,21 +169,32 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
         cpu::launch(which, &out, a, b, &layout, dims, strides, opts)?;
         return Ok(out);
     }
-    if numel(batch) == 1 && m <= GEMV_ROWS && sbk == 1 && out_dtype == a.dtype {
-        // A few rows against a transposed weight (one decoding step): every weight read once.
-        let mut kern = Kernel::new(&build()?, GEMV_KERNEL)?;
+    let skinny = (opts.tile.is_none() && numel(batch) == 1 && out_dtype == a.dtype)
+        .then(|| Skinny::of([m, n, k], strides))
+        .flatten();
+    if let Some(sk) = skinny {
+        let name = format!("{GEMV_KERNEL}{}", if sk.r <= 4 { 4 } else { SKINNY_MAX });
+        let mut kern = Kernel::new(&build()?, &name)?;
         if kern.max_work_group_size() >= GEMV_GROUP {
+            let (f, g) = if sk.rows_of_a { (a, b) } else { (b, a) };
             kern.arg_mem(out.mem()?)?
-                .arg_mem(a.mem()?)?
-                .arg_mem(b.mem()?)?
+                .arg_mem(f.mem()?)?
+                .arg_mem(g.mem()?)?
                 .arg_mem(opts.bias.map_or_else(|| out.mem(), |t| t.mem())?)?;
-            for v in [m, n, k, sam, sak, sbn, a.offset, b.offset] {
+            let [sfr, sfk, sgk, sgj] = sk.strides;
+            let [scr, scj] = if sk.rows_of_a { [n, 1] } else { [1, n] };
+            let team = sk.team(k, cus);
+            for v in [
+                sk.r, sk.j, k, sfr, sfk, sgk, sgj, f.offset, g.offset, scr, scj, team,
+            ] {
                 kern.arg(&u(v))?;
             }
-            kern.arg(&u(opts.bias.is_some() as usize))?;
+            for v in [sk.kmajor, opts.bias.is_some(), !sk.rows_of_a] {
+                kern.arg(&u(v as usize))?;
+            }
             let elems = m * k + k * n + m * n + opts.bias.map_or(0, |_| n);
             kern.declare((elems * a.dtype.size()) as u64, 2 * (m * n * k) as u64);
-            let groups = n.div_ceil(GEMV_COLS);
+            let groups = sk.j.div_ceil(GEMV_GROUP / team);
             kern.launch(&[groups * GEMV_GROUP], &[GEMV_GROUP])?;
             return Ok(out);
         }
@@ -284,6 +294,62 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
         }
     }
     Ok(out)
+}
+
+/// A product for matmul.cl's skinny kernels: `r` (at most SKINNY_MAX) rows of a few-row operand F
+/// against the `j` columns of G, each work-item reading G once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Skinny {
+    /// F = A and G = B (M is the few side); else F = Bᵀ and G = Aᵀ (N is).
+    rows_of_a: bool,
+    r: usize,
+    j: usize,
+    /// F's (row, k) and G's (k, column) strides.
+    strides: [usize; 4],
+    /// G's K is contiguous (or neither of its dims is): a column's team are adjacent
+    /// work-items; else adjacent columns are.
+    kmajor: bool,
+}
+
+impl Skinny {
+    /// The skinny form of an (M, N, K) product with strides `[sam, sak, sbk, sbn]`, if it has one:
+    /// a side of at most SKINNY_MAX (M preferred) whose F stays in the compute units' caches (at
+    /// most 16384 elements, as every column reads all of it) and a K of at most 2048 (longer
+    /// ones split K instead); or, as for one-token decoding, at most 4 rows of A against a B
+    /// whose K is contiguous, at any K.
+    fn of([m, n, k]: [usize; 3], [sam, sak, sbk, sbn]: [usize; 4]) -> Option<Skinny> {
+        let (rows_of_a, r, j, strides) = if m <= SKINNY_MAX {
+            (true, m, n, [sam, sak, sbk, sbn])
+        } else if n <= SKINNY_MAX {
+            (false, n, m, [sbn, sbk, sak, sam])
+        } else {
+            return None;
+        };
+        let decoding = rows_of_a && m <= 4 && sbk == 1;
+        (decoding || (r * k <= 16384 && k <= 2048)).then_some(Skinny {
+            rows_of_a,
+            r,
+            j,
+            strides,
+            kmajor: strides[2] == 1 || strides[3] != 1,
+        })
+    }
+
+    /// Work-items per column, a power of two: enough that the columns' teams make eight groups
+    /// per compute unit, no more than K needs, at least 32 (kmajor: a team reads 128 bytes of a
+    /// column at a time) and at most the group (kmajor) or 32 (else: 8 columns a group, 32
+    /// bytes of a row at a time).
+    fn team(&self, k: usize, compute_units: usize) -> usize {
+        let (least, most) = if self.kmajor {
+            (32, GEMV_GROUP)
+        } else {
+            (1, 32)
+        };
+        let want = (8 * compute_units * GEMV_GROUP).div_ceil(self.j);
+        want.next_power_of_two()
+            .min(k.next_power_of_two())
+            .clamp(least, most)
+    }
 }
 
 /// One product for matmul.cl's kernel or a kernel with its arguments (matmul_async.cl's):
@@ -401,7 +467,38 @@ fn matmul_program(
 
 #[cfg(test)]
 mod tests {
-    use super::split_k;
+    use super::{split_k, Skinny};
+
+    #[test]
+    fn skinny_takes_few_rows_or_columns_over_a_short_k() {
+        // [M, N, K], [sam, sak, sbk, sbn] -> (rows of A, R, J, team) or None.
+        let of =
+            |dims, strides| Skinny::of(dims, strides).map(|s| (s.rows_of_a, s.r, s.j, s.kmajor));
+        // A classifier head x Wᵀ: N = 10 rows of W against A's K-contiguous rows.
+        assert_eq!(
+            of([256, 10, 1024], [1024, 1, 1, 1024]),
+            Some((false, 10, 256, true))
+        );
+        // Its weight gradient dzᵀ h: 10 rows of dzᵀ against h's contiguous columns.
+        assert_eq!(
+            of([10, 1024, 256], [1, 10, 1024, 1]),
+            Some((true, 10, 1024, false))
+        );
+        // One-token decoding at any K; a longer K or a larger F otherwise splits K.
+        assert_eq!(
+            of([1, 4096, 32000], [32000, 1, 1, 32000]),
+            Some((true, 1, 4096, true))
+        );
+        assert_eq!(of([10, 1024, 8192], [8192, 1, 1, 8192]), None);
+        assert_eq!(of([8, 768, 4096], [1, 8, 768, 1]), None);
+        assert_eq!(of([64, 64, 64], [64, 1, 64, 1]), None);
+        // Teams: eight groups per compute unit where K allows.
+        let team = |dims, strides, k| Skinny::of(dims, strides).unwrap().team(k, 132);
+        assert_eq!(team([256, 10, 1024], [1024, 1, 1, 1024], 1024), 256);
+        assert_eq!(team([10, 1024, 256], [1, 10, 1024, 1], 256), 32);
+        assert_eq!(team([1, 32000, 288], [288, 1, 1, 288], 288), 32);
+        assert_eq!(team([300, 1, 17], [1, 300, 1, 1], 17), 32);
+    }
 
     #[test]
     fn split_k_makes_two_chunks_or_more_or_none() {
