@@ -1,6 +1,6 @@
 // matmul.cl: batched GEMM C = act(A·B + bias) with local-memory tiles, register blocking and an epilogue; tile sizes come from -D (tuning table).
 // -DBM, -DBN: output tile per work-group; -DBK: depth of one tile step; -DWM, -DWN: outputs per work-item;
-// -DALIGNED: M, N and K are multiples of the tile (no bounds checks);
+// -DALIGNED: M, N and K are multiples of the tile (no bounds checks); -DROW_SUMS: also A's row sums;
 // -DMATMUL_KERNEL: the kernel's name (matmul.rs's MATMUL_KERNEL).
 // The epilogue: with an activation, matmul.rs puts a generated `inline ACC activate(ACC v)` (the op's
 // OpenCL text from crates/ops/src/unary_table.rs) and `#define ACTIVATION` before this file; without, it is the identity.
@@ -42,6 +42,7 @@ inline ACC activate(ACC v) { return v; }
 #define ROW(i) (((i) / GWM) * (TY * GWM) + ty * GWM + (i) % GWM)  // row of register i in the tile
 #define COL(j) (((j) / GWN) * (TX * GWN) + tx * GWN + (j) % GWN)  // column of register j
 #define A_PER ((BM * BK + NT - 1) / NT)  // tile elements each work-item stages
+#define RS_PER ((BM + NT - 1) / NT)       // rows of A each work-item sums (-DROW_SUMS)
 #define B_PER ((BN * BK + NT - 1) / NT)
 
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
@@ -52,7 +53,8 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
             Layout batch,            /* batch dims: operand 0 = c, 1 = a, 2 = b */
             uint M, uint N, uint K, uint sam, uint sak, uint sbk, uint sbn, uint has_bias,
             uint ldc, uint c_col,    /* this launch: columns c_col .. c_col + N of C (and B) */
-            uint lower, int diag) {  /* A zero past column m + diag (a hint; see lower_k_end) */
+            uint lower, int diag,    /* A zero past column m + diag (a hint; see lower_k_end) */
+            __global T* rsum) {      /* (M): A's row sums over K (-DROW_SUMS, one batch) */
     __local ACC As[BK][BM + PAD] __attribute__((aligned(16)));
     __local ACC Bs[BK][BN + PAD] __attribute__((aligned(16)));
     const uint tx = get_local_id(0), ty = get_local_id(1);
@@ -152,6 +154,14 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
     }
 #endif
     const uint kend = lower_k_end(K, m0 + BM, lower, diag, BK);
+#ifdef ROW_SUMS
+    // A's row sums (a linear layer's bias gradient beside its weight gradient): the first column
+    // of tiles adds up each staged A tile, work-item r taking rows r, r + NT, ... A build of its
+    // own: the sums cost the other products 2% where they only sat behind a flag.
+    const bool rs_on = n0 == 0 && c_col == 0;
+    ACC rs[RS_PER];
+    for (int q = 0; q < RS_PER; ++q) rs[q] = (ACC)0;
+#endif
     FETCH(0)
     for (uint k0 = 0; k0 < kend; k0 += BK) {
         STAGE()
@@ -159,6 +169,12 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
         if (k0 + BK < kend) {
             FETCH(k0 + BK)
         }
+#ifdef ROW_SUMS
+        if (rs_on)
+            for (int q = 0; q < RS_PER; ++q)
+                if (tid + q * NT < BM)
+                    for (int kk = 0; kk < BK; ++kk) rs[q] += As[kk][tid + q * NT];
+#endif
         #pragma unroll
         for (int kk = 0; kk < BK; ++kk) {
             ACC ra[WM], rb[WN];
@@ -182,6 +198,11 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
             }
         }
     }
+#ifdef ROW_SUMS
+    if (rs_on)
+        for (int q = 0; q < RS_PER; ++q)
+            if (tid + q * NT < BM && m0 + tid + q * NT < M) STORE(rsum, m0 + tid + q * NT, rs[q]);
+#endif
 }
 
 // Skinny products: R <= 16 "few" rows F (R, K) against the "many" operand G (K, J),
@@ -258,9 +279,17 @@ SKINNY_KERNEL(GEMV_KERNEL, 16)
 #error "matmul.cl needs -DPARTS_KERNEL=<kernel name> (set by matmul.rs)"
 #endif
 #define PARTS_GROUP 256
+// -DPARTS_F32: the parts are f32 (tensor cores' sums of 16-bit operands), the output T.
+#ifdef PARTS_F32
+typedef float PT;
+#define PLOAD(p, i) ((ACC)(p)[i])
+#else
+typedef T PT;
+#define PLOAD(p, i) LOAD(p, i)
+#endif
 __kernel __attribute__((reqd_work_group_size(PARTS_GROUP, 1, 1)))
 void PARTS_KERNEL(__global T* c,            /* (M, N) contiguous */
-                  __global const T* parts,  /* (S, M, N) contiguous */
+                  __global const PT* parts, /* (S, M, N) contiguous */
                   __global const T* bias,   /* (N), read when has_bias */
                   uint S, uint N, uint has_bias, uint MN, uint TEAM) {
     __local ACC sh[PARTS_GROUP];
@@ -268,18 +297,18 @@ void PARTS_KERNEL(__global T* c,            /* (M, N) contiguous */
     uint i = get_group_id(0) * W + lid % W, t = lid / W;
     ACC v = (ACC)0;
     if (i < MN && t < S) {
-        v = LOAD(parts, t * MN + i);
+        v = PLOAD(parts, t * MN + i);
         uint p = t + TEAM;
         // Four loads in flight, added in order.
         for (; p + 3 * TEAM < S; p += 4 * TEAM) {
-            ACC a0 = LOAD(parts, p * MN + i), a1 = LOAD(parts, (p + TEAM) * MN + i);
-            ACC a2 = LOAD(parts, (p + 2 * TEAM) * MN + i), a3 = LOAD(parts, (p + 3 * TEAM) * MN + i);
+            ACC a0 = PLOAD(parts, p * MN + i), a1 = PLOAD(parts, (p + TEAM) * MN + i);
+            ACC a2 = PLOAD(parts, (p + 2 * TEAM) * MN + i), a3 = PLOAD(parts, (p + 3 * TEAM) * MN + i);
             v += a0;
             v += a1;
             v += a2;
             v += a3;
         }
-        for (; p < S; p += TEAM) v += LOAD(parts, p * MN + i);
+        for (; p < S; p += TEAM) v += PLOAD(parts, p * MN + i);
     }
     if (TEAM > 1) {
         sh[lid] = v;

@@ -11,7 +11,8 @@
 //   -DA_KFAST: A's K dim is contiguous: 4-byte copies, consecutive work-items along K (transposed on the way);
 //   neither: 4-byte copies, consecutive work-items along M.
 // B likewise (-DB_VEC, -DB_KFAST). Out-of-range elements are zero-filled by the copy itself (cp.async's source size),
-// so ragged edges cost no branch in the inner loop. -DALIGNED: M, N multiples of 128, K of TK.
+// so ragged edges cost no branch in the inner loop. -DALIGNED: M, N multiples of 128, K of TK. -DROW_SUMS: also
+// A's row sums.
 #ifndef STAGES  // the host's defaults (pipe.rs)
 #define STAGES 2
 #endif
@@ -122,7 +123,8 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
                    Layout batch,            /* batch dims: operand 0 = c, 1 = a, 2 = b */
                    uint M, uint N, uint K, uint sam, uint sak, uint sbk, uint sbn, uint has_bias,
                    uint ldc, uint c_col,    /* this launch: columns c_col .. c_col + N of C (and B) */
-                   uint lower, int diag) {  /* A zero past column m + diag (a hint; see lower_k_end) */
+                   uint lower, int diag,    /* A zero past column m + diag (a hint; see lower_k_end) */
+                   __global T* rsum) {      /* (M): A's row sums over K (-DROW_SUMS, one batch) */
     __local float As[STAGES * STAGE_FLOATS] __attribute__((aligned(16)));
     __local float Bs[STAGES * STAGE_FLOATS] __attribute__((aligned(16)));
     const uint tid = get_local_id(0);
@@ -178,6 +180,11 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
         cp_commit();
     }
     uint rs = 0, ws = STAGES - 1;  // the stage read this step, the stage written
+#ifdef ROW_SUMS
+    // A's row sums (as matmul.cl's): the first column of tiles, work-item r < TM adding row r.
+    const bool rs_on = n0 == 0 && c_col == 0 && tid < TM;
+    float rsv = 0.0f;
+#endif
     for (uint t = 0; t < steps; ++t) {
         // Step t's copies (this work-item's) are done; the barrier makes everyone's visible and
         // tells that stage ws, read in step t - 1, is free.
@@ -190,6 +197,10 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
         cp_commit();
         __local const float* ap = As + rs * STAGE_FLOATS;
         __local const float* bp = Bs + rs * STAGE_FLOATS;
+#ifdef ROW_SUMS
+        if (rs_on)
+            for (int kk = 0; kk < TK; ++kk) rsv += ap[TROW(kk, tid)];
+#endif
         #pragma unroll
         for (int kk = 0; kk < TK; ++kk) {
             float4 a0 = *(__local const float4*)(ap + TROW(kk, ty * 4));
@@ -218,4 +229,7 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
             }
         }
     }
+#ifdef ROW_SUMS
+    if (rs_on && INSIDE(m0 + tid, M)) rsum[m0 + tid] = rsv;
+#endif
 }

@@ -136,16 +136,23 @@ impl Var {
             } else {
                 None
             };
-            let dw = match (&x2, need[1]) {
-                (Some(x2), true) => Some(t(&gz)?.matmul_with(x2, cast.writing(w_dtype))?),
-                _ => None,
+            // The bias's gradient, the column sums of gz, are the row sums of gzᵀ: added up by
+            // the weight gradient's kernel where it can (one kernel fewer).
+            let need_db = b_dtype.is_some() && need[2];
+            let (dw, db) = match (&x2, need[1]) {
+                (Some(x2), true) if need_db => {
+                    let (dw, db) = t(&gz)?.matmul_with_row_sums(x2, cast.writing(w_dtype))?;
+                    (Some(dw), Some(db))
+                }
+                (Some(x2), true) => (Some(t(&gz)?.matmul_with(x2, cast.writing(w_dtype))?), None),
+                _ => (None, None),
             };
             let mut grads = vec![dx, dw];
             if let Some(b_dtype) = b_dtype {
-                grads.push(if need[2] {
-                    Some(gz.sum(&[0], false)?.to_dtype(b_dtype)?)
-                } else {
-                    None
+                grads.push(match (need_db, db) {
+                    (true, Some(db)) => Some(db.to_dtype(b_dtype)?),
+                    (true, None) => Some(gz.sum(&[0], false)?.to_dtype(b_dtype)?),
+                    (false, _) => None,
                 });
             }
             Ok(grads)

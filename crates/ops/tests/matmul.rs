@@ -2,7 +2,8 @@
 use netcl_core_devices::test_devices;
 use netcl_ops::testing::{check_close, random_tensor, tolerance, Cases};
 use netcl_ops::{
-    has_async_gemm, Activation, DType, Device, Error, GemmTile, MatmulOptions, Tensor,
+    has_async_gemm, has_tensor_cores, Activation, DType, Device, Error, GemmTile, MatmulOptions,
+    Tensor, TensorCoreKind,
 };
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
@@ -640,6 +641,38 @@ fn skinny_products_against_transposed_weights_match_the_host() {
 }
 
 #[test]
+fn sixteen_bit_split_k_on_tensor_cores_sums_f32_parts() {
+    // K chunks whose sums cancel: 16-bit parts would each be rounded at the chunks' larger
+    // magnitude (off by several ulps of the product); tensor cores' f32 sums keep the product
+    // within the dtype's own rounding.
+    for dev in test_devices().unwrap() {
+        for (dtype, kind) in [
+            (DType::F16, TensorCoreKind::F16),
+            (DType::BF16, TensorCoreKind::Bf16),
+        ] {
+            if !has_tensor_cores(&dev, kind) {
+                continue;
+            }
+            let a = operand(dtype, &[], 96, 4096, true, 110);
+            let b = operand(dtype, &[], 4096, 40, false, 111);
+            let want = a.matmul(&b).unwrap();
+            let got = a
+                .to_device(&dev)
+                .unwrap()
+                .matmul(&b.to_device(&dev).unwrap())
+                .unwrap();
+            check(
+                &got,
+                &want,
+                dtype,
+                4096,
+                &format!("{dev} {dtype} 96x4096x40"),
+            );
+        }
+    }
+}
+
+#[test]
 fn skinny_products_on_either_side_match_the_host() {
     // A few rows of A (weight gradients of a narrow layer: dYᵀ X) or a few columns of B (a
     // classifier head x Wᵀ, a LoRA down-projection), each operand stored either way, so that the
@@ -695,6 +728,66 @@ fn skinny_products_on_either_side_match_the_host() {
             }
         }
     }
+}
+
+#[test]
+fn row_sums_beside_the_product_match_the_host() {
+    // A weight gradient dYᵀ X with its bias gradient: A read transposed or not, ragged and
+    // tile-sized shapes, the dispatcher's kernels and an explicit small tile (matmul.cl on every
+    // OpenCL device), a skinny product; the sums against the host's sum over K.
+    let devices = test_devices().unwrap();
+    for dtype in FLOATS {
+        for (i, (m, k, n, at)) in [
+            (37, 45, 29, true),
+            (64, 64, 64, false),
+            (130, 70, 140, true),
+            (96, 600, 40, true),
+            (5, 33, 70, false),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let a = operand(dtype, &[], m, k, at, 80 + i as u64);
+            let b = operand(dtype, &[], k, n, false, 90 + i as u64);
+            let want_y = a.matmul(&b).unwrap();
+            let want_s = a.sum(&[1], false).unwrap();
+            for dev in &devices {
+                if dtype == DType::F64 && !dev.info().fp64 {
+                    continue;
+                }
+                let (ad, bd) = (a.to_device(dev).unwrap(), b.to_device(dev).unwrap());
+                for tile in [None, tiled(dev)] {
+                    let opts = MatmulOptions {
+                        tile,
+                        ..Default::default()
+                    };
+                    let (y, sums) = ad.matmul_with_row_sums(&bd, opts).unwrap();
+                    let what = format!("{dev} {dtype} {m}x{k}x{n} at {at} tile {tile:?}");
+                    check(&y, &want_y, dtype, k, &what);
+                    assert_eq!(sums.dtype(), dtype, "{what}");
+                    check(&sums, &want_s, dtype, k, &format!("{what} row sums"));
+                }
+            }
+        }
+    }
+    // Batched operands: the sums over each batch's rows.
+    let dev = &devices[devices.len() - 1];
+    let a = operand(DType::F32, &[3], 20, 30, true, 100)
+        .to_device(dev)
+        .unwrap();
+    let b = operand(DType::F32, &[3], 30, 10, false, 101)
+        .to_device(dev)
+        .unwrap();
+    let (_, sums) = a
+        .matmul_with_row_sums(&b, MatmulOptions::default())
+        .unwrap();
+    check(
+        &sums,
+        &a.sum(&[2], false).unwrap(),
+        DType::F32,
+        30,
+        "batched row sums",
+    );
 }
 
 #[test]

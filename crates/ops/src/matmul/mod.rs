@@ -46,6 +46,8 @@ struct Matmul<'a> {
     /// (M, K, N).
     dims: (usize, usize, usize),
     opts: MatmulOptions<'a>,
+    /// Also A's row sums over K, where the product's kernel can add them up (one 2-D product).
+    row_sums: bool,
 }
 
 impl Matmul<'_> {
@@ -57,7 +59,10 @@ impl Matmul<'_> {
     }
 }
 
-impl_op!(Matmul<'_>, Tensor, "matmul", matmul);
+/// The product and, where its kernel added them up, A's row sums.
+type Product = (Tensor, Option<Tensor>);
+
+impl_op!(Matmul<'_>, Product, "matmul", matmul);
 
 /// NumPy's 1-D matmul operands, for the op and its autograd rule alike: a left vector (K) is
 /// the row (1, K), a right vector (K) the column (K, 1), and the dims they add are dropped from
@@ -116,6 +121,30 @@ impl Tensor {
 
     /// `act(self x other + bias)` in one kernel.
     pub fn matmul_with(&self, other: &Tensor, opts: MatmulOptions<'_>) -> Result<Tensor> {
+        Ok(self.product(other, opts, false)?.0)
+    }
+
+    /// `act(self x other + bias)` and the sums of self's rows over K (self's shape without its
+    /// last dim): for a weight gradient dYᵀ X, the bias's gradient too. The product's kernel adds
+    /// them up where it runs matmul.cl's or the f32 pipeline's tiles on a 2-D product (the sums
+    /// of each A tile it stages, in the first column of tiles); elsewhere they are a sum of their
+    /// own.
+    pub fn matmul_with_row_sums(
+        &self,
+        other: &Tensor,
+        opts: MatmulOptions<'_>,
+    ) -> Result<(Tensor, Tensor)> {
+        let in_kernel = self.ndim() == 2 && other.ndim() == 2;
+        let (y, sums) = self.product(other, opts, in_kernel)?;
+        let sums = match sums {
+            Some(s) => s,
+            None => self.sum(&[self.ndim() - 1], false)?,
+        };
+        Ok((y, sums))
+    }
+
+    /// The checked product, with A's row sums when `row_sums` and its kernel adds them up.
+    fn product(&self, other: &Tensor, opts: MatmulOptions<'_>, row_sums: bool) -> Result<Product> {
         let op = "matmul";
         same_float(op, &[self, other])?;
         let vectors = MatmulVectors::of(&self.shape, &other.shape)?;
@@ -162,7 +191,7 @@ impl Tensor {
             }
         }
         if out != self.dtype && !self.device.is_opencl() {
-            return widened(self, other, opts);
+            return Ok((widened(self, other, opts)?, None));
         }
         let batch = broadcast_shapes(op, &a.shape[..a.ndim() - 2], &b.shape[..b.ndim() - 2])
             .map_err(|_| {
@@ -192,13 +221,14 @@ impl Tensor {
             sb,
             dims: (m, k, n),
             opts,
+            row_sums,
         };
-        let out = if numel(&desc.out_shape()) == 0 {
-            Tensor::alloc(&desc.out_shape(), out, &self.device)?
+        let (out, sums) = if numel(&desc.out_shape()) == 0 {
+            (Tensor::alloc(&desc.out_shape(), out, &self.device)?, None)
         } else {
             dispatch(&self.device, &desc)?
         };
-        out.reshape(&result_shape)
+        Ok((out.reshape(&result_shape)?, sums))
     }
 }
 

@@ -69,7 +69,7 @@ pub(crate) fn matmul_source(base: Source, act: Activation, class: Class) -> Sour
 
 /// The product on an OpenCL device: the CPU kernels on CPU devices, the skinny-product kernel for
 /// a few rows against a transposed weight, split-K, tensor cores, else matmul.cl's tiled kernel.
-pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
+pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<super::Product> {
     let op = "matmul";
     let Matmul {
         a,
@@ -89,7 +89,7 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
         .flatten();
     let out_dtype = opts.out_dtype.unwrap_or(a.dtype);
     if out_dtype != a.dtype && tc.is_none() {
-        return super::widened(a, b, opts)?.reshape(&shape);
+        return Ok((super::widened(a, b, opts)?.reshape(&shape)?, None));
     }
     if let (None, None, 1, Some(which)) = (
         opts.tile,
@@ -114,7 +114,8 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
             ),
             pipe::Operand::B => (a.clone(), b.contiguous()?),
         };
-        return a.matmul_with(&b, opts)?.reshape(&shape);
+        let (y, sums) = a.product(&b, opts, desc.row_sums)?;
+        return Ok((y.reshape(&shape)?, sums));
     }
     let out = Tensor::alloc(&shape, out_dtype, device)?;
     let (sam, sak) = (a.strides[a.ndim() - 2], a.strides[a.ndim() - 1]);
@@ -155,19 +156,22 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
     let source = matmul_source(MATMUL, opts.activation, Class::of(a.dtype));
     // The program for tile `t` over `width` columns (aligned when the tile divides every dim).
     // Looked up only on the paths that launch from it (split-K recurses instead).
-    let build_for = |t: &GemmTile, width: usize| {
+    let row_sums = desc.row_sums && numel(batch) == 1;
+    let build_for = |t: &GemmTile, width: usize, sums: bool| {
         let aligned = m.is_multiple_of(t.bm as usize)
             && width.is_multiple_of(t.bn as usize)
             && k.is_multiple_of(t.bk as usize);
-        matmul_program(device, &source, a.dtype, t, aligned)
+        let flags = [(aligned, "-DALIGNED"), (sums, "-DROW_SUMS")];
+        let flags: Vec<&str> = flags.iter().filter(|f| f.0).map(|f| f.1).collect();
+        matmul_program(device, &source, a.dtype, t, &flags)
     };
-    let build = || build_for(&tile, n);
+    let build = || build_for(&tile, n, false);
     let u = |x: usize| x as u32;
     let strides = [sam, sak, sbk, sbn];
     if let (None, Some(which)) = (opts.tile, cpu_gemm(device, a.dtype, [m, k], strides)) {
         let dims = [m, n, k, numel(batch)];
         cpu::launch(which, &out, a, b, &layout, dims, strides, opts)?;
-        return Ok(out);
+        return Ok((out, None));
     }
     let skinny = (opts.tile.is_none() && numel(batch) == 1 && out_dtype == a.dtype)
         .then(|| Skinny::of([m, n, k], strides))
@@ -196,7 +200,7 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
             kern.declare((elems * a.dtype.size()) as u64, 2 * (m * n * k) as u64);
             let groups = sk.j.div_ceil(GEMV_GROUP / team);
             kern.launch(&[groups * GEMV_GROUP], &[GEMV_GROUP])?;
-            return Ok(out);
+            return Ok((out, None));
         }
     }
     // The split-K test counts the tuned tile's work-groups, before `fit` shrinks it: a long K
@@ -215,8 +219,16 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
         let kc = k / s;
         let av = a.view_of(vec![s, m, kc], vec![kc * sak, sam, sak], a.offset);
         let bv = b.view_of(vec![s, kc, n], vec![kc * sbk, sbk, sbn], b.offset);
+        // Tensor cores write their f32 sums as they are: 16-bit parts would round each chunk's
+        // sum, which is larger than the product where the chunks cancel (96 x 2048 x 40 in f16
+        // was off by 9 ulps in 4 chunks).
+        let wide = tc.is_some() && out_dtype.size() == 2;
         let parts = MatmulOptions {
-            out_dtype: opts.out_dtype,
+            out_dtype: if wide {
+                Some(DType::F32)
+            } else {
+                opts.out_dtype
+            },
             tile: opts.tile,
             tc_tile: opts.tc_tile,
             ..Default::default()
@@ -224,7 +236,8 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
         let parts = av.matmul_with(&bv, parts)?;
         let class = Class::of(out_dtype);
         let source = matmul_source(MATMUL, opts.activation, class);
-        let program = matmul_program(device, &source, out_dtype, &base, false)?;
+        let flags: &[&str] = if wide { &["-DPARTS_F32"] } else { &[] };
+        let program = matmul_program(device, &source, out_dtype, &base, flags)?;
         let mut kern = Kernel::new(&program, PARTS_KERNEL)?;
         kern.arg_mem(out.mem()?)?
             .arg_mem(parts.mem()?)?
@@ -234,16 +247,16 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
             kern.arg(&u(v))?;
         }
         kern.declare(
-            ((s + 1) * m * n * out_dtype.size()) as u64,
+            (s * m * n * parts.dtype.size() + m * n * out_dtype.size()) as u64,
             (s * m * n) as u64,
         );
         let w = PARTS_GROUP / team;
         kern.launch(&[(m * n).div_ceil(w) * PARTS_GROUP], &[PARTS_GROUP])?;
-        return Ok(out);
+        return Ok((out, None));
     }
     if let Some(kind) = tc {
         tc::launch(kind, &out, a, b, batch, opts)?;
-        return Ok(out);
+        return Ok((out, None));
     }
     // Columns a tile would cover unevenly, up to half a tile (288 = 2 x 128 + 32): a strip of
     // narrower tiles after the rest, so no tile is mostly empty and the rest builds aligned;
@@ -266,6 +279,10 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
     } else {
         vec![(0, n, tile)]
     };
+    // A's row sums from the first column of tiles (matmul.cl and the pipeline both add them up).
+    let sums = row_sums
+        .then(|| Tensor::alloc(&[m], a.dtype, device))
+        .transpose()?;
     let launch = TiledLaunch {
         out: &out,
         a,
@@ -276,6 +293,7 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
         dims: [m, n, k, numel(batch)],
         strides,
         lower: opts.lower,
+        row_sums: sums.as_ref(),
     };
     for (col, width, t) in strips {
         // The 128 x 128 tile through the cp.async pipeline where the device runs it (f32).
@@ -289,11 +307,18 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Tensor> {
             None => {
                 let [tx, ty] = t.local();
                 let shape = ((t.bm as usize, t.bn as usize), [tx, ty, 1]);
-                launch.run(&build_for(&t, width)?, MATMUL_KERNEL, col, width, shape)?
+                let sums = row_sums && col == 0;
+                launch.run(
+                    &build_for(&t, width, sums)?,
+                    MATMUL_KERNEL,
+                    col,
+                    width,
+                    shape,
+                )?
             }
         }
     }
-    Ok(out)
+    Ok((out, sums))
 }
 
 /// A product for matmul.cl's skinny kernels: `r` (at most SKINNY_MAX) rows of a few-row operand F
@@ -367,6 +392,8 @@ pub(super) struct TiledLaunch<'a> {
     pub strides: [usize; 4],
     /// `MatmulOptions::lower`.
     pub lower: Option<isize>,
+    /// Where the first column of tiles writes A's row sums over K (M elements, one batch).
+    pub row_sums: Option<&'a Tensor>,
 }
 
 impl TiledLaunch<'_> {
@@ -399,6 +426,8 @@ impl TiledLaunch<'_> {
             .unwrap_or(0)
             .clamp(i32::MIN as isize, i32::MAX as isize) as i32;
         kern.arg(&u(self.lower.is_some() as usize))?.arg(&diag)?;
+        // Written only by a -DROW_SUMS build (see `matmul_program`).
+        kern.arg_mem(self.row_sums.map_or_else(|| self.out.mem(), |t| t.mem())?)?;
         // A once, this launch's columns of B and C (and the bias); a multiply and an add per
         // (batch, m, column, k).
         let elems = self.a.numel() + (k + m) * width * batches + self.bias.map_or(0, |_| width);
@@ -447,20 +476,21 @@ fn split_k(groups: usize, cus: usize, k: usize, waves: usize) -> Option<usize> {
         .or_else(|| (2..want.min(most + 1)).rev().find(divides))
 }
 
-/// matmul.cl built for `dtype` and tile `t` (`aligned`: the tile divides M, N and K).
+/// matmul.cl built for `dtype` and tile `t` with `flags`: `-DALIGNED` (the tile divides M, N and
+/// K), `-DROW_SUMS` (the tiles also add up A's rows), `-DPARTS_F32` (split-K's parts are f32).
 fn matmul_program(
     device: &Device,
     source: &Source,
     dtype: DType,
     t: &GemmTile,
-    aligned: bool,
+    flags: &[&str],
 ) -> Result<Arc<Program>> {
     let options = format!(
         "{} {} -DMATMUL_KERNEL={MATMUL_KERNEL} -DGEMV_KERNEL={GEMV_KERNEL} \
          -DPARTS_KERNEL={PARTS_KERNEL}{}",
         dtype.build_option(),
         t.options(),
-        if aligned { " -DALIGNED" } else { "" }
+        flags.iter().map(|f| format!(" {f}")).collect::<String>()
     );
     program(device, source, &options)
 }

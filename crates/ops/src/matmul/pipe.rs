@@ -179,7 +179,7 @@ fn build(
     let aligned =
         m.is_multiple_of(128) && width.is_multiple_of(128) && k.is_multiple_of(s.k_step as usize);
     let options = format!(
-        "{} -DMATMUL_KERNEL={MATMUL_KERNEL} -DSTAGES={} -DTK={}{}{}{}{}",
+        "{} -DMATMUL_KERNEL={MATMUL_KERNEL} -DSTAGES={} -DTK={}{}{}{}{}{}",
         DType::F32.build_option(),
         s.stages,
         s.k_step,
@@ -190,13 +190,19 @@ fn build(
         a.flag('A'),
         b.flag('B'),
         if aligned { " -DALIGNED" } else { "" },
+        if l.row_sums.is_some() {
+            " -DROW_SUMS"
+        } else {
+            ""
+        },
     );
     let source = matmul_source(MATMUL_ASYNC, act, Class::of(DType::F32));
     program(device, &source, &options)
 }
 
 /// Small integers make every product and sum exact in f32: the device must match the host bit for
-/// bit, over ragged M, N and K with several steps of K, for each way of reaching an operand.
+/// bit (the product, and A's row sums from a -DROW_SUMS build), over ragged M, N and K with
+/// several steps of K, for each way of reaching an operand.
 fn probe(device: &Device, s: Settings) -> Result<bool> {
     let (m, n, k) = (136usize, 132usize, 70usize);
     let host = Device::host();
@@ -207,6 +213,9 @@ fn probe(device: &Device, s: Settings) -> Result<bool> {
             let (r, c) = (i / n, i % n);
             (0..k).map(|j| av[r * k + j] * bv[j * n + c]).sum::<f32>() as f64
         })
+        .collect();
+    let want_sums: Vec<f64> = (0..m)
+        .map(|r| av[r * k..(r + 1) * k].iter().sum::<f32>() as f64)
         .collect();
     // `rows` x `cols` stored with row stride `ld` (>= cols), element (r, c) = f(r, c).
     let stored = |rows: usize, cols: usize, ld: usize, f: &dyn Fn(usize, usize) -> f32| {
@@ -233,8 +242,10 @@ fn probe(device: &Device, s: Settings) -> Result<bool> {
     let a_mk = stored(k, m, m, &|j, r| a_of(r, j))?.transpose(0, 1)?;
     let b_nk = stored(n, k, k, &|c, j| b_of(j, c))?.transpose(0, 1)?;
     let a_odd = stored(k, m, m + 1, &|j, r| a_of(r, j))?.transpose(0, 1)?;
-    for (a, b) in [(&a, &b), (&a_mk, &b_nk), (&a_odd, &b)] {
+    let layouts = [(&a, &b), (&a_mk, &b_nk), (&a_odd, &b)];
+    for ((a, b), with_sums) in layouts.into_iter().flat_map(|p| [(p, false), (p, true)]) {
         let out = Tensor::alloc(&[m, n], DType::F32, device)?;
+        let sums = Tensor::alloc(&[m], DType::F32, device)?;
         let layout =
             KernelLayout::new("matmul", &[], &[(&[], 0), (&[], a.offset), (&[], b.offset)])?;
         let l = TiledLaunch {
@@ -247,10 +258,11 @@ fn probe(device: &Device, s: Settings) -> Result<bool> {
             dims: [m, n, k, 1],
             strides: [a.strides[0], a.strides[1], b.strides[0], b.strides[1]],
             lower: None,
+            row_sums: with_sums.then_some(&sums),
         };
         let prog = build(device, &l, Activation::None, 0, n, s)?;
         l.run(&prog, MATMUL_KERNEL, 0, n, SHAPE)?;
-        if out.to_vec_f64()? != want {
+        if out.to_vec_f64()? != want || (with_sums && sums.to_vec_f64()? != want_sums) {
             return Ok(false);
         }
     }

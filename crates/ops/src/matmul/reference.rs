@@ -7,8 +7,8 @@ use crate::fused::activation::Activation;
 use netcl_core_devices::{Error, Result};
 use rayon::prelude::*;
 
-/// The product on the host, into a new host tensor.
-pub(super) fn matmul(desc: &Matmul<'_>) -> Result<Tensor> {
+/// The product on the host, into a new host tensor (row sums are left to the caller).
+pub(super) fn matmul(desc: &Matmul<'_>) -> Result<(Tensor, Option<Tensor>)> {
     let out = Tensor::alloc(&desc.out_shape(), desc.a.dtype, &desc.a.device)?;
     let Matmul {
         a,
@@ -20,7 +20,7 @@ pub(super) fn matmul(desc: &Matmul<'_>) -> Result<Tensor> {
         ..
     } = desc;
     host_matmul(a, b, batch, sa, sb, &out, *opts)?;
-    Ok(out)
+    Ok((out, None))
 }
 
 /// A host GEMM in one arithmetic: `c = a x b` for row-major `c` (m x n, row stride n), `a` and
