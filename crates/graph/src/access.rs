@@ -221,6 +221,25 @@ mod tests {
     }
 
     #[test]
+    fn the_gemm_kernels_resolve_by_their_option_names() {
+        // Kernels that resolve count only their own outputs as written (an unresolved one counts
+        // every buffer, which serialises a multi-queue replay around it).
+        let opts = "-DDT_F32 -DMATMUL_KERNEL=matmul -DGEMV_KERNEL=gemv4 \
+                    -DGEMV16_KERNEL=gemv16 -DPARTS_KERNEL=matmul_parts";
+        let mut skinny = vec![true, false, false, false, true];
+        skinny.extend([false; 15]);
+        for name in ["gemv4", "gemv16"] {
+            assert_eq!(
+                writable_args(sources::MATMUL.text, opts, name).as_ref(),
+                Some(&skinny),
+                "{name}"
+            );
+        }
+        let tiled = writable_args(sources::MATMUL.text, opts, "matmul").unwrap();
+        assert_eq!(tiled.iter().filter(|&&w| w).count(), 2, "c and rsum");
+    }
+
+    #[test]
     fn const_global_pointers_are_read_only_and_the_rest_are_not_written() {
         let text = "/* a, b */ __kernel void add(__global T* out, /* out */ __global const T* a,\n\
                     const __global T* b, __global T* const c, __local float* tmp, uint n) { }\n\

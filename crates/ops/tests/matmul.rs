@@ -734,7 +734,8 @@ fn skinny_products_on_either_side_match_the_host() {
 fn row_sums_beside_the_product_match_the_host() {
     // A weight gradient dYᵀ X with its bias gradient: A read transposed or not, ragged and
     // tile-sized shapes, the dispatcher's kernels and an explicit small tile (matmul.cl on every
-    // OpenCL device), a skinny product; the sums against the host's sum over K.
+    // OpenCL device), skinny products (both work-item layouts); the sums against the host's sum
+    // over K.
     let devices = test_devices().unwrap();
     for dtype in FLOATS {
         for (i, (m, k, n, at)) in [
@@ -743,6 +744,7 @@ fn row_sums_beside_the_product_match_the_host() {
             (130, 70, 140, true),
             (96, 600, 40, true),
             (5, 33, 70, false),
+            (10, 256, 70, true),
         ]
         .into_iter()
         .enumerate()

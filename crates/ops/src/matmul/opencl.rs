@@ -15,8 +15,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 /// The name of matmul.cl's (and matmul_async.cl's) kernel, passed to its build as `-DMATMUL_KERNEL`.
 pub(super) const MATMUL_KERNEL: &str = "matmul";
-/// The name of matmul.cl's skinny-product kernel, passed as `-DGEMV_KERNEL`.
-const GEMV_KERNEL: &str = "gemv";
+/// The names of matmul.cl's skinny-product kernels for at most 4 and 16 rows, passed as
+/// `-DGEMV_KERNEL` and `-DGEMV16_KERNEL`.
+const GEMV_KERNEL: &str = "gemv4";
+const GEMV16_KERNEL: &str = "gemv16";
 /// Most rows the skinny-product kernel takes on its few side (`SKINNY_MAX` in matmul.cl), and
 /// its work-group.
 const SKINNY_MAX: usize = 16;
@@ -165,7 +167,6 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<super::Produc
         let flags: Vec<&str> = flags.iter().filter(|f| f.0).map(|f| f.1).collect();
         matmul_program(device, &source, a.dtype, t, &flags)
     };
-    let build = || build_for(&tile, n, false);
     let u = |x: usize| x as u32;
     let strides = [sam, sak, sbk, sbn];
     if let (None, Some(which)) = (opts.tile, cpu_gemm(device, a.dtype, [m, k], strides)) {
@@ -177,14 +178,23 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<super::Produc
         .then(|| Skinny::of([m, n, k], strides))
         .flatten();
     if let Some(sk) = skinny {
-        let name = format!("{GEMV_KERNEL}{}", if sk.r <= 4 { 4 } else { SKINNY_MAX });
-        let mut kern = Kernel::new(&build()?, &name)?;
+        let name = if sk.r <= 4 {
+            GEMV_KERNEL
+        } else {
+            GEMV16_KERNEL
+        };
+        // A's row sums are F's where F is A.
+        let sums = (row_sums && sk.rows_of_a)
+            .then(|| Tensor::alloc(&[m], a.dtype, device))
+            .transpose()?;
+        let mut kern = Kernel::new(&build_for(&tile, n, sums.is_some())?, name)?;
         if kern.max_work_group_size() >= GEMV_GROUP {
             let (f, g) = if sk.rows_of_a { (a, b) } else { (b, a) };
             kern.arg_mem(out.mem()?)?
                 .arg_mem(f.mem()?)?
                 .arg_mem(g.mem()?)?
-                .arg_mem(opts.bias.map_or_else(|| out.mem(), |t| t.mem())?)?;
+                .arg_mem(opts.bias.map_or_else(|| out.mem(), |t| t.mem())?)?
+                .arg_mem(sums.as_ref().map_or_else(|| out.mem(), |t| t.mem())?)?;
             let [sfr, sfk, sgk, sgj] = sk.strides;
             let [scr, scj] = if sk.rows_of_a { [n, 1] } else { [1, n] };
             let team = sk.team(k, cus);
@@ -200,7 +210,7 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<super::Produc
             kern.declare((elems * a.dtype.size()) as u64, 2 * (m * n * k) as u64);
             let groups = sk.j.div_ceil(GEMV_GROUP / team);
             kern.launch(&[groups * GEMV_GROUP], &[GEMV_GROUP])?;
-            return Ok((out, None));
+            return Ok((out, sums));
         }
     }
     // The split-K test counts the tuned tile's work-groups, before `fit` shrinks it: a long K
@@ -487,7 +497,7 @@ fn matmul_program(
 ) -> Result<Arc<Program>> {
     let options = format!(
         "{} {} -DMATMUL_KERNEL={MATMUL_KERNEL} -DGEMV_KERNEL={GEMV_KERNEL} \
-         -DPARTS_KERNEL={PARTS_KERNEL}{}",
+         -DGEMV16_KERNEL={GEMV16_KERNEL} -DPARTS_KERNEL={PARTS_KERNEL}{}",
         dtype.build_option(),
         t.options(),
         flags.iter().map(|f| format!(" {f}")).collect::<String>()
