@@ -566,81 +566,6 @@ fn long_k_with_few_output_tiles_splits_k() {
 }
 
 #[test]
-fn skinny_products_against_transposed_weights_match_the_host() {
-    // M <= 4 rows of A times B = Wᵀ (K contiguous): the one-token decoding shape, with odd sizes,
-    // a strided A, 1-D A, the bias and every epilogue.
-    let devices = test_devices().unwrap();
-    let host = Device::host();
-    for dtype in FLOATS {
-        for (i, (m, k, n)) in [
-            (1, 1, 1),
-            (1, 300, 33),
-            (2, 31, 100),
-            (3, 64, 7),
-            (4, 1025, 40),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let a = operand(dtype, &[], m, k, i % 2 == 1, 10 + i as u64);
-            let w = random_tensor(dtype, &[n, k], -1.0, 1.0, 20 + i as u64);
-            let bias = random_tensor(dtype, &[n], -1.0, 1.0, 30 + i as u64);
-            for act in Activation::all() {
-                let opts = MatmulOptions {
-                    bias: Some(&bias),
-                    activation: act,
-                    ..Default::default()
-                };
-                let want = a.matmul_with(&w.transpose(0, 1).unwrap(), opts).unwrap();
-                for dev in &devices {
-                    if dev == &host || (dtype == DType::F64 && !dev.info().fp64) {
-                        continue;
-                    }
-                    let (ad, wd, bd) = (
-                        a.to_device(dev).unwrap(),
-                        w.to_device(dev).unwrap(),
-                        bias.to_device(dev).unwrap(),
-                    );
-                    let opts = MatmulOptions {
-                        bias: Some(&bd),
-                        activation: act,
-                        ..Default::default()
-                    };
-                    let got = ad.matmul_with(&wd.transpose(0, 1).unwrap(), opts).unwrap();
-                    check(
-                        &got,
-                        &want,
-                        dtype,
-                        k,
-                        &format!("{dev} {dtype} {m}x{k}x{n} {act:?}"),
-                    );
-                }
-            }
-            // A 1-D left operand.
-            let v = random_tensor(dtype, &[k], -1.0, 1.0, 40 + i as u64);
-            let want = v.matmul(&w.transpose(0, 1).unwrap()).unwrap();
-            for dev in devices
-                .iter()
-                .filter(|d| *d != &host && (dtype != DType::F64 || d.info().fp64))
-            {
-                let got = v
-                    .to_device(dev)
-                    .unwrap()
-                    .matmul(&w.to_device(dev).unwrap().transpose(0, 1).unwrap())
-                    .unwrap();
-                check(
-                    &got,
-                    &want,
-                    dtype,
-                    k,
-                    &format!("{dev} {dtype} vector x {k}x{n}"),
-                );
-            }
-        }
-    }
-}
-
-#[test]
 fn sixteen_bit_split_k_on_tensor_cores_sums_f32_parts() {
     // K chunks whose sums cancel: 16-bit parts would each be rounded at the chunks' larger
     // magnitude (off by several ulps of the product); tensor cores' f32 sums keep the product
@@ -674,14 +599,19 @@ fn sixteen_bit_split_k_on_tensor_cores_sums_f32_parts() {
 
 #[test]
 fn skinny_products_on_either_side_match_the_host() {
-    // A few rows of A (weight gradients of a narrow layer: dYᵀ X) or a few columns of B (a
-    // classifier head x Wᵀ, a LoRA down-projection), each operand stored either way, so that the
-    // skinny kernel runs both its work-item layouts; odd sizes, the bias on either side, every
-    // epilogue.
+    // A few rows of A (one-token decoding against B = Wᵀ, weight gradients of a narrow layer:
+    // dYᵀ X) or a few columns of B (a classifier head x Wᵀ, a LoRA down-projection), each operand
+    // stored either way, so that the skinny kernels run both their work-item layouts; odd sizes,
+    // the bias on either side, every epilogue, and a 1-D left operand.
     let devices = test_devices().unwrap();
     let host = Device::host();
     for dtype in FLOATS {
         for (i, (m, k, n, at, bt)) in [
+            (1, 1, 1, false, true),
+            (1, 300, 33, true, true),
+            (2, 31, 100, false, true),
+            (3, 64, 7, true, true),
+            (4, 1025, 40, false, true),
             (37, 300, 10, false, true),
             (37, 300, 10, true, true),
             (10, 256, 70, true, false),
@@ -724,6 +654,19 @@ fn skinny_products_on_either_side_match_the_host() {
                         k,
                         &format!("{dev} {dtype} {m}x{k}x{n} at {at} bt {bt} {act:?}"),
                     );
+                }
+            }
+            if m == 1 {
+                // The same row as a 1-D left operand.
+                let v = a.reshape(&[k]).unwrap();
+                let want = v.matmul(&b).unwrap();
+                for dev in devices.iter().filter(|d| *d != &host) {
+                    if dtype == DType::F64 && !dev.info().fp64 {
+                        continue;
+                    }
+                    let got = v.to_device(dev).unwrap().matmul(&b.to_device(dev).unwrap());
+                    let what = format!("{dev} {dtype} vector x {k}x{n}");
+                    check(&got.unwrap(), &want, dtype, k, &what);
                 }
             }
         }
