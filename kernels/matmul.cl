@@ -158,7 +158,7 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
     // A's row sums (a linear layer's bias gradient beside its weight gradient): the first column
     // of tiles adds up each staged A tile, work-item r taking rows r, r + NT, ... A build of its
     // own: the sums cost the other products 2% where they only sat behind a flag.
-    const bool rs_on = n0 == 0 && c_col == 0;
+    const bool rs_on = n0 == 0 && c_col == 0 && get_group_id(2) == 0;  // one batch only
     ACC rs[RS_PER];
     for (int q = 0; q < RS_PER; ++q) rs[q] = (ACC)0;
 #endif

@@ -182,7 +182,7 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
     uint rs = 0, ws = STAGES - 1;  // the stage read this step, the stage written
 #ifdef ROW_SUMS
     // A's row sums (as matmul.cl's): the first column of tiles, work-item r < TM adding row r.
-    const bool rs_on = n0 == 0 && c_col == 0 && tid < TM;
+    const bool rs_on = n0 == 0 && c_col == 0 && get_group_id(2) == 0 && tid < TM;  // one batch only
     float rsv = 0.0f;
 #endif
     for (uint t = 0; t < steps; ++t) {

@@ -656,9 +656,9 @@ fn skinny_products_on_either_side_match_the_host() {
                     );
                 }
             }
-            if m == 1 {
-                // The same row as a 1-D left operand.
-                let v = a.reshape(&[k]).unwrap();
+            if bt {
+                // A 1-D left operand against B = Wᵀ.
+                let v = random_tensor(dtype, &[k], -1.0, 1.0, 40 + i as u64);
                 let want = v.matmul(&b).unwrap();
                 for dev in devices.iter().filter(|d| *d != &host) {
                     if dtype == DType::F64 && !dev.info().fp64 {
@@ -676,24 +676,37 @@ fn skinny_products_on_either_side_match_the_host() {
 #[test]
 fn row_sums_beside_the_product_match_the_host() {
     // A weight gradient dYᵀ X with its bias gradient: A read transposed or not, ragged and
-    // tile-sized shapes, the dispatcher's kernels and an explicit small tile (matmul.cl on every
-    // OpenCL device), skinny products (both work-item layouts); the sums against the host's sum
-    // over K.
+    // tile-sized shapes, the dispatcher's kernels (a product big enough for the f32 pipeline's
+    // 128 x 128 tiles on devices that run it) and explicit tiles (matmul.cl on every OpenCL
+    // device; 128 x 16 tiles make each work-item sum two rows), skinny products (both
+    // work-item layouts, 4 and 16 rows); the sums against the host's sum over K.
     let devices = test_devices().unwrap();
+    let tall = GemmTile {
+        bm: 128,
+        bn: 16,
+        bk: 8,
+        wm: 8,
+        wn: 4,
+    };
     for dtype in FLOATS {
-        for (i, (m, k, n, at)) in [
-            (37, 45, 29, true),
-            (64, 64, 64, false),
-            (130, 70, 140, true),
-            (96, 600, 40, true),
-            (5, 33, 70, false),
-            (10, 256, 70, true),
+        for (i, (m, k, n, at, bt)) in [
+            (37, 45, 29, true, false),
+            (64, 64, 64, false, false),
+            (130, 70, 140, true, false),
+            (96, 600, 40, true, false),
+            (5, 33, 70, false, false),
+            (10, 256, 70, true, false),
+            (3, 200, 50, true, true),
+            (2048, 64, 1024, true, false),
         ]
         .into_iter()
         .enumerate()
         {
+            if m == 2048 && dtype != DType::F32 {
+                continue; // the pipeline's size: f32 only, the others are slow on CPU devices
+            }
             let a = operand(dtype, &[], m, k, at, 80 + i as u64);
-            let b = operand(dtype, &[], k, n, false, 90 + i as u64);
+            let b = operand(dtype, &[], k, n, bt, 90 + i as u64);
             let want_y = a.matmul(&b).unwrap();
             let want_s = a.sum(&[1], false).unwrap();
             for dev in &devices {
@@ -701,13 +714,17 @@ fn row_sums_beside_the_product_match_the_host() {
                     continue;
                 }
                 let (ad, bd) = (a.to_device(dev).unwrap(), b.to_device(dev).unwrap());
-                for tile in [None, tiled(dev)] {
+                let explicit = match m {
+                    2048 => [None, None], // the dispatcher's (pipeline) tiles only
+                    _ => [tiled(dev), (!dev.is_host()).then_some(tall)],
+                };
+                for tile in [None].into_iter().chain(explicit) {
                     let opts = MatmulOptions {
                         tile,
                         ..Default::default()
                     };
                     let (y, sums) = ad.matmul_with_row_sums(&bd, opts).unwrap();
-                    let what = format!("{dev} {dtype} {m}x{k}x{n} at {at} tile {tile:?}");
+                    let what = format!("{dev} {dtype} {m}x{k}x{n} at {at} bt {bt} tile {tile:?}");
                     check(&y, &want_y, dtype, k, &what);
                     assert_eq!(sums.dtype(), dtype, "{what}");
                     check(&sums, &want_s, dtype, k, &format!("{what} row sums"));
