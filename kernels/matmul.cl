@@ -300,6 +300,8 @@ void GEMV_KERNEL(__global T* c,          /* c[r * scr + j * scj] */
     __local ACC part[4][GEMV_GROUP];
     skinny(4, part, SKINNY_ARGS);
 }
+// Not for f64: its 32 KiB of partial sums would be all the local memory OpenCL promises.
+#ifndef DT_F64
 __kernel __attribute__((reqd_work_group_size(GEMV_GROUP, 1, 1)))
 void GEMV16_KERNEL(__global T* c, __global const T* f, __global const T* g, __global const T* bias,
                    __global T* rsum, uint R, uint J, uint K, uint sfr, uint sfk, uint sgk, uint sgj,
@@ -308,6 +310,7 @@ void GEMV16_KERNEL(__global T* c, __global const T* f, __global const T* g, __gl
     __local ACC part[SKINNY_MAX][GEMV_GROUP];
     skinny(SKINNY_MAX, part, SKINNY_ARGS);
 }
+#endif
 
 // The sum of a split-K product's S partial products (each over a chunk of K), with the epilogue:
 // c[i] = act(sum_p parts[p * MN + i] + bias[i % N]). A work-group of PARTS_GROUP takes

@@ -174,9 +174,11 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<super::Produc
         cpu::launch(which, &out, a, b, &layout, dims, strides, opts)?;
         return Ok((out, None));
     }
+    // f64 takes at most 4 rows (matmul.cl builds no 16-row kernel for it: local memory).
     let skinny = (opts.tile.is_none() && numel(batch) == 1 && out_dtype == a.dtype)
         .then(|| Skinny::of([m, n, k], strides))
-        .flatten();
+        .flatten()
+        .filter(|s| a.dtype != DType::F64 || s.r <= 4);
     if let Some(sk) = skinny {
         let name = if sk.r <= 4 {
             GEMV_KERNEL
