@@ -186,11 +186,12 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<super::Produc
             GEMV16_KERNEL
         };
         // A's row sums are F's where F is A.
-        let sums = (row_sums && sk.rows_of_a)
-            .then(|| Tensor::alloc(&[m], a.dtype, device))
-            .transpose()?;
-        let mut kern = Kernel::new(&build_for(&tile, n, sums.is_some())?, name)?;
+        let with_sums = row_sums && sk.rows_of_a;
+        let mut kern = Kernel::new(&build_for(&tile, n, with_sums)?, name)?;
         if kern.max_work_group_size() >= GEMV_GROUP {
+            let sums = with_sums
+                .then(|| Tensor::alloc(&[m], a.dtype, device))
+                .transpose()?;
             let (f, g) = if sk.rows_of_a { (a, b) } else { (b, a) };
             kern.arg_mem(out.mem()?)?
                 .arg_mem(f.mem()?)?
