@@ -291,11 +291,16 @@ impl Kernel {
                 ));
             }
         }
+        // sm_90a programs declare more than OpenCL's limit in their PTX (program.rs); the driver
+        // checks those at enqueue.
+        let limit = match crate::program::sm90a_shared(&self.program.options) {
+            Some(s) => info.local_mem_bytes.max(s as u64 + 1024),
+            None => info.local_mem_bytes,
+        };
         let local_mem = self.entry().local_mem + self.dynamic_local;
-        if local_mem > info.local_mem_bytes {
+        if local_mem > limit {
             return fail(format!(
-                "needs {local_mem} B of local memory; {device} has {} B",
-                info.local_mem_bytes
+                "needs {local_mem} B of local memory; {device} has {limit} B"
             ));
         }
         let mut rounded = [1usize; 3];

@@ -99,6 +99,15 @@ pub fn build(
             log,
         });
     }
+    if let Some(shared) = sm90a_shared(options) {
+        program = sm90a_program(&cl.context, cl.id.id(), &program, shared).map_err(|log| {
+            Error::KernelBuild {
+                file: source.name.to_string(),
+                options: options.to_string(),
+                log,
+            }
+        })?;
+    }
     if let Some(f) = &file {
         match program.get_binaries() {
             Ok(bins) if bins.len() == 1 && !bins[0].is_empty() => {
@@ -108,6 +117,62 @@ pub fn build(
         }
     }
     Ok(make(program, Origin::Source))
+}
+
+/// The size of the `__local` array that `-DSM90A_SHARED=<bytes>` programs declare with
+/// `SM90A_STUB` bytes (common.cl) and that `sm90a_program` resizes in the PTX.
+const SM90A_STUB: &str = "[40976]";
+
+/// The local memory `-DSM90A_SHARED=<bytes>` asks for: such programs are rebuilt as sm_90a PTX.
+pub(crate) fn sm90a_shared(options: &str) -> Option<usize> {
+    let rest = options
+        .split_whitespace()
+        .find_map(|o| o.strip_prefix("-DSM90A_SHARED="))?;
+    rest.parse().ok()
+}
+
+/// `program` (built from source as NVIDIA's sm_90 PTX) rebuilt as sm_90a PTX: Hopper's wgmma is
+/// in sm_90a only, which NVIDIA's OpenCL compiler does not target. Sources write sm_90a
+/// instructions as `//sm90a: ` comments in their inline PTX; here the comments become instructions
+/// and the `SM90A_STUB`-byte local array takes `shared` bytes (OpenCL C caps local memory at
+/// 48 KiB; the driver launches the PTX's static size). Errors come back as a build log.
+fn sm90a_program(
+    context: &netcl_core_devices::opencl3::context::Context,
+    device: netcl_core_devices::cl3::types::cl_device_id,
+    program: &ClProgram,
+    shared: usize,
+) -> std::result::Result<ClProgram, String> {
+    let bins = program
+        .get_binaries()
+        .map_err(|e| format!("no PTX to patch: {e}"))?;
+    let ptx = bins
+        .first()
+        .map(|b| String::from_utf8_lossy(b).into_owned());
+    let ptx = ptx.unwrap_or_default();
+    if !ptx.contains(".target sm_90,") {
+        return Err("sm_90a programs need a device whose PTX targets sm_90".into());
+    }
+    let mut text = String::with_capacity(ptx.len());
+    for line in ptx.lines() {
+        let line = line.replace(".target sm_90,", ".target sm_90a,");
+        let line = line.replace("//sm90a: ", "");
+        if shared > 0 && line.contains(".shared") && line.contains(SM90A_STUB) {
+            text.push_str(&line.replace(SM90A_STUB, &format!("[{shared}]")));
+        } else {
+            text.push_str(&line);
+        }
+        text.push('\n');
+    }
+    text.push('\0');
+    // SAFETY: `device` is the context's device.
+    let mut patched =
+        unsafe { ClProgram::create_from_binary(context, &[device], &[text.as_bytes()]) }
+            .map_err(|e| format!("clCreateProgramWithBinary (sm_90a PTX): {e}"))?;
+    if let Err(e) = patched.build(&[device], "") {
+        let log = patched.get_build_log(device).unwrap_or_default();
+        return Err(format!("sm_90a PTX rejected ({e}): {log}"));
+    }
+    Ok(patched)
 }
 
 type ProgramKey = (usize, &'static str, String);

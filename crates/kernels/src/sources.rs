@@ -23,6 +23,8 @@ source!(RANDOM, "random.cl");
 source!(MATMUL, "matmul.cl");
 // Tensor-core GEMM (inline NVIDIA PTX): built only where its probe passes, so not in `ALL`.
 source!(MATMUL_TC, "matmul_tc.cl");
+// Tensor-core GEMM through Hopper's wgmma (sm_90a PTX): built only where its probe passes.
+source!(MATMUL_WG, "matmul_wg.cl");
 // f32 GEMM through a cp.async pipeline (inline NVIDIA PTX): built only where its probe passes.
 source!(MATMUL_ASYNC, "matmul_async.cl");
 // GEMM for CPU devices: built with the -D blocking matmul_cpu.rs chooses, so not in `ALL` either.

@@ -164,3 +164,76 @@ fn precision_settings_parse_and_layer() {
     set_device_float32_matmul_precision(&h, None);
     assert_eq!(exact, high);
 }
+
+fn relu(bias: Option<&Tensor>, out_dtype: Option<DType>) -> MatmulOptions<'_> {
+    MatmulOptions {
+        bias,
+        activation: Activation::Relu,
+        out_dtype,
+        ..Default::default()
+    }
+}
+
+/// Products whose 128 x 256 tiles fill the device (Hopper's wgmma where its probe passed; mma.sync
+/// or the portable kernels elsewhere) in every operand layout, 16-bit and f32 outputs, with a bias
+/// and an activation: small integers make every sum exact, so each result must equal the host's
+/// bit for bit (16-bit outputs: the host's exact sum rounded once).
+#[test]
+fn products_that_fill_the_device_match_the_host_exactly() {
+    let _one = HOST_SETTING.lock().unwrap_or_else(|p| p.into_inner());
+    for dev in test_devices().unwrap() {
+        let cols = (dev.info().compute_units as usize).div_ceil(2);
+        // Two tiles of rows and `cols` of columns, both ragged; two K steps of 64 (the second
+        // ragged).
+        let (m, n, k) = (136, 256 * cols - 8, 72);
+        let ints = |len: usize, s: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| ((i * 7 + s * 13 + (i / 97) * 3) % 5) as f32 - 2.0)
+                .collect()
+        };
+        let host = Device::host();
+        let a = Tensor::from_vec(ints(m * k, 1), &[m, k], &host).unwrap();
+        let b = Tensor::from_vec(ints(k * n, 2), &[k, n], &host).unwrap();
+        let bias = Tensor::from_vec(ints(n, 3), &[n], &host).unwrap();
+        let want = a.matmul_with(&b, relu(Some(&bias), None)).unwrap();
+        set_device_float32_matmul_precision(&dev, Some(MatmulPrecision::High));
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
+            for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+                // Stored transposed (A as (K, M), B as (N, K)) and viewed back.
+                let put = |t: &Tensor, tr: bool| {
+                    let s = if tr {
+                        t.transpose(0, 1).unwrap().contiguous().unwrap()
+                    } else {
+                        t.clone()
+                    };
+                    let d = s.to_dtype(dtype).unwrap().to_device(&dev).unwrap();
+                    if tr {
+                        d.transpose(0, 1).unwrap()
+                    } else {
+                        d
+                    }
+                };
+                let (ad, bd) = (put(&a, ta), put(&b, tb));
+                let outs: &[DType] = if dtype == DType::F32 {
+                    &[DType::F32]
+                } else {
+                    &[dtype, DType::F32]
+                };
+                for &out in outs {
+                    let bias_d = bias.to_dtype(out).unwrap().to_device(&dev).unwrap();
+                    let got =
+                        ad.matmul_with(&bd, relu(Some(&bias_d), Some(out).filter(|&o| o != dtype)));
+                    let got = got.unwrap().to_vec_f64().unwrap();
+                    let want = want.to_dtype(out).unwrap().to_vec_f64().unwrap();
+                    let bad = got.iter().zip(&want).position(|(g, w)| g != w);
+                    assert!(
+                        bad.is_none(),
+                        "{dtype} -> {out} {m}x{k}x{n} (ta {ta}, tb {tb}) on {dev}: first difference at {:?}",
+                        bad.map(|i| (i, got[i], want[i]))
+                    );
+                }
+            }
+        }
+        set_device_float32_matmul_precision(&dev, None);
+    }
+}

@@ -4,6 +4,7 @@ mod opencl;
 pub(crate) mod pipe;
 mod reference;
 pub(crate) mod tc;
+mod wg;
 use crate::base::checks::same_float;
 use crate::base::dispatch::dispatch;
 use crate::base::layout::{broadcast_shapes, broadcast_strides, numel};

@@ -1,4 +1,5 @@
 //! Tensor-core GEMM through inline PTX `mma.sync` (kernels/matmul_tc.cl): the f32 precision policy (exact f32 or TF32), which devices have tensor cores (a probe with an exact-result check, cached per device), and the launch.
+use super::wg::{has_wgmma, wg_source, wg_tile, WgTile};
 use super::{matmul_source, MatmulOptions};
 use crate::base::layout::{
     broadcast_strides, check_reach, contiguous_strides, numel, KernelLayout,
@@ -106,7 +107,7 @@ pub enum TensorCoreKind {
 }
 
 impl TensorCoreKind {
-    fn dtype(self) -> DType {
+    pub(crate) fn dtype(self) -> DType {
         match self {
             TensorCoreKind::Tf32 => DType::F32,
             TensorCoreKind::Bf16 => DType::BF16,
@@ -240,8 +241,9 @@ fn k_rows(t: &Tensor, kp: usize, q: usize) -> Result<Tensor> {
     t.pad(&[(0, kp - t.shape[nd - 1])], 0.0)
 }
 
-/// `out (batch, M, N) = act(a (..., M, K) x b (..., K, N) + bias)` through matmul_tc.cl, batch dims
-/// broadcast to `batch`. Operands whose rows are not K-contiguous and aligned go through a copy.
+/// `out (batch, M, N) = act(a (..., M, K) x b (..., K, N) + bias)` on tensor cores, batch dims
+/// broadcast to `batch`: through matmul_wg.cl (wgmma) for 16-bit products that fill the device
+/// with its tiles, where the device runs it, else matmul_tc.cl (mma.sync).
 pub(crate) fn launch(
     kind: TensorCoreKind,
     out: &Tensor,
@@ -250,7 +252,27 @@ pub(crate) fn launch(
     batch: &[usize],
     opts: MatmulOptions<'_>,
 ) -> Result<()> {
-    const NAME: &str = "matmul_tc";
+    let (na, nb) = (a.ndim(), b.ndim());
+    let (m, n) = (a.shape[na - 2], b.shape[nb - 1]);
+    let device = &out.device;
+    let tile = wg_tile();
+    let fills = m.div_ceil(WgTile::ROWS) * n.div_ceil(tile.tbn) * numel(batch)
+        >= device.info().compute_units as usize;
+    let wg = (opts.tc_tile.is_none() && fills && has_wgmma(device, kind)).then_some(tile);
+    launch_with(kind, out, a, b, batch, opts, wg)
+}
+
+/// `launch` through matmul_wg.cl in tiling `wg` when given, else matmul_tc.cl. Operands whose
+/// rows are not K-contiguous and aligned (nor, 16-bit, M- resp. N-contiguous) go through a copy.
+pub(crate) fn launch_with(
+    kind: TensorCoreKind,
+    out: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    batch: &[usize],
+    opts: MatmulOptions<'_>,
+    wg: Option<WgTile>,
+) -> Result<()> {
     let op = "matmul";
     let (na, nb) = (a.ndim(), b.ndim());
     let (m, k, n) = (a.shape[na - 2], a.shape[na - 1], b.shape[nb - 1]);
@@ -297,7 +319,7 @@ pub(crate) fn launch(
             (&operands[1], bt.offset),
         ],
     )?;
-    let aligned = m % tile.rows() == 0 && n % tile.cols() == 0;
+    let aligned = wg.is_none() && m % tile.rows() == 0 && n % tile.cols() == 0;
     let c_f32 = out.dtype != kind.dtype();
     let flags = [
         (aligned, " -DALIGNED"),
@@ -305,19 +327,25 @@ pub(crate) fn launch(
         (b_kn, " -DB_KN"),
         (c_f32, " -DC_F32"),
     ];
+    let flags: String = flags.iter().filter(|f| f.0).map(|f| f.1).collect();
+    let (source, name, tiling) = match wg {
+        Some(t) => (
+            wg_source(kind, t.tbn, opts.activation),
+            "matmul_wg",
+            t.options(),
+        ),
+        None => (
+            matmul_source(MATMUL_TC, opts.activation, Class::of(kind.dtype())),
+            "matmul_tc",
+            format!("{} -DTC_KERNEL=matmul_tc", tile.options(a_mn)),
+        ),
+    };
     let options = format!(
-        "{} {} {} -DTC_KERNEL={NAME}{}",
+        "{} {} {tiling}{flags}",
         kind.dtype().build_option(),
         kind.define(),
-        tile.options(a_mn),
-        flags
-            .iter()
-            .filter(|f| f.0)
-            .map(|f| f.1)
-            .collect::<String>()
     );
-    let source = matmul_source(MATMUL_TC, opts.activation, Class::of(kind.dtype()));
-    let mut kern = Kernel::new(&program(&out.device, &source, &options)?, NAME)?;
+    let mut kern = Kernel::new(&program(&out.device, &source, &options)?, name)?;
     kern.arg_mem(out.mem()?)?
         .arg_mem(a.mem()?)?
         .arg_mem(bt.mem()?)?
@@ -335,13 +363,13 @@ pub(crate) fn launch(
         (elems * kind.dtype().size()) as u64,
         2 * (batches * m * n * k) as u64,
     );
+    let (rows, cols, group) = match wg {
+        Some(t) => (WgTile::ROWS, t.tbn, WgTile::GROUP),
+        None => (tile.rows(), tile.cols(), tile.group()),
+    };
     kern.launch(
-        &[
-            n.div_ceil(tile.cols()) * tile.group(),
-            m.div_ceil(tile.rows()),
-            batches,
-        ],
-        &[tile.group(), 1, 1],
+        &[n.div_ceil(cols) * group, m.div_ceil(rows), batches],
+        &[group, 1, 1],
     )
 }
 

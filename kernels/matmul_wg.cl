@@ -1,0 +1,191 @@
+// matmul_wg.cl: batched GEMM C = act(A·B + bias) on Hopper tensor cores through wgmma (sm_90a PTX),
+// 16-bit operands (-DTC_BF16 or -DTC_F16) with f32 accumulation. Built from source as sm_90 PTX with
+// the sm_90a instructions behind `//sm90a: ` and reloaded as sm_90a (netcl-kernels' program.rs,
+// -DSM90A); only where ops/src/matmul/wg.rs's probe gave exact results.
+// Operands K-contiguous, or -DA_MN: A stored (K, M) with M contiguous, -DB_KN: B stored (K, N) with
+// N contiguous (row-major B); M resp. N then a multiple of 8. K a multiple of 8 (wg.rs pads).
+// -DC_F32: C and the bias are f32. -DTBN=128|256: the tile's columns; -DSTAGES: the ring's depth.
+// The generated `wgmma(d, da, db)` (wg.rs) and the epilogue's `activate` come in front.
+//
+// A work-group of two warpgroups computes a 128 x TBN tile, warpgroup w its rows 64 w .. 64 w + 63
+// (one m64nTBNk16 wgmma per 16 of K, both operands read from local memory by the tensor cores).
+// Tiles of 64 of K go global -> local through cp.async in a ring of STAGES, stored in the 128-byte
+// swizzled layouts wgmma reads (`wg_at`); STAGES - 2 tiles are in flight while one is multiplied
+// and the previous one's wgmmas finish.
+#ifndef TBN
+#define TBN 256
+#endif
+#ifndef STAGES
+#define STAGES 4
+#endif
+#define TBM 128
+#define TBK 64                       // elements of K a step: one 128-byte line of 16-bit elements
+#define WG 256
+#define A_BYTES (TBM * TBK * 2)      // 16 KiB
+#define B_BYTES (TBN * TBK * 2)
+#define STAGE_BYTES (A_BYTES + B_BYTES)
+// Local memory: the stages, 1024-byte aligned at run time (the swizzle's period). Declared with
+// wg.rs's stub size and resized in the PTX (program.rs), as OpenCL C caps local arrays at 48 KiB.
+#define SMEM_BYTES (STAGES * STAGE_BYTES + 1024)
+
+#ifdef C_F32
+typedef float OT;
+#define OLOAD(p, i) ((p)[i])
+#define OSTORE(p, i, v) ((p)[i] = (v))
+#else
+typedef T OT;
+#define OLOAD(p, i) LOAD(p, i)
+#define OSTORE(p, i, v) STORE(p, i, v)
+#define PAIRED
+#endif
+#ifndef ACTIVATION
+inline ACC activate(ACC v) { return v; }
+#endif
+
+// Byte offset of 16-byte chunk (row r, chunk c) in wgmma's 128-byte swizzled layout: K-major tiles
+// are rows of 128 bytes (one row of M or N, 64 of K); M/N-major tiles (A_MN, B_KN) blocks of 64 of
+// M (N) by 64 of K, each 8 KiB of 128-byte K rows. Chunk bits 4..6 xor row bits 7..9.
+inline uint swz(uint pre) { return pre ^ (((pre >> 7) & 7u) << 4); }
+// K-major: row r (M or N) and chunk c (8 elements of K).
+inline uint k_at(uint r, uint c) { return swz(r * 128 + c * 16); }
+// M/N-major: K row k and chunk c (8 elements of M or N).
+inline uint mn_at(uint k, uint c) { return swz((c / 8) * 8192 + k * 128 + (c % 8) * 16); }
+
+// A shared-memory matrix descriptor (start address, leading and stride byte offsets, 128-byte
+// swizzle).
+inline ulong desc(uint addr, uint lbo, uint sbo) {
+    return (ulong)((addr & 0x3ffffu) >> 4) | ((ulong)(lbo >> 4) << 16) | ((ulong)(sbo >> 4) << 32) |
+           (1ul << 62);
+}
+#ifdef A_MN
+#define A_DESC(base, kk) desc((base) + (kk) * 2048, 8192, 1024)
+#else
+#define A_DESC(base, kk) desc((base) + (kk) * 32, 16, 1024)
+#endif
+#ifdef B_KN
+#define B_DESC(base, kk) desc((base) + (kk) * 2048, 8192, 1024)
+#else
+#define B_DESC(base, kk) desc((base) + (kk) * 32, 16, 1024)
+#endif
+
+// 16 bytes global -> local without registers; zero-filled when !valid (nothing read).
+inline void copy16(uint dst, __global const T* src, uint valid) {
+    __asm__ volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16u : 0u)
+                     : "memory");
+}
+#if STAGES == 3
+#define WAIT_COPIES() __asm__ volatile("cp.async.wait_group 0;" ::: "memory")
+#elif STAGES == 4
+#define WAIT_COPIES() __asm__ volatile("cp.async.wait_group 1;" ::: "memory")
+#elif STAGES == 5
+#define WAIT_COPIES() __asm__ volatile("cp.async.wait_group 2;" ::: "memory")
+#else
+#error "STAGES takes 3 to 5"
+#endif
+
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void matmul_wg(__global OT* c,          /* (batch, M, N) contiguous per batch: c[m * N + n] */
+               __global const T* a,     /* (batch, M, K): a[m * sam + k]; A_MN: a[k * sam + m] */
+               __global const T* b,     /* (batch, N, K): b[n * sbn + k]; B_KN: b[k * sbn + n] */
+               __global const OT* bias, /* (N), read when has_bias */
+               Layout batch,            /* batch dims: operand 0 = c, 1 = a, 2 = b */
+               uint M, uint N, uint K, uint sam, uint sbn, uint has_bias) {
+    __local uchar smem_stub[SM90A_STUB];
+    const uint base = ((uint)(size_t)smem_stub + 1023u) & ~1023u;
+    const uint tid = get_local_id(0), wg = tid / 128, lane = tid % 32, warp = (tid % 128) / 32;
+    const uint n0 = get_group_id(0) * TBN, m0 = get_group_id(1) * TBM;
+    const uint3 o = layout_offsets(&batch, get_global_id(2));
+    const uint steps = (K + TBK - 1) / TBK;
+    float d[TBN / 2];
+#pragma unroll
+    for (int i = 0; i < TBN / 2; ++i) d[i] = 0.0f;
+
+    // Stage st's tiles at base + st * STAGE_BYTES (A) and + A_BYTES (B); tile step s of K.
+#define ISSUE(st, s)                                                                            \
+    {                                                                                           \
+        const uint k0 = (s) * TBK, sa = base + (st) * STAGE_BYTES, sb = sa + A_BYTES;           \
+        _Pragma("unroll") for (uint i = 0; i < A_BYTES / 16 / WG; ++i) {                        \
+            const uint e = tid + i * WG;                                                        \
+            A_CHUNK                                                                             \
+        }                                                                                       \
+        _Pragma("unroll") for (uint i = 0; i < B_BYTES / 16 / WG; ++i) {                        \
+            const uint e = tid + i * WG;                                                        \
+            B_CHUNK                                                                             \
+        }                                                                                       \
+    }
+#ifdef A_MN
+    // Chunk e: K row e / 16, chunk e % 16 (8 of M).
+#define A_CHUNK                                                                                 \
+    const uint k = k0 + e / 16, r = m0 + (e % 16) * 8, ok = k < K && r < M;                     \
+    copy16(sa + mn_at(e / 16, e % 16), ok ? a + o.y + k * sam + r : a, ok);
+#else
+    // Chunk e: row e / 8 (of M), chunk e % 8 (8 of K).
+#define A_CHUNK                                                                                 \
+    const uint r = m0 + e / 8, k = k0 + (e % 8) * 8, ok = r < M && k < K;                       \
+    copy16(sa + k_at(e / 8, e % 8), ok ? a + o.y + r * sam + k : a, ok);
+#endif
+#ifdef B_KN
+#define B_CHUNK                                                                                 \
+    const uint k = k0 + e / (TBN / 8), r = n0 + (e % (TBN / 8)) * 8, ok = k < K && r < N;       \
+    copy16(sb + mn_at(e / (TBN / 8), e % (TBN / 8)), ok ? b + o.z + k * sbn + r : b, ok);
+#else
+#define B_CHUNK                                                                                 \
+    const uint r = n0 + e / 8, k = k0 + (e % 8) * 8, ok = r < N && k < K;                       \
+    copy16(sb + k_at(e / 8, e % 8), ok ? b + o.z + r * sbn + k : b, ok);
+#endif
+#define COMMIT() __asm__ volatile("cp.async.commit_group;" ::: "memory")
+
+    for (uint s = 0; s + 2 < STAGES; ++s) {
+        if (s < steps) ISSUE(s, s)
+        COMMIT();
+    }
+    for (uint step = 0; step < steps; ++step) {
+        // This work-item's copies of `step` landed; made visible to the tensor cores' (async) proxy;
+        // after the barrier everyone's have, and every warpgroup's wgmmas of step - 2 are done.
+        WAIT_COPIES();
+        __asm__ volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        barrier(CLK_LOCAL_MEM_FENCE);
+        {
+            const uint ahead = step + STAGES - 2;
+            if (ahead < steps) ISSUE(ahead % STAGES, ahead)
+            COMMIT();
+        }
+        const uint sa = base + (step % STAGES) * STAGE_BYTES, sb = sa + A_BYTES;
+#ifdef A_MN
+        const uint wa = sa + wg * 8192;  // this warpgroup's 64 of M: the second 8 KiB block
+#else
+        const uint wa = sa + wg * 64 * 128;
+#endif
+        __asm__ volatile("//sm90a: wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (uint kk = 0; kk < TBK / 16; ++kk) wgmma(d, A_DESC(wa, kk), B_DESC(sb, kk));
+        __asm__ volatile("//sm90a: wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        __asm__ volatile("//sm90a: wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+    }
+    __asm__ volatile("//sm90a: wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+
+    // d[4 j + q]: rows g (q < 2) or g + 8, columns 8 j + 2 t + q % 2 of the warp's 16 rows.
+    const uint g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (uint h = 0; h < 2; ++h) {
+        const uint m = m0 + wg * 64 + warp * 16 + g + h * 8;
+        if (m >= M) continue;
+#pragma unroll
+        for (uint j = 0; j < TBN / 8; ++j) {
+            const uint n = n0 + j * 8 + 2 * t, e = o.x + m * N + n;
+            ACC lo = d[4 * j + 2 * h], hi = d[4 * j + 2 * h + 1];
+            if (has_bias) {
+                if (n < N) lo += OLOAD(bias, n);
+                if (n + 1 < N) hi += OLOAD(bias, n + 1);
+            }
+#ifdef PAIRED
+            if (n + 1 < N && e % 2 == 0) {
+                ((__global uint*)c)[e / 2] = pack2(activate(lo), activate(hi));
+                continue;
+            }
+#endif
+            if (n < N) OSTORE(c, e, activate(lo));
+            if (n + 1 < N) OSTORE(c, e + 1, activate(hi));
+        }
+    }
+}
