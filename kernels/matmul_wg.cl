@@ -1,15 +1,16 @@
-// matmul_wg.cl: batched GEMM C = act(A·B + bias) on Hopper tensor cores through wgmma (sm_90a PTX),
-// 16-bit operands (-DTC_BF16 or -DTC_F16) with f32 accumulation. Built from source as sm_90 PTX with
+// matmul_wg.cl: batched GEMM C = act(A·B + bias) on Hopper tensor cores through wgmma (sm_90a PTX):
+// 16-bit operands (-DTC_BF16 or -DTC_F16) or f32 ones read as TF32 (-DTC_TF32), f32 accumulation. Built from source as sm_90 PTX with
 // the sm_90a instructions behind `//sm90a: ` and reloaded as sm_90a (netcl-kernels' program.rs,
 // -DSM90A); only where ops/src/matmul/wg.rs's probe gave exact results.
-// Operands K-contiguous, or -DA_MN: A stored (K, M) with M contiguous, -DB_KN: B stored (K, N) with
-// N contiguous (row-major B); M resp. N then a multiple of 8. K a multiple of 8 (wg.rs pads).
+// Operands K-contiguous, or (16-bit only) -DA_MN: A stored (K, M) with M contiguous, -DB_KN: B
+// stored (K, N) with N contiguous (row-major B); M resp. N then a multiple of 8. K a multiple of
+// 16 bytes (tc.rs pads).
 // -DC_F32: C and the bias are f32. -DTBN=128|256: the tile's columns; -DSTAGES: the ring's depth.
 // The generated `wgmma(d, da, db)` (wg.rs) and the epilogue's `activate` come in front.
 //
 // A work-group of two warpgroups computes a 128 x TBN tile, warpgroup w its rows 64 w .. 64 w + 63
-// (one m64nTBNk16 wgmma per 16 of K, both operands read from local memory by the tensor cores).
-// Tiles of 64 of K go global -> local through cp.async in a ring of STAGES, stored in the 128-byte
+// (one wgmma per 32 bytes of K, both operands read from local memory by the tensor cores). Tiles
+// of 128 bytes of K go global -> local through cp.async in a ring of STAGES, stored in the 128-byte
 // swizzled layouts wgmma reads (`wg_at`); STAGES - 2 tiles are in flight while one is multiplied
 // and the previous one's wgmmas finish.
 #ifndef TBN
@@ -19,10 +20,11 @@
 #define STAGES 4
 #endif
 #define TBM 128
-#define TBK 64                       // elements of K a step: one 128-byte line of 16-bit elements
+#define EPC (16 / (uint)sizeof(T))  // elements a 16-byte chunk
+#define TBK (8 * EPC)                // elements of K a step: one 128-byte line
 #define WG 256
-#define A_BYTES (TBM * TBK * 2)      // 16 KiB
-#define B_BYTES (TBN * TBK * 2)
+#define A_BYTES (TBM * 128)          // 16 KiB
+#define B_BYTES (TBN * 128)
 #define STAGE_BYTES (A_BYTES + B_BYTES)
 // Local memory: the stages, 1024-byte aligned at run time (the swizzle's period). Declared with
 // wg.rs's stub size and resized in the PTX (program.rs), as OpenCL C caps local arrays at 48 KiB.
@@ -36,17 +38,19 @@ typedef float OT;
 typedef T OT;
 #define OLOAD(p, i) LOAD(p, i)
 #define OSTORE(p, i, v) STORE(p, i, v)
+#ifndef TC_TF32
 #define PAIRED
+#endif
 #endif
 #ifndef ACTIVATION
 inline ACC activate(ACC v) { return v; }
 #endif
 
 // Byte offset of 16-byte chunk (row r, chunk c) in wgmma's 128-byte swizzled layout: K-major tiles
-// are rows of 128 bytes (one row of M or N, 64 of K); M/N-major tiles (A_MN, B_KN) blocks of 64 of
+// are rows of 128 bytes (one row of M or N, TBK of K); M/N-major tiles (A_MN, B_KN) blocks of 64 of
 // M (N) by 64 of K, each 8 KiB of 128-byte K rows. Chunk bits 4..6 xor row bits 7..9.
 inline uint swz(uint pre) { return pre ^ (((pre >> 7) & 7u) << 4); }
-// K-major: row r (M or N) and chunk c (8 elements of K).
+// K-major: row r (M or N) and chunk c (EPC elements of K).
 inline uint k_at(uint r, uint c) { return swz(r * 128 + c * 16); }
 // M/N-major: K row k and chunk c (8 elements of M or N).
 inline uint mn_at(uint k, uint c) { return swz((c / 8) * 8192 + k * 128 + (c % 8) * 16); }
@@ -119,9 +123,9 @@ void matmul_wg(__global OT* c,          /* (batch, M, N) contiguous per batch: c
     const uint k = k0 + e / 16, r = m0 + (e % 16) * 8, ok = k < K && r < M;                     \
     copy16(sa + mn_at(e / 16, e % 16), ok ? a + o.y + k * sam + r : a, ok);
 #else
-    // Chunk e: row e / 8 (of M), chunk e % 8 (8 of K).
+    // Chunk e: row e / 8 (of M), chunk e % 8 (EPC of K).
 #define A_CHUNK                                                                                 \
-    const uint r = m0 + e / 8, k = k0 + (e % 8) * 8, ok = r < M && k < K;                       \
+    const uint r = m0 + e / 8, k = k0 + (e % 8) * EPC, ok = r < M && k < K;                     \
     copy16(sa + k_at(e / 8, e % 8), ok ? a + o.y + r * sam + k : a, ok);
 #endif
 #ifdef B_KN
@@ -130,7 +134,7 @@ void matmul_wg(__global OT* c,          /* (batch, M, N) contiguous per batch: c
     copy16(sb + mn_at(e / (TBN / 8), e % (TBN / 8)), ok ? b + o.z + k * sbn + r : b, ok);
 #else
 #define B_CHUNK                                                                                 \
-    const uint r = n0 + e / 8, k = k0 + (e % 8) * 8, ok = r < N && k < K;                       \
+    const uint r = n0 + e / 8, k = k0 + (e % 8) * EPC, ok = r < N && k < K;                     \
     copy16(sb + k_at(e / 8, e % 8), ok ? b + o.z + r * sbn + k : b, ok);
 #endif
 #define COMMIT() __asm__ volatile("cp.async.commit_group;" ::: "memory")
@@ -158,7 +162,7 @@ void matmul_wg(__global OT* c,          /* (batch, M, N) contiguous per batch: c
 #endif
         __asm__ volatile("//sm90a: wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-        for (uint kk = 0; kk < TBK / 16; ++kk) wgmma(d, A_DESC(wa, kk), B_DESC(sb, kk));
+        for (uint kk = 0; kk < 4; ++kk) wgmma(d, A_DESC(wa, kk), B_DESC(sb, kk));
         __asm__ volatile("//sm90a: wgmma.commit_group.sync.aligned;\n" ::: "memory");
         __asm__ volatile("//sm90a: wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
     }

@@ -242,7 +242,7 @@ fn k_rows(t: &Tensor, kp: usize, q: usize) -> Result<Tensor> {
 }
 
 /// `out (batch, M, N) = act(a (..., M, K) x b (..., K, N) + bias)` on tensor cores, batch dims
-/// broadcast to `batch`: through matmul_wg.cl (wgmma) for 16-bit products that fill the device
+/// broadcast to `batch`: through matmul_wg.cl (wgmma) for products that fill the device
 /// with its tiles, where the device runs it, else matmul_tc.cl (mma.sync).
 pub(crate) fn launch(
     kind: TensorCoreKind,
