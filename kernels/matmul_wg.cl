@@ -182,12 +182,15 @@ void matmul_wg(__global OT* c,          /* (batch, M, N) contiguous per batch: c
                 if (n < N) lo += OLOAD(bias, n);
                 if (n + 1 < N) hi += OLOAD(bias, n + 1);
             }
-#ifdef PAIRED
+            // Columns n and n + 1 as one 4-byte (two 16-bit) or 8-byte (two f32) store.
             if (n + 1 < N && e % 2 == 0) {
+#ifdef PAIRED
                 ((__global uint*)c)[e / 2] = pack2(activate(lo), activate(hi));
+#else
+                *(__global float2*)(c + e) = (float2)(activate(lo), activate(hi));
+#endif
                 continue;
             }
-#endif
             if (n < N) OSTORE(c, e, activate(lo));
             if (n + 1 < N) OSTORE(c, e + 1, activate(hi));
         }

@@ -174,18 +174,25 @@ fn relu(bias: Option<&Tensor>, out_dtype: Option<DType>) -> MatmulOptions<'_> {
     }
 }
 
-/// Products whose 128 x 256 tiles fill the device (Hopper's wgmma where its probe passed; mma.sync
-/// or the portable kernels elsewhere) in every operand layout, 16-bit and f32 outputs, with a bias
-/// and an activation: small integers make every sum exact, so each result must equal the host's
-/// bit for bit (16-bit outputs: the host's exact sum rounded once).
+/// Products on tensor cores (Hopper's wgmma where its probe passed, in both of its tilings;
+/// mma.sync or the portable kernels elsewhere) in every operand layout, 16-bit and f32 outputs,
+/// with a bias and an activation: small integers make every sum exact, so each result must equal
+/// the host's bit for bit (16-bit outputs: the host's exact sum rounded once).
 #[test]
-fn products_that_fill_the_device_match_the_host_exactly() {
+fn tensor_core_products_match_the_host_exactly() {
     let _one = HOST_SETTING.lock().unwrap_or_else(|p| p.into_inner());
     for dev in test_devices().unwrap() {
-        let cols = (dev.info().compute_units as usize).div_ceil(2);
-        // Two tiles of rows and `cols` of columns, both ragged; two K steps of 64 (the second
-        // ragged).
-        let (m, n, k) = (136, 256 * cols - 8, 72);
+        let cus = dev.info().compute_units as usize;
+        // Ragged M and N; two K steps of 128 bytes, the second ragged. The second shape makes two
+        // waves of 128 x 256 tiles (wgmma's wide tiling).
+        for (m, n, k) in [(136, 200, 72), (136, 256 * cus - 8, 40)] {
+            exact_products(&dev, m, n, k);
+        }
+    }
+}
+
+fn exact_products(dev: &Device, m: usize, n: usize, k: usize) {
+    {
         let ints = |len: usize, s: usize| -> Vec<f32> {
             (0..len)
                 .map(|i| ((i * 7 + s * 13 + (i / 97) * 3) % 5) as f32 - 2.0)
@@ -196,7 +203,7 @@ fn products_that_fill_the_device_match_the_host_exactly() {
         let b = Tensor::from_vec(ints(k * n, 2), &[k, n], &host).unwrap();
         let bias = Tensor::from_vec(ints(n, 3), &[n], &host).unwrap();
         let want = a.matmul_with(&b, relu(Some(&bias), None)).unwrap();
-        set_device_float32_matmul_precision(&dev, Some(MatmulPrecision::High));
+        set_device_float32_matmul_precision(dev, Some(MatmulPrecision::High));
         for dtype in [DType::BF16, DType::F16, DType::F32] {
             for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
                 // Stored transposed (A as (K, M), B as (N, K)) and viewed back.
@@ -206,7 +213,7 @@ fn products_that_fill_the_device_match_the_host_exactly() {
                     } else {
                         t.clone()
                     };
-                    let d = s.to_dtype(dtype).unwrap().to_device(&dev).unwrap();
+                    let d = s.to_dtype(dtype).unwrap().to_device(dev).unwrap();
                     if tr {
                         d.transpose(0, 1).unwrap()
                     } else {
@@ -220,7 +227,7 @@ fn products_that_fill_the_device_match_the_host_exactly() {
                     &[dtype, DType::F32]
                 };
                 for &out in outs {
-                    let bias_d = bias.to_dtype(out).unwrap().to_device(&dev).unwrap();
+                    let bias_d = bias.to_dtype(out).unwrap().to_device(dev).unwrap();
                     let got =
                         ad.matmul_with(&bd, relu(Some(&bias_d), Some(out).filter(|&o| o != dtype)));
                     let got = got.unwrap().to_vec_f64().unwrap();
@@ -234,6 +241,6 @@ fn products_that_fill_the_device_match_the_host_exactly() {
                 }
             }
         }
-        set_device_float32_matmul_precision(&dev, None);
+        set_device_float32_matmul_precision(dev, None);
     }
 }

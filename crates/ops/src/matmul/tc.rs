@@ -183,7 +183,8 @@ pub(crate) fn tensor_core_kind(device: &Device, dtype: DType) -> Option<TensorCo
 }
 
 /// Small integers make every product and sum exact in each input format and in f32: the device
-/// must match the host bit for bit (ragged M, N, K over two K steps, B transposed).
+/// must match the host bit for bit (ragged M, N, K over two K steps, B transposed); mma.sync
+/// itself (matmul_wg.cl's probe asks for this one first).
 fn probe(device: &Device, kind: TensorCoreKind) -> Result<bool> {
     let (m, n, k) = (40usize, 24usize, 70usize);
     let av: Vec<f32> = (0..m * k).map(|i| ((i * 7 + 3) % 5) as f32 - 2.0).collect();
@@ -197,7 +198,7 @@ fn probe(device: &Device, kind: TensorCoreKind) -> Result<bool> {
     let a = put(&av, &[m, k])?;
     let b = put(&bv, &[n, k])?.transpose(0, 1)?; // (k, n) with K contiguous
     let out = Tensor::alloc(&[m, n], kind.dtype(), device)?;
-    launch(kind, &out, &a, &b, &[], MatmulOptions::default())?;
+    launch_with(kind, &out, &a, &b, &[], MatmulOptions::default(), None)?;
     let got = out.to_vec_f64()?;
     let want = (0..m * n).map(|i| {
         let (r, c) = (i / n, i % n);
@@ -242,8 +243,8 @@ fn k_rows(t: &Tensor, kp: usize, q: usize) -> Result<Tensor> {
 }
 
 /// `out (batch, M, N) = act(a (..., M, K) x b (..., K, N) + bias)` on tensor cores, batch dims
-/// broadcast to `batch`: through matmul_wg.cl (wgmma) for products that fill the device
-/// with its tiles, where the device runs it, else matmul_tc.cl (mma.sync).
+/// broadcast to `batch`: through matmul_wg.cl (wgmma) where the device runs it, else matmul_tc.cl
+/// (mma.sync; or where the autotuner asks for a tiling of it).
 pub(crate) fn launch(
     kind: TensorCoreKind,
     out: &Tensor,
@@ -255,10 +256,9 @@ pub(crate) fn launch(
     let (na, nb) = (a.ndim(), b.ndim());
     let (m, n) = (a.shape[na - 2], b.shape[nb - 1]);
     let device = &out.device;
-    let tile = wg_tile();
-    let fills = m.div_ceil(WgTile::ROWS) * n.div_ceil(tile.tbn) * numel(batch)
-        >= device.info().compute_units as usize;
-    let wg = (opts.tc_tile.is_none() && fills && has_wgmma(device, kind)).then_some(tile);
+    let cus = device.info().compute_units as usize;
+    let wg = (opts.tc_tile.is_none() && has_wgmma(device, kind))
+        .then(|| wg_tile(m, n, numel(batch), cus));
     launch_with(kind, out, a, b, batch, opts, wg)
 }
 

@@ -37,23 +37,32 @@ impl WgTile {
     }
 }
 
-/// The tiling used for 16-bit products (`NETCL_WG_TILE=tbn,stages` overrides it, for
-/// measurements): 128 x 256 tiles, four stages (193 KiB of local memory).
-pub(crate) fn wg_tile() -> WgTile {
-    static TILE: OnceLock<WgTile> = OnceLock::new();
-    *TILE.get_or_init(|| {
-        let parsed = std::env::var("NETCL_WG_TILE").ok().and_then(|v| {
-            let (n, s) = v.split_once(',')?;
-            let t = WgTile {
-                tbn: n.trim().parse().ok()?,
-                stages: s.trim().parse().ok()?,
-            };
-            ([128, 256].contains(&t.tbn) && (3..=5).contains(&t.stages)).then_some(t)
-        });
-        parsed.unwrap_or(WgTile {
+/// The tiling for an `m` x `n` product over `batches` on a device of `cus` compute units: 128 x 256
+/// tiles in four stages (193 KiB of local memory) where they make two waves or more, else 128 x
+/// 128 tiles in five (161 KiB), faster wherever fewer tiles would leave compute units idle (H100,
+/// docs/performance.md). `NETCL_WG_TILE=tbn,stages` fixes it, for measurements.
+pub(crate) fn wg_tile(m: usize, n: usize, batches: usize, cus: usize) -> WgTile {
+    static FIXED: OnceLock<Option<WgTile>> = OnceLock::new();
+    let fixed = FIXED.get_or_init(|| {
+        let v = std::env::var("NETCL_WG_TILE").ok()?;
+        let (n, s) = v.split_once(',')?;
+        let t = WgTile {
+            tbn: n.trim().parse().ok()?,
+            stages: s.trim().parse().ok()?,
+        };
+        ([128, 256].contains(&t.tbn) && (3..=5).contains(&t.stages)).then_some(t)
+    });
+    let wide = m.div_ceil(WgTile::ROWS) * n.div_ceil(256) * batches >= 2 * cus;
+    fixed.unwrap_or(if wide {
+        WgTile {
             tbn: 256,
             stages: 4,
-        })
+        }
+    } else {
+        WgTile {
+            tbn: 128,
+            stages: 5,
+        }
     })
 }
 
@@ -70,7 +79,7 @@ pub(crate) fn has_wgmma(device: &Device, kind: TensorCoreKind) -> bool {
 }
 
 /// Small integers make every product and sum exact: the device must match the host bit for bit
-/// (ragged M, N and K, B read both K- and N-contiguous, several K steps).
+/// (ragged M, N and K, B read both K- and N-contiguous, several K steps, both tilings).
 fn probe(device: &Device, kind: TensorCoreKind) -> Result<bool> {
     let (m, n, k) = (136usize, 264usize, 200usize);
     let av: Vec<f32> = (0..m * k).map(|i| ((i * 7 + 3) % 5) as f32 - 2.0).collect();
@@ -91,11 +100,14 @@ fn probe(device: &Device, kind: TensorCoreKind) -> Result<bool> {
             (0..k).map(|j| av[r * k + j] * bv[j * n + c]).sum::<f32>() as f64
         })
         .collect();
-    for b in [&b_kn, &b_k] {
-        let out = Tensor::alloc(&[m, n], dtype, device)?;
-        super::tc::launch_with(kind, &out, &a, b, &[], Default::default(), Some(wg_tile()))?;
-        if out.to_vec_f64()? != want {
-            return Ok(false);
+    for (tbn, stages) in [(128, 5), (256, 4)] {
+        for b in [&b_kn, &b_k] {
+            let out = Tensor::alloc(&[m, n], dtype, device)?;
+            let tile = Some(WgTile { tbn, stages });
+            super::tc::launch_with(kind, &out, &a, b, &[], Default::default(), tile)?;
+            if out.to_vec_f64()? != want {
+                return Ok(false);
+            }
         }
     }
     Ok(true)
