@@ -19,8 +19,9 @@ use std::sync::{Mutex, OnceLock};
 pub enum MatmulPrecision {
     /// Exact f32 multiply-adds (the default).
     Highest,
-    /// TF32 tensor cores where the device has them (inputs rounded to 10 mantissa bits, f32
-    /// accumulation: about 1e-3 relative error); exact f32 elsewhere.
+    /// TF32 tensor cores where the device has them (inputs cut to 10 mantissa bits: rounded to
+    /// nearest through mma.sync, truncated by Hopper's wgmma; f32 accumulation: about 1e-3
+    /// relative error); exact f32 elsewhere.
     High,
 }
 
