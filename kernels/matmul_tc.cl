@@ -83,25 +83,7 @@
 #define B_LOC(r, c) K_LOC(r, c)
 #define B_WORDS (TBN * SROW)
 #endif
-#ifdef C_F32
-typedef float OT;
-#define OLOAD(p, i) ((p)[i])
-#define OSTORE(p, i, v) ((p)[i] = (v))
-#else
-typedef T OT;
-#define OLOAD(p, i) LOAD(p, i)
-#define OSTORE(p, i, v) STORE(p, i, v)
-#if defined(TC_BF16) || defined(TC_F16)
-// Columns n and n + 1 at an even element e: both rounded by one cvt (common.cl's pack2, lower
-// column in the low half) and written as one 32-bit word, where the portable STORE spends a
-// dozen integer operations and a 16-bit store on each.
-inline void store_pair(__global OT* c, uint e, float lo, float hi) {
-    ((__global uint*)c)[e / 2] = pack2(lo, hi);
-}
-#define PAIRED
-#endif
-#endif
-
+// OT, OLOAD, OSTORE, store_pair and PAIRED (the output's type and stores) come from common.cl.
 #ifndef ACTIVATION
 inline ACC activate(ACC v) { return v; }
 #endif

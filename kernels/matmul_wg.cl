@@ -30,18 +30,7 @@
 // wg.rs's stub size and resized in the PTX (program.rs), as OpenCL C caps local arrays at 48 KiB.
 #define SMEM_BYTES (STAGES * STAGE_BYTES + 1024)
 
-#ifdef C_F32
-typedef float OT;
-#define OLOAD(p, i) ((p)[i])
-#define OSTORE(p, i, v) ((p)[i] = (v))
-#else
-typedef T OT;
-#define OLOAD(p, i) LOAD(p, i)
-#define OSTORE(p, i, v) STORE(p, i, v)
-#ifndef TC_TF32
-#define PAIRED
-#endif
-#endif
+// OT, OLOAD, OSTORE, store_pair and PAIRED come from common.cl.
 #ifndef ACTIVATION
 inline ACC activate(ACC v) { return v; }
 #endif
@@ -185,7 +174,7 @@ void matmul_wg(__global OT* c,          /* (batch, M, N) contiguous per batch: c
             // Columns n and n + 1 as one 4-byte (two 16-bit) or 8-byte (two f32) store.
             if (n + 1 < N && e % 2 == 0) {
 #ifdef PAIRED
-                ((__global uint*)c)[e / 2] = pack2(activate(lo), activate(hi));
+                store_pair(c, e, activate(lo), activate(hi));
 #else
                 *(__global float2*)(c + e) = (float2)(activate(lo), activate(hi));
 #endif
