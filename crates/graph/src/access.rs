@@ -195,6 +195,7 @@ mod tests {
     fn every_kernel_of_the_sources_has_a_readable_signature() {
         let extra = [
             sources::MATMUL_TC,
+            sources::MATMUL_WG,
             sources::MATMUL_ASYNC,
             sources::MATMUL_CPU,
             sources::ATTENTION_TC,

@@ -16,6 +16,8 @@ struct Entry {
     num_args: u32,
     work_group_size: usize,
     local_mem: u64,
+    /// The local memory a launch may use: the device's, or what an sm_90a program declared.
+    local_limit: u64,
     launches: u64,
 }
 
@@ -57,6 +59,14 @@ pub struct Kernel {
     in_place: Vec<(usize, usize)>,
 }
 
+/// The local memory `program`'s kernels may use: the device's, or for sm_90a programs, which
+/// declare more than OpenCL's limit in their PTX (program.rs), what they declared (the driver
+/// checks it at enqueue).
+fn local_limit(program: &Program) -> u64 {
+    let device = program.device.info().local_mem_bytes;
+    crate::program::sm90a_shared(&program.options).map_or(device, |s| device.max(s as u64 + 1024))
+}
+
 impl Kernel {
     /// The kernel `name` of `program`, as this thread's own kernel object.
     pub fn new(program: &Arc<Program>, name: &str) -> Result<Kernel> {
@@ -89,6 +99,7 @@ impl Kernel {
                     local_mem: kernel
                         .get_local_mem_size(dev)
                         .cl("CL_KERNEL_LOCAL_MEM_SIZE")?,
+                    local_limit: local_limit(program),
                     kernel,
                     name: name.to_string(),
                     launches: 0,
@@ -291,12 +302,7 @@ impl Kernel {
                 ));
             }
         }
-        // sm_90a programs declare more than OpenCL's limit in their PTX (program.rs); the driver
-        // checks those at enqueue.
-        let limit = match crate::program::sm90a_shared(&self.program.options) {
-            Some(s) => info.local_mem_bytes.max(s as u64 + 1024),
-            None => info.local_mem_bytes,
-        };
+        let limit = self.entry().local_limit;
         let local_mem = self.entry().local_mem + self.dynamic_local;
         if local_mem > limit {
             return fail(format!(
