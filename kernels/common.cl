@@ -343,11 +343,6 @@ inline void report_index(__global int* err, int code, uint pos, int value, uint 
 
 // Tensor-core helpers (inline NVIDIA PTX, sm_80+) for programs built with -DTC_TF32, -DTC_BF16 or
 // -DTC_F16 (matmul_tc.cl, attention_tc.cl; only where ops/src/matmul/tc.rs's probe passed).
-#ifdef SM90A_SHARED
-// Programs rebuilt as sm_90a PTX (netcl-kernels' program.rs) declare their local memory as one
-// array of SM90A_STUB bytes, resized there to SM90A_SHARED.
-#define SM90A_STUB 40976
-#endif
 #if defined(TC_TF32) || defined(TC_BF16) || defined(TC_F16)
 #if defined(TC_TF32)
 #define MMA_OP "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"

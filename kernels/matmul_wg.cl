@@ -26,9 +26,9 @@
 #define A_BYTES (TBM * 128)          // 16 KiB
 #define B_BYTES (TBN * 128)
 #define STAGE_BYTES (A_BYTES + B_BYTES)
-// Local memory: the stages, 1024-byte aligned at run time (the swizzle's period). Declared with
-// wg.rs's stub size and resized in the PTX (program.rs), as OpenCL C caps local arrays at 48 KiB.
-#define SMEM_BYTES (STAGES * STAGE_BYTES + 1024)
+// Local memory: the stages, 1024-byte aligned at run time (the swizzle's period): one array of
+// SM90A_STUB bytes (set by program.rs) that program.rs resizes in the PTX to SM90A_SHARED (wg.rs's
+// shared_bytes), as OpenCL C caps local arrays at 48 KiB.
 
 // OT, OLOAD, OSTORE, store_pair and PAIRED come from common.cl.
 #ifndef ACTIVATION

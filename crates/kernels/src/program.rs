@@ -89,7 +89,11 @@ pub fn build(
     }
     let mut program =
         ClProgram::create_from_source(&cl.context, &text).cl("clCreateProgramWithSource")?;
-    if let Err(e) = program.build(&[cl.id.id()], options) {
+    let build_options = match sm90a_shared(options) {
+        Some(_) => format!("{options} -DSM90A_STUB={SM90A_STUB}"),
+        None => options.to_string(),
+    };
+    if let Err(e) = program.build(&[cl.id.id()], &build_options) {
         let log = program
             .get_build_log(cl.id.id())
             .unwrap_or_else(|_| format!("(no build log; error {})", e.0));
@@ -119,9 +123,10 @@ pub fn build(
     Ok(make(program, Origin::Source))
 }
 
-/// The size of the `__local` array that `-DSM90A_SHARED=<bytes>` programs declare with
-/// `SM90A_STUB` bytes (common.cl) and that `sm90a_program` resizes in the PTX.
-const SM90A_STUB: &str = "[40976]";
+/// The bytes of the one `__local` array of `-DSM90A_SHARED=<bytes>` programs, passed to them as
+/// `-DSM90A_STUB` and found by `sm90a_program` in the PTX as `[40976]` (a size no other
+/// declaration of theirs has) to be resized.
+const SM90A_STUB: usize = 40976;
 
 /// The local memory `-DSM90A_SHARED=<bytes>` asks for: such programs are rebuilt as sm_90a PTX.
 pub(crate) fn sm90a_shared(options: &str) -> Option<usize> {
@@ -152,12 +157,13 @@ fn sm90a_program(
     if !ptx.contains(".target sm_90,") {
         return Err("sm_90a programs need a device whose PTX targets sm_90".into());
     }
+    let stub = format!("[{SM90A_STUB}]");
     let mut text = String::with_capacity(ptx.len());
     for line in ptx.lines() {
         let line = line.replace(".target sm_90,", ".target sm_90a,");
         let line = line.replace("//sm90a: ", "");
-        if shared > 0 && line.contains(".shared") && line.contains(SM90A_STUB) {
-            text.push_str(&line.replace(SM90A_STUB, &format!("[{shared}]")));
+        if shared > 0 && line.contains(".shared") && line.contains(&stub) {
+            text.push_str(&line.replace(&stub, &format!("[{shared}]")));
         } else {
             text.push_str(&line);
         }

@@ -183,8 +183,8 @@ fn tensor_core_products_match_the_host_exactly() {
     let _one = HOST_SETTING.lock().unwrap_or_else(|p| p.into_inner());
     for dev in test_devices().unwrap() {
         let cus = dev.info().compute_units as usize;
-        // Ragged M and N; two K steps of 128 bytes, the second ragged. The second shape makes two
-        // waves of 128 x 256 tiles (wgmma's wide tiling).
+        // Ragged M and N; K over two or three steps of 128 bytes (the last ragged), then one
+        // ragged step in a shape that makes two waves of 128 x 256 tiles (wgmma's wide tiling).
         for (m, n, k) in [(136, 200, 72), (136, 256 * cus - 8, 40)] {
             exact_products(&dev, m, n, k);
         }

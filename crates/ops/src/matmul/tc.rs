@@ -1,4 +1,4 @@
-//! Tensor-core GEMM through inline PTX `mma.sync` (kernels/matmul_tc.cl): the f32 precision policy (exact f32 or TF32), which devices have tensor cores (a probe with an exact-result check, cached per device), and the launch.
+//! Tensor-core GEMM through inline PTX `mma.sync` (kernels/matmul_tc.cl), or `wgmma` where wg.rs finds it: the f32 precision policy (exact f32 or TF32), which devices have tensor cores (a probe with an exact-result check, cached per device), and the launch.
 use super::wg::{has_wgmma, wg_source, wg_tile, WgTile};
 use super::{matmul_source, MatmulOptions};
 use crate::base::layout::{

@@ -1,4 +1,4 @@
-//! Hopper's wgmma for 16-bit products (kernels/matmul_wg.cl, sm_90a PTX): which devices run it (a probe with an exact-result check, cached per device), its tiling, and its generated wgmma wrapper.
+//! Hopper's wgmma for tensor-core products, bf16, f16 and TF32 (kernels/matmul_wg.cl, sm_90a PTX): which devices run it (a probe with an exact-result check, cached per device), its tiling, and its generated wgmma wrapper.
 use super::tc::{probed, Probes, TensorCoreKind};
 use crate::base::tensor::Tensor;
 use crate::fused::activation::Activation;
@@ -50,7 +50,11 @@ pub(crate) fn wg_tile(m: usize, n: usize, batches: usize, cus: usize) -> WgTile 
             tbn: n.trim().parse().ok()?,
             stages: s.trim().parse().ok()?,
         };
-        ([128, 256].contains(&t.tbn) && (3..=5).contains(&t.stages)).then_some(t)
+        let ok = [128, 256].contains(&t.tbn) && (3..=5).contains(&t.stages);
+        if !ok {
+            eprintln!("netcl: NETCL_WG_TILE={v} ignored: takes 128 or 256 columns, 3 to 5 stages");
+        }
+        ok.then_some(t)
     });
     let wide = m.div_ceil(WgTile::ROWS) * n.div_ceil(256) * batches >= 2 * cus;
     fixed.unwrap_or(if wide {
@@ -71,9 +75,13 @@ pub(crate) fn wg_tile(m: usize, n: usize, batches: usize, cus: usize) -> WgTile 
 /// it off).
 pub(crate) fn has_wgmma(device: &Device, kind: TensorCoreKind) -> bool {
     static PROBES: Probes<(usize, TensorCoreKind)> = OnceLock::new();
-    let enabled = std::env::var("NETCL_WGMMA").map_or(true, |v| v != "0")
-        && super::tc::has_tensor_cores(device, kind);
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    let enabled = *ENABLED.get_or_init(|| std::env::var("NETCL_WGMMA").map_or(true, |v| v != "0"));
     probed(&PROBES, (device.ordinal(), kind), device, enabled, || {
+        // After mma.sync's probe: a device without working tensor cores has no wgmma either.
+        if !super::tc::has_tensor_cores(device, kind) {
+            return Ok(false);
+        }
         probe(device, kind).map_err(|e| format!("wgmma ({kind:?}) unavailable on {device}: {e}"))
     })
 }
