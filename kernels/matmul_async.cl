@@ -1,9 +1,10 @@
 // matmul_async.cl: f32 GEMM C = act(A·B + bias) whose tiles go global -> local memory through a cp.async pipeline (sm_80+ PTX).
 // Built only where matmul/pipe.rs's probe (build + an exact-result check) passed; same arguments as matmul.cl's kernel.
-// A work-group of 256 work-items computes a 128 x 128 tile of C, 8 x 8 outputs each (in 4 x 4 groups 64 apart, as
-// matmul.cl's 128 x 128 tile), over K in steps of TK (8 or 16), with STAGES steps of both operands in flight and one
-// barrier per step (cuBLAS' SIMT kernels, `cutlass_80_simt_sgemm_128x128_8x5`, pipeline the same way; the staging
-// registers and the second barrier of matmul.cl go away).
+// A work-group computes a TM x TN tile of C (128 x 128 by default; 128 x 64 and 64 x 64 for products with few tiles),
+// WM x WN outputs a work-item (in groups of 4 x 4, 4 * TY rows and 4 * TX columns apart, as matmul.cl's tiles), over K in
+// steps of TK (8 or 16), with STAGES steps of both operands in flight and one barrier per step (cuBLAS' SIMT kernels,
+// `cutlass_80_simt_sgemm_128x128_8x5` and `sm80_xmma_gemm_f32f32_..._tilesize64x64x8_stage3`, pipeline the same way; the
+// staging registers and the second barrier of matmul.cl go away).
 // Both operands' tiles sit in local memory by K, as [k][m] (A) and [k][n] (B), read 4 floats at a time, rows padded
 // by 4 floats (transposed stores hit 32 banks; an XOR swizzle without the padding made the reads' offsets computed
 // per step and cost 14% at 4096^3 on the H100). An operand reaches them as it lies in memory:
@@ -11,7 +12,7 @@
 //   -DA_KFAST: A's K dim is contiguous: 4-byte copies, consecutive work-items along K (transposed on the way);
 //   neither: 4-byte copies, consecutive work-items along M.
 // B likewise (-DB_VEC, -DB_KFAST). Out-of-range elements are zero-filled by the copy itself (cp.async's source size),
-// so ragged edges cost no branch in the inner loop. -DALIGNED: M, N multiples of 128, K of TK. -DROW_SUMS: also
+// so ragged edges cost no branch in the inner loop. -DALIGNED: M, N multiples of the tile, K of TK. -DROW_SUMS: also
 // A's row sums.
 #ifndef STAGES  // the host's defaults (pipe.rs)
 #define STAGES 2
@@ -22,10 +23,26 @@
 #ifndef MATMUL_KERNEL
 #error "matmul_async.cl needs -DMATMUL_KERNEL=<kernel name> (set by matmul/pipe.rs)"
 #endif
+#ifndef TM  // the tile and the block of outputs a work-item computes (multiples of 4)
 #define TM 128
+#endif
+#ifndef TN
 #define TN 128
-#define NT 256
-#define LROW (TM + 4)  // local row stride in floats
+#endif
+#ifndef WM
+#define WM 8
+#endif
+#ifndef WN
+#define WN 8
+#endif
+#define TX (TN / WN)  // work-items along N
+#define TY (TM / WM)  // along M
+#define NT (TX * TY)
+#define LROWA (TM + 4)  // local row strides in floats
+#define LROWB (TN + 4)
+#if TM * TK % (4 * NT) || TN * TK % (4 * NT) || WM % 4 || WN % 4 || (defined(ROW_SUMS) && NT < TM)
+#error "matmul_async.cl: the tile must split into whole copies of 16 bytes a work-item (and NT >= TM for row sums)"
+#endif
 
 #ifndef ACTIVATION
 inline ACC activate(ACC v) { return v; }
@@ -60,26 +77,26 @@ inline void cp_wait_all(void) { __asm__ volatile("cp.async.wait_group 0;" ::: "m
 #define INSIDE(x, X) ((x) < (X))
 #endif
 
-// Where a tile keeps (k, row), in floats.
-#define TROW(k, row) ((k) * LROW + (row))
-#define STAGE_FLOATS (TK * LROW)
+// Where A's (B's) tile keeps (k, row), in floats.
+#define TROWA(k, row) ((k) * LROWA + (row))
+#define TROWB(k, row) ((k) * LROWB + (row))
+#define STAGE_A (TK * LROWA)
+#define STAGE_B (TK * LROWB)
 // Per operand: copies per work-item and step; copy r's row and k (E: its index in the tile).
-#define VEC_COPIES (TM * TK / 4 / NT)
-#define NARROW_COPIES (TM * TK / NT)
 #define E(r) (tid + (r) * NT)
 // A_WIDTH: elements per copy along M; A_COPY: the copy.
 #if defined(A_VEC)
-#define A_COPIES VEC_COPIES
-#define A_ROW(r) (E(r) % 32 * 4)
-#define A_K(r) (E(r) / 32)
+#define A_COPIES (TM * TK / 4 / NT)
+#define A_ROW(r) (E(r) % (TM / 4) * 4)
+#define A_K(r) (E(r) / (TM / 4))
 #define A_WIDTH 4u
 #define A_COPY cp16
 #elif defined(A_KFAST)
-#define A_COPIES NARROW_COPIES
+#define A_COPIES (TM * TK / NT)
 #define A_ROW(r) (E(r) / TK)
 #define A_K(r) (E(r) % TK)
 #else
-#define A_COPIES NARROW_COPIES
+#define A_COPIES (TM * TK / NT)
 #define A_ROW(r) (E(r) % TM)
 #define A_K(r) (E(r) / TM)
 #endif
@@ -88,17 +105,17 @@ inline void cp_wait_all(void) { __asm__ volatile("cp.async.wait_group 0;" ::: "m
 #define A_COPY cp4
 #endif
 #if defined(B_VEC)
-#define B_COPIES VEC_COPIES
-#define B_ROW(r) (E(r) % 32 * 4)
-#define B_K(r) (E(r) / 32)
+#define B_COPIES (TN * TK / 4 / NT)
+#define B_ROW(r) (E(r) % (TN / 4) * 4)
+#define B_K(r) (E(r) / (TN / 4))
 #define B_WIDTH 4u
 #define B_COPY cp16
 #elif defined(B_KFAST)
-#define B_COPIES NARROW_COPIES
+#define B_COPIES (TN * TK / NT)
 #define B_ROW(r) (E(r) / TK)
 #define B_K(r) (E(r) % TK)
 #else
-#define B_COPIES NARROW_COPIES
+#define B_COPIES (TN * TK / NT)
 #define B_ROW(r) (E(r) % TN)
 #define B_K(r) (E(r) / TN)
 #endif
@@ -125,10 +142,10 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
                    uint ldc, uint c_col,    /* this launch: columns c_col .. c_col + N of C (and B) */
                    uint lower, int diag,    /* A zero past column m + diag (a hint; see lower_k_end) */
                    __global T* rsum) {      /* (M): A's row sums over K (-DROW_SUMS, one batch) */
-    __local float As[STAGES * STAGE_FLOATS] __attribute__((aligned(16)));
-    __local float Bs[STAGES * STAGE_FLOATS] __attribute__((aligned(16)));
+    __local float As[STAGES * STAGE_A] __attribute__((aligned(16)));
+    __local float Bs[STAGES * STAGE_B] __attribute__((aligned(16)));
     const uint tid = get_local_id(0);
-    const uint tx = tid % 16, ty = tid / 16;
+    const uint tx = tid % TX, ty = tid / TX;
     const uint n0 = get_group_id(0) * TN, m0 = get_group_id(1) * TM;
     const uint3 o = layout_offsets(&batch, get_global_id(2));
     const uint as0 = (uint)(size_t)As, bs0 = (uint)(size_t)Bs;
@@ -140,12 +157,12 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
 #endif
     for (int r = 0; r < A_COPIES; ++r) {
         a_at[r] = o.y + (m0 + A_ROW(r)) * sam + A_K(r) * sak;
-        a_dst[r] = TROW(A_K(r), A_ROW(r)) * 4;
+        a_dst[r] = TROWA(A_K(r), A_ROW(r)) * 4;
         UNALIGNED(a_ok[r] = bytes_in(m0 + A_ROW(r), M, A_WIDTH); if (!a_ok[r]) a_at[r] = o.y;)
     }
     for (int r = 0; r < B_COPIES; ++r) {
         b_at[r] = o.z + B_K(r) * sbk + (c_col + n0 + B_ROW(r)) * sbn;
-        b_dst[r] = TROW(B_K(r), B_ROW(r)) * 4;
+        b_dst[r] = TROWB(B_K(r), B_ROW(r)) * 4;
         UNALIGNED(b_ok[r] = bytes_in(n0 + B_ROW(r), N, B_WIDTH); if (!b_ok[r]) b_at[r] = o.z;)
     }
 
@@ -161,16 +178,16 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
 #define FETCH(s, k0)                                                                             \
     for (int r = 0; r < A_COPIES; ++r) {                                                         \
         uint n_ = A_BYTES(r, k0);                                                                \
-        A_COPY(as0 + (s) * (STAGE_FLOATS * 4) + a_dst[r], a + (n_ ? a_at[r] + (k0) * sak : a_at[r]), n_); \
+        A_COPY(as0 + (s) * (STAGE_A * 4) + a_dst[r], a + (n_ ? a_at[r] + (k0) * sak : a_at[r]), n_); \
     }                                                                                            \
     for (int r = 0; r < B_COPIES; ++r) {                                                         \
         uint n_ = B_BYTES(r, k0);                                                                \
-        B_COPY(bs0 + (s) * (STAGE_FLOATS * 4) + b_dst[r], b + (n_ ? b_at[r] + (k0) * sbk : b_at[r]), n_); \
+        B_COPY(bs0 + (s) * (STAGE_B * 4) + b_dst[r], b + (n_ ? b_at[r] + (k0) * sbk : b_at[r]), n_); \
     }
 
-    float acc[8][8];
-    for (int i = 0; i < 8; ++i)
-        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+    float acc[WM][WN];
+    for (int i = 0; i < WM; ++i)
+        for (int j = 0; j < WN; ++j) acc[i][j] = 0.0f;
 
     const uint steps = (lower_k_end(K, m0 + TM, lower, diag, TK) + TK - 1) / TK;
     for (uint t = 0; t < STAGES - 1; ++t) {
@@ -195,33 +212,38 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
             FETCH(ws, next * TK)
         }
         cp_commit();
-        __local const float* ap = As + rs * STAGE_FLOATS;
-        __local const float* bp = Bs + rs * STAGE_FLOATS;
+        __local const float* ap = As + rs * STAGE_A;
+        __local const float* bp = Bs + rs * STAGE_B;
 #ifdef ROW_SUMS
         if (rs_on)
-            for (int kk = 0; kk < TK; ++kk) rsv += ap[TROW(kk, tid)];
+            for (int kk = 0; kk < TK; ++kk) rsv += ap[TROWA(kk, tid)];
 #endif
         #pragma unroll
         for (int kk = 0; kk < TK; ++kk) {
-            float4 a0 = *(__local const float4*)(ap + TROW(kk, ty * 4));
-            float4 a1 = *(__local const float4*)(ap + TROW(kk, 64 + ty * 4));
-            float4 b0 = *(__local const float4*)(bp + TROW(kk, tx * 4));
-            float4 b1 = *(__local const float4*)(bp + TROW(kk, 64 + tx * 4));
-            float ra[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-            float rb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-            for (int i = 0; i < 8; ++i)
-                for (int j = 0; j < 8; ++j) acc[i][j] = mad(ra[i], rb[j], acc[i][j]);
+            float ra[WM], rb[WN];
+            #pragma unroll
+            for (int g = 0; g < WM / 4; ++g) {
+                float4 v = *(__local const float4*)(ap + TROWA(kk, g * 4 * TY + ty * 4));
+                ra[4 * g] = v.x, ra[4 * g + 1] = v.y, ra[4 * g + 2] = v.z, ra[4 * g + 3] = v.w;
+            }
+            #pragma unroll
+            for (int g = 0; g < WN / 4; ++g) {
+                float4 v = *(__local const float4*)(bp + TROWB(kk, g * 4 * TX + tx * 4));
+                rb[4 * g] = v.x, rb[4 * g + 1] = v.y, rb[4 * g + 2] = v.z, rb[4 * g + 3] = v.w;
+            }
+            for (int i = 0; i < WM; ++i)
+                for (int j = 0; j < WN; ++j) acc[i][j] = mad(ra[i], rb[j], acc[i][j]);
         }
         rs = rs + 1 == STAGES ? 0 : rs + 1;
         ws = ws + 1 == STAGES ? 0 : ws + 1;
     }
     cp_wait_all();
 
-    for (int i = 0; i < 8; ++i) {
-        uint m = m0 + (i / 4) * 64 + ty * 4 + i % 4;
+    for (int i = 0; i < WM; ++i) {
+        uint m = m0 + (i / 4) * 4 * TY + ty * 4 + i % 4;
         if (!INSIDE(m, M)) continue;
-        for (int j = 0; j < 8; ++j) {
-            uint n = n0 + (j / 4) * 64 + tx * 4 + j % 4;
+        for (int j = 0; j < WN; ++j) {
+            uint n = n0 + (j / 4) * 4 * TX + tx * 4 + j % 4;
             if (INSIDE(n, N)) {
                 float v = acc[i][j];
                 if (has_bias) v += bias[c_col + n];

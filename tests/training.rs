@@ -17,6 +17,15 @@ fn device() -> Device {
         .unwrap_or_else(Device::host)
 }
 
+/// Held by every test here: the profiler records the whole process's launches, so the profiled
+/// test would see the other tests' kernels (from their own queues, overlapping its own on the
+/// device's one trace track) if they ran beside it.
+static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ALONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn mlp(dev: &Device) -> Sequential {
     let mut g = Generator::new(3);
     Sequential::new()
@@ -27,6 +36,7 @@ fn mlp(dev: &Device) -> Sequential {
 
 #[test]
 fn mlp_learns_the_shipped_subset() {
+    let _alone = alone();
     let dev = device();
     let data = FashionMnist::embedded_subset().unwrap();
     let builder = BatchBuilder::new(ImageLayout::Flat);
@@ -69,6 +79,7 @@ fn mlp_learns_the_shipped_subset() {
 
 #[test]
 fn half_precision_parameters_train() {
+    let _alone = alone();
     // f16 and bf16 storage (f32 arithmetic inside the kernels): parameters, activations,
     // gradients and Adam's state all in the half type, as a user who builds the model in it gets.
     // Half types are storage only (vload_half / bit ops): every device runs both.
@@ -147,6 +158,7 @@ fn half_precision_parameters_train() {
 
 #[test]
 fn a_profiled_training_step_is_a_valid_chrome_trace() {
+    let _alone = alone();
     let dev = device();
     let model = mlp(&dev);
     let mut opt = Adam::new(model.parameters(), 1e-3);

@@ -271,27 +271,6 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<super::Produc
         tc::launch(kind, &out, a, b, batch, opts)?;
         return Ok((out, None));
     }
-    // Columns a tile would cover unevenly, up to half a tile (288 = 2 x 128 + 32): a strip of
-    // narrower tiles after the rest, so no tile is mostly empty and the rest builds aligned;
-    // where the empty columns are under a tenth of those computed, one launch costs less than
-    // two (the MLP's 1024 x 784 weight gradient: 38 us in 64 x 64 tiles and a strip of 16
-    // columns, 26 us without the strip, on the H100).
-    let rem = n % tile.bn as usize;
-    let empty = (tile.bn as usize - rem) % tile.bn as usize;
-    let strips = if rem > 0 && n > rem && 2 * rem <= tile.bn as usize && 10 * empty >= n + empty {
-        let bn = (rem.next_power_of_two().max(8)) as u32;
-        let strip = GemmTile {
-            bn,
-            wn: tile.wn.min(4).min(bn),
-            ..tile
-        };
-        match strip.check(device, acc_bytes) {
-            Ok(()) => vec![(0, n - rem, tile), (n - rem, rem, strip)],
-            Err(_) => vec![(0, n, tile)],
-        }
-    } else {
-        vec![(0, n, tile)]
-    };
     // A's row sums from the first column of tiles (matmul.cl and the pipeline both add them up).
     let sums = row_sums
         .then(|| Tensor::alloc(&[m], a.dtype, device))
@@ -308,16 +287,40 @@ pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<super::Produc
         lower: opts.lower,
         row_sums: sums.as_ref(),
     };
-    for (col, width, t) in strips {
-        // The 128 x 128 tile through the cp.async pipeline where the device runs it (f32).
-        let piped = if t == tile && t.bm == 128 && t.bn == 128 {
-            pipe::for_launch(device, &launch, opts.activation, col, width)?
-        } else {
-            None
+    // The cp.async pipeline where the device runs it (f32), else matmul.cl's tile.
+    let piped = opts
+        .tile
+        .is_none()
+        .then(|| pipe::tile(device, &launch, &tile))
+        .flatten();
+    let bn = piped.map_or(tile.bn as usize, |p| p.tn);
+    // Columns a tile would cover unevenly, up to half a tile (288 = 2 x 128 + 32): a strip of
+    // narrower matmul.cl tiles after the rest, so no tile is mostly empty and the rest builds
+    // aligned; where the empty columns are under a tenth of those computed, one launch costs less
+    // than two (the MLP's 1024 x 784 weight gradient: 38 us in 64 x 64 tiles and a strip of 16
+    // columns, 26 us without the strip, on the H100).
+    let rem = n % bn;
+    let empty = (bn - rem) % bn;
+    let mut strips = vec![(0, n, None)];
+    if rem > 0 && n > rem && 2 * rem <= bn && 10 * empty >= n + empty {
+        let sbn = (rem.next_power_of_two().max(8)) as u32;
+        let strip = GemmTile {
+            bn: sbn,
+            wn: tile.wn.min(4).min(sbn),
+            ..tile
         };
-        match piped {
-            Some(p) => launch.run(&p, MATMUL_KERNEL, col, width, pipe::SHAPE)?,
-            None => {
+        if strip.check(device, acc_bytes).is_ok() {
+            strips = vec![(0, n - rem, None), (n - rem, rem, Some(strip))];
+        }
+    }
+    for (col, width, strip) in strips {
+        match (piped, strip) {
+            (Some(p), None) => {
+                let program = pipe::for_launch(device, &launch, opts.activation, col, width, p)?;
+                launch.run(&program, MATMUL_KERNEL, col, width, p.shape())?
+            }
+            (_, t) => {
+                let t = t.unwrap_or(tile);
                 let [tx, ty] = t.local();
                 let shape = ((t.bm as usize, t.bn as usize), [tx, ty, 1]);
                 let sums = row_sums && col == 0;

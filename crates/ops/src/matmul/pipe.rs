@@ -8,11 +8,43 @@ use crate::fused::activation::Activation;
 use crate::fused::expr::Class;
 use netcl_core_devices::{DType, Device, Result};
 use netcl_kernels::sources::MATMUL_ASYNC;
-use netcl_kernels::{program, Program};
+use netcl_kernels::{program, GemmTile, Program};
 use std::sync::{Arc, OnceLock};
 
-/// The kernel's output tile (rows, columns) and work-group, fixed in matmul_async.cl.
-pub(super) const SHAPE: ((usize, usize), [usize; 3]) = ((128, 128), [256, 1, 1]);
+/// An output tile of matmul_async.cl: `tm` x `tn` outputs, `wm` x `wn` a work-item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct AsyncTile {
+    pub tm: usize,
+    pub tn: usize,
+    wm: usize,
+    wn: usize,
+}
+
+impl AsyncTile {
+    const fn new(tm: usize, tn: usize, wm: usize, wn: usize) -> AsyncTile {
+        AsyncTile { tm, tn, wm, wn }
+    }
+
+    /// The tile (rows, columns) and work-group of a launch.
+    pub(super) fn shape(self) -> ((usize, usize), [usize; 3]) {
+        (
+            (self.tm, self.tn),
+            [(self.tm / self.wm) * (self.tn / self.wn), 1, 1],
+        )
+    }
+
+    fn options(self) -> String {
+        format!(
+            " -DTM={} -DTN={} -DWM={} -DWN={}",
+            self.tm, self.tn, self.wm, self.wn
+        )
+    }
+}
+
+/// The tiles: 128 x 128 (8 x 8 outputs a work-item, 256 work-items), and 64 x 64 (8 x 4, 128
+/// work-items) for products too small to fill the device with the large one.
+const LARGE: AsyncTile = AsyncTile::new(128, 128, 8, 8);
+const SMALL: AsyncTile = AsyncTile::new(64, 64, 8, 4);
 
 /// The pipeline's depth (2 to 5 steps of K in flight), its K step (8 or 16) and a register cap
 /// per work-item (0: none). `NETCL_GEMM_ASYNC`: `0` turns the pipeline off, else
@@ -44,7 +76,8 @@ fn settings() -> Option<Settings> {
             k_step: field(1, default.k_step),
             max_registers: field(2, default.max_registers),
         };
-        // Local memory: both operands' padded tiles (k_step rows of 132 floats) per stage.
+        // Local memory: both operands' padded tiles (k_step rows of 132 floats, for the largest
+        // tile) per stage.
         let fits = s.stages * s.k_step * 132 * 4 * 2 <= 48 * 1024;
         match f[..] {
             [0] => None,
@@ -60,15 +93,23 @@ fn settings() -> Option<Settings> {
     })
 }
 
-/// Whether `device` runs matmul_async.cl with exact results: probed once per device (NVIDIA
-/// OpenCL devices only, as the kernel is PTX).
+/// Whether `device` runs matmul_async.cl with exact results (in its large tile): probed once per
+/// device (NVIDIA OpenCL devices only, as the kernel is PTX).
 pub fn has_async_gemm(device: &Device) -> bool {
-    static PROBES: Probes<usize> = OnceLock::new();
+    runs(device, LARGE)
+}
+
+/// Whether `device` runs matmul_async.cl in `tile` with exact results, probed once per device
+/// and tile.
+fn runs(device: &Device, tile: AsyncTile) -> bool {
+    static PROBES: Probes<(usize, AsyncTile)> = OnceLock::new();
     let Some(s) = settings() else {
         return false;
     };
-    probed(&PROBES, device.ordinal(), device, true, || {
-        probe(device, s).map_err(|e| format!("pipelined f32 GEMM unavailable on {device}: {e}"))
+    probed(&PROBES, (device.ordinal(), tile), device, true, || {
+        probe(device, s, tile).map_err(|e| {
+            format!("pipelined f32 GEMM in {tile:?} tiles unavailable on {device}: {e}")
+        })
     })
 }
 
@@ -142,27 +183,39 @@ pub(super) enum Operand {
     B,
 }
 
-/// The program for columns `col .. col + width` of `l`'s product through the pipeline, when it
-/// takes it: f32 operands on a device whose probe passed.
+/// The tile `l`'s product takes through the pipeline, when it does (f32 operands, on a device
+/// whose probe of the tile passed): 128 x 128 where matmul.cl's fitted tile stayed that large and
+/// an operand is copied 16 bytes at a time; 64 x 64 for smaller products of one batch whose
+/// operands are both copied 16 bytes at a time (weight gradients `dYᵀ X`: the MLP's 1024 x 784 x
+/// 256 took 19.8-21.5 us against matmul.cl's 26.2 on the H100, 1024 x 1024 x 256 20.0 against
+/// 22.0 in 128 x 128 tiles). Products with a K-contiguous operand kept matmul.cl's small tiles:
+/// in 64 x 64 pipelined tiles the MLP's 256 x 1024 x 784 forward took 36.5 us against 27.7.
+pub(super) fn tile(device: &Device, l: &TiledLaunch<'_>, fitted: &GemmTile) -> Option<AsyncTile> {
+    let [_, _, _, batch] = l.dims;
+    let vec = stagings(l, 0).map(|s| s == Staging::Vec);
+    let t = if fitted.bm == 128 && fitted.bn == 128 && vec.contains(&true) {
+        LARGE
+    } else if batch == 1 && vec == [true, true] {
+        SMALL
+    } else {
+        return None;
+    };
+    (l.a.dtype == DType::F32 && settings().is_some() && runs(device, t)).then_some(t)
+}
+
+/// The program for columns `col .. col + width` of `l`'s product through the pipeline in `tile`.
 pub(super) fn for_launch(
     device: &Device,
     l: &TiledLaunch<'_>,
     act: Activation,
     col: usize,
     width: usize,
-) -> Result<Option<Arc<Program>>> {
-    match settings() {
-        // Both operands through 4-byte copies ran 25-29% slower than matmul.cl on the H100
-        // (8192 x 768 x 768: 38.7 -> 29.1 TF/s): such products stay there (see `copy_first`).
-        Some(s)
-            if l.a.dtype == DType::F32
-                && stagings(l, col).contains(&Staging::Vec)
-                && has_async_gemm(device) =>
-        {
-            build(device, l, act, col, width, s).map(Some)
-        }
-        _ => Ok(None),
-    }
+    tile: AsyncTile,
+) -> Result<Arc<Program>> {
+    let s = settings().ok_or_else(|| {
+        netcl_core_devices::Error::invalid("matmul", "the pipelined GEMM is turned off")
+    })?;
+    build(device, l, act, col, width, s, tile)
 }
 
 /// matmul_async.cl built for `l`'s operand layouts (columns `col .. col + width`) and `act`.
@@ -173,14 +226,17 @@ fn build(
     col: usize,
     width: usize,
     s: Settings,
+    tile: AsyncTile,
 ) -> Result<Arc<Program>> {
     let [m, _, k, _] = l.dims;
     let [a, b] = stagings(l, col);
-    let aligned =
-        m.is_multiple_of(128) && width.is_multiple_of(128) && k.is_multiple_of(s.k_step as usize);
+    let aligned = m.is_multiple_of(tile.tm)
+        && width.is_multiple_of(tile.tn)
+        && k.is_multiple_of(s.k_step as usize);
     let options = format!(
-        "{} -DMATMUL_KERNEL={MATMUL_KERNEL} -DSTAGES={} -DTK={}{}{}{}{}{}",
+        "{}{} -DMATMUL_KERNEL={MATMUL_KERNEL} -DSTAGES={} -DTK={}{}{}{}{}{}",
         DType::F32.build_option(),
+        tile.options(),
         s.stages,
         s.k_step,
         match s.max_registers {
@@ -203,7 +259,7 @@ fn build(
 /// Small integers make every product and sum exact in f32: the device must match the host bit for
 /// bit (the product, and A's row sums from a -DROW_SUMS build), over ragged M, N and K with
 /// several steps of K, for each way of reaching an operand.
-fn probe(device: &Device, s: Settings) -> Result<bool> {
+fn probe(device: &Device, s: Settings, tile: AsyncTile) -> Result<bool> {
     let (m, n, k) = (136usize, 132usize, 70usize);
     let host = Device::host();
     let av: Vec<f32> = (0..m * k).map(|i| ((i * 7 + 3) % 5) as f32 - 2.0).collect();
@@ -260,8 +316,8 @@ fn probe(device: &Device, s: Settings) -> Result<bool> {
             lower: None,
             row_sums: with_sums.then_some(&sums),
         };
-        let prog = build(device, &l, Activation::None, 0, n, s)?;
-        l.run(&prog, MATMUL_KERNEL, 0, n, SHAPE)?;
+        let prog = build(device, &l, Activation::None, 0, n, s, tile)?;
+        l.run(&prog, MATMUL_KERNEL, 0, n, tile.shape())?;
         if out.to_vec_f64()? != want || (with_sums && sums.to_vec_f64()? != want_sums) {
             return Ok(false);
         }
