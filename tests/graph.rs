@@ -335,6 +335,58 @@ fn shape_changes_replaced_models_reads_and_random_ops_are_errors() {
     }
 }
 
+/// Launches `f` makes on this thread.
+fn launches(f: impl FnOnce() -> Result<Tensor>) -> (Tensor, u64) {
+    let before = netcl::kernels::thread_launches_total();
+    let t = f().unwrap();
+    (t, netcl::kernels::thread_launches_total() - before)
+}
+
+#[test]
+fn nodes_whose_results_nothing_keeps_are_left_out() {
+    for dev in devices() {
+        let mut g = Generator::new(5);
+        let x = Tensor::randn(&[64, 48], DType::F32, &dev, &mut g).unwrap();
+        // Warm-up, and the launches of each part run eagerly.
+        let (_, dead_launches) = launches(|| x.exp()?.sum_all());
+        let (_, output_launches) = launches(|| x.relu()?.sum_all());
+        let (_, returned_launches) = launches(|| x.tanh()?.sum_all());
+        assert!(dead_launches >= 1);
+        // The exp sum is dropped inside the step: left out. The relu sum is an output, and the
+        // tanh sum the step returns: both kept.
+        let (mut graph, returned) = Graph::capture(&dev, |c| {
+            c.input("x", &x)?;
+            let _unread = x.exp()?.sum_all()?;
+            let y = x.relu()?.sum_all()?;
+            c.output("y", &y)?;
+            x.tanh()?.sum_all()
+        })
+        .unwrap();
+        let stats = graph.stats();
+        assert_eq!(stats.dead_nodes as u64, dead_launches, "{stats:?}");
+        assert_eq!(
+            stats.kernels as u64,
+            output_launches + returned_launches,
+            "{stats:?}"
+        );
+        let batch = Tensor::randn(&[64, 48], DType::F32, &dev, &mut g).unwrap();
+        graph.set_input("x", &batch).unwrap();
+        graph.replay().unwrap();
+        assert_eq!(
+            bits(graph.output("y").unwrap()),
+            bits(&batch.relu().unwrap().sum_all().unwrap())
+        );
+        assert_eq!(
+            bits(&returned),
+            bits(&batch.tanh().unwrap().sum_all().unwrap())
+        );
+        // Saved and loaded, the plan keeps the count.
+        let desc = serde_json::to_string(graph.description()).unwrap();
+        let back: netcl::graph::GraphDesc = serde_json::from_str(&desc).unwrap();
+        assert_eq!(back.dead_nodes, stats.dead_nodes);
+    }
+}
+
 #[test]
 fn a_saved_graph_loads_and_replays_like_the_original() {
     for dev in devices() {

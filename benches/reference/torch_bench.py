@@ -1,5 +1,6 @@
 # torch_bench.py: the netcl-bench workloads in PyTorch on the same GPU; with --netcl FILE prints the side-by-side table (ratio = PyTorch time / netcl time, >1 means netcl is faster; with CLBlast records in the netcl JSON also CLBlast's time and PyTorch/CLBlast).
-import argparse, json, torch
+import argparse
+import os, json, torch
 
 def timed(fn, warmup=3, iters=10, reps=5):
     for _ in range(warmup):
@@ -67,8 +68,11 @@ def main():
     p.add_argument("--json")
     p.add_argument("--netcl", help="netcl-bench --json output to compare against")
     a = p.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    # TORCH_BENCH_TF32=1: f32 products and convolutions on TF32 tensor cores (netcl's
+    # NETCL_MATMUL_PRECISION=high), for the side-by-side of training steps run that way.
+    tf32 = os.environ.get("TORCH_BENCH_TF32") == "1"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
     dev = torch.device("cuda")
     want = lambda s: a.suite == "all" or s in a.suite.split(",")
     records = []
@@ -82,7 +86,7 @@ def main():
             rec("gemm", f"sgemm_{n}", timed(lambda: x @ y), flops=2 * n**3)
             torch.backends.cuda.matmul.allow_tf32 = True
             rec("gemm", f"tf32_{n}", timed(lambda: x @ y), flops=2 * n**3)
-            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = tf32
             for name, dt in (("bf16", torch.bfloat16), ("f16", torch.float16)):
                 xh, yh = x.to(dt), y.to(dt)
                 rec("gemm", f"{name}_{n}", timed(lambda: xh @ yh), flops=2 * n**3)

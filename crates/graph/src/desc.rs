@@ -142,6 +142,9 @@ pub struct GraphDesc {
     pub eager_peak_bytes: usize,
     /// Sizes are rounded up to multiples of this.
     pub align: usize,
+    /// Nodes of the recorded step left out: what they wrote reached nothing the step keeps.
+    #[serde(default)]
+    pub dead_nodes: usize,
 }
 
 /// Bytes as a lowercase hex string in JSON.

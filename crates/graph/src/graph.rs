@@ -1,10 +1,10 @@
 //! `Graph`: capture a step on an OpenCL device, plan its buffers into shared slots, and replay it as pre-built kernels with all arguments set (or one command buffer where the device has cl_khr_command_buffer).
 use crate::command_buffer::CommandBuffer;
 use crate::desc::{BufRef, GraphDesc, Node, NodeArg, Role, Slot, SCHEMA_VERSION};
-use crate::plan;
 use crate::record::{self, aligned, Resolved};
 use crate::replay::{CopyStep, Queues, Step};
 use crate::schedule::Access;
+use crate::{plan, prune};
 use netcl_core_devices::opencl3::types::cl_mem;
 use netcl_core_devices::{cl3, ClResultExt, Device, Error, Result};
 use netcl_core_memory::capture::{self, Mem};
@@ -95,6 +95,9 @@ pub struct GraphStats {
     pub queues: usize,
     /// Events one queue waits on from another per replay (start and end included).
     pub cross_waits: usize,
+    /// Nodes of the recorded step left out: what they wrote reached nothing the step keeps (a
+    /// loss that is neither returned nor an output, say).
+    pub dead_nodes: usize,
 }
 
 /// A captured step: replays with one enqueue per node and nothing else.
@@ -164,12 +167,19 @@ impl Graph {
             Error::invalid("Graph::capture", "the recording ended inside the step")
         })?;
         let align = aligned(Pool::of(device)?.alignment().max(256), 256);
-        let resolved = record::resolve(recording, mem_size)?;
-        let graph = Graph::from_capture(device, resolved, g, align)?;
+        let mut resolved = record::resolve(recording, mem_size)?;
+        let dead = prune::prune(&mut resolved);
+        let graph = Graph::from_capture(device, resolved, g, align, dead)?;
         Ok((graph, result))
     }
 
-    fn from_capture(device: &Device, mut r: Resolved, g: Capture, align: usize) -> Result<Graph> {
+    fn from_capture(
+        device: &Device,
+        mut r: Resolved,
+        g: Capture,
+        align: usize,
+        dead_nodes: usize,
+    ) -> Result<Graph> {
         let slots = plan::assign(&mut r.internals, &r.in_place, align);
         let mut desc = GraphDesc {
             schema_version: SCHEMA_VERSION,
@@ -189,6 +199,7 @@ impl Graph {
             slots,
             eager_peak_bytes: r.eager_peak_bytes,
             align,
+            dead_nodes,
         };
         let mut mems = r.external_mems;
         // Slots and named tensors: each an external (added when no node touched it).
@@ -413,6 +424,7 @@ impl Graph {
                 .queues
                 .as_ref()
                 .map_or(0, |q| q.schedule().cross_waits()),
+            dead_nodes: self.desc.dead_nodes,
         }
     }
 

@@ -1,4 +1,4 @@
-//! netcl-graph: capture a training step once on an OpenCL device (every kernel launch, copy, host write, allocation and free is recorded while it runs), plan its buffers (buffers never alive together share memory), and replay it with nothing but enqueues; save and load the plan as JSON.
+//! netcl-graph: capture a training step once on an OpenCL device (every kernel launch, copy, host write, allocation and free is recorded while it runs), leave out nodes whose results reach nothing the step keeps, plan its buffers (buffers never alive together share memory), and replay it with nothing but enqueues; save and load the plan as JSON.
 //!
 //! ```no_run
 //! # use netcl_graph::Graph;
@@ -23,6 +23,7 @@ mod command_buffer;
 pub mod desc;
 mod graph;
 mod plan;
+mod prune;
 mod record;
 mod replay;
 mod save;

@@ -426,10 +426,11 @@ impl Runner {
         let raw = raw_enqueue_secs(&self.dev, &graph, n)?;
         let s = graph.stats();
         println!(
-            "{:<12} {name:<28} graph: {kernels} kernels, {:.4} ms host per replay = {:.2} us per \
+            "{:<12} {name:<28} graph: {kernels} kernels ({} dead nodes left out), {:.4} ms host per replay = {:.2} us per \
              kernel, raw clEnqueueNDRangeKernel {:.2} us ({:.2}x); arena {} KiB vs eager {} KiB \
              of step buffers; pool peak eager {} MiB, replay {} MiB; command buffer {}",
             "",
+            s.dead_nodes,
             replay_host * 1e3,
             replay_host * 1e6 / kernels as f64,
             raw * 1e6,

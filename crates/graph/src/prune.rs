@@ -1,0 +1,108 @@
+//! Dead nodes out of a recording: a node whose writes reach nothing the step keeps (no external buffer, no internal one a later live node touches) is left out of the graph, with the internal buffers only such nodes used (a loss no one reads, e.g. when the step returns nothing).
+use crate::access::writable_args;
+use crate::desc::{BufRef, Node, NodeArg, ProgramDesc};
+use crate::record::Resolved;
+use std::collections::HashSet;
+
+/// What `node` writes and every buffer it touches (a kernel's arguments its signature does not
+/// name read-only count as written).
+fn writes(node: &Node, programs: &[ProgramDesc]) -> Vec<BufRef> {
+    match node {
+        Node::Launch {
+            program,
+            kernel,
+            args,
+            ..
+        } => {
+            let mask = programs
+                .get(*program)
+                .and_then(|p| writable_args(&p.text, &p.options, kernel))
+                .filter(|m| m.len() == args.len());
+            args.iter()
+                .enumerate()
+                .filter_map(|(i, a)| match a {
+                    NodeArg::Buf(b) if mask.as_ref().is_none_or(|m| m[i]) => Some(*b),
+                    _ => None,
+                })
+                .collect()
+        }
+        Node::Write { dst, .. } | Node::Copy { dst, .. } => vec![*dst],
+    }
+}
+
+/// Drops the dead nodes of `r` and the internal buffers no node left uses, renumbering the rest
+/// (their node ranges and in-place pairs follow). Returns how many nodes were dropped.
+pub(crate) fn prune(r: &mut Resolved) -> usize {
+    // Backwards: internal buffers some later live node touches.
+    let mut needed: HashSet<usize> = HashSet::new();
+    let mut live = vec![false; r.nodes.len()];
+    for (i, node) in r.nodes.iter().enumerate().rev() {
+        live[i] = writes(node, &r.program_descs).iter().any(|b| match b {
+            BufRef::External(_) => true,
+            BufRef::Internal(x) => needed.contains(x),
+        });
+        if live[i] {
+            // Written buffers too: a partial write leaves the earlier writers' elements in use.
+            needed.extend(node.buffers().into_iter().filter_map(|b| match b {
+                BufRef::Internal(x) => Some(x),
+                BufRef::External(_) => None,
+            }));
+        }
+    }
+    let dropped = live.iter().filter(|l| !**l).count();
+    if dropped == 0 {
+        return 0;
+    }
+    let nodes: Vec<Node> = std::mem::take(&mut r.nodes)
+        .into_iter()
+        .zip(&live)
+        .filter_map(|(n, l)| l.then_some(n))
+        .collect();
+    // New internal numbers in the old order, with ranges over the new node numbers.
+    let mut renumber: Vec<Option<usize>> = vec![None; r.internals.len()];
+    let mut internals = Vec::new();
+    for (n, node) in nodes.iter().enumerate() {
+        for b in node.buffers() {
+            if let BufRef::Internal(x) = b {
+                let y = *renumber[x].get_or_insert_with(|| {
+                    let mut first = r.internals[x].clone();
+                    (first.first, first.last) = (n, n);
+                    internals.push(first);
+                    internals.len() - 1
+                });
+                internals[y].last = n;
+            }
+        }
+    }
+    let map = |b: &mut BufRef| {
+        if let BufRef::Internal(x) = b {
+            *x = renumber[*x].unwrap_or(*x);
+        }
+    };
+    r.nodes = nodes
+        .into_iter()
+        .map(|mut n| {
+            match &mut n {
+                Node::Launch { args, .. } => args.iter_mut().for_each(|a| {
+                    if let NodeArg::Buf(b) = a {
+                        map(b)
+                    }
+                }),
+                Node::Write { dst, .. } => map(dst),
+                Node::Copy { src, dst, .. } => {
+                    map(src);
+                    map(dst)
+                }
+            }
+            n
+        })
+        .collect();
+    // An in-place pair stays one where both buffers are left and still meet at one node.
+    r.in_place = std::mem::take(&mut r.in_place)
+        .into_iter()
+        .filter_map(|(x, y)| Some((renumber[x]?, renumber[y]?)))
+        .filter(|&(x, y)| internals[x].last == internals[y].first)
+        .collect();
+    r.internals = internals;
+    dropped
+}
