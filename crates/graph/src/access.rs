@@ -186,6 +186,37 @@ fn writable(param: &str) -> bool {
     global && !constant
 }
 
+/// The buffers `node` writes and those it only reads: a kernel's arguments by its signature (all
+/// written where `writable_args` cannot tell), a copy's source read and destination written.
+pub(crate) fn node_buffers(
+    node: &crate::desc::Node,
+    programs: &[crate::desc::ProgramDesc],
+) -> (Vec<crate::desc::BufRef>, Vec<crate::desc::BufRef>) {
+    use crate::desc::{Node, NodeArg};
+    match node {
+        Node::Launch {
+            program,
+            kernel,
+            args,
+            ..
+        } => {
+            let writable = programs.get(*program).and_then(|p| {
+                writable_args(&p.text, &p.options, kernel).filter(|w| w.len() == args.len())
+            });
+            let (mut writes, mut reads) = (Vec::new(), Vec::new());
+            for (i, arg) in args.iter().enumerate() {
+                if let NodeArg::Buf(b) = arg {
+                    let w = writable.as_ref().is_none_or(|w| w[i]);
+                    if w { &mut writes } else { &mut reads }.push(*b);
+                }
+            }
+            (writes, reads)
+        }
+        Node::Write { dst, .. } => (vec![*dst], Vec::new()),
+        Node::Copy { src, dst, .. } => (vec![*dst], vec![*src]),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{find_word, signature, strip_comments, writable_args};

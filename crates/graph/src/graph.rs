@@ -583,35 +583,10 @@ fn default_queues() -> usize {
 
 /// What `node` reads and writes, as `cl_mem` numbers (`mem_of` gives a buffer's).
 fn node_access(desc: &GraphDesc, node: &Node, mem_of: &dyn Fn(BufRef) -> cl_mem) -> Access {
-    let mem = |b: &BufRef| mem_of(*b) as usize;
-    match node {
-        Node::Launch {
-            program,
-            kernel,
-            args,
-            ..
-        } => {
-            let writable = desc.programs.get(*program).and_then(|p| {
-                crate::access::writable_args(&p.text, &p.options, kernel)
-                    .filter(|w| w.len() == args.len())
-            });
-            // Buffers of writable arguments are written (all of them when unknown), the rest read.
-            let mut a = Access::default();
-            for (i, arg) in args.iter().enumerate() {
-                if let NodeArg::Buf(b) = arg {
-                    let w = writable.as_ref().is_none_or(|w| w[i]);
-                    if w { &mut a.writes } else { &mut a.reads }.push(mem(b));
-                }
-            }
-            a
-        }
-        Node::Write { dst, .. } => Access {
-            reads: Vec::new(),
-            writes: vec![mem(dst)],
-        },
-        Node::Copy { src, dst, .. } => Access {
-            reads: vec![mem(src)],
-            writes: vec![mem(dst)],
-        },
+    let (writes, reads) = crate::access::node_buffers(node, &desc.programs);
+    let mems = |v: Vec<BufRef>| v.into_iter().map(|b| mem_of(b) as usize).collect();
+    Access {
+        reads: mems(reads),
+        writes: mems(writes),
     }
 }

@@ -1,34 +1,8 @@
 //! Dead nodes out of a recording: a node whose writes reach nothing the step keeps (no external buffer, no internal one a later live node touches) is left out of the graph, with the internal buffers only such nodes used (a loss no one reads, e.g. when the step returns nothing).
-use crate::access::writable_args;
-use crate::desc::{BufRef, Node, NodeArg, ProgramDesc};
+use crate::access::node_buffers;
+use crate::desc::{BufRef, Node, NodeArg};
 use crate::record::Resolved;
 use std::collections::HashSet;
-
-/// What `node` writes and every buffer it touches (a kernel's arguments its signature does not
-/// name read-only count as written).
-fn writes(node: &Node, programs: &[ProgramDesc]) -> Vec<BufRef> {
-    match node {
-        Node::Launch {
-            program,
-            kernel,
-            args,
-            ..
-        } => {
-            let mask = programs
-                .get(*program)
-                .and_then(|p| writable_args(&p.text, &p.options, kernel))
-                .filter(|m| m.len() == args.len());
-            args.iter()
-                .enumerate()
-                .filter_map(|(i, a)| match a {
-                    NodeArg::Buf(b) if mask.as_ref().is_none_or(|m| m[i]) => Some(*b),
-                    _ => None,
-                })
-                .collect()
-        }
-        Node::Write { dst, .. } | Node::Copy { dst, .. } => vec![*dst],
-    }
-}
 
 /// Drops the dead nodes of `r` and the internal buffers no node left uses, renumbering the rest
 /// (their node ranges and in-place pairs follow). Returns how many nodes were dropped.
@@ -37,10 +11,13 @@ pub(crate) fn prune(r: &mut Resolved) -> usize {
     let mut needed: HashSet<usize> = HashSet::new();
     let mut live = vec![false; r.nodes.len()];
     for (i, node) in r.nodes.iter().enumerate().rev() {
-        live[i] = writes(node, &r.program_descs).iter().any(|b| match b {
-            BufRef::External(_) => true,
-            BufRef::Internal(x) => needed.contains(x),
-        });
+        live[i] = node_buffers(node, &r.program_descs)
+            .0
+            .iter()
+            .any(|b| match b {
+                BufRef::External(_) => true,
+                BufRef::Internal(x) => needed.contains(x),
+            });
         if live[i] {
             // Written buffers too: a partial write leaves the earlier writers' elements in use.
             needed.extend(node.buffers().into_iter().filter_map(|b| match b {
