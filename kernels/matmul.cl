@@ -41,9 +41,22 @@ inline ACC activate(ACC v) { return v; }
 #endif
 #define ROW(i) (((i) / GWM) * (TY * GWM) + ty * GWM + (i) % GWM)  // row of register i in the tile
 #define COL(j) (((j) / GWN) * (TX * GWN) + tx * GWN + (j) % GWN)  // column of register j
-#define A_PER ((BM * BK + NT - 1) / NT)  // tile elements each work-item stages
+// Tile elements each work-item stages, one at a time; with -DA_K4 (A's K dim contiguous, its other strides, offset
+// and K multiples of 4: f32 only) runs of 4 along K, one 16-byte load each, stored transposed (B likewise, -DB_K4).
+#ifdef A_K4
+#define A_PER (BM * BK / 4 / NT)
+#else
+#define A_PER ((BM * BK + NT - 1) / NT)
+#endif
 #define RS_PER ((BM + NT - 1) / NT)       // rows of A each work-item sums (-DROW_SUMS)
+#if (defined(A_K4) && (BM * BK) % (4 * NT)) || (defined(B_K4) && (BN * BK) % (4 * NT))
+#error "matmul.cl: -DA_K4 / -DB_K4 need the tile to split into whole runs of 4 per work-item"
+#endif
+#ifdef B_K4
+#define B_PER (BN * BK / 4 / NT)
+#else
 #define B_PER ((BN * BK + NT - 1) / NT)
+#endif
 
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per batch: c[m * ldc + c_col + n] */
@@ -65,19 +78,48 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
     for (int i = 0; i < WM; ++i)
         for (int j = 0; j < WN; ++j) acc[i][j] = (ACC)0;
     // The next tile is loaded into registers while the current one is multiplied.
-    ACC ra_next[A_PER], rb_next[B_PER];
+#ifdef A_K4
+    float4 ra_next[A_PER];
+#else
+    ACC ra_next[A_PER];
+#endif
+#ifdef B_K4
+    float4 rb_next[B_PER];
+#else
+    ACC rb_next[B_PER];
+#endif
 
 // Tile coordinates of staged element r: consecutive work-items walk the contiguous dim.
+#ifdef A_K4
+#define A_MK(r, mm, kk) uint e_ = tid + (r) * NT; uint mm = e_ / (BK / 4); uint kk = e_ % (BK / 4) * 4;
+#define A_ZERO ((float4)0)
+#define STAGE_A(r, mm, kk) As[kk][mm] = ra_next[r].x, As[kk + 1][mm] = ra_next[r].y, As[kk + 2][mm] = ra_next[r].z, As[kk + 3][mm] = ra_next[r].w;
+#define LOAD_A(at) (*(__global const float4*)(a + (at)))
+#else
 #define A_MK(r, mm, kk) uint e_ = tid + (r) * NT; uint mm = sak == 1 ? e_ / BK : e_ % BM; uint kk = sak == 1 ? e_ % BK : e_ / BM;
+#define A_ZERO ((ACC)0)
+#define STAGE_A(r, mm, kk) As[kk][mm] = ra_next[r];
+#define LOAD_A(at) LOAD(a, at)
+#endif
+#ifdef B_K4
+#define B_NK(r, nn, kk) uint e_ = tid + (r) * NT; uint nn = e_ / (BK / 4); uint kk = e_ % (BK / 4) * 4;
+#define B_ZERO ((float4)0)
+#define STAGE_B(r, nn, kk) Bs[kk][nn] = rb_next[r].x, Bs[kk + 1][nn] = rb_next[r].y, Bs[kk + 2][nn] = rb_next[r].z, Bs[kk + 3][nn] = rb_next[r].w;
+#define LOAD_B(at) (*(__global const float4*)(b + (at)))
+#else
 #define B_NK(r, nn, kk) uint e_ = tid + (r) * NT; uint nn = sbn == 1 ? e_ % BN : e_ / BK; uint kk = sbn == 1 ? e_ / BN : e_ % BK;
+#define B_ZERO ((ACC)0)
+#define STAGE_B(r, nn, kk) Bs[kk][nn] = rb_next[r];
+#define LOAD_B(at) LOAD(b, at)
+#endif
 // Staged element r of this work-item sits at a fixed place in every tile: its offsets in A and B at
 // k0 = 0 are computed once, and each step adds k0 times the K stride.
-#if (BM * BK) % NT == 0
+#if (BM * BK) % NT == 0 || defined(A_K4)
 #define A_IN(r) 1
 #else
 #define A_IN(r) (tid + (r) * NT < BM * BK)
 #endif
-#if (BN * BK) % NT == 0
+#if (BN * BK) % NT == 0 || defined(B_K4)
 #define B_IN(r) 1
 #else
 #define B_IN(r) (tid + (r) * NT < BN * BK)
@@ -89,9 +131,9 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
 #ifdef ALIGNED
 #define FETCH(k0)                                                                              \
     for (int r = 0; r < A_PER; ++r)                                                            \
-        ra_next[r] = A_IN(r) ? LOAD(a, a_at[r] + (k0) * sak) : (ACC)0;                         \
+        ra_next[r] = A_IN(r) ? LOAD_A(a_at[r] + (k0) * sak) : A_ZERO;                         \
     for (int r = 0; r < B_PER; ++r)                                                            \
-        rb_next[r] = B_IN(r) ? LOAD(b, b_at[r] + (k0) * sbk) : (ACC)0;
+        rb_next[r] = B_IN(r) ? LOAD_B(b_at[r] + (k0) * sbk) : B_ZERO;
 #else
 // Every check, recomputing the staged element's place (the last, partial step of K; and every
 // step where a work-item stages more than 32 elements, beyond the bit masks).
@@ -99,12 +141,12 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
     for (int r = 0; r < A_PER; ++r) {                                                          \
         A_MK(r, mm, kk)                                                                        \
         bool in = A_IN(r) && m0 + mm < M && (k0) + kk < K;                                     \
-        ra_next[r] = in ? LOAD(a, a_at[r] + (k0) * sak) : (ACC)0;                              \
+        ra_next[r] = in ? LOAD_A(a_at[r] + (k0) * sak) : A_ZERO;                              \
     }                                                                                          \
     for (int r = 0; r < B_PER; ++r) {                                                          \
         B_NK(r, nn, kk)                                                                        \
         bool in = B_IN(r) && n0 + nn < N && (k0) + kk < K;                                     \
-        rb_next[r] = in ? LOAD(b, b_at[r] + (k0) * sbk) : (ACC)0;                              \
+        rb_next[r] = in ? LOAD_B(b_at[r] + (k0) * sbk) : B_ZERO;                              \
     }
 #if A_PER <= 32 && B_PER <= 32
 #define MASKS
@@ -113,9 +155,9 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
 #define FETCH(k0)                                                                              \
     if ((k0) + BK <= K) {                                                                      \
         for (int r = 0; r < A_PER; ++r)                                                        \
-            ra_next[r] = (A_IN(r) && A_OK(r)) ? LOAD(a, a_at[r] + (k0) * sak) : (ACC)0;        \
+            ra_next[r] = (A_IN(r) && A_OK(r)) ? LOAD_A(a_at[r] + (k0) * sak) : A_ZERO;        \
         for (int r = 0; r < B_PER; ++r)                                                        \
-            rb_next[r] = (B_IN(r) && B_OK(r)) ? LOAD(b, b_at[r] + (k0) * sbk) : (ACC)0;        \
+            rb_next[r] = (B_IN(r) && B_OK(r)) ? LOAD_B(b_at[r] + (k0) * sbk) : B_ZERO;        \
     } else {                                                                                   \
         FETCH_CHECKED(k0)                                                                      \
     }
@@ -126,11 +168,11 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
 #define STAGE()                                                                                \
     for (int r = 0; r < A_PER; ++r) {                                                          \
         A_MK(r, mm, kk)                                                                        \
-        if (e_ < BM * BK) As[kk][mm] = ra_next[r];                                             \
+        if (A_IN(r)) STAGE_A(r, mm, kk)                                                        \
     }                                                                                          \
     for (int r = 0; r < B_PER; ++r) {                                                          \
         B_NK(r, nn, kk)                                                                        \
-        if (e_ < BN * BK) Bs[kk][nn] = rb_next[r];                                             \
+        if (B_IN(r)) STAGE_B(r, nn, kk)                                                        \
     }
 
     uint a_at[A_PER], b_at[B_PER];

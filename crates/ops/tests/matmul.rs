@@ -177,6 +177,35 @@ fn one_dim_operands_sliced_views_and_explicit_tiles() {
                     .unwrap();
                 check(&got, &want, DType::F32, 45, &format!("{tile:?} on {dev}"));
             }
+            // Both operands K-contiguous with 16-byte aligned rows (x Wᵀ): runs of 4 along K in
+            // one load each, over ragged M and N, a K with a partial last step, and a batch.
+            for k in [48, 52] {
+                let x = random_tensor(DType::F32, &[2, 67, k], -1.0, 1.0, 8);
+                let w = random_tensor(DType::F32, &[39, k], -1.0, 1.0, 9);
+                let want = x.matmul(&w.transpose(0, 1).unwrap()).unwrap();
+                for (bm, bn, wm, wn) in [(64, 32, 4, 4), (64, 64, 4, 4), (32, 64, 2, 4)] {
+                    let tile = GemmTile {
+                        bm,
+                        bn,
+                        bk: 16,
+                        wm,
+                        wn,
+                    };
+                    let opts = MatmulOptions {
+                        tile: Some(tile),
+                        ..Default::default()
+                    };
+                    let (xd, wd) = (x.to_device(&dev).unwrap(), w.to_device(&dev).unwrap());
+                    let got = xd.matmul_with(&wd.transpose(0, 1).unwrap(), opts).unwrap();
+                    check(
+                        &got,
+                        &want,
+                        DType::F32,
+                        k,
+                        &format!("x Wᵀ, K {k}, {tile:?} on {dev}"),
+                    );
+                }
+            }
             // 39 columns in tiles of 16: 32 in two tiles, then a strip of 8-wide tiles, with the
             // bias and the activation read and applied at the strip's columns.
             let bias = random_tensor(DType::F32, &[39], -1.0, 1.0, 7);
