@@ -1,6 +1,6 @@
 // matmul_async.cl: f32 GEMM C = act(A·B + bias) whose tiles go global -> local memory through a cp.async pipeline (sm_80+ PTX).
 // Built only where matmul/pipe.rs's probe (build + an exact-result check) passed; same arguments as matmul.cl's kernel.
-// A work-group computes a TM x TN tile of C (128 x 128 by default; 128 x 64 and 64 x 64 for products with few tiles),
+// A work-group computes a TM x TN tile of C (128 x 128 by default; pipe.rs also builds 64 x 64 for small products),
 // WM x WN outputs a work-item (in groups of 4 x 4, 4 * TY rows and 4 * TX columns apart, as matmul.cl's tiles), over K in
 // steps of TK (8 or 16), with STAGES steps of both operands in flight and one barrier per step (cuBLAS' SIMT kernels,
 // `cutlass_80_simt_sgemm_128x128_8x5` and `sm80_xmma_gemm_f32f32_..._tilesize64x64x8_stage3`, pipeline the same way; the
@@ -38,6 +38,9 @@
 #define TX (TN / WN)  // work-items along N
 #define TY (TM / WM)  // along M
 #define NT (TX * TY)
+// Output row of a work-item's register i, column of register j.
+#define ROW(i) ((i) / 4 * 4 * TY + ty * 4 + (i) % 4)
+#define COL(j) ((j) / 4 * 4 * TX + tx * 4 + (j) % 4)
 #define LROWA (TM + 4)  // local row strides in floats
 #define LROWB (TN + 4)
 #if TM * TK % (4 * NT) || TN * TK % (4 * NT) || WM % 4 || WN % 4 || (defined(ROW_SUMS) && NT < TM)
@@ -223,12 +226,12 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
             float ra[WM], rb[WN];
             #pragma unroll
             for (int g = 0; g < WM / 4; ++g) {
-                float4 v = *(__local const float4*)(ap + TROWA(kk, g * 4 * TY + ty * 4));
+                float4 v = *(__local const float4*)(ap + TROWA(kk, ROW(4 * g)));
                 ra[4 * g] = v.x, ra[4 * g + 1] = v.y, ra[4 * g + 2] = v.z, ra[4 * g + 3] = v.w;
             }
             #pragma unroll
             for (int g = 0; g < WN / 4; ++g) {
-                float4 v = *(__local const float4*)(bp + TROWB(kk, g * 4 * TX + tx * 4));
+                float4 v = *(__local const float4*)(bp + TROWB(kk, COL(4 * g)));
                 rb[4 * g] = v.x, rb[4 * g + 1] = v.y, rb[4 * g + 2] = v.z, rb[4 * g + 3] = v.w;
             }
             for (int i = 0; i < WM; ++i)
@@ -240,10 +243,10 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
     cp_wait_all();
 
     for (int i = 0; i < WM; ++i) {
-        uint m = m0 + (i / 4) * 4 * TY + ty * 4 + i % 4;
+        uint m = m0 + ROW(i);
         if (!INSIDE(m, M)) continue;
         for (int j = 0; j < WN; ++j) {
-            uint n = n0 + (j / 4) * 4 * TX + tx * 4 + j % 4;
+            uint n = n0 + COL(j);
             if (INSIDE(n, N)) {
                 float v = acc[i][j];
                 if (has_bias) v += bias[c_col + n];

@@ -67,6 +67,21 @@ impl Node {
             Node::Copy { src, dst, .. } => vec![*src, *dst],
         }
     }
+
+    /// The buffers this node touches, to renumber them.
+    pub(crate) fn buffers_mut(&mut self) -> Vec<&mut BufRef> {
+        match self {
+            Node::Launch { args, .. } => args
+                .iter_mut()
+                .filter_map(|a| match a {
+                    NodeArg::Buf(b) => Some(b),
+                    _ => None,
+                })
+                .collect(),
+            Node::Write { dst, .. } => vec![dst],
+            Node::Copy { src, dst, .. } => vec![src, dst],
+        }
+    }
 }
 
 /// A program the nodes launch kernels of: its OpenCL C (without the common header) and options.

@@ -1,6 +1,6 @@
 //! Dead nodes out of a recording: a node whose writes reach nothing the step keeps (no external buffer, no internal one a later live node touches) is left out of the graph, with the internal buffers only such nodes used (a loss no one reads, e.g. when the step returns nothing).
 use crate::access::node_buffers;
-use crate::desc::{BufRef, Node, NodeArg};
+use crate::desc::{BufRef, Internal};
 use crate::record::Resolved;
 use std::collections::HashSet;
 
@@ -30,50 +30,29 @@ pub(crate) fn prune(r: &mut Resolved) -> usize {
     if dropped == 0 {
         return 0;
     }
-    let nodes: Vec<Node> = std::mem::take(&mut r.nodes)
+    r.nodes = std::mem::take(&mut r.nodes)
         .into_iter()
         .zip(&live)
         .filter_map(|(n, l)| l.then_some(n))
         .collect();
-    // New internal numbers in the old order, with ranges over the new node numbers.
+    // New internal numbers in first-use order, with ranges over the new node numbers.
     let mut renumber: Vec<Option<usize>> = vec![None; r.internals.len()];
-    let mut internals = Vec::new();
-    for (n, node) in nodes.iter().enumerate() {
-        for b in node.buffers() {
+    let mut internals: Vec<Internal> = Vec::new();
+    for (n, node) in r.nodes.iter_mut().enumerate() {
+        for b in node.buffers_mut() {
             if let BufRef::Internal(x) = b {
-                let y = *renumber[x].get_or_insert_with(|| {
-                    let mut first = r.internals[x].clone();
-                    (first.first, first.last) = (n, n);
-                    internals.push(first);
+                let y = *renumber[*x].get_or_insert_with(|| {
+                    internals.push(Internal {
+                        first: n,
+                        ..r.internals[*x].clone()
+                    });
                     internals.len() - 1
                 });
                 internals[y].last = n;
+                *x = y;
             }
         }
     }
-    let map = |b: &mut BufRef| {
-        if let BufRef::Internal(x) = b {
-            *x = renumber[*x].unwrap_or(*x);
-        }
-    };
-    r.nodes = nodes
-        .into_iter()
-        .map(|mut n| {
-            match &mut n {
-                Node::Launch { args, .. } => args.iter_mut().for_each(|a| {
-                    if let NodeArg::Buf(b) = a {
-                        map(b)
-                    }
-                }),
-                Node::Write { dst, .. } => map(dst),
-                Node::Copy { src, dst, .. } => {
-                    map(src);
-                    map(dst)
-                }
-            }
-            n
-        })
-        .collect();
     // An in-place pair stays one where both buffers are left and still meet at one node.
     r.in_place = std::mem::take(&mut r.in_place)
         .into_iter()
