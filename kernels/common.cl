@@ -342,7 +342,7 @@ inline void report_index(__global int* err, int code, uint pos, int value, uint 
 }
 
 // Tensor-core helpers (inline NVIDIA PTX, sm_80+) for programs built with -DTC_TF32, -DTC_BF16 or
-// -DTC_F16 (matmul_tc.cl, attention_tc.cl; only where ops/src/matmul/tc.rs's probe passed).
+// -DTC_F16 (matmul_tc.cl, attention_tc.cl; only where ops/src/matmul/matmul_tc.rs's probe passed).
 #if defined(TC_TF32) || defined(TC_BF16) || defined(TC_F16)
 #if defined(TC_TF32)
 #define MMA_OP "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"

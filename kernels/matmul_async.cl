@@ -1,10 +1,11 @@
 // matmul_async.cl: f32 GEMM C = act(A·B + bias) whose tiles go global -> local memory through a cp.async pipeline (sm_80+ PTX).
-// Built only where matmul/pipe.rs's probe (build + an exact-result check) passed; same arguments as matmul.cl's kernel.
-// A work-group computes a TM x TN tile of C (128 x 128 by default; pipe.rs also builds 64 x 64 for small products),
-// WM x WN outputs a work-item (in groups of 4 x 4, 4 * TY rows and 4 * TX columns apart, as matmul.cl's tiles), over K in
+// Launched by ops/src/matmul/matmul_async.rs where its probe (build + an exact-result check) passed; same arguments as
+// matmul_tiled.cl's kernel.
+// A work-group computes a TM x TN tile of C (128 x 128 by default; the planner also takes 64 x 64 for small products),
+// WM x WN outputs a work-item (in groups of 4 x 4, 4 * TY rows and 4 * TX columns apart, as matmul_tiled.cl's tiles), over K in
 // steps of TK (8 or 16), with STAGES steps of both operands in flight and one barrier per step (cuBLAS' SIMT kernels,
 // `cutlass_80_simt_sgemm_128x128_8x5` and `sm80_xmma_gemm_f32f32_..._tilesize64x64x8_stage3`, pipeline the same way; the
-// staging registers and the second barrier of matmul.cl go away).
+// staging registers and the second barrier of matmul_tiled.cl go away).
 // Both operands' tiles sit in local memory by K, as [k][m] (A) and [k][n] (B), read 4 floats at a time, rows padded
 // by 4 floats (transposed stores hit 32 banks; an XOR swizzle without the padding made the reads' offsets computed
 // per step and cost 14% at 4096^3 on the H100). An operand reaches them as it lies in memory:
@@ -14,14 +15,11 @@
 // B likewise (-DB_VEC, -DB_KFAST). Out-of-range elements are zero-filled by the copy itself (cp.async's source size),
 // so ragged edges cost no branch in the inner loop. -DALIGNED: M, N multiples of the tile, K of TK. -DROW_SUMS: also
 // A's row sums.
-#ifndef STAGES  // the host's defaults (pipe.rs)
+#ifndef STAGES  // the host's defaults (the tuning data's)
 #define STAGES 2
 #endif
 #ifndef TK
 #define TK 16
-#endif
-#ifndef MATMUL_KERNEL
-#error "matmul_async.cl needs -DMATMUL_KERNEL=<kernel name> (set by matmul/pipe.rs)"
 #endif
 #ifndef TM  // the tile and the block of outputs a work-item computes (multiples of 4)
 #define TM 128
@@ -136,7 +134,7 @@ inline uint bytes_in(uint row, uint rows, uint width) { return row < rows ? min(
 #endif
 
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
-void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per batch: c[m * ldc + c_col + n] */
+void matmul_async(__global T* c,           /* (batch, M, ldc) contiguous per batch: c[m * ldc + c_col + n] */
                    __global const T* a,     /* (batch, M, K): a[m * sam + k * sak] */
                    __global const T* b,     /* (batch, K, N): b[k * sbk + n * sbn] */
                    __global const T* bias,  /* (ldc), read at c_col + n when has_bias */
@@ -201,7 +199,7 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
     }
     uint rs = 0, ws = STAGES - 1;  // the stage read this step, the stage written
 #ifdef ROW_SUMS
-    // A's row sums (as matmul.cl's): the first column of tiles, work-item r < TM adding row r.
+    // A's row sums (as matmul_tiled.cl's): the first column of tiles, work-item r < TM adding row r.
     const bool rs_on = n0 == 0 && c_col == 0 && get_group_id(2) == 0 && tid < TM;  // one batch only
     float rsv = 0.0f;
 #endif

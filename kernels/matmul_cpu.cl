@@ -1,12 +1,8 @@
-// matmul_cpu.cl: batched GEMM C = act(A·B + bias) for CPU OpenCL devices (PoCL): no local memory and no barriers (which a CPU driver emulates), each work-item a register block of explicit vectors that the compiler maps to SIMD registers.
+// matmul_cpu.cl (launched by ops/src/matmul/matmul_cpu.rs): batched GEMM C = act(A·B + bias) for CPU OpenCL devices (PoCL): no local memory and no barriers (which a CPU driver emulates), each work-item a register block of explicit vectors that the compiler maps to SIMD registers.
 // -DVN: vector width in elements (16 for f32, 8 for f64); -DRM, -DNV: rows and vectors of columns
-// per work-item of CPU_NN; -DRMT, -DRN: rows and columns per work-item of CPU_NT;
-// -DCPU_NN_KERNEL, -DCPU_NT_KERNEL, -DCPU_PACK_KERNEL: the kernels' names (matmul_cpu.rs's constants).
-// f32 and f64 only (T == ACC). The epilogue as in matmul.cl: with an activation, matmul.rs puts a
+// per work-item of matmul_cpu_nn; -DRMT, -DRN: rows and columns per work-item of matmul_cpu_nt;
+// f32 and f64 only (T == ACC). The epilogue as in matmul_tiled.cl: with an activation, source.rs puts a
 // generated `inline ACC activate(ACC v)` and `#define ACTIVATION` before this file.
-#if !defined(CPU_NN_KERNEL) || !defined(CPU_NT_KERNEL) || !defined(CPU_PACK_KERNEL)
-#error "matmul_cpu.cl needs -DCPU_NN_KERNEL, -DCPU_NT_KERNEL and -DCPU_PACK_KERNEL (set by matmul_cpu.rs)"
-#endif
 #ifndef ACTIVATION
 inline ACC activate(ACC v) { return v; }
 #endif
@@ -34,7 +30,7 @@ inline void store_row(__global T* c, uint at, V v, uint cols, __global const T* 
 // zero past N: bp[((z * panels + p) * K + k) * W + e] = b[k * sbk + (p * W + e) * sbn]. The product
 // then streams each panel sequentially (B's own rows are often 4 KiB apart, which maps a column
 // strip onto a few cache sets).
-__kernel void CPU_PACK_KERNEL(__global T* bp,         /* (batch, panels, K, W) */
+__kernel void matmul_cpu_pack(__global T* bp,         /* (batch, panels, K, W) */
                               __global const T* b,    /* (batch, K, N): b[k * sbk + n * sbn] */
                               Layout batch,           /* batch dims: operand 2 = b */
                               uint K, uint N, uint sbk, uint sbn, uint panels) {
@@ -47,10 +43,10 @@ __kernel void CPU_PACK_KERNEL(__global T* bp,         /* (batch, panels, K, W) *
 }
 
 // Each work-item owns RM rows x W = NV·VN columns (panel p); per k it broadcasts RM elements of A
-// against NV vectors of the panel's row k. B is either packed (CPU_PACK_KERNEL: panel stride
+// against NV vectors of the panel's row k. B is either packed (matmul_cpu_pack: panel stride
 // K·W, row stride W, batch stride bz, padded with zeros) or B itself with contiguous columns (panel
 // stride W, row stride sbk, bz = 0: batch offsets from the layout; the last panel bounded by N).
-__kernel void CPU_NN_KERNEL(__global T* c,           /* (batch, M, N) contiguous per batch */
+__kernel void matmul_cpu_nn(__global T* c,           /* (batch, M, N) contiguous per batch */
                             __global const T* a,     /* (batch, M, K): a[m * sam + k * sak] */
                             __global const T* b,     /* packed (batch, panels, K, W), or (batch, K, N) with b[k * sbk + n] */
                             __global const T* bias,  /* (N), read when has_bias */
@@ -102,7 +98,7 @@ __kernel void CPU_NN_KERNEL(__global T* c,           /* (batch, M, N) contiguous
 
 // A's and B's K contiguous (a[m * sam + k], b[k + n * sbn]: a row-major weight used as Bᵀ): each
 // work-item owns RMT x RN outputs, each a vector of partial sums over K that is summed at the end.
-__kernel void CPU_NT_KERNEL(__global T* c,           /* (batch, M, N) contiguous per batch */
+__kernel void matmul_cpu_nt(__global T* c,           /* (batch, M, N) contiguous per batch */
                             __global const T* a,     /* (batch, M, K): a[m * sam + k] */
                             __global const T* b,     /* (batch, K, N): b[k + n * sbn] */
                             __global const T* bias,  /* (N), read when has_bias */

@@ -1,20 +1,17 @@
 // matmul_tc.cl: batched GEMM C = act(A·B + bias) on NVIDIA tensor cores through inline PTX mma.sync (sm_80+ PTX).
-// Built only for devices whose probe (crates/ops/src/matmul/tc.rs) gave exact results.
+// Built only for devices whose probe (crates/ops/src/matmul/matmul_tc.rs) gave exact results.
 // -DTC_TF32 (f32 storage, TF32 inputs, m16n8k8), -DTC_BF16 or -DTC_F16 (16-bit storage, m16n8k16); f32 accumulation.
 // Operands K-contiguous, or (16-bit only) -DA_MN: A stored (K, M) with M contiguous, -DB_KN: B stored
 // (K, N) with N contiguous (row-major B), read through ldmatrix.trans; M resp. N a multiple of 8.
 // -DC_F32: C and the bias are f32 (16-bit products written without rounding to 16 bits).
-// -DALIGNED: M and N are multiples of the tile (no row checks). -DTC_KERNEL: the kernel's name.
-// The epilogue's `activate` comes as in matmul.cl (a generated `#define ACTIVATION` + function in front).
+// -DALIGNED: M and N are multiples of the tile (no row checks).
+// The epilogue's `activate` comes as in matmul_tiled.cl (a generated `#define ACTIVATION` + function in front).
 //
 // A work-group of WG (WARPS_M x WARPS_N warps) computes a TBM x TBN tile; a warp WMI x WNJ mma
 // tiles. Both operands are staged in local memory as 32-bit words along K (one TF32 element, or
 // two 16-bit elements with the lower K index in the low half, as mma wants them), or (A_MN, B_KN)
 // as rows along K of 16-bit M (N) elements (layouts below). Fragments come out through ldmatrix
 // (four 8 x 8 matrices of 16-bit elements an instruction; a TF32 element is two of them).
-#ifndef TC_KERNEL
-#error "matmul_tc.cl needs -DTC_KERNEL=<kernel name> (set by matmul_tc.rs)"
-#endif
 // Warp grid WARPS_M x WARPS_N; a warp computes WMI x WNJ mma tiles (16 x 8 each).
 #ifndef WARPS_M
 #define WARPS_M 2
@@ -144,7 +141,7 @@ inline void copy16(__local uint* dst, __global const T* src, uint valid) {
 #endif
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void TC_KERNEL(__global OT* c,          /* (batch, M, N) contiguous per batch: c[m * N + n] */
+void matmul_tc(__global OT* c,          /* (batch, M, N) contiguous per batch: c[m * N + n] */
                __global const T* a,     /* (batch, M, K): a[m * sam + k]; A_MN: a[k * sam + m] */
                __global const T* b,     /* (batch, N, K): b[n * sbn + k]; B_KN: b[k * sbn + n] */
                __global const OT* bias, /* (N), read when has_bias */

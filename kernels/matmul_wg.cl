@@ -1,12 +1,14 @@
 // matmul_wg.cl: batched GEMM C = act(A·B + bias) on Hopper tensor cores through wgmma (sm_90a PTX):
 // 16-bit operands (-DTC_BF16 or -DTC_F16) or f32 ones read as TF32 (-DTC_TF32), f32 accumulation. Built from source as sm_90 PTX with
 // the sm_90a instructions behind `//sm90a: ` and reloaded as sm_90a (netcl-kernels' program.rs,
-// -DSM90A); only where ops/src/matmul/wg.rs's probe gave exact results.
+// -DSM90A); only where ops/src/matmul/matmul_wg.rs's probe gave exact results.
 // Operands K-contiguous, or (16-bit only) -DA_MN: A stored (K, M) with M contiguous, -DB_KN: B
 // stored (K, N) with N contiguous (row-major B); M resp. N then a multiple of 8. K a multiple of
-// 16 bytes (tc.rs pads).
-// -DC_F32: C and the bias are f32. -DTBN=128|256: the tile's columns; -DSTAGES: the ring's depth.
-// The generated `wgmma(d, da, db)` (wg.rs) and the epilogue's `activate` come in front.
+// 16 bytes (the planner pads).
+// -DC_F32: C and the bias are f32. -DTBN=64|128|256: the tile's columns; -DSTAGES: the ring's depth;
+// -DRASTER=g (g > 0): work-groups take their tiles in bands of g rows of tiles, column by column,
+// so those running at once share more of A and B in L2.
+// The generated `wgmma(d, da, db)` (matmul_wg.rs) and the epilogue's `activate` come in front.
 //
 // A work-group of two warpgroups computes a 128 x TBN tile, warpgroup w its rows 64 w .. 64 w + 63
 // (one wgmma per 32 bytes of K, both operands read from local memory by the tensor cores). Tiles
@@ -19,6 +21,9 @@
 #ifndef STAGES
 #define STAGES 4
 #endif
+#ifndef RASTER
+#define RASTER 0
+#endif
 #define TBM 128
 #define EPC (16 / (uint)sizeof(T))  // elements a 16-byte chunk
 #define TBK (8 * EPC)                // elements of K a step: one 128-byte line
@@ -27,7 +32,7 @@
 #define B_BYTES (TBN * 128)
 #define STAGE_BYTES (A_BYTES + B_BYTES)
 // Local memory: the stages, 1024-byte aligned at run time (the swizzle's period): one array of
-// SM90A_STUB bytes (set by program.rs) that program.rs resizes in the PTX to SM90A_SHARED (wg.rs's
+// SM90A_STUB bytes (set by program.rs) that program.rs resizes in the PTX to SM90A_SHARED (matmul_wg.rs's
 // shared_bytes), as OpenCL C caps local arrays at 48 KiB.
 
 // OT, OLOAD, OSTORE, store_pair and PAIRED come from common.cl.
@@ -86,7 +91,17 @@ void matmul_wg(__global OT* c,          /* (batch, M, N) contiguous per batch: c
     __local uchar smem_stub[SM90A_STUB];
     const uint base = ((uint)(size_t)smem_stub + 1023u) & ~1023u;
     const uint tid = get_local_id(0), wg = tid / 128, lane = tid % 32, warp = (tid % 128) / 32;
-    const uint n0 = get_group_id(0) * TBN, m0 = get_group_id(1) * TBM;
+    uint tile_n = get_group_id(0), tile_m = get_group_id(1);
+#if RASTER > 0
+    {
+        const uint cols = get_num_groups(0), rows = get_num_groups(1);
+        const uint id = tile_m * cols + tile_n, band = RASTER * cols;
+        const uint first = id / band * RASTER, height = min((uint)RASTER, rows - first);
+        tile_m = first + id % band % height;
+        tile_n = id % band / height;
+    }
+#endif
+    const uint n0 = tile_n * TBN, m0 = tile_m * TBM;
     const uint3 o = layout_offsets(&batch, get_global_id(2));
     const uint steps = (K + TBK - 1) / TBK;
     float d[TBN / 2];

@@ -1,4 +1,4 @@
-//! The debug mode: `NETCL_DEBUG=nan` (every recorded op's output and every backward gradient is checked for NaN/Inf) and `NETCL_DEBUG=sync` (the queue is finished after each kernel launch), or a scoped [`DebugGuard`].
+//! The debug mode: `NETCL_DEBUG=nan` (every recorded op's output and every backward gradient is checked for NaN/Inf), `NETCL_DEBUG=sync` (the queue is finished after each kernel launch) and `NETCL_DEBUG=gemm` (each distinct GEMM plan printed once), or a scoped [`DebugGuard`].
 //!
 //! Off (the default), each hook costs one load of a cached environment value and one relaxed
 //! atomic load: the modes of the guards are only looked up while some guard is alive in the
@@ -15,6 +15,8 @@ use std::sync::OnceLock;
 const NAN: u8 = 1;
 /// Finish the device queue after every kernel launch.
 const SYNC: u8 = 2;
+/// Print each distinct GEMM plan once, on stderr.
+const GEMM: u8 = 4;
 
 /// `NETCL_DEBUG`, parsed once: the modes, or the error naming the bad value.
 static ENV: OnceLock<std::result::Result<u8, String>> = OnceLock::new();
@@ -32,12 +34,13 @@ fn parse(value: &str) -> std::result::Result<u8, String> {
         modes |= match word {
             "nan" | "anomaly" => NAN,
             "sync" => SYNC,
+            "gemm" => GEMM,
             "all" => NAN | SYNC,
             "0" | "off" => 0,
             other => {
                 return Err(format!(
-                    "NETCL_DEBUG={value:?}: unknown mode {other:?}; use nan, sync, all or a \
-                     comma-separated list (nan,sync)"
+                    "NETCL_DEBUG={value:?}: unknown mode {other:?}; use nan, sync, gemm, \
+                     all (nan and sync) or a comma-separated list (nan,sync)"
                 ))
             }
         };
@@ -78,6 +81,13 @@ pub fn sync_launches() -> Result<bool> {
     Ok(modes()? & SYNC != 0)
 }
 
+/// Whether each distinct GEMM plan is printed once on stderr (`NETCL_DEBUG=gemm`, or a live
+/// [`DebugGuard::gemm`] on this thread).
+#[inline]
+pub fn gemm_plans() -> Result<bool> {
+    Ok(modes()? & GEMM != 0)
+}
+
 /// Turns debug modes on for the current thread while it lives (they nest; dropping one restores
 /// what was on before). Not `Send`: the modes belong to the thread that made the guard.
 #[must_use = "the modes are on only while the guard lives"]
@@ -106,7 +116,12 @@ impl DebugGuard {
     pub fn sync() -> DebugGuard {
         DebugGuard::with(SYNC)
     }
-    /// Both modes.
+    /// GEMM plans (`NETCL_DEBUG=gemm`): each product whose plan (kernel, tile, split, staging)
+    /// was not printed yet prints one line on stderr.
+    pub fn gemm() -> DebugGuard {
+        DebugGuard::with(GEMM)
+    }
+    /// Anomaly detection and synchronous launches.
     pub fn all() -> DebugGuard {
         DebugGuard::with(NAN | SYNC)
     }
@@ -136,6 +151,7 @@ mod tests {
         assert_eq!(parse("nan"), Ok(NAN));
         assert_eq!(parse("sync, nan"), Ok(NAN | SYNC));
         assert_eq!(parse("all"), Ok(NAN | SYNC));
+        assert_eq!(parse("gemm,nan"), Ok(GEMM | NAN));
         let e = parse("nan,fast").unwrap_err();
         assert!(e.contains("\"fast\"") && e.contains("nan,fast"), "{e}");
     }

@@ -256,18 +256,17 @@ mod tests {
     fn the_gemm_kernels_resolve_by_their_option_names() {
         // Kernels that resolve count only their own outputs as written (an unresolved one counts
         // every buffer, which serialises a multi-queue replay around it).
-        let opts = "-DDT_F32 -DMATMUL_KERNEL=matmul -DGEMV_KERNEL=gemv4 \
-                    -DGEMV16_KERNEL=gemv16 -DPARTS_KERNEL=matmul_parts";
+        let opts = "-DDT_F32";
         let mut skinny = vec![true, false, false, false, true];
         skinny.extend([false; 15]);
-        for name in ["gemv4", "gemv16"] {
+        for name in ["matmul_gemv4", "matmul_gemv16"] {
             assert_eq!(
-                writable_args(sources::MATMUL.text, opts, name).as_ref(),
+                writable_args(sources::MATMUL_GEMV.text, opts, name).as_ref(),
                 Some(&skinny),
                 "{name}"
             );
         }
-        let tiled = writable_args(sources::MATMUL.text, opts, "matmul").unwrap();
+        let tiled = writable_args(sources::MATMUL_TILED.text, opts, "matmul_tiled").unwrap();
         assert_eq!(tiled.iter().filter(|&&w| w).count(), 2, "c and rsum");
     }
 

@@ -1,6 +1,7 @@
 //! netcl-kernels: OpenCL C from kernels/*.cl, built per device with -D options, cached in memory and on disk, launched with checks.
 mod bound;
 mod disk_cache;
+pub mod gemm_tuning;
 mod launch;
 mod program;
 pub mod sources;
@@ -9,11 +10,14 @@ pub mod tuning;
 
 pub use bound::{BoundArg, BoundKernel};
 pub use disk_cache::default_dir as cache_dir;
+pub use gemm_tuning::{
+    AsyncTile, AsyncTuning, CpuBlocking, PlanTuning, TileCost, WgChoice, WgTile,
+};
 pub use launch::{set_after_sync_check, thread_launches, thread_launches_total, Kernel};
 pub use program::{build, program, Origin, Program};
 pub use sources::Source;
 pub use tc_tile::TcTile;
-pub use tuning::{gemm_tile, tc_tile, GemmTile};
+pub use tuning::{gemm_tile, plan_tuning, tc_tile, GemmTile};
 
 /// The work-group size netcl uses for one-dimensional kernels (few distinct local sizes keep PoCL fast).
 pub const GROUP_1D: usize = 256;

@@ -20,7 +20,10 @@ macro_rules! source {
 source!(COMMON, "common.cl");
 source!(COPY, "copy.cl");
 source!(RANDOM, "random.cl");
-source!(MATMUL, "matmul.cl");
+// The GEMMs (ops/src/matmul/): the portable tiled kernel, skinny products, split-K sums.
+source!(MATMUL_TILED, "matmul_tiled.cl");
+source!(MATMUL_GEMV, "matmul_gemv.cl");
+source!(MATMUL_PARTS, "matmul_parts.cl");
 // Tensor-core GEMM (inline NVIDIA PTX): built only where its probe passes, so not in `ALL`.
 source!(MATMUL_TC, "matmul_tc.cl");
 // Tensor-core GEMM through Hopper's wgmma (sm_90a PTX): built only where its probe passes.
@@ -44,7 +47,21 @@ source!(ATTENTION_TC, "attention_tc.cl");
 source!(DECODE, "decode.cl");
 
 /// Every op-family source (not the common header).
-pub const ALL: [Source; 14] = [
-    COPY, RANDOM, MATMUL, INDEX, SHAPE, ROPE, REDUCE, SOFTMAX, NORM, CONV, POOL, SORT, ATTENTION,
+pub const ALL: [Source; 16] = [
+    COPY,
+    RANDOM,
+    MATMUL_TILED,
+    MATMUL_GEMV,
+    MATMUL_PARTS,
+    INDEX,
+    SHAPE,
+    ROPE,
+    REDUCE,
+    SOFTMAX,
+    NORM,
+    CONV,
+    POOL,
+    SORT,
+    ATTENTION,
     DECODE,
 ];

@@ -1,10 +1,11 @@
-//! Tuning data per device (GEMM tile sizes, the tensor-core tiling): the user's autotuned file first, then kernels/tuning.json, then defaults by device kind.
+//! Tuning data per device (GEMM tile sizes, the tensor-core tiling, the GEMM planner's costs and thresholds): the user's autotuned file first, then kernels/tuning.json, then defaults by device kind.
+use crate::gemm_tuning::PlanTuning;
 use crate::tc_tile::TcTile;
 use netcl_core_devices::{Device, DeviceKind, Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// GEMM tiling: a work-group computes a `bm` x `bn` tile of C, stepping `bk` along K; each
 /// work-item computes `wm` x `wn` outputs (so work-groups are (bn/wn) x (bm/wm) items).
@@ -46,7 +47,7 @@ impl GemmTile {
         [(self.bn / self.wn) as usize, (self.bm / self.wm) as usize]
     }
 
-    /// The `-D` options of kernels/matmul.cl.
+    /// The `-D` options of kernels/matmul_tiled.cl.
     pub fn options(&self) -> String {
         format!(
             "-DBM={} -DBN={} -DBK={} -DWM={} -DWN={}",
@@ -128,7 +129,14 @@ pub struct TuningEntry {
     /// The tensor-core GEMM's tiling (devices with tensor cores).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tc: Option<TcTile>,
+    /// The GEMM planner's costs and thresholds (absent: the defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanTuning>,
 }
+
+/// The newest tuning-table schema: 2 added the planner's data (`plan`); tables of schema 1 still
+/// read.
+pub const SCHEMA: u32 = 2;
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
 pub struct TuningTable {
@@ -142,10 +150,10 @@ impl TuningTable {
     pub fn parse(text: &str, origin: &str) -> Result<TuningTable> {
         let t: TuningTable = serde_json::from_str(text)
             .map_err(|e| Error::format(origin, format!("not a tuning table: {e}")))?;
-        if t.schema != 1 {
+        if !(1..=SCHEMA).contains(&t.schema) {
             return Err(Error::format(
                 origin,
-                format!("tuning schema {} (expected 1)", t.schema),
+                format!("tuning schema {} (expected 1 to {SCHEMA})", t.schema),
             ));
         }
         Ok(t)
@@ -175,10 +183,11 @@ pub fn user_table_path() -> Option<PathBuf> {
 }
 
 /// The tiles chosen for a device.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Choice {
     gemm: GemmTile,
     tc: TcTile,
+    plan: Arc<PlanTuning>,
 }
 
 /// The GEMM tile for `device`: its entry in the user's table, else in the shipped table, else a
@@ -194,14 +203,22 @@ pub fn tc_tile(device: &Device) -> TcTile {
     choice(device).tc
 }
 
+/// The GEMM planner's data for `device`: the user's table's entry, else the shipped table's,
+/// else the defaults, with the environment's overrides (`PlanTuning::with_env`). Read once per
+/// device and process (`reset_tuning` forgets).
+pub fn plan_tuning(device: &Device) -> Arc<PlanTuning> {
+    choice(device).plan
+}
+
 fn choice(device: &Device) -> Choice {
     let mut cache = CHOICES
         .get_or_init(|| Mutex::new(HashMap::new()))
         .lock()
         .unwrap_or_else(|p| p.into_inner());
-    *cache
+    cache
         .entry(device.ordinal())
         .or_insert_with(|| choose(device))
+        .clone()
 }
 
 fn choose(device: &Device) -> Choice {
@@ -257,7 +274,17 @@ fn choose(device: &Device) -> Choice {
             }
         })
         .map_or(TcTile::DEFAULT, |(_, t)| t);
-    Choice { gemm, tc }
+    let plan = entries
+        .iter()
+        .flatten()
+        .find_map(|e| e.plan.clone())
+        .unwrap_or_default()
+        .with_env();
+    Choice {
+        gemm,
+        tc,
+        plan: Arc::new(plan),
+    }
 }
 
 static CHOICES: OnceLock<Mutex<HashMap<usize, Choice>>> = OnceLock::new();
@@ -279,7 +306,22 @@ mod tests {
         let h200 = t.find("NVIDIA H200").expect("an H200 entry");
         assert_eq!(h200.tc, Some(TcTile::DEFAULT));
         assert!(TuningTable::parse("{}", "x.json").is_err());
-        assert!(TuningTable::parse(r#"{"schema": 2, "devices": []}"#, "x.json").is_err());
+        assert!(TuningTable::parse(r#"{"schema": 3, "devices": []}"#, "x.json").is_err());
+        // Schema 1 (no planner data) still reads; a partial `plan` takes the defaults for the rest.
+        let old = r#"{"schema": 1, "devices": [{"match": "x", "gemm":
+            {"bm": 64, "bn": 64, "bk": 16, "wm": 4, "wn": 4}}]}"#;
+        assert!(TuningTable::parse(old, "x.json").unwrap().devices[0]
+            .plan
+            .is_none());
+        let partial = r#"{"schema": 2, "devices": [{"match": "x", "gemm":
+            {"bm": 64, "bn": 64, "bk": 16, "wm": 4, "wn": 4},
+            "plan": {"skinny": {"max_rows": 8, "max_k": 1024, "max_few": 4096, "decode_rows": 2}}}]}"#;
+        let plan = TuningTable::parse(partial, "x.json").unwrap().devices[0]
+            .plan
+            .clone()
+            .unwrap();
+        assert_eq!(plan.skinny.max_rows, 8);
+        assert_eq!(plan.split, PlanTuning::default().split);
     }
 
     #[test]

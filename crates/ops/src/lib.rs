@@ -46,11 +46,13 @@ pub use fused::activation::Activation;
 pub use fused::eval::{fused, fused_into};
 pub use fused::expr::{BinaryOp, Expr, UnaryOp};
 pub use fused::groups::{fused_into_groups, FusedGroup, FUSED_MAX_GROUPS};
-pub use matmul::pipe::has_async_gemm;
-pub use matmul::tc::{
-    device_float32_matmul_precision, float32_matmul_precision, has_tensor_cores,
-    set_device_float32_matmul_precision, set_float32_matmul_precision, MatmulPrecision,
-    TensorCoreKind,
+pub use matmul::matmul_async::has_async_gemm;
+pub use matmul::matmul_tc::has_tensor_cores;
+/// The GEMM planner: `gemm::plan(&DeviceCaps, &GemmProblem) -> GemmPlan`, and the plan's parts.
+pub use matmul::plan as gemm;
+pub use matmul::precision::{
+    device_float32_matmul_precision, float32_matmul_precision, set_device_float32_matmul_precision,
+    set_float32_matmul_precision, MatmulPrecision, TensorCoreKind,
 };
 pub use matmul::{MatmulOptions, MatmulVectors};
 pub use netcl_core_devices::{DType, Device, Error, Result};

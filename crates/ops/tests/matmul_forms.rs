@@ -160,7 +160,7 @@ fn skinny_products_on_either_side_match_the_host() {
 fn row_sums_beside_the_product_match_the_host() {
     // A weight gradient dYᵀ X with its bias gradient: A read transposed or not, ragged and
     // tile-sized shapes, the dispatcher's kernels (a product big enough for the f32 pipeline's
-    // 128 x 128 tiles on devices that run it) and explicit tiles (matmul.cl on every OpenCL
+    // 128 x 128 tiles on devices that run it) and explicit tiles (matmul_tiled.cl on every OpenCL
     // device; 128 x 16 tiles make each work-item sum two rows), skinny products (both
     // work-item layouts, 4 and 16 rows); the sums against the host's sum over K.
     let devices = test_devices().unwrap();

@@ -44,11 +44,11 @@ fn run_ops(dev: &Device) {
 }
 
 /// The kernel computing run_ops's matmul on `dev`: CPU OpenCL devices have their own GEMM
-/// (matmul_cpu.cl; B row-major is read in place for one block row of A), others matmul.cl's.
+/// (matmul_cpu.cl; B row-major is read in place for one block row of A), others matmul_tiled.cl's.
 fn gemm_kernel(dev: &Device) -> &'static str {
     match dev.kind() {
         DeviceKind::Cpu => "matmul_cpu_nn",
-        _ => "matmul",
+        _ => "matmul_tiled",
     }
 }
 

@@ -198,7 +198,7 @@ fn save(dev: &Device, gemm: Option<GemmTile>, tc: Option<TcTile>) -> Result<()> 
         .ok()
         .and_then(|t| TuningTable::parse(&t, &path.display().to_string()).ok())
         .unwrap_or(TuningTable {
-            schema: 1,
+            schema: netcl_kernels::tuning::SCHEMA,
             note: None,
             devices: Vec::new(),
         });
@@ -215,7 +215,8 @@ fn save(dev: &Device, gemm: Option<GemmTile>, tc: Option<TcTile>) -> Result<()> 
             gemm: gemm
                 .or(old.as_ref().map(|e| e.gemm))
                 .unwrap_or_else(|| gemm_tile(dev)),
-            tc: tc.or(old.and_then(|e| e.tc)),
+            tc: tc.or(old.as_ref().and_then(|e| e.tc)),
+            plan: old.and_then(|e| e.plan),
         },
     );
     if let Some(dir) = path.parent() {

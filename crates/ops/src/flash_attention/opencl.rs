@@ -5,7 +5,7 @@ use crate::base::checks::u32_arg;
 use crate::base::host::dense;
 use crate::base::launch::launch_groups;
 use crate::base::tensor::Tensor;
-use crate::matmul::tc::tensor_core_kind;
+use crate::matmul::matmul_tc::tensor_core_kind;
 use netcl_core_devices::{DType, Device, Error, Result};
 use netcl_kernels::sources::{ATTENTION, ATTENTION_TC};
 use netcl_kernels::{program, Kernel, Program};

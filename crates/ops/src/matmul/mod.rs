@@ -1,18 +1,25 @@
-//! Matrix products: 2-D and batched with broadcast batch dims, any operand strides (transposes cost no copy), bias + activation epilogue (from the unary-op table).
-pub(crate) mod cpu;
+//! Matrix products: 2-D and batched with broadcast batch dims, any operand strides (transposes cost no copy), bias + activation epilogue (from the unary-op table); on OpenCL devices each product runs the plan of the GEMM planner (plan.rs).
+pub(crate) mod matmul_async;
+mod matmul_cpu;
+mod matmul_gemv;
+mod matmul_parts;
+pub(crate) mod matmul_tc;
+mod matmul_tiled;
+mod matmul_wg;
 mod opencl;
-pub(crate) mod pipe;
+pub mod plan;
+pub(crate) mod precision;
+mod probes;
 mod reference;
-pub(crate) mod tc;
-mod wg;
+mod source;
+mod tensor_cores;
 use crate::base::checks::same_float;
 use crate::base::dispatch::dispatch;
 use crate::base::layout::{broadcast_shapes, broadcast_strides, numel};
 use crate::base::tensor::Tensor;
 use crate::fused::activation::Activation;
 use netcl_core_devices::{DType, Error, Result};
-use netcl_kernels::{GemmTile, TcTile};
-pub(crate) use opencl::matmul_source;
+use netcl_kernels::{GemmTile, TcTile, WgTile};
 
 /// Options of `Tensor::matmul_with`.
 #[derive(Clone, Copy, Debug, Default)]
@@ -24,6 +31,9 @@ pub struct MatmulOptions<'a> {
     pub tile: Option<GemmTile>,
     /// The tensor-core tiling to use instead of the device's (for the autotuner).
     pub tc_tile: Option<TcTile>,
+    /// The wgmma tiling to use instead of the planner's choice (for the autotuner), where the
+    /// device runs it.
+    pub wg_tile: Option<WgTile>,
     /// The product's dtype, when not the operands': only f32 for bf16 or f16 operands (the
     /// autocast products). Tensor cores write their f32 sums as they are; other devices round the
     /// product to the operands' dtype, then widen it. The bias then is f32 too.
@@ -49,6 +59,8 @@ struct Matmul<'a> {
     opts: MatmulOptions<'a>,
     /// Also A's row sums over K, where the product's kernel can add them up (one 2-D product).
     row_sums: bool,
+    /// Which operands were 1-D (their dims are dropped from the result).
+    vectors: MatmulVectors,
 }
 
 impl Matmul<'_> {
@@ -56,6 +68,15 @@ impl Matmul<'_> {
     fn out_shape(&self) -> Vec<usize> {
         let mut shape = self.batch.clone();
         shape.extend([self.dims.0, self.dims.2]);
+        shape
+    }
+
+    /// The result's shape: the output's without the dims 1-D operands added.
+    fn result_shape(&self) -> Vec<usize> {
+        let mut shape = self.out_shape();
+        for d in self.vectors.dropped(shape.len()) {
+            shape.remove(d);
+        }
         shape
     }
 }
@@ -127,7 +148,7 @@ impl Tensor {
 
     /// `act(self x other + bias)` and the sums of self's rows over K (self's shape without its
     /// last dim): for a weight gradient dYᵀ X, the bias's gradient too. The product's kernel adds
-    /// them up where it runs matmul.cl's or the f32 pipeline's tiles on a 2-D product (the sums
+    /// them up where it runs matmul_tiled.cl's or the f32 pipeline's tiles on a 2-D product (the sums
     /// of each A tile it stages, in the first column of tiles); elsewhere they are a sum of their
     /// own.
     pub fn matmul_with_row_sums(
@@ -144,8 +165,35 @@ impl Tensor {
         Ok((y, sums))
     }
 
+    /// The plan of `self x other` with `opts` on their device: the kernel, its tile, split and
+    /// operand staging (`NETCL_DEBUG=gemm` prints each distinct one as products run).
+    pub fn matmul_plan(&self, other: &Tensor, opts: MatmulOptions<'_>) -> Result<plan::GemmPlan> {
+        let desc = self.describe(other, opts, false)?;
+        Ok(opencl::plan_of(&desc, &self.device))
+    }
+
     /// The checked product, with A's row sums when `row_sums` and its kernel adds them up.
     fn product(&self, other: &Tensor, opts: MatmulOptions<'_>, row_sums: bool) -> Result<Product> {
+        let desc = self.describe(other, opts, row_sums)?;
+        let out = opts.out_dtype.unwrap_or(self.dtype);
+        if out != self.dtype && !self.device.is_opencl() {
+            return Ok((widened(self, other, opts)?, None));
+        }
+        let (y, sums) = if numel(&desc.out_shape()) == 0 {
+            (Tensor::alloc(&desc.out_shape(), out, &self.device)?, None)
+        } else {
+            dispatch(&self.device, &desc)?
+        };
+        Ok((y.reshape(&desc.result_shape())?, sums))
+    }
+
+    /// The checked description of `self x other` with `opts`.
+    fn describe<'a>(
+        &self,
+        other: &Tensor,
+        opts: MatmulOptions<'a>,
+        row_sums: bool,
+    ) -> Result<Matmul<'a>> {
         let op = "matmul";
         same_float(op, &[self, other])?;
         let vectors = MatmulVectors::of(&self.shape, &other.shape)?;
@@ -191,9 +239,6 @@ impl Tensor {
                 ));
             }
         }
-        if out != self.dtype && !self.device.is_opencl() {
-            return Ok((widened(self, other, opts)?, None));
-        }
         let batch = broadcast_shapes(op, &a.shape[..a.ndim() - 2], &b.shape[..b.ndim() - 2])
             .map_err(|_| {
                 Error::shape(
@@ -209,12 +254,7 @@ impl Tensor {
             broadcast_strides(op, &t.shape[..nd - 2], &t.strides[..nd - 2], &batch)
         };
         let (sa, sb) = (strides(&a)?, strides(&b)?);
-        let mut result_shape = batch.clone();
-        result_shape.extend([m, n]);
-        for d in vectors.dropped(result_shape.len()) {
-            result_shape.remove(d);
-        }
-        let desc = Matmul {
+        Ok(Matmul {
             a,
             b,
             batch,
@@ -223,13 +263,8 @@ impl Tensor {
             dims: (m, k, n),
             opts,
             row_sums,
-        };
-        let (out, sums) = if numel(&desc.out_shape()) == 0 {
-            (Tensor::alloc(&desc.out_shape(), out, &self.device)?, None)
-        } else {
-            dispatch(&self.device, &desc)?
-        };
-        Ok((out.reshape(&result_shape)?, sums))
+            vectors,
+        })
     }
 }
 

@@ -1,18 +1,15 @@
-// matmul.cl: batched GEMM C = act(A·B + bias) with local-memory tiles, register blocking and an epilogue; tile sizes come from -D (tuning table).
+// matmul_tiled.cl: batched GEMM C = act(A·B + bias) with local-memory tiles, register blocking and an epilogue (the portable kernel; launched by ops/src/matmul/matmul_tiled.rs); tile sizes come from -D (the planner's tile).
 // -DBM, -DBN: output tile per work-group; -DBK: depth of one tile step; -DWM, -DWN: outputs per work-item;
 // -DALIGNED: M, N and K are multiples of the tile (no bounds checks); -DROW_SUMS: also A's row sums;
-// -DMATMUL_KERNEL: the kernel's name (matmul.rs's MATMUL_KERNEL).
-// The epilogue: with an activation, matmul.rs puts a generated `inline ACC activate(ACC v)` (the op's
-// OpenCL text from crates/ops/src/unary_table.rs) and `#define ACTIVATION` before this file; without, it is the identity.
+// The epilogue: with an activation, ops/src/matmul/source.rs puts a generated `inline ACC activate(ACC v)` (the op's
+// OpenCL text from the unary-op table, crates/ops/src/fused/expr.rs) and `#define ACTIVATION` before this file; without,
+// it is the identity.
 #ifndef BM
 #define BM 64
 #define BN 64
 #define BK 16
 #define WM 4
 #define WN 4
-#endif
-#ifndef MATMUL_KERNEL
-#error "matmul.cl needs -DMATMUL_KERNEL=<kernel name> (set by matmul.rs)"
 #endif
 #define TX (BN / WN)  // work-items along n
 #define TY (BM / WM)  // work-items along m
@@ -50,7 +47,7 @@ inline ACC activate(ACC v) { return v; }
 #endif
 #define RS_PER ((BM + NT - 1) / NT)       // rows of A each work-item sums (-DROW_SUMS)
 #if (defined(A_K4) && (BM * BK) % (4 * NT)) || (defined(B_K4) && (BN * BK) % (4 * NT))
-#error "matmul.cl: -DA_K4 / -DB_K4 need the tile to split into whole runs of 4 per work-item"
+#error "matmul_tiled.cl: -DA_K4 / -DB_K4 need the tile to split into whole runs of 4 per work-item"
 #endif
 #ifdef B_K4
 #define B_PER (BN * BK / 4 / NT)
@@ -59,7 +56,7 @@ inline ACC activate(ACC v) { return v; }
 #endif
 
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
-void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per batch: c[m * ldc + c_col + n] */
+void matmul_tiled(__global T* c,           /* (batch, M, ldc) contiguous per batch: c[m * ldc + c_col + n] */
             __global const T* a,     /* (batch, M, K): a[m * sam + k * sak] */
             __global const T* b,     /* (batch, K, N): b[k * sbk + n * sbn] */
             __global const T* bias,  /* (ldc), read at c_col + n when has_bias */
@@ -245,165 +242,4 @@ void MATMUL_KERNEL(__global T* c,           /* (batch, M, ldc) contiguous per ba
         for (int q = 0; q < RS_PER; ++q)
             if (tid + q * NT < BM && m0 + tid + q * NT < M) STORE(rsum, m0 + tid + q * NT, rs[q]);
 #endif
-}
-
-// Skinny products: R <= 16 "few" rows F (R, K) against the "many" operand G (K, J),
-// c[r * scr + j * scj] = act(sum_k F[r, k] G[k, j] + bias), the bias indexed by r (bias_r) or j.
-// A product with M <= 16 takes F = A, G = B; one with N <= 16 takes F = Bᵀ, G = Aᵀ (a classifier
-// head, a LoRA down-projection). Each column j of G has `team` work-items (a power of two up to
-// the group) summing a slice of K each, R sums a work-item, and G is read once:
-// - kmajor (G's K contiguous: a row-major weight W (J, K) as G = Wᵀ): a team is adjacent
-//   work-items, so a step reads team contiguous elements of K;
-// - else (G's columns contiguous: activations (K, J)): the group's GEMV_GROUP / team columns are
-//   adjacent work-items, each team member a row of them.
-// Then a tree sum of each team's partial sums in local memory. Two kernels: at most 4 rows
-// (GEMV_KERNEL, one-token decoding) and 16 (GEMV16_KERNEL); rows past R re-read row R - 1 and are
-// summed too (no branch in the loops, so every row's loads are in flight at once) but never stored.
-#if !defined(GEMV_KERNEL) || !defined(GEMV16_KERNEL)
-#error "matmul.cl needs -DGEMV_KERNEL=<name> -DGEMV16_KERNEL=<name> (set by matmul.rs)"
-#endif
-#define GEMV_GROUP 256
-#define SKINNY_MAX 16
-// -DROW_SUMS: also F's row sums over K (rows of A: a narrow layer's bias gradient), from the first
-// group's work-items, into rsum (R); otherwise rsum is not touched.
-#ifdef ROW_SUMS
-#define RS_ONLY(x) x
-#else
-#define RS_ONLY(x)
-#endif
-// Each team's sums of v[r] (rmax per work-item) into its first member's part[r][lid].
-#define TEAM_SUM(v)                                                                                \
-    _Pragma("unroll") for (uint r = 0; r < rmax; ++r) part[r][lid] = v[r];                         \
-    barrier(CLK_LOCAL_MEM_FENCE);                                                                  \
-    for (uint s = team / 2; s > 0; s >>= 1) {                                                      \
-        if (lane < s)                                                                              \
-            _Pragma("unroll") for (uint r = 0; r < rmax; ++r) part[r][lid] +=                      \
-                part[r][lid + s * apart];                                                          \
-        barrier(CLK_LOCAL_MEM_FENCE);                                                              \
-    }
-#define SKINNY_ARGS \
-    c, f, g, bias, rsum, R, J, K, sfr, sfk, sgk, sgj, f_off, g_off, scr, scj, team, kmajor, has_bias, bias_r
-// The kernels' body for at most `rmax` rows (a constant once inlined), part: (rmax, GEMV_GROUP).
-inline void skinny(const uint rmax, __local ACC (*part)[GEMV_GROUP], __global T* c, __global const T* f,
-                   __global const T* g, __global const T* bias, __global T* rsum, uint R, uint J, uint K,
-                   uint sfr, uint sfk, uint sgk, uint sgj, uint f_off, uint g_off, uint scr, uint scj,
-                   uint team, uint kmajor, uint has_bias, uint bias_r) {
-    const uint lid = get_local_id(0), cols = GEMV_GROUP / team;
-    const uint lane = kmajor ? lid % team : lid / cols;
-    const uint j = get_group_id(0) * cols + (kmajor ? lid / team : lid % cols);
-    const uint apart = kmajor ? 1 : cols;  // how far apart a team's members sit
-    ACC acc[SKINNY_MAX];
-    RS_ONLY(ACC fs[SKINNY_MAX];)
-    uint row[SKINNY_MAX];
-#pragma unroll
-    for (uint r = 0; r < rmax; ++r) {
-        acc[r] = (ACC)0;
-        RS_ONLY(fs[r] = (ACC)0;)
-        row[r] = f_off + min(r, R - 1) * sfr;
-    }
-    if (j < J) {
-#pragma unroll 2
-        for (uint k = lane; k < K; k += team) {
-            ACC x = LOAD(g, g_off + k * sgk + j * sgj);
-#pragma unroll
-            for (uint r = 0; r < rmax; ++r) {
-                ACC w = LOAD(f, row[r] + k * sfk);
-                acc[r] += w * x;
-                RS_ONLY(fs[r] += w;)
-            }
-        }
-    }
-    TEAM_SUM(acc)
-    if (lane == 0 && j < J) {
-        for (uint r = 0; r < R; ++r) {
-            ACC v = part[r][lid];
-            if (has_bias) v += LOAD(bias, bias_r ? r : j);
-            STORE(c, r * scr + j * scj, activate(v));
-        }
-    }
-#ifdef ROW_SUMS
-    if (get_group_id(0) == 0) {  // column 0's team covers all of K
-        barrier(CLK_LOCAL_MEM_FENCE);
-        TEAM_SUM(fs)
-        if (lid == 0)
-            for (uint r = 0; r < R; ++r) STORE(rsum, r, part[r][0]);
-    }
-#endif
-}
-// The two kernels' parameters (written out, so that netcl-graph reads which ones they write):
-__kernel __attribute__((reqd_work_group_size(GEMV_GROUP, 1, 1)))
-void GEMV_KERNEL(__global T* c,          /* c[r * scr + j * scj] */
-                 __global const T* f,    /* (R, K): f[f_off + r * sfr + k * sfk] */
-                 __global const T* g,    /* (K, J): g[g_off + k * sgk + j * sgj] */
-                 __global const T* bias, /* (R) when bias_r, else (J); read when has_bias */
-                 __global T* rsum,       /* (R): F's row sums (-DROW_SUMS) */
-                 uint R, uint J, uint K, uint sfr, uint sfk, uint sgk, uint sgj, uint f_off, uint g_off,
-                 uint scr, uint scj, uint team, uint kmajor, uint has_bias, uint bias_r) {
-    __local ACC part[4][GEMV_GROUP];
-    skinny(4, part, SKINNY_ARGS);
-}
-// Not for f64: its 32 KiB of partial sums would be all the local memory OpenCL promises.
-#ifndef DT_F64
-__kernel __attribute__((reqd_work_group_size(GEMV_GROUP, 1, 1)))
-void GEMV16_KERNEL(__global T* c, __global const T* f, __global const T* g, __global const T* bias,
-                   __global T* rsum, uint R, uint J, uint K, uint sfr, uint sfk, uint sgk, uint sgj,
-                   uint f_off, uint g_off, uint scr, uint scj, uint team, uint kmajor, uint has_bias,
-                   uint bias_r) {
-    __local ACC part[SKINNY_MAX][GEMV_GROUP];
-    skinny(SKINNY_MAX, part, SKINNY_ARGS);
-}
-#endif
-
-// The sum of a split-K product's S partial products (each over a chunk of K), with the epilogue:
-// c[i] = act(sum_p parts[p * MN + i] + bias[i % N]). A work-group of PARTS_GROUP takes
-// W = PARTS_GROUP / TEAM consecutive outputs in TEAM slices: slice t sums p = t, t + TEAM, ... in
-// order (TEAM 1: all parts in order), and the slices' sums meet in a fixed tree, so many parts
-// over few outputs (a convolution's weight gradient) keep the device busy.
-#ifndef PARTS_KERNEL
-#error "matmul.cl needs -DPARTS_KERNEL=<kernel name> (set by matmul.rs)"
-#endif
-#define PARTS_GROUP 256
-// -DPARTS_F32: the parts are f32 (tensor cores' sums of 16-bit operands), the output T.
-#ifdef PARTS_F32
-typedef float PT;
-#define PLOAD(p, i) ((ACC)(p)[i])
-#else
-typedef T PT;
-#define PLOAD(p, i) LOAD(p, i)
-#endif
-__kernel __attribute__((reqd_work_group_size(PARTS_GROUP, 1, 1)))
-void PARTS_KERNEL(__global T* c,            /* (M, N) contiguous */
-                  __global const PT* parts, /* (S, M, N) contiguous */
-                  __global const T* bias,   /* (N), read when has_bias */
-                  uint S, uint N, uint has_bias, uint MN, uint TEAM) {
-    __local ACC sh[PARTS_GROUP];
-    uint lid = get_local_id(0), W = PARTS_GROUP / TEAM;
-    uint i = get_group_id(0) * W + lid % W, t = lid / W;
-    ACC v = (ACC)0;
-    if (i < MN && t < S) {
-        v = PLOAD(parts, t * MN + i);
-        uint p = t + TEAM;
-        // Four loads in flight, added in order.
-        for (; p + 3 * TEAM < S; p += 4 * TEAM) {
-            ACC a0 = PLOAD(parts, p * MN + i), a1 = PLOAD(parts, (p + TEAM) * MN + i);
-            ACC a2 = PLOAD(parts, (p + 2 * TEAM) * MN + i), a3 = PLOAD(parts, (p + 3 * TEAM) * MN + i);
-            v += a0;
-            v += a1;
-            v += a2;
-            v += a3;
-        }
-        for (; p < S; p += TEAM) v += PLOAD(parts, p * MN + i);
-    }
-    if (TEAM > 1) {
-        sh[lid] = v;
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (uint h = TEAM / 2; h > 0; h >>= 1) {
-            if (t < h) sh[lid] += sh[lid + h * W];
-            barrier(CLK_LOCAL_MEM_FENCE);
-        }
-        v = sh[lid];
-    }
-    if (t != 0 || i >= MN) return;
-    if (has_bias) v += LOAD(bias, i % N);
-    STORE(c, i, activate(v));
 }
