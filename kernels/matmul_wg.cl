@@ -5,9 +5,15 @@
 // Operands K-contiguous, or (16-bit only) -DA_MN: A stored (K, M) with M contiguous, -DB_KN: B
 // stored (K, N) with N contiguous (row-major B); M resp. N then a multiple of 8. K a multiple of
 // 16 bytes (the planner pads).
-// -DC_F32: C and the bias are f32. -DTBN=64|128|256: the tile's columns; -DSTAGES: the ring's depth;
-// -DRASTER=g (g > 0): work-groups take their tiles in bands of g rows of tiles, column by column,
-// so those running at once share more of A and B in L2.
+// -DC_F32: C and the bias are f32. -DTBN=64|128|256: the tile's columns; -DSTAGES: the ring's depth.
+// raster = g > 0: tiles are taken in bands of g rows of tiles, column by column, so the tiles in
+// flight at once read fewer distinct rows of A and columns of B (a wide B is not read again for
+// every row of tiles).
+//
+// Work-group w computes tiles w, w + G, w + 2G, ... of all batches' tiles (G work-groups): one each
+// when launched with a work-group per tile, several when launched persistent (a few work-groups per
+// compute unit). Then the first K tiles of a work-group's next output tile are requested before the
+// epilogue of the current one is stored, so the pipeline's fill hides behind the stores.
 // The generated `wgmma(d, da, db)` (matmul_wg.rs) and the epilogue's `activate` come in front.
 //
 // A work-group of two warpgroups computes a 128 x TBN tile, warpgroup w its rows 64 w .. 64 w + 63
@@ -20,9 +26,6 @@
 #endif
 #ifndef STAGES
 #define STAGES 4
-#endif
-#ifndef RASTER
-#define RASTER 0
 #endif
 #define TBM 128
 #define EPC (16 / (uint)sizeof(T))  // elements a 16-byte chunk
@@ -87,28 +90,35 @@ void matmul_wg(__global OT* c,          /* (batch, M, N) contiguous per batch: c
                __global const T* b,     /* (batch, N, K): b[n * sbn + k]; B_KN: b[k * sbn + n] */
                __global const OT* bias, /* (N), read when has_bias */
                Layout batch,            /* batch dims: operand 0 = c, 1 = a, 2 = b */
-               uint M, uint N, uint K, uint sam, uint sbn, uint has_bias) {
+               uint M, uint N, uint K, uint sam, uint sbn, uint has_bias,
+               uint batches,            /* the batch dims' element count */
+               uint raster) {           /* rows of tiles a band (0: row by row) */
     __local uchar smem_stub[SM90A_STUB];
     const uint base = ((uint)(size_t)smem_stub + 1023u) & ~1023u;
     const uint tid = get_local_id(0), wg = tid / 128, lane = tid % 32, warp = (tid % 128) / 32;
-    uint tile_n = get_group_id(0), tile_m = get_group_id(1);
-#if RASTER > 0
-    {
-        const uint cols = get_num_groups(0), rows = get_num_groups(1);
-        const uint id = tile_m * cols + tile_n, band = RASTER * cols;
-        const uint first = id / band * RASTER, height = min((uint)RASTER, rows - first);
-        tile_m = first + id % band % height;
-        tile_n = id % band / height;
-    }
-#endif
-    const uint n0 = tile_n * TBN, m0 = tile_m * TBM;
-    const uint3 o = layout_offsets(&batch, get_global_id(2));
     const uint steps = (K + TBK - 1) / TBK;
+    const uint cols = (N + TBN - 1) / TBN, rows = (M + TBM - 1) / TBM, per_batch = cols * rows;
+    const uint total = per_batch * batches, stride = get_num_groups(0);
     float d[TBN / 2];
-#pragma unroll
-    for (int i = 0; i < TBN / 2; ++i) d[i] = 0.0f;
 
-    // Stage st's tiles at base + st * STAGE_BYTES (A) and + A_BYTES (B); tile step s of K.
+    // Tile t's rows m0.., columns n0.. and operand offsets o.
+#define TILE_AT(t, m0_, n0_, o_)                                                                \
+    {                                                                                           \
+        const uint bt = (t) / per_batch, id = (t) % per_batch;                                  \
+        uint tile_m = id / cols, tile_n = id % cols;                                            \
+        if (raster > 0) {                                                                       \
+            const uint band = raster * cols, first = id / band * raster;                        \
+            const uint height = min(raster, rows - first);                                      \
+            tile_m = first + id % band % height;                                                \
+            tile_n = id % band / height;                                                        \
+        }                                                                                       \
+        m0_ = tile_m * TBM;                                                                     \
+        n0_ = tile_n * TBN;                                                                     \
+        o_ = layout_offsets(&batch, bt);                                                        \
+    }
+
+    // Stage st's tiles at base + st * STAGE_BYTES (A) and + A_BYTES (B); tile step s of K of the
+    // output tile at (im0, in0) with operand offsets io.
 #define ISSUE(st, s)                                                                            \
     {                                                                                           \
         const uint k0 = (s) * TBK, sa = base + (st) * STAGE_BYTES, sb = sa + A_BYTES;           \
@@ -124,79 +134,101 @@ void matmul_wg(__global OT* c,          /* (batch, M, N) contiguous per batch: c
 #ifdef A_MN
     // Chunk e: K row e / 16, chunk e % 16 (8 of M).
 #define A_CHUNK                                                                                 \
-    const uint k = k0 + e / 16, r = m0 + (e % 16) * 8, ok = k < K && r < M;                     \
-    copy16(sa + mn_at(e / 16, e % 16), ok ? a + o.y + k * sam + r : a, ok);
+    const uint k = k0 + e / 16, r = im0 + (e % 16) * 8, ok = k < K && r < M;                    \
+    copy16(sa + mn_at(e / 16, e % 16), ok ? a + io.y + k * sam + r : a, ok);
 #else
     // Chunk e: row e / 8 (of M), chunk e % 8 (EPC of K).
 #define A_CHUNK                                                                                 \
-    const uint r = m0 + e / 8, k = k0 + (e % 8) * EPC, ok = r < M && k < K;                     \
-    copy16(sa + k_at(e / 8, e % 8), ok ? a + o.y + r * sam + k : a, ok);
+    const uint r = im0 + e / 8, k = k0 + (e % 8) * EPC, ok = r < M && k < K;                    \
+    copy16(sa + k_at(e / 8, e % 8), ok ? a + io.y + r * sam + k : a, ok);
 #endif
 #ifdef B_KN
 #define B_CHUNK                                                                                 \
-    const uint k = k0 + e / (TBN / 8), r = n0 + (e % (TBN / 8)) * 8, ok = k < K && r < N;       \
-    copy16(sb + mn_at(e / (TBN / 8), e % (TBN / 8)), ok ? b + o.z + k * sbn + r : b, ok);
+    const uint k = k0 + e / (TBN / 8), r = in0 + (e % (TBN / 8)) * 8, ok = k < K && r < N;      \
+    copy16(sb + mn_at(e / (TBN / 8), e % (TBN / 8)), ok ? b + io.z + k * sbn + r : b, ok);
 #else
 #define B_CHUNK                                                                                 \
-    const uint r = n0 + e / 8, k = k0 + (e % 8) * EPC, ok = r < N && k < K;                     \
-    copy16(sb + k_at(e / 8, e % 8), ok ? b + o.z + r * sbn + k : b, ok);
+    const uint r = in0 + e / 8, k = k0 + (e % 8) * EPC, ok = r < N && k < K;                    \
+    copy16(sb + k_at(e / 8, e % 8), ok ? b + io.z + r * sbn + k : b, ok);
 #endif
 #define COMMIT() __asm__ volatile("cp.async.commit_group;" ::: "memory")
-
-    for (uint s = 0; s + 2 < STAGES; ++s) {
-        if (s < steps) ISSUE(s, s)
-        COMMIT();
+    // The first STAGES - 2 steps of K of the tile at (im0, in0, io), one commit group each.
+#define PROLOGUE()                                                                              \
+    for (uint s = 0; s + 2 < STAGES; ++s) {                                                     \
+        if (s < steps) ISSUE(s, s)                                                              \
+        COMMIT();                                                                               \
     }
-    for (uint step = 0; step < steps; ++step) {
-        // This work-item's copies of `step` landed; made visible to the tensor cores' (async) proxy;
-        // after the barrier everyone's have, and every warpgroup's wgmmas of step - 2 are done.
-        WAIT_COPIES();
-        __asm__ volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        barrier(CLK_LOCAL_MEM_FENCE);
-        {
-            const uint ahead = step + STAGES - 2;
-            if (ahead < steps) ISSUE(ahead % STAGES, ahead)
-            COMMIT();
-        }
-        const uint sa = base + (step % STAGES) * STAGE_BYTES, sb = sa + A_BYTES;
+
+    uint t = get_group_id(0), im0 = 0, in0 = 0;
+    uint3 io = (uint3)(0, 0, 0);
+    if (t < total) {
+        TILE_AT(t, im0, in0, io)
+        PROLOGUE()
+    }
+    for (; t < total; t += stride) {
+        // This tile's place (its first steps are in flight already).
+        const uint m0 = im0, n0 = in0;
+        const uint3 o = io;
+#pragma unroll
+        for (int i = 0; i < TBN / 2; ++i) d[i] = 0.0f;
+        for (uint step = 0; step < steps; ++step) {
+            // This work-item's copies of `step` landed; made visible to the tensor cores' (async)
+            // proxy; after the barrier everyone's have, and every warpgroup's wgmmas of step - 2
+            // are done.
+            WAIT_COPIES();
+            __asm__ volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            barrier(CLK_LOCAL_MEM_FENCE);
+            {
+                const uint ahead = step + STAGES - 2;
+                if (ahead < steps) ISSUE(ahead % STAGES, ahead)
+                COMMIT();
+            }
+            const uint sa = base + (step % STAGES) * STAGE_BYTES, sb = sa + A_BYTES;
 #ifdef A_MN
-        const uint wa = sa + wg * 8192;  // this warpgroup's 64 of M: the second 8 KiB block
+            const uint wa = sa + wg * 8192;  // this warpgroup's 64 of M: the second 8 KiB block
 #else
-        const uint wa = sa + wg * 64 * 128;
+            const uint wa = sa + wg * 64 * 128;
 #endif
-        __asm__ volatile("//sm90a: wgmma.fence.sync.aligned;\n" ::: "memory");
+            __asm__ volatile("//sm90a: wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-        for (uint kk = 0; kk < 4; ++kk) wgmma(d, A_DESC(wa, kk), B_DESC(sb, kk));
-        __asm__ volatile("//sm90a: wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        __asm__ volatile("//sm90a: wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-    }
-    __asm__ volatile("//sm90a: wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            for (uint kk = 0; kk < 4; ++kk) wgmma(d, A_DESC(wa, kk), B_DESC(sb, kk));
+            __asm__ volatile("//sm90a: wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            __asm__ volatile("//sm90a: wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        }
+        __asm__ volatile("//sm90a: wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        // Every warpgroup's reads of the ring are done: the next tile's first steps may land.
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (t + stride < total) {
+            TILE_AT(t + stride, im0, in0, io)
+            PROLOGUE()
+        }
 
-    // d[4 j + q]: rows g (q < 2) or g + 8, columns 8 j + 2 t + q % 2 of the warp's 16 rows.
-    const uint g = lane / 4, t = lane % 4;
+        // d[4 j + q]: rows g (q < 2) or g + 8, columns 8 j + 2 t + q % 2 of the warp's 16 rows.
+        const uint g = lane / 4, q = lane % 4;
 #pragma unroll
-    for (uint h = 0; h < 2; ++h) {
-        const uint m = m0 + wg * 64 + warp * 16 + g + h * 8;
-        if (m >= M) continue;
+        for (uint h = 0; h < 2; ++h) {
+            const uint m = m0 + wg * 64 + warp * 16 + g + h * 8;
+            if (m >= M) continue;
 #pragma unroll
-        for (uint j = 0; j < TBN / 8; ++j) {
-            const uint n = n0 + j * 8 + 2 * t, e = o.x + m * N + n;
-            ACC lo = d[4 * j + 2 * h], hi = d[4 * j + 2 * h + 1];
-            if (has_bias) {
-                if (n < N) lo += OLOAD(bias, n);
-                if (n + 1 < N) hi += OLOAD(bias, n + 1);
-            }
-            // Columns n and n + 1 as one 4-byte (two 16-bit) or 8-byte (two f32) store.
-            if (n + 1 < N && e % 2 == 0) {
+            for (uint j = 0; j < TBN / 8; ++j) {
+                const uint n = n0 + j * 8 + 2 * q, e = o.x + m * N + n;
+                ACC lo = d[4 * j + 2 * h], hi = d[4 * j + 2 * h + 1];
+                if (has_bias) {
+                    if (n < N) lo += OLOAD(bias, n);
+                    if (n + 1 < N) hi += OLOAD(bias, n + 1);
+                }
+                // Columns n and n + 1 as one 4-byte (two 16-bit) or 8-byte (two f32) store.
+                if (n + 1 < N && e % 2 == 0) {
 #ifdef PAIRED
-                store_pair(c, e, activate(lo), activate(hi));
+                    store_pair(c, e, activate(lo), activate(hi));
 #else
-                *(__global float2*)(c + e) = (float2)(activate(lo), activate(hi));
+                    *(__global float2*)(c + e) = (float2)(activate(lo), activate(hi));
 #endif
-                continue;
+                    continue;
+                }
+                if (n < N) OSTORE(c, e, activate(lo));
+                if (n + 1 < N) OSTORE(c, e + 1, activate(hi));
             }
-            if (n < N) OSTORE(c, e, activate(lo));
-            if (n + 1 < N) OSTORE(c, e + 1, activate(hi));
         }
     }
 }

@@ -2,13 +2,13 @@
 use serde::{Deserialize, Serialize};
 
 /// matmul_wg.cl's tiling: 128 x `tbn` outputs a work-group, a ring of `stages` K tiles, and
-/// tiles taken in bands of `raster` rows of tiles (0: row by row).
+/// `persistent` work-groups per compute unit looping over the tiles (0: one work-group per tile).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct WgTile {
     pub tbn: u32,
     pub stages: u32,
     #[serde(default)]
-    pub raster: u32,
+    pub persistent: u32,
 }
 
 impl WgTile {
@@ -26,17 +26,24 @@ impl WgTile {
     pub fn valid(self) -> bool {
         [64, 128, 256].contains(&self.tbn)
             && (3..=5).contains(&self.stages)
-            && self.raster <= 64
+            && self.persistent <= 4
             && self.shared_bytes() <= 227 * 1024
     }
 
-    /// The -D options of the tiling.
+    /// Work-groups to launch for `tiles` output tiles on `compute_units`.
+    pub fn groups(self, tiles: usize, compute_units: usize) -> usize {
+        match self.persistent {
+            0 => tiles,
+            p => tiles.min(p as usize * compute_units),
+        }
+    }
+
+    /// The -D options of the tiling (the work-groups' count is the launch's).
     pub fn options(self) -> String {
         format!(
-            "-DTBN={} -DSTAGES={} -DRASTER={} -DSM90A_SHARED={}",
+            "-DTBN={} -DSTAGES={} -DSM90A_SHARED={}",
             self.tbn,
             self.stages,
-            self.raster,
             self.shared_bytes()
         )
     }
@@ -159,6 +166,8 @@ pub struct PlanTuning {
     pub tc_cost: TileCost,
     /// TF32 products' rate against 16-bit ones' on the same tiles.
     pub tf32_ratio: f64,
+    /// wgmma products wider than a band take their tiles in bands of rows of tiles.
+    pub raster: bool,
     /// The pipelined f32 GEMM; None: not used.
     pub async_f32: Option<AsyncTuning>,
     /// The CPU kernels (CPU devices); None: CPU devices take the portable kernel.
@@ -181,7 +190,7 @@ impl Default for PlanTuning {
             tile: WgTile {
                 tbn,
                 stages,
-                raster: 0,
+                persistent: 0,
             },
             cost: c,
         };
@@ -192,6 +201,7 @@ impl Default for PlanTuning {
             ],
             tc_cost: cost(300.0, 3.0, 1),
             tf32_ratio: 0.5,
+            raster: true,
             async_f32: Some(AsyncTuning {
                 stages: 2,
                 k_step: 16,
@@ -313,12 +323,12 @@ impl Overrides {
                 [Some(tbn), Some(stages)] => Some(WgTile {
                     tbn,
                     stages,
-                    raster: 0,
+                    persistent: 0,
                 }),
-                [Some(tbn), Some(stages), Some(raster)] => Some(WgTile {
+                [Some(tbn), Some(stages), Some(persistent)] => Some(WgTile {
                     tbn,
                     stages,
-                    raster,
+                    persistent,
                 }),
                 _ => None,
             };
@@ -326,7 +336,7 @@ impl Overrides {
             if ok.is_none() {
                 eprintln!(
                     "netcl: NETCL_WG_TILE={v} ignored: takes 64, 128 or 256 columns, 3 to 5 stages \
-                     (and a raster band of 0 to 64 rows of tiles)"
+                     (and optionally 0 to 4 persistent work-groups per compute unit)"
                 );
             }
             ok
@@ -388,7 +398,7 @@ mod tests {
             Some(WgTile {
                 tbn: 128,
                 stages: 4,
-                raster: 0
+                persistent: 0
             })
         );
         assert_eq!(o.async_f32, Some(Some([Some(3), None, None])));
@@ -411,7 +421,7 @@ mod tests {
         let t = |tbn, stages| WgTile {
             tbn,
             stages,
-            raster: 8,
+            persistent: 2,
         };
         assert!(t(256, 4).valid() && t(64, 5).valid());
         assert!(!t(256, 5).valid() && !t(96, 4).valid());

@@ -17,7 +17,7 @@ pub use launch::{set_after_sync_check, thread_launches, thread_launches_total, K
 pub use program::{build, program, Origin, Program};
 pub use sources::Source;
 pub use tc_tile::TcTile;
-pub use tuning::{gemm_tile, plan_tuning, tc_tile, GemmTile};
+pub use tuning::{gemm_tile, plan_tuning, tc_tile, tuning_generation, GemmTile};
 
 /// The work-group size netcl uses for one-dimensional kernels (few distinct local sizes keep PoCL fast).
 pub const GROUP_1D: usize = 256;

@@ -294,6 +294,15 @@ pub fn reset_tuning() {
     if let Some(c) = CHOICES.get() {
         c.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
+    GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many times the tuning was forgotten (`reset_tuning`): what was derived from it before
+/// (cached plans) is stale once this changes.
+pub fn tuning_generation() -> u64 {
+    GENERATION.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 #[cfg(test)]

@@ -67,8 +67,12 @@ pub(super) fn launch(
         tile.options(a_mn)
     );
     let program = program(&g.out.device, &source, &options)?;
-    let shape = (tile.rows(), tile.cols(), tile.group());
-    tensor_cores::launch(kind, &program, "matmul_tc", g, (&a, &bt), a_mn, shape)
+    let mut kern = tensor_cores::kernel(kind, &program, "matmul_tc", g, (&a, &bt), a_mn)?;
+    let (rows, cols, group) = (tile.rows(), tile.cols(), tile.group());
+    kern.launch(
+        &[n.div_ceil(cols) * group, m.div_ceil(rows), g.batches()],
+        &[group, 1, 1],
+    )
 }
 
 /// Small integers make every product and sum exact in each input format and in f32: the device

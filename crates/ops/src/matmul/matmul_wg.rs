@@ -37,12 +37,27 @@ pub(crate) fn runs(device: &Device, kind: TensorCoreKind, tile: WgTile) -> bool 
     )
 }
 
-/// `g` through matmul_wg.cl in `tile`, its operands in `forms`.
+/// `g` through matmul_wg.cl in `tile`, its tiles in bands of `raster` rows of tiles, its
+/// operands in `forms`.
 pub(super) fn launch(
     kind: TensorCoreKind,
     tile: WgTile,
+    raster: u32,
     forms: [TcOperand; 2],
     g: &Gemm<'_>,
+) -> Result<()> {
+    launch_in(kind, tile, raster, forms, g, None)
+}
+
+/// `launch` in `groups` work-groups where given (the probe's: one work-group looping over every
+/// tile), else as `tile` says.
+fn launch_in(
+    kind: TensorCoreKind,
+    tile: WgTile,
+    raster: u32,
+    forms: [TcOperand; 2],
+    g: &Gemm<'_>,
+    groups: Option<usize>,
 ) -> Result<()> {
     if !tile.valid() {
         return Err(Error::invalid(
@@ -66,12 +81,19 @@ pub(super) fn launch(
         tile.options()
     );
     let program = program(&g.out.device, &source, &options)?;
-    let shape = (WgTile::ROWS, tile.tbn as usize, WgTile::GROUP);
-    tensor_cores::launch(kind, &program, "matmul_wg", g, (&a, &bt), a_mn, shape)
+    let mut kern = tensor_cores::kernel(kind, &program, "matmul_wg", g, (&a, &bt), a_mn)?;
+    let batches = g.batches();
+    kern.arg(&(batches as u32))?.arg(&raster)?;
+    let (m, _, n) = g.dims();
+    let tiles = m.div_ceil(WgTile::ROWS) * n.div_ceil(tile.tbn as usize) * batches;
+    let cus = g.out.device.info().compute_units as usize;
+    let groups = groups.unwrap_or_else(|| tile.groups(tiles, cus));
+    kern.launch(&[groups * WgTile::GROUP, 1, 1], &[WgTile::GROUP, 1, 1])
 }
 
 /// Small integers make every product and sum exact: the device must match the host bit for bit
-/// (ragged M, N and K, B read both K- and N-contiguous, several K steps) in `tile`.
+/// (ragged M, N and K, B read both K- and N-contiguous, several K steps) in `tile`, launched as
+/// it would be and as one work-group looping over every tile (in bands of two rows of tiles).
 fn probe(device: &Device, kind: TensorCoreKind, tile: WgTile) -> Result<bool> {
     let e = Exact::new(136, 264, 200);
     let dtype = kind.dtype();
@@ -85,21 +107,24 @@ fn probe(device: &Device, kind: TensorCoreKind, tile: WgTile) -> Result<bool> {
             (TcOperand::Mn, false) => TcOperand::Copy,
             (f, _) => f,
         };
-        let out = Tensor::alloc(&[e.m, e.n], dtype, device)?;
-        let g = Gemm {
-            out: &out,
-            a: &a,
-            b,
-            batch: &[],
-            batch_strides: [&[], &[]],
-            bias: None,
-            activation: Activation::None,
-            lower: None,
-            row_sums: None,
-        };
-        launch(kind, tile, [TcOperand::KRows, b_form], &g)?;
-        if out.to_vec_f64()? != e.want {
-            return Ok(false);
+        for groups in [None, Some(1)] {
+            // Not a product of small integers: a tile left unwritten shows.
+            let out = Tensor::full(&[e.m, e.n], 0.5, dtype, device)?;
+            let g = Gemm {
+                out: &out,
+                a: &a,
+                b,
+                batch: &[],
+                batch_strides: [&[], &[]],
+                bias: None,
+                activation: Activation::None,
+                lower: None,
+                row_sums: None,
+            };
+            launch_in(kind, tile, 2, [TcOperand::KRows, b_form], &g, groups)?;
+            if out.to_vec_f64()? != e.want {
+                return Ok(false);
+            }
         }
     }
     Ok(true)

@@ -9,17 +9,43 @@ use crate::base::layout::{check_reach, contiguous_strides, numel, KernelLayout};
 use crate::base::tensor::Tensor;
 use crate::fused::activation::Activation;
 use netcl_core_devices::{debug, DType, Device, Error, Result};
-use std::collections::HashSet;
+use netcl_kernels::tuning_generation;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, OnceLock};
 
 /// The product of `desc` on the OpenCL device `device`, as its plan says.
 pub(super) fn matmul(desc: &Matmul<'_>, device: &Device) -> Result<Product> {
     let problem = problem_of(desc, device);
-    let plan = plan(&DeviceCaps::of(device, &problem), &problem);
-    if debug::gemm_plans()? {
-        print_once(device, &problem, &plan);
-    }
+    let plan = cached_plan(device, problem)?;
     execute(&plan, desc, device)
+}
+
+/// The plan of `problem` on `device`, made once per device, problem and tuning (a product's
+/// host cost is its kernel launches; a training step repeats the same problems), printed when
+/// made under `NETCL_DEBUG=gemm`.
+fn cached_plan(device: &Device, problem: GemmProblem) -> Result<GemmPlan> {
+    type Plans = HashMap<(usize, GemmProblem), (u64, GemmPlan)>;
+    static PLANS: OnceLock<Mutex<Plans>> = OnceLock::new();
+    let generation = tuning_generation();
+    let plans = PLANS.get_or_init(|| Mutex::new(HashMap::new()));
+    let key = (device.ordinal(), problem);
+    if let Some((g, p)) = plans.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        if *g == generation {
+            return Ok(p.clone());
+        }
+    }
+    let problem = &key.1;
+    let made = plan(&DeviceCaps::of(device, problem), problem);
+    if debug::gemm_plans()? {
+        print_once(device, problem, &made);
+    }
+    let mut plans = plans.lock().unwrap_or_else(|e| e.into_inner());
+    // Bounded: a run of ever new shapes (generation at growing lengths) plans them again.
+    if plans.len() >= 4096 {
+        plans.clear();
+    }
+    plans.insert(key, (generation, made.clone()));
+    Ok(made)
 }
 
 /// The planner's view of `desc` on `device`.
@@ -148,7 +174,13 @@ pub(super) fn launch(kernel: &GemmKernel, g: &Gemm<'_>) -> Result<()> {
             strip,
         } => matmul_async::launch(tile, *staging, strip, g),
         GemmKernel::MmaSync { kind, tile, a, b } => matmul_tc::launch(*kind, tile, [*a, *b], g),
-        GemmKernel::Wgmma { kind, tile, a, b } => matmul_wg::launch(*kind, *tile, [*a, *b], g),
+        GemmKernel::Wgmma {
+            kind,
+            tile,
+            raster,
+            a,
+            b,
+        } => matmul_wg::launch(*kind, *tile, *raster, [*a, *b], g),
     }
 }
 

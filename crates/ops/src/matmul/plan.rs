@@ -61,7 +61,7 @@ impl KindSet {
 
 /// One operand's layout: the strides of its two matrix dims (A: M, K; B: K, N), its strides over
 /// the product's (broadcast) batch dims, and its offset, all in elements.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct OperandLayout {
     pub strides: [usize; 2],
     pub batch_strides: Vec<usize>,
@@ -78,7 +78,7 @@ impl OperandLayout {
 }
 
 /// A product `act(A x B + bias)` as the planner sees it: A (batch, M, K), B (batch, K, N).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct GemmProblem {
     pub m: usize,
     pub n: usize,
@@ -172,10 +172,11 @@ pub enum GemmKernel {
         a: TcOperand,
         b: TcOperand,
     },
-    /// matmul_wg.cl (wgmma).
+    /// matmul_wg.cl (wgmma), its tiles taken in bands of `raster` rows of tiles (0: row by row).
     Wgmma {
         kind: TensorCoreKind,
         tile: WgTile,
+        raster: u32,
         a: TcOperand,
         b: TcOperand,
     },
@@ -510,7 +511,8 @@ fn parts_team(parts: usize, outputs: usize, compute_units: usize) -> usize {
 
 /// A tensor-core plan for `p`: the tiling and split of least modelled time (`tc_time`) among
 /// the wgmma tilings where the device runs them, else mma.sync's tiling; splits of K into
-/// chunks of at least `min_chunk` for single products with K at least `min_k`.
+/// chunks of at least `min_chunk` for single products with K at least `min_k`. A tiling the
+/// autotuner forces runs unsplit.
 fn tensor_core(
     caps: &DeviceCaps,
     p: &GemmProblem,
@@ -525,7 +527,7 @@ fn tensor_core(
         tile: WgTile {
             tbn: 0,
             stages: 0,
-            raster: 0,
+            persistent: 0,
         },
         cost: caps.tuning.tc_cost,
     };
@@ -541,7 +543,9 @@ fn tensor_core(
         false => (tc_tile.rows(), tc_tile.cols()),
     };
     let lim = caps.tuning.split;
+    let forced_tiling = p.tc_tile.is_some() || p.wg_tile.is_some();
     let splits: Vec<usize> = match (lim.forced, p.batches()) {
+        _ if forced_tiling => vec![1],
         (Some(s), 1) if s > 1 && p.k.is_multiple_of(s as usize) => vec![s as usize],
         (Some(_), _) => vec![1],
         (None, 1) if p.k >= lim.min_k as usize => (1..=16)
@@ -572,6 +576,7 @@ fn tensor_core(
         true => GemmKernel::Wgmma {
             kind,
             tile: choice.tile,
+            raster: raster(caps, &inner, choice.tile),
             a,
             b,
         },
@@ -585,9 +590,8 @@ fn tensor_core(
     (kernel, split)
 }
 
-/// The modelled time (µs) of `p` in tiles of `rows` x `cols` costing `cost`, split in `s`:
-/// waves of the device's concurrent work-groups, each a tile's fixed cost plus its multiply-adds
-/// at the device's rate shared among them, and for a split the parts' write, read and sum.
+/// The modelled time (µs) of `p` in tiles of `rows` x `cols` costing `cost`, split in `s`: its
+/// tiles' time (`tiles_time`) and for a split the parts' write, read and sum.
 pub fn tc_time(
     caps: &DeviceCaps,
     p: &GemmProblem,
@@ -595,18 +599,45 @@ pub fn tc_time(
     cost: TileCost,
     s: usize,
 ) -> f64 {
-    let slots = (caps.compute_units * cost.per_cu.max(1) as usize) as f64;
-    let groups = (p.m.div_ceil(rows) * p.n.div_ceil(cols) * p.batches() * s) as f64;
-    let waves = (groups / slots).ceil();
-    let flops = 2.0 * (rows * cols * (p.k / s)) as f64;
-    let per_tile = cost.fixed_us + flops / (cost.tflops * 1e6 / slots);
-    let mut t = waves * per_tile;
+    let dims = (p.m, p.n, p.k / s, p.batches() * s);
+    let mut t = tiles_time(caps.compute_units, dims, (rows, cols), cost);
     if s > 1 {
         let lim = caps.tuning.split;
         let bytes = (2 * s * p.m * p.n * 4 + p.m * p.n * p.out_dtype.size()) as f64;
         t += lim.launch_us + bytes / (lim.parts_gbps * 1e3);
     }
     t
+}
+
+/// The modelled time (µs) of `batches` products (m, n, k) in tiles of `rows` x `cols` costing
+/// `cost` on `compute_units`: waves of the device's concurrent work-groups, each a tile's fixed
+/// cost plus its multiply-adds at the device's rate shared among them.
+pub fn tiles_time(
+    compute_units: usize,
+    (m, n, k, batches): (usize, usize, usize, usize),
+    (rows, cols): (usize, usize),
+    cost: TileCost,
+) -> f64 {
+    let slots = (compute_units * cost.per_cu.max(1) as usize) as f64;
+    let groups = (m.div_ceil(rows) * n.div_ceil(cols) * batches) as f64;
+    let flops = 2.0 * (rows * cols * k) as f64;
+    (groups / slots).ceil() * (cost.fixed_us + flops / (cost.tflops * 1e6 / slots))
+}
+
+/// The band of rows of tiles a wgmma product takes its tiles in: with `w` tiles in flight of
+/// 128 x `tbn`, a band of h rows reads h x 128 rows of A and w / h x `tbn` columns of B at a
+/// time, least for h near sqrt(2 w tbn / 256); none where the product's columns of tiles fit in
+/// such a band's width anyway.
+fn raster(caps: &DeviceCaps, p: &GemmProblem, tile: WgTile) -> u32 {
+    let w = (caps.compute_units * tile.persistent.max(1) as usize) as f64;
+    let band = (2.0 * w * tile.tbn as f64 / 256.0).sqrt().round().max(1.0) as usize;
+    let cols = p.n.div_ceil(tile.tbn as usize);
+    let rows = p.m.div_ceil(WgTile::ROWS);
+    if caps.tuning.raster && cols > w as usize / band && rows > band {
+        band as u32
+    } else {
+        0
+    }
 }
 
 /// How the tensor-core kernels read `p`'s operands: 16-bit ones whose M (N) dim is contiguous as
@@ -877,13 +908,19 @@ impl fmt::Display for GemmKernel {
             GemmKernel::Wgmma {
                 kind,
                 tile: t,
+                raster,
                 a,
                 b,
-            } => write!(
-                f,
-                "matmul_wg {kind:?} 128x{} ({} stages), A {a:?}, B {b:?}",
-                t.tbn, t.stages
-            ),
+            } => {
+                write!(f, "matmul_wg {kind:?} 128x{} ({} stages", t.tbn, t.stages)?;
+                if t.persistent > 0 {
+                    write!(f, ", {} persistent a unit", t.persistent)?;
+                }
+                if *raster > 0 {
+                    write!(f, ", bands of {raster}")?;
+                }
+                write!(f, "), A {a:?}, B {b:?}")
+            }
         }
     }
 }

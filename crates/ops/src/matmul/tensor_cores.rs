@@ -34,18 +34,17 @@ pub(super) fn operands(g: &Gemm<'_>, [fa, fb]: [TcOperand; 2]) -> Result<(Tensor
     Ok((a, bt))
 }
 
-/// Launches `name` of `program` for `g` on operands `a` and `bt` (from `operands`), in tiles of
-/// `rows` x `cols` outputs and work-groups of `group`.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn launch(
+/// Kernel `name` of `program` with its arguments for `g` on operands `a` and `bt` (from
+/// `operands`): the output, operands, bias, batch layout, M, N, K (padded), the rows' strides and
+/// the bias flag.
+pub(super) fn kernel(
     kind: TensorCoreKind,
     program: &Arc<Program>,
     name: &str,
     g: &Gemm<'_>,
     (a, bt): (&Tensor, &Tensor),
     a_mn: bool,
-    (rows, cols, group): (usize, usize, usize),
-) -> Result<()> {
+) -> Result<Kernel> {
     let op = "matmul";
     let (m, k, n) = g.dims();
     let kp = k.next_multiple_of(16 / kind.dtype().size());
@@ -92,8 +91,5 @@ pub(super) fn launch(
         (elems * kind.dtype().size()) as u64,
         2 * (batches * m * n * k) as u64,
     );
-    kern.launch(
-        &[n.div_ceil(cols) * group, m.div_ceil(rows), batches],
-        &[group, 1, 1],
-    )
+    Ok(kern)
 }

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 mod ddp;
 mod llama;
+mod llama1b_gemm;
 mod peak;
 mod tiles;
 
@@ -89,6 +90,7 @@ impl Runner {
         for &n in sizes {
             let (a, b) = (self.randn(&[n, n])?, self.randn(&[n, n])?);
             let flops = 2.0 * (n as f64).powi(3);
+            println!("  plan f32: {}", a.matmul_plan(&b, Default::default())?);
             self.measure("gemm", format!("sgemm_{n}"), (0.0, flops, 1), || {
                 a.matmul(&b).map(|_| ())
             })?;
@@ -102,6 +104,10 @@ impl Runner {
             tf32?;
             for dtype in [DType::BF16, DType::F16] {
                 let (ah, bh) = (a.to_dtype(dtype)?, b.to_dtype(dtype)?);
+                println!(
+                    "  plan {dtype}: {}",
+                    ah.matmul_plan(&bh, Default::default())?
+                );
                 self.measure("gemm", format!("{dtype}_{n}"), (0.0, flops, 1), || {
                     ah.matmul(&bh).map(|_| ())
                 })?;
@@ -491,7 +497,7 @@ fn raw_enqueue_secs(dev: &Device, graph: &netcl_graph::Graph, n: usize) -> Resul
     Ok(secs)
 }
 
-const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama,attention,decode,llama_gemm,ddp,tiles,mma_peak] [--sizes 1024,2048,4096] [--llama 15m,110m,15m_bf16,110m_bf16,110m_lora,110m_b2,110m_lora_b2,110m_b1,110m_lora_b1,generate] [--json FILE]
+const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama,attention,decode,llama_gemm,llama1b_gemm,ddp,tiles,mma_peak] [--sizes 1024,2048,4096] [--llama 15m,110m,15m_bf16,110m_bf16,110m_lora,110m_b2,110m_lora_b2,110m_b1,110m_lora_b1,generate] [--json FILE]
   Times each workload (median of 5 batches, device synchronised around each) and prints
   one line per workload; --json writes the records for benches/reference/torch_bench.py --netcl.
   NETCL_CLBLAST=/path/libclblast.so adds CLBlast as the OpenCL GEMM peer; NETCL_BENCH_KERNELS=1 lists
@@ -516,6 +522,7 @@ fn main() -> Result<()> {
         "attention",
         "decode",
         "llama_gemm",
+        "llama1b_gemm",
         "ddp",
         "tiles",
         "mma_peak",
@@ -583,6 +590,9 @@ fn main() -> Result<()> {
     }
     if want("llama_gemm") {
         r.llama_gemm()?;
+    }
+    if suite.split(',').any(|x| x == "llama1b_gemm") {
+        r.llama1b_gemm()?;
     }
     if want("llama") {
         r.llama(flag_value(&args, "--llama").unwrap_or("all"))?;

@@ -1,14 +1,17 @@
-//! netcl-autotune: measures GEMM tile candidates (f32, and the tensor-core tiling where the device has tensor cores) on the chosen device and writes the best into the user's tuning table.
+//! netcl-autotune: measures GEMM tile candidates (f32, and the tensor-core tiling where the device has tensor cores) and calibrates the GEMM planner's tensor-core costs on the chosen device, and writes them into the user's tuning table.
+mod plan;
 use netcl_bench::{check_flags, device_from_args, flag_value, time_per_call};
 use netcl_core_devices::{DType, Device, DeviceKind, Result};
 use netcl_kernels::tuning::{builtin_table, user_table_path, TuningEntry, TuningTable};
-use netcl_kernels::{gemm_tile, GemmTile, TcTile};
+use netcl_kernels::{gemm_tile, GemmTile, PlanTuning, TcTile};
 use netcl_ops::{has_tensor_cores, Generator, MatmulOptions, Tensor, TensorCoreKind};
 
-const USAGE: &str = "netcl-autotune [--device SPEC] [--size N] [--only f32|tc]
+const USAGE: &str = "netcl-autotune [--device SPEC] [--size N] [--only f32|tc|plan]
   Times GEMM tile candidates at N^3 (default 2048): f32 tiles, and on devices with tensor cores
-  the tensor-core tiling (bf16 products A x B and A x B^T, then A^T x B for the K step of
-  products whose A is M-contiguous). Writes the best into the user's tuning table.";
+  the mma.sync tiling (bf16 products A x B and A x B^T, then A^T x B for the K step of
+  products whose A is M-contiguous), then calibrates the planner's tensor-core cost model
+  (every wgmma tiling over whole waves at two depths of K: fixed cost, rate, work-groups per
+  compute unit). Writes the results into the user's tuning table.";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -27,22 +30,31 @@ fn main() -> Result<()> {
     let only = flag_value(&args, "--only");
     let mut gen = Generator::new(1);
     let gemm = match only {
-        Some("tc") => None,
+        Some("tc") | Some("plan") => None,
         _ => f32_sweep(&dev, n, &mut gen)?,
     };
     let tc = match only {
-        Some("f32") => None,
+        Some("f32") | Some("plan") => None,
         _ if has_tensor_cores(&dev, TensorCoreKind::Bf16) => tc_sweep(&dev, n, &mut gen)?,
         _ => {
             println!("no tensor cores on {dev}: no tensor-core tiling to tune");
             None
         }
     };
-    if gemm.is_none() && tc.is_none() {
+    if tc.is_some() {
+        // The planner's costs are measured in the tiling just chosen.
+        save(&dev, gemm, tc, None)?;
+        netcl_kernels::tuning::reset_tuning();
+    }
+    let planned = match only {
+        Some("f32") | Some("tc") => None,
+        _ => plan::sweep(&dev, &mut gen)?,
+    };
+    if gemm.is_none() && tc.is_none() && planned.is_none() {
         println!("nothing measured on {dev}: the tuning table is unchanged");
         return Ok(());
     }
-    save(&dev, gemm, tc)
+    save(&dev, gemm, tc, planned)
 }
 
 /// Seconds per call of `run`, or `None` (reported) where it fails.
@@ -189,7 +201,12 @@ fn tc_sweep(dev: &Device, n: usize, gen: &mut Generator) -> Result<Option<TcTile
 
 /// Writes `dev`'s entry of the user's tuning table: the measured tiles, and for what was not
 /// measured the entry's earlier values.
-fn save(dev: &Device, gemm: Option<GemmTile>, tc: Option<TcTile>) -> Result<()> {
+fn save(
+    dev: &Device,
+    gemm: Option<GemmTile>,
+    tc: Option<TcTile>,
+    planned: Option<PlanTuning>,
+) -> Result<()> {
     let Some(path) = user_table_path() else {
         println!("no cache directory (NETCL_TUNING / NETCL_CACHE_DIR / HOME): not saved");
         return Ok(());
@@ -216,7 +233,7 @@ fn save(dev: &Device, gemm: Option<GemmTile>, tc: Option<TcTile>) -> Result<()> 
                 .or(old.as_ref().map(|e| e.gemm))
                 .unwrap_or_else(|| gemm_tile(dev)),
             tc: tc.or(old.as_ref().and_then(|e| e.tc)),
-            plan: old.and_then(|e| e.plan),
+            plan: planned.or(old.and_then(|e| e.plan)),
         },
     );
     if let Some(dir) = path.parent() {
