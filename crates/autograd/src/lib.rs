@@ -3,6 +3,7 @@ mod anomaly;
 mod attention;
 mod autocast;
 mod binary;
+mod checkpoint;
 mod conv;
 mod dropout;
 mod gradcheck;
@@ -22,6 +23,7 @@ mod views;
 
 pub use attention::FLASH_MIN_QUERIES;
 pub use autocast::{autocast, autocast_dtype};
+pub use checkpoint::checkpoint;
 pub use gradcheck::{gradcheck, GradcheckOptions, GradcheckReport};
 pub use param::{GradBuffers, Parameter};
 pub use tape::{Gradients, Tape, Var};

@@ -2,7 +2,7 @@
 use super::block::Block;
 use super::cache::KvCache;
 use super::config::LlamaConfig;
-use netcl_autograd::{Parameter, Tape, Var};
+use netcl_autograd::{checkpoint, Parameter, Tape, Var};
 use netcl_nn::{Context, Embedding, Init, Linear, Module, RmsNorm};
 use netcl_ops::{Activation, DType, Device, Error, Generator, Result, RopePositions, Tensor};
 use serde_json::Value;
@@ -20,6 +20,11 @@ pub struct Llama {
     pub norm: RmsNorm,
     /// `None` with tied embeddings (the output reuses `tok_embeddings.weight`).
     pub output: Option<Linear>,
+    /// Activation checkpointing in training passes: every `checkpoint_every`-th block (blocks
+    /// 0, k, 2k, ...) keeps only its input from forward to backward and is recomputed in
+    /// backward ([`netcl_autograd::checkpoint`]); 1 checkpoints every block, 0 none (the
+    /// default). Gradients are the same bit for bit.
+    pub checkpoint_every: usize,
 }
 
 impl Llama {
@@ -67,7 +72,20 @@ impl Llama {
             norm,
             output,
             config,
+            checkpoint_every: 0,
         })
+    }
+
+    /// Checkpoints every `every`-th block in training passes (see [`Llama::checkpoint_every`]).
+    pub fn with_checkpointing(mut self, every: usize) -> Llama {
+        self.checkpoint_every = every;
+        self
+    }
+
+    /// Whether block `i` of a pass on `tape` is checkpointed (recording, no KV cache).
+    fn checkpointed(&self, tape: &Tape, i: usize, cache: Option<&KvCache>) -> bool {
+        let k = self.checkpoint_every;
+        k > 0 && i.is_multiple_of(k) && cache.is_none() && tape.is_recording()
     }
 
     /// The device the weights live on.
@@ -121,9 +139,16 @@ impl Llama {
         let positions = positions.unwrap_or(&default);
         let mut h = tape.param(&self.tok_embeddings.weight).embedding(ids)?;
         for (i, block) in self.layers.iter().enumerate() {
-            h = block
-                .forward(tape, &h, positions, cache.map(|c| (c, i)), mask)
-                .map_err(|e| netcl_nn::in_layer(e, &format!("layer {i} of Llama")))?;
+            h = if self.checkpointed(tape, i, cache) {
+                // The recomputation owns handles to the block's parameters and the pass's inputs.
+                let (block, pos, mask) = (block.clone(), positions.clone(), mask.cloned());
+                checkpoint(tape, &[h], move |tape, xs| {
+                    block.forward(tape, &xs[0], &pos, None, mask.as_ref())
+                })
+            } else {
+                block.forward(tape, &h, positions, cache.map(|c| (c, i)), mask)
+            }
+            .map_err(|e| netcl_nn::in_layer(e, &format!("layer {i} of Llama")))?;
         }
         if let Some(c) = cache {
             c.advance(t)?;
