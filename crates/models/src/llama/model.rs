@@ -1,5 +1,5 @@
 //! The Llama model: token embedding, blocks, final RMSNorm and the output projection (tied or its own); logits, loss, and the Module impl.
-use super::block::Block;
+use super::block::{plain, Block};
 use super::cache::KvCache;
 use super::config::LlamaConfig;
 use netcl_autograd::{checkpoint, Parameter, Tape, Var};
@@ -25,6 +25,10 @@ pub struct Llama {
     /// backward ([`netcl_autograd::checkpoint`]); 1 checkpoints every block, 0 none (the
     /// default). Gradients are the same bit for bit.
     pub checkpoint_every: usize,
+    /// Rows per chunk of [`Llama::loss`]'s cross-entropy over the output head
+    /// ([`Var::linear_cross_entropy`]); None (the default) chooses by size
+    /// ([`netcl_autograd::loss_chunk_rows`]: whole logits up to 64M elements, chunks above).
+    pub loss_chunk_rows: Option<usize>,
 }
 
 impl Llama {
@@ -73,6 +77,7 @@ impl Llama {
             output,
             config,
             checkpoint_every: 0,
+            loss_chunk_rows: None,
         })
     }
 
@@ -98,6 +103,26 @@ impl Llama {
     /// appended (and its length advanced). `mask` ([B, 1, 1, T, S], added to the attention
     /// scores) hides padding of batched prompts.
     pub fn logits(
+        &self,
+        tape: &Tape,
+        ids: &Tensor,
+        positions: Option<&RopePositions>,
+        cache: Option<&KvCache>,
+        mask: Option<&Tensor>,
+    ) -> Result<Var> {
+        let h = self.hidden(tape, ids, positions, cache, mask)?;
+        match &self.output {
+            Some(out) => out.forward(tape, &h),
+            None => h.linear(
+                &tape.param(&self.tok_embeddings.weight),
+                None,
+                Activation::None,
+            ),
+        }
+    }
+
+    /// The final norm's output `[B, T, dim]` (what the output head reads), as [`Llama::logits`].
+    fn hidden(
         &self,
         tape: &Tape,
         ids: &Tensor,
@@ -153,18 +178,13 @@ impl Llama {
         if let Some(c) = cache {
             c.advance(t)?;
         }
-        let h = self.norm.forward_for_products(tape, &h)?;
-        match &self.output {
-            Some(out) => out.forward(tape, &h),
-            None => h.linear(
-                &tape.param(&self.tok_embeddings.weight),
-                None,
-                Activation::None,
-            ),
-        }
+        self.norm.forward_for_products(tape, &h)
     }
 
-    /// Mean cross-entropy of next-token prediction: logits of `ids` [B, T] against `targets` [B, T].
+    /// Mean cross-entropy of next-token prediction: logits of `ids` [B, T] against `targets`
+    /// [B, T]. The head's product and the loss run as one [`Var::linear_cross_entropy`] (in
+    /// chunks of rows once the logits are large, see [`Llama::loss_chunk_rows`]) where the
+    /// head is a plain weight (tied, or an output without bias or adapter).
     pub fn loss(&self, tape: &Tape, ids: &Tensor, targets: &Tensor) -> Result<Var> {
         if targets.shape() != ids.shape() {
             return Err(Error::shape(
@@ -172,11 +192,21 @@ impl Llama {
                 format!("targets {:?} for ids {:?}", targets.shape(), ids.shape()),
             ));
         }
-        let logits = self.logits(tape, ids, None, None, None)?;
-        let n = ids.numel();
-        logits
-            .reshape(&[n, self.config.vocab_size])?
-            .cross_entropy(&targets.reshape(&[n])?, None)
+        let h = self.hidden(tape, ids, None, None, None)?;
+        match &self.output {
+            Some(out) if !plain(out) => {
+                let n = ids.numel();
+                out.forward(tape, &h)?
+                    .reshape(&[n, self.config.vocab_size])?
+                    .cross_entropy(&targets.reshape(&[n])?, None)
+            }
+            out => {
+                let w = out
+                    .as_ref()
+                    .map_or(&self.tok_embeddings.weight, |o| &o.weight);
+                h.linear_cross_entropy(&tape.param(w), targets, None, self.loss_chunk_rows)
+            }
+        }
     }
 }
 

@@ -1,4 +1,4 @@
-//! Llama with per-block activation checkpointing, on every device: the loss and every gradient equal those without it bit for bit (every block or every other one; f32 and bf16 autocast; LoRA adapters with dropout).
+//! What large Llamas train with, on every device at tiny shapes: per-block activation checkpointing gives the loss and every gradient of no checkpointing bit for bit (every block or every other one; f32 and bf16 autocast; LoRA adapters with dropout); the chunked loss equals the whole one (tied and untied heads).
 use netcl_autograd::{autocast, Tape};
 use netcl_core_devices::test_devices;
 use netcl_models::{Llama, LlamaConfig};
@@ -8,9 +8,13 @@ use netcl_ops::{DType, Device, Generator, Tensor};
 /// A tiny Llama (untied head), checkpointing every `every`-th block; with `lora`, adapters with
 /// dropout on every projection and non-zero `B` (the same values for every call).
 fn model(dev: &Device, every: usize, lora: bool) -> Llama {
+    model_with(dev, every, lora, false)
+}
+
+fn model_with(dev: &Device, every: usize, lora: bool, tied: bool) -> Llama {
     let cfg = LlamaConfig {
         n_layers: 3,
-        tied_embeddings: false,
+        tied_embeddings: tied,
         ..LlamaConfig::tiny(40)
     };
     let mut g = Generator::new(5);
@@ -82,6 +86,35 @@ fn checkpointed_blocks_give_the_same_gradients_bit_for_bit() {
                         "{dev} {cast:?} lora {lora} every {every}: {what} differs (#{i})"
                     );
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_chunked_loss_equals_the_whole_one() {
+    // Chunks of 5 rows of the 32 (a last chunk of 2) against whole logits (this size's
+    // automatic choice): within 1e-6 of the largest value (the head's gradient sums its rows
+    // in another order).
+    for dev in test_devices().unwrap() {
+        for tied in [false, true] {
+            let whole = model_with(&dev, 0, false, tied);
+            let mut chunked = model_with(&dev, 0, false, tied);
+            chunked.loss_chunk_rows = Some(5);
+            let (a, b) = (pass(&chunked, None, &dev), pass(&whole, None, &dev));
+            for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+                let f = |v: &[u32]| {
+                    v.iter()
+                        .map(|&u| f32::from_bits(u) as f64)
+                        .collect::<Vec<_>>()
+                };
+                let (a, b) = (f(a), f(b));
+                let scale = b.iter().fold(1f64, |m, v| m.max(v.abs()));
+                let err = a
+                    .iter()
+                    .zip(&b)
+                    .fold(0f64, |m, (x, y)| m.max((x - y).abs()));
+                assert!(err <= 1e-6 * scale, "{dev} tied {tied}: #{i} off by {err}");
             }
         }
     }
