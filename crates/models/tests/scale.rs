@@ -1,9 +1,17 @@
-//! What large Llamas train with, on every device at tiny shapes: per-block activation checkpointing gives the loss and every gradient of no checkpointing bit for bit (every block or every other one; f32 and bf16 autocast; LoRA adapters with dropout); the chunked loss equals the whole one (tied and untied heads).
+//! What large Llamas train with, on every device at tiny shapes: per-block activation checkpointing gives the loss and every gradient of no checkpointing bit for bit (every block or every other one; f32 and bf16 autocast; LoRA adapters with dropout); the chunked loss equals the whole one (tied and untied heads); LoRA over a bf16 base learns; memory_estimate predicts the pool's peak.
 use netcl_autograd::{autocast, Tape};
 use netcl_core_devices::test_devices;
 use netcl_models::{Llama, LlamaConfig};
 use netcl_nn::{LoraConfig, Module};
 use netcl_ops::{DType, Device, Generator, Tensor};
+use std::sync::Mutex;
+
+/// The memory test reads process-wide counters: the tests of this file run one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// A tiny Llama (untied head), checkpointing every `every`-th block; with `lora`, adapters with
 /// dropout on every projection and non-zero `B` (the same values for every call).
@@ -69,6 +77,7 @@ fn pass(m: &Llama, cast: Option<DType>, dev: &Device) -> Vec<Vec<u32>> {
 
 #[test]
 fn checkpointed_blocks_give_the_same_gradients_bit_for_bit() {
+    let _s = serial();
     for dev in test_devices().unwrap() {
         for (cast, lora) in [
             (None, false),
@@ -93,6 +102,7 @@ fn checkpointed_blocks_give_the_same_gradients_bit_for_bit() {
 
 #[test]
 fn the_chunked_loss_equals_the_whole_one() {
+    let _s = serial();
     // Chunks of 5 rows of the 32 (a last chunk of 2) against whole logits (this size's
     // automatic choice): within 1e-6 of the largest value (the head's gradient sums its rows
     // in another order).
@@ -122,6 +132,7 @@ fn the_chunked_loss_equals_the_whole_one() {
 
 #[test]
 fn lora_over_a_bf16_base_learns_with_f32_adapters() {
+    let _s = serial();
     for dev in test_devices().unwrap() {
         let cfg = LlamaConfig {
             dtype: DType::BF16,
@@ -192,6 +203,131 @@ fn lora_over_a_bf16_base_learns_with_f32_adapters() {
                 p.value().to_vec_f64().unwrap(),
                 before,
                 "{dev}: {name} changed"
+            );
+        }
+    }
+}
+
+/// Bytes held now and the peak since the last reset, on the device's pool or the host's count.
+fn memory(dev: &Device) -> (usize, usize) {
+    dev.synchronize().unwrap();
+    if dev.is_host() {
+        netcl_core_memory::host_memory()
+    } else {
+        let s = netcl_core_memory::Pool::of(dev).unwrap().stats();
+        (s.in_use, s.peak)
+    }
+}
+
+fn reset_peak(dev: &Device) {
+    if dev.is_host() {
+        netcl_core_memory::reset_host_peak();
+    } else {
+        netcl_core_memory::Pool::of(dev).unwrap().reset_peak();
+    }
+}
+
+/// One case of the estimate: autocast, checkpointing, tied head, batch, LoRA (rank, dropout,
+/// all-linear), weights' dtype, forced loss chunk.
+type Case = (
+    Option<DType>,
+    usize,
+    bool,
+    usize,
+    Option<(usize, f64, bool)>,
+    DType,
+    Option<usize>,
+);
+
+#[test]
+fn memory_estimate_predicts_the_pools_peak() {
+    let _s = serial();
+    // The peak of the second AdamW step (moments allocated) measured from before the model
+    // existed, against the estimate: within 15% (the walk models every tensor a step keeps;
+    // what it does not model are an op's short-lived internals).
+    let cases: [Case; 6] = [
+        (None, 0, true, 8, None, DType::F32, None),
+        (Some(DType::BF16), 1, true, 8, None, DType::F32, None),
+        (Some(DType::BF16), 0, false, 4, None, DType::F32, Some(16)),
+        (Some(DType::F16), 2, false, 4, None, DType::F32, None),
+        (
+            Some(DType::BF16),
+            1,
+            true,
+            8,
+            Some((4, 0.05, true)),
+            DType::BF16,
+            None,
+        ),
+        (
+            Some(DType::BF16),
+            0,
+            false,
+            4,
+            Some((4, 0.1, false)),
+            DType::F32,
+            None,
+        ),
+    ];
+    for dev in test_devices().unwrap() {
+        for (cast, every, tied, b, lora, dtype, chunk) in cases {
+            let what = format!("{dev} {cast:?} every {every} tied {tied} B{b} {lora:?} {dtype}");
+            let cfg = LlamaConfig {
+                dim: 64,
+                n_layers: 2,
+                n_heads: 4,
+                n_kv_heads: 2,
+                hidden_dim: 160,
+                max_seq_len: 16,
+                tied_embeddings: tied,
+                dtype,
+                ..LlamaConfig::llama_15m(512)
+            };
+            let base = memory(&dev).0;
+            let mut g = Generator::new(1);
+            let mut m = Llama::new(cfg, &dev, &mut g)
+                .unwrap()
+                .with_checkpointing(every);
+            m.loss_chunk_rows = chunk;
+            if let Some((rank, dropout, all)) = lora {
+                let targets = match all {
+                    true => vec!["all-linear".to_string()],
+                    false => vec!["q".to_string(), "v".to_string()],
+                };
+                let cfg = LoraConfig {
+                    rank,
+                    alpha: 8.0,
+                    dropout,
+                    targets,
+                };
+                m.add_lora(&cfg, &mut g).unwrap();
+            }
+            let mut opt = netcl_optim::AdamW::new(m.trainable_parameters(), 1e-3);
+            let t = 16;
+            let v: Vec<i32> = (0..b * t).map(|i| (i * 7 % 512) as i32).collect();
+            let x = Tensor::from_vec(v.clone(), &[b, t], &dev).unwrap();
+            let y: Vec<i32> = v.iter().map(|i| (i + 1) % 512).collect();
+            let y = Tensor::from_vec(y, &[b, t], &dev).unwrap();
+            let mut peak = 0;
+            for _ in 0..2 {
+                reset_peak(&dev);
+                let tape = Tape::new();
+                let loss = match cast {
+                    Some(dt) => autocast(dt, || m.loss(&tape, &x, &y)).unwrap(),
+                    None => m.loss(&tape, &x, &y),
+                }
+                .unwrap();
+                tape.backward(&loss).unwrap();
+                netcl_optim::Optimizer::step(&mut opt).unwrap();
+                netcl_optim::Optimizer::zero_grad(&mut opt);
+                drop(loss);
+                peak = memory(&dev).1 - base;
+            }
+            let est = m.memory_estimate(b, t, cast, every);
+            let ratio = est as f64 / peak as f64;
+            assert!(
+                (0.85..=1.15).contains(&ratio),
+                "{what}: estimate {est} B, measured peak {peak} B"
             );
         }
     }

@@ -97,6 +97,11 @@ impl LoraAdapter {
         }
     }
 
+    /// The drop probability on the adapter's input (0: none).
+    pub fn dropout(&self) -> f64 {
+        self.dropout.as_ref().map_or(0.0, |d| d.p)
+    }
+
     /// The weight update `scale · B·A` `[out, in]`, in the adapter's dtype.
     pub fn delta(&self) -> Result<Tensor> {
         self.b
