@@ -140,15 +140,6 @@ fn gradients_equal_those_without_checkpointing_bit_for_bit() {
     }
 }
 
-/// Bytes the pass holds between forward and backward: the device's pool, or the host's count.
-fn in_use(dev: &Device) -> usize {
-    if dev.is_host() {
-        netcl_core_memory::host_memory().0
-    } else {
-        netcl_core_memory::Pool::of(dev).unwrap().stats().in_use
-    }
-}
-
 #[test]
 fn checkpointed_activations_are_freed_after_forward() {
     let _s = serial();
@@ -162,11 +153,16 @@ fn checkpointed_activations_are_freed_after_forward() {
         let mut held = Vec::new();
         for mode in [Mode::Plain, Mode::Checkpointed] {
             dev.synchronize().unwrap();
-            let before = in_use(&dev);
+            let before = netcl_core_memory::held(&dev).unwrap().0;
             let tape = Tape::new();
             let loss = pass(&tape, &segs, &Var::from(&x), mode).unwrap();
             dev.synchronize().unwrap();
-            held.push(in_use(&dev).saturating_sub(before));
+            held.push(
+                netcl_core_memory::held(&dev)
+                    .unwrap()
+                    .0
+                    .saturating_sub(before),
+            );
             tape.backward(&loss).unwrap();
         }
         let act = 64 * 256 * 4;

@@ -150,24 +150,6 @@ fn the_automatic_rule_chunks_large_logits() {
     assert!(x.linear_cross_entropy(&w9, &t, None, Some(2)).is_err());
 }
 
-/// Bytes held now and the peak since the last reset, on the device's pool or the host's count.
-fn memory(dev: &Device) -> (usize, usize) {
-    if dev.is_host() {
-        netcl_core_memory::host_memory()
-    } else {
-        let s = netcl_core_memory::Pool::of(dev).unwrap().stats();
-        (s.in_use, s.peak)
-    }
-}
-
-fn reset_peak(dev: &Device) {
-    if dev.is_host() {
-        netcl_core_memory::reset_host_peak();
-    } else {
-        netcl_core_memory::Pool::of(dev).unwrap().reset_peak();
-    }
-}
-
 #[test]
 fn chunks_hold_one_chunk_of_logits_at_a_time() {
     let _s = serial();
@@ -180,11 +162,11 @@ fn chunks_hold_one_chunk_of_logits_at_a_time() {
         let mut rise = Vec::new();
         for chunk in [None, Some(8)] {
             dev.synchronize().unwrap();
-            let before = memory(&dev).0;
-            reset_peak(&dev);
+            let before = netcl_core_memory::held(&dev).unwrap().0;
+            netcl_core_memory::reset_held_peak(&dev).unwrap();
             pass(&x, &w, &t, None, chunk, false, None);
             dev.synchronize().unwrap();
-            rise.push(memory(&dev).1 - before);
+            rise.push(netcl_core_memory::held(&dev).unwrap().1 - before);
         }
         // Whole: the logits and their gradient (256 KiB each) at once; chunked: 32 KiB each.
         let logits = n * v * 4;

@@ -1,11 +1,13 @@
 //! netcl-core-memory: a bucket pool per OpenCL device and host<->device copies through pinned staging.
 pub mod capture;
+mod held;
 mod host;
 mod pool;
 mod size_class;
 mod transfer;
 pub mod watch;
 
+pub use held::{held, reset_held_peak};
 pub use host::{
     host_charge, host_check, host_memory, host_release, host_vec, reset_host_peak, set_host_limit,
 };

@@ -1,5 +1,5 @@
 //! What large Llamas train with, on every device at tiny shapes: per-block activation checkpointing gives the loss and every gradient of no checkpointing bit for bit (every block or every other one; f32 and bf16 autocast; LoRA adapters with dropout); the chunked loss equals the whole one (tied and untied heads); LoRA over a bf16 base learns; memory_estimate predicts the pool's peak.
-use netcl_autograd::{autocast, Tape};
+use netcl_autograd::{autocast, Tape, Var};
 use netcl_core_devices::test_devices;
 use netcl_models::{Llama, LlamaConfig};
 use netcl_nn::{LoraConfig, Module};
@@ -11,6 +11,16 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// LoRA adapters of `rank` (alpha twice it) with `dropout` on `targets`.
+fn adapters(rank: usize, dropout: f64, targets: &[&str]) -> LoraConfig {
+    LoraConfig {
+        rank,
+        alpha: 2.0 * rank as f64,
+        dropout,
+        targets: targets.iter().map(|t| t.to_string()).collect(),
+    }
 }
 
 /// A tiny Llama (untied head), checkpointing every `every`-th block; with `lora`, adapters with
@@ -30,13 +40,8 @@ fn model_with(dev: &Device, every: usize, lora: bool, tied: bool) -> Llama {
         .unwrap()
         .with_checkpointing(every);
     if lora {
-        let cfg = LoraConfig {
-            rank: 2,
-            alpha: 4.0,
-            dropout: 0.2,
-            targets: vec!["all-linear".into()],
-        };
-        m.add_lora(&cfg, &mut g).unwrap();
+        m.add_lora(&adapters(2, 0.2, &["all-linear"]), &mut g)
+            .unwrap();
         for (_, p) in m.lora_parameters() {
             let v = Tensor::randn(p.shape(), p.dtype(), dev, &mut g).unwrap();
             p.assign(&v.mul_scalar(0.1).unwrap()).unwrap();
@@ -45,17 +50,22 @@ fn model_with(dev: &Device, every: usize, lora: bool, tied: bool) -> Llama {
     m
 }
 
+/// `m`'s training loss on `tape`, under autocast to `cast` when given.
+fn loss(m: &Llama, tape: &Tape, x: &Tensor, y: &Tensor, cast: Option<DType>) -> Var {
+    match cast {
+        Some(dt) => autocast(dt, || m.loss(tape, x, y)).unwrap(),
+        None => m.loss(tape, x, y),
+    }
+    .unwrap()
+}
+
 /// The loss and every trainable parameter's gradient (as f32 bits) of one training pass.
 fn pass(m: &Llama, cast: Option<DType>, dev: &Device) -> Vec<Vec<u32>> {
     let v: Vec<i32> = (0..34).map(|i| (i * 7 + i * i) % 40).collect();
     let x = Tensor::from_vec([&v[..16], &v[17..33]].concat(), &[2, 16], dev).unwrap();
     let y = Tensor::from_vec([&v[1..17], &v[18..34]].concat(), &[2, 16], dev).unwrap();
     let tape = Tape::new();
-    let loss = match cast {
-        Some(dt) => autocast(dt, || m.loss(&tape, &x, &y)).unwrap(),
-        None => m.loss(&tape, &x, &y),
-    }
-    .unwrap();
+    let loss = loss(m, &tape, &x, &y, cast);
     tape.backward(&loss).unwrap();
     let bits = |t: &Tensor| -> Vec<u32> {
         let t = t.to_dtype(DType::F32).unwrap();
@@ -146,13 +156,8 @@ fn lora_over_a_bf16_base_learns_with_f32_adapters() {
         table
             .assign(&table.value().mul_scalar(25.0).unwrap())
             .unwrap();
-        let lora = LoraConfig {
-            rank: 4,
-            alpha: 8.0,
-            dropout: 0.0,
-            targets: vec!["all-linear".into()],
-        };
-        m.add_lora(&lora, &mut g).unwrap();
+        m.add_lora(&adapters(4, 0.0, &["all-linear"]), &mut g)
+            .unwrap();
         let frozen: Vec<(String, Vec<f64>)> = m
             .named_parameters()
             .into_iter()
@@ -174,9 +179,7 @@ fn lora_over_a_bf16_base_learns_with_f32_adapters() {
         let mut losses = Vec::new();
         for _ in 0..12 {
             let tape = Tape::new();
-            let loss = autocast(DType::BF16, || m.loss(&tape, &x, &y))
-                .unwrap()
-                .unwrap();
+            let loss = loss(&m, &tape, &x, &y, Some(DType::BF16));
             tape.backward(&loss).unwrap();
             netcl_optim::Optimizer::step(&mut opt).unwrap();
             netcl_optim::Optimizer::zero_grad(&mut opt);
@@ -208,23 +211,10 @@ fn lora_over_a_bf16_base_learns_with_f32_adapters() {
     }
 }
 
-/// Bytes held now and the peak since the last reset, on the device's pool or the host's count.
+/// Bytes held now and the peak since the last reset, after the device's queued work.
 fn memory(dev: &Device) -> (usize, usize) {
     dev.synchronize().unwrap();
-    if dev.is_host() {
-        netcl_core_memory::host_memory()
-    } else {
-        let s = netcl_core_memory::Pool::of(dev).unwrap().stats();
-        (s.in_use, s.peak)
-    }
-}
-
-fn reset_peak(dev: &Device) {
-    if dev.is_host() {
-        netcl_core_memory::reset_host_peak();
-    } else {
-        netcl_core_memory::Pool::of(dev).unwrap().reset_peak();
-    }
+    netcl_core_memory::held(dev).unwrap()
 }
 
 /// One case of the estimate: autocast, checkpointing, tied head, batch, LoRA (rank, dropout,
@@ -270,8 +260,9 @@ fn memory_estimate_predicts_the_pools_peak() {
         ),
     ];
     for dev in test_devices().unwrap() {
-        for (cast, every, tied, b, lora, dtype, chunk) in cases {
-            let what = format!("{dev} {cast:?} every {every} tied {tied} B{b} {lora:?} {dtype}");
+        for (cast, every, tied, b, with_lora, dtype, chunk) in cases {
+            let what =
+                format!("{dev} {cast:?} every {every} tied {tied} B{b} {with_lora:?} {dtype}");
             let cfg = LlamaConfig {
                 dim: 64,
                 n_layers: 2,
@@ -289,18 +280,10 @@ fn memory_estimate_predicts_the_pools_peak() {
                 .unwrap()
                 .with_checkpointing(every);
             m.loss_chunk_rows = chunk;
-            if let Some((rank, dropout, all)) = lora {
-                let targets = match all {
-                    true => vec!["all-linear".to_string()],
-                    false => vec!["q".to_string(), "v".to_string()],
-                };
-                let cfg = LoraConfig {
-                    rank,
-                    alpha: 8.0,
-                    dropout,
-                    targets,
-                };
-                m.add_lora(&cfg, &mut g).unwrap();
+            if let Some((rank, dropout, all)) = with_lora {
+                let targets: &[&str] = if all { &["all-linear"] } else { &["q", "v"] };
+                m.add_lora(&adapters(rank, dropout, targets), &mut g)
+                    .unwrap();
             }
             let mut opt = netcl_optim::AdamW::new(m.trainable_parameters(), 1e-3);
             let t = 16;
@@ -310,13 +293,9 @@ fn memory_estimate_predicts_the_pools_peak() {
             let y = Tensor::from_vec(y, &[b, t], &dev).unwrap();
             let mut peak = 0;
             for _ in 0..2 {
-                reset_peak(&dev);
+                netcl_core_memory::reset_held_peak(&dev).unwrap();
                 let tape = Tape::new();
-                let loss = match cast {
-                    Some(dt) => autocast(dt, || m.loss(&tape, &x, &y)).unwrap(),
-                    None => m.loss(&tape, &x, &y),
-                }
-                .unwrap();
+                let loss = loss(&m, &tape, &x, &y, cast);
                 tape.backward(&loss).unwrap();
                 netcl_optim::Optimizer::step(&mut opt).unwrap();
                 netcl_optim::Optimizer::zero_grad(&mut opt);

@@ -12,29 +12,16 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Bytes held now and the peak since the last reset.
+/// Bytes held now and the peak since the last reset, after the device's queued work.
 fn memory(dev: &Device) -> (usize, usize) {
     dev.synchronize().unwrap();
-    if dev.is_host() {
-        netcl_core_memory::host_memory()
-    } else {
-        let s = netcl_core_memory::Pool::of(dev).unwrap().stats();
-        (s.in_use, s.peak)
-    }
-}
-
-fn reset_peak(dev: &Device) {
-    if dev.is_host() {
-        netcl_core_memory::reset_host_peak();
-    } else {
-        netcl_core_memory::Pool::of(dev).unwrap().reset_peak();
-    }
+    netcl_core_memory::held(dev).unwrap()
 }
 
 /// How much more than it held before `f` holds at its peak.
 fn peak_rise(dev: &Device, f: impl FnOnce()) -> usize {
     let before = memory(dev).0;
-    reset_peak(dev);
+    netcl_core_memory::reset_held_peak(dev).unwrap();
     f();
     memory(dev).1 - before
 }

@@ -160,18 +160,11 @@ impl Runner {
                 cfg.dtype = DType::BF16;
             }
             // Each workload's own peak (the host counts its live tensors instead of a pool).
-            let base = match self.dev.is_host() {
-                true => {
-                    netcl_core_memory::reset_host_peak();
-                    netcl_core_memory::host_memory().0
-                }
-                false => {
-                    let pool = netcl_core_memory::Pool::of(&self.dev)?;
-                    pool.empty_cache();
-                    pool.reset_peak();
-                    pool.stats().in_use
-                }
-            };
+            if !self.dev.is_host() {
+                netcl_core_memory::Pool::of(&self.dev)?.empty_cache();
+            }
+            netcl_core_memory::reset_held_peak(&self.dev)?;
+            let base = netcl_core_memory::held(&self.dev)?.0;
             let (t, layers, dim) = (cfg.max_seq_len, cfg.n_layers, cfg.dim);
             // Parameters that take part in products: all but an untied embedding table.
             let untied_table = match cfg.tied_embeddings {
@@ -200,10 +193,7 @@ impl Runner {
             let flops = (6.0 * mm_params + attention) * tokens;
             // A frozen base computes no weight gradients: 4 x its parameters a token.
             let frozen = (4.0 * mm_params + attention) * tokens;
-            let peak = match self.dev.is_host() {
-                true => netcl_core_memory::host_memory().1,
-                false => netcl_core_memory::Pool::of(&self.dev)?.stats().peak,
-            } - base;
+            let peak = netcl_core_memory::held(&self.dev)?.1 - base;
             let size = |b: usize| match b >> 30 {
                 0 => format!("{:.2} MiB", b as f64 / (1u64 << 20) as f64),
                 _ => format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64),
