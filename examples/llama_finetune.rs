@@ -2,10 +2,14 @@
 //!
 //! `cargo run --release --example llama_finetune -- --model DIR [--data PATH] [--lora RANK] [--steps N] [--out DIR]`
 //! Flags: --model DIR (a LlamaForCausalLM directory with tokenizer.json), --data PATH (text file or
-//! folder; default the fortunes corpus, else the shipped text), --lora RANK (LoRA on q and v with
-//! alpha = 2 * rank; without it every weight trains), --steps N (100), --batch N (8), --context N
-//! (128), --lr X (1e-4 full, 1e-3 LoRA), --prompt TEXT, --out DIR (runs/finetune). The last line is
-//! `final train_loss=X.XXXX`.
+//! folder; default the fortunes corpus, else the shipped text), --lora RANK (LoRA with alpha =
+//! 2 * rank; without it every weight trains), --lora-targets LIST (q,v; or any of q,k,v,o,gate,
+//! up,down, or all-linear), --steps N (100), --batch N (8), --context N (128), --lr X (1e-4 full,
+//! 1e-3 LoRA), --prompt TEXT, --out DIR (runs/finetune), --device SPEC (the best device),
+//! --precision f32|bf16|f16 (f32; bf16/f16 run the products under autocast, f16 with loss
+//! scaling; full fine-tuning keeps f32 master weights, LoRA keeps the frozen base in that
+//! dtype and its adapters and their AdamW state in f32), --checkpoint K (0; recompute every
+//! K-th block in backward). The last line is `final train_loss=X.XXXX`.
 use netcl::data::encode_documents;
 use netcl::nn::LoraConfig;
 use netcl::prelude::*;
@@ -13,7 +17,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 fn main() {
-    if let Err(e) = run() {
+    if let Err(e) = run(std::env::args().skip(1).collect()) {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
@@ -33,12 +37,15 @@ fn sample(model: &Llama, tok: &Tokenizer, prompt: &str) -> Result<String> {
     Ok(format!("{prompt}{}", tok.decode(&out[0])?))
 }
 
-fn run() -> Result<()> {
+/// The whole run with command-line `args` (without the program name).
+pub fn run(args: Vec<String>) -> Result<()> {
     let (mut model_dir, mut data, mut out) = (None, None, PathBuf::from("runs/finetune"));
     let (mut lora, mut steps, mut batch, mut context, mut lr) =
         (None, 100usize, 8usize, 128usize, None);
     let mut prompt = "What's Oxygen?".to_string();
-    let mut it = std::env::args().skip(1);
+    let (mut targets, mut device, mut precision, mut checkpoint) =
+        ("q,v".to_string(), None, Precision::F32, 0usize);
+    let mut it = args.into_iter();
     let bad =
         |f: &str, v: &str| Error::invalid("llama_finetune", format!("{f} {v:?} is not valid"));
     while let Some(flag) = it.next() {
@@ -54,6 +61,10 @@ fn run() -> Result<()> {
             "--context" => context = n()?,
             "--lr" => lr = Some(v.parse::<f64>().map_err(|_| bad(&flag, &v))?),
             "--prompt" => prompt = v.clone(),
+            "--lora-targets" => targets = v.clone(),
+            "--device" => device = Some(Device::parse(&v)?),
+            "--precision" => precision = Precision::parse(&v)?,
+            "--checkpoint" => checkpoint = n()?,
             _ => {
                 return Err(Error::invalid(
                     "llama_finetune",
@@ -64,9 +75,19 @@ fn run() -> Result<()> {
     }
     let model_dir =
         model_dir.ok_or_else(|| Error::invalid("llama_finetune", "--model DIR is required"))?;
-    let dev = Device::best()?;
+    let dev = match device {
+        Some(d) => d,
+        None => Device::best()?,
+    };
     println!("device: {dev} ({})", dev.info().name);
-    let mut model = Llama::from_hf(&model_dir, &dev, None)?;
+    // Full fine-tuning updates f32 master weights; LoRA's frozen base is stored in the
+    // precision's dtype (bf16 halves its memory), its adapters in f32.
+    let base = if lora.is_some() {
+        precision.dtype()
+    } else {
+        DType::F32
+    };
+    let mut model = Llama::from_hf(&model_dir, &dev, Some(base))?.with_checkpointing(checkpoint);
     let tokenizer = Tokenizer::from_file(model_dir.join("tokenizer.json"))?;
     let context = context.min(model.config.max_seq_len);
     let corpus = TextCorpus::load(data.as_deref())?;
@@ -90,7 +111,7 @@ fn run() -> Result<()> {
                 rank,
                 alpha: 2.0 * rank as f64,
                 dropout: 0.05,
-                targets: vec!["q".into(), "v".into()],
+                targets: targets.split(',').map(|t| t.trim().to_string()).collect(),
             };
             model.add_lora(&cfg, &mut Generator::new(1))?;
             lr.unwrap_or(1e-3)
@@ -100,19 +121,30 @@ fn run() -> Result<()> {
     let trainable = model.trainable_parameters();
     let n_train: usize = trainable.iter().map(|p| p.numel()).sum();
     println!(
-        "training {n_train} parameters ({})",
+        "training {n_train} parameters ({}, precision {precision}, base {base})",
         if lora.is_some() { "LoRA" } else { "full" }
     );
     let mut opt = AdamW::new(trainable, lr).weight_decay(0.0);
+    // f16 scales the loss so that small gradients do not flush to zero.
+    let mut scaler = precision.scaler();
     let mut batches = TokenBatcher::new(tokens, batch, context, 7, &dev)?;
     let start = Instant::now();
     let mut last = f64::NAN;
     for step in 1..=steps {
         let b = batches.next_batch()?;
         let tape = Tape::new();
-        let loss = model.loss(&tape, &b.inputs, &b.targets)?;
-        tape.backward(&loss)?;
-        opt.step()?;
+        let loss = precision.forward(|| model.loss(&tape, &b.inputs, &b.targets))?;
+        match &mut scaler {
+            Some(s) => {
+                tape.backward(&s.scale(&loss)?)?;
+                // Skipped (and the scale halved) when a gradient overflowed.
+                s.step(&mut opt)?;
+            }
+            None => {
+                tape.backward(&loss)?;
+                opt.step()?;
+            }
+        }
         opt.zero_grad();
         if step % 10 == 0 || step == steps {
             last = loss.item()?;

@@ -6,7 +6,10 @@
 //! --hidden N (1024), --context N (256), --batch N (32), --accum N (1), --steps N (800),
 //! --lr X (1e-3), --eval-every N (100), --seed N (1), --out DIR (runs/llama), --resume,
 //! --devices all|N|list (data parallel: a replica per device, each step's batch split between
-//! them, every rank drawing its own windows; rank 0 evaluates, samples and saves).
+//! them, every rank drawing its own windows; rank 0 evaluates, samples and saves),
+//! --precision f32|bf16|f16 (f32; bf16/f16: autocast with f32 master weights, f16 with loss
+//! scaling), --checkpoint K (0; K > 0 recomputes every K-th block in backward instead of keeping
+//! its activations).
 //! The last line is `final val_loss=X.XXXX`.
 //!
 //! Defaults: a 14.4M-parameter model (dim 384, 8 layers, 8 heads, SwiGLU 1024, BPE vocabulary 512,
@@ -44,9 +47,11 @@ struct Args {
     seed: u64,
     out: PathBuf,
     resume: bool,
+    precision: Precision,
+    checkpoint: usize,
 }
 
-fn parse() -> Result<Args> {
+fn parse(args: Vec<String>) -> Result<Args> {
     let mut a = Args {
         devices: None,
         data: None,
@@ -67,8 +72,10 @@ fn parse() -> Result<Args> {
         seed: 1,
         out: "runs/llama".into(),
         resume: false,
+        precision: Precision::F32,
+        checkpoint: 0,
     };
-    let mut it = std::env::args().skip(1);
+    let mut it = args.into_iter();
     let bad = |f: &str, v: &str| Error::invalid("llama_train", format!("{f} {v:?} is not valid"));
     while let Some(flag) = it.next() {
         if flag == "--resume" {
@@ -94,6 +101,8 @@ fn parse() -> Result<Args> {
             "--seed" => a.seed = n()? as u64,
             "--lr" => a.lr = v.parse().map_err(|_| bad(&flag, &v))?,
             "--out" => a.out = v.clone().into(),
+            "--precision" => a.precision = Precision::parse(&v)?,
+            "--checkpoint" => a.checkpoint = n()?,
             _ => {
                 return Err(Error::invalid(
                     "llama_train",
@@ -109,14 +118,15 @@ fn parse() -> Result<Args> {
 }
 
 fn main() {
-    if let Err(e) = run() {
+    if let Err(e) = run(std::env::args().skip(1).collect()) {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
 }
 
-fn run() -> Result<()> {
-    let args = parse()?;
+/// The whole run with command-line `args` (without the program name).
+pub fn run(args: Vec<String>) -> Result<()> {
+    let args = parse(args)?;
     match args.devices.as_deref().map(parse_devices).transpose()? {
         Some(devices) if devices.len() > 1 => {
             Group::new(devices)?.run(|comm| train(comm.device(), Some(comm), args.clone()))?;
@@ -161,12 +171,17 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
     // Model and optimizer: no weight decay on the norms (1-D parameters).
     args.cfg.vocab_size = tokenizer.vocab_size();
     let t = args.cfg.max_seq_len;
-    let model = Llama::new(args.cfg.clone(), dev, &mut Generator::new(args.seed))?;
+    let model = Llama::new(args.cfg.clone(), dev, &mut Generator::new(args.seed))?
+        .with_checkpointing(args.checkpoint);
     println!(
-        "model: {} parameters, {:?}",
+        "model: {} parameters, {:?}; precision {}, checkpointing every {} blocks",
         model.num_parameters(),
-        args.cfg
+        args.cfg,
+        args.precision,
+        args.checkpoint
     );
+    // f16 scales the loss (and so the gradients) to keep small gradients from flushing to zero.
+    let mut scaler = args.precision.scaler();
     let (matrices, norms): (Vec<_>, Vec<_>) = model
         .parameters()
         .into_iter()
@@ -189,6 +204,12 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
         if let Ok(h) = serde_json::from_value::<(Vec<f32>, Vec<f32>)>(meta.extra["history"].clone())
         {
             (history.train_loss, history.test_loss) = h;
+        }
+        if let Some(s) = scaler
+            .as_mut()
+            .filter(|_| !meta.extra["grad_scaler"].is_null())
+        {
+            s.load_state(&meta.extra["grad_scaler"])?;
         }
         println!("resumed at step {step} from {}", ckpt.display());
     }
@@ -243,15 +264,20 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
             for micro in 0..args.accum {
                 let b = batches.next_batch()?;
                 let tape = Tape::new();
-                let loss = model
-                    .loss(&tape, &b.inputs, &b.targets)?
+                let loss = args
+                    .precision
+                    .forward(|| model.loss(&tape, &b.inputs, &b.targets))?
                     .mul_scalar(1.0 / args.accum as f64)?;
+                let scaled = match &scaler {
+                    Some(s) => s.scale(&loss)?,
+                    None => loss.clone(),
+                };
                 match &mut ddp {
                     // Only the last micro-batch's backward communicates (the sum of all).
-                    Some(d) if micro + 1 == args.accum => d.backward(&tape, &loss)?,
-                    Some(d) => d.no_sync(|d| d.backward(&tape, &loss))?,
+                    Some(d) if micro + 1 == args.accum => d.backward(&tape, &scaled)?,
+                    Some(d) => d.no_sync(|d| d.backward(&tape, &scaled))?,
                     None => {
-                        tape.backward(&loss)?;
+                        tape.backward(&scaled)?;
                     }
                 }
                 let l = loss.into_value();
@@ -260,8 +286,16 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
                     Some(s) => l.add(&s)?,
                 });
             }
-            clip_grad_norm_on_device(&model.parameters(), 1.0)?;
-            opt.step()?;
+            // Scaled gradients clip at the scaled norm: the unscaled ones at 1.0.
+            let scale = scaler.as_ref().map_or(1.0, |s| s.scale_factor());
+            clip_grad_norm_on_device(&model.parameters(), scale)?;
+            match &mut scaler {
+                // A step whose gradients overflowed is skipped and the scale halves.
+                Some(s) => {
+                    s.step(&mut opt)?;
+                }
+                None => opt.step()?,
+            }
             opt.zero_grad();
             step += 1;
             if let Some(l) = loss_sum {
@@ -299,7 +333,10 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
         let eval = Tape::no_grad();
         let mut v = 0.0;
         for b in &val_sets {
-            v += model.loss(&eval, &b.inputs, &b.targets)?.item()?;
+            let loss = args
+                .precision
+                .forward(|| model.loss(&eval, &b.inputs, &b.targets))?;
+            v += loss.item()?;
         }
         last_val = v / val_sets.len() as f64;
         let bpb = last_val / bytes_per_token / std::f64::consts::LN_2;
@@ -334,7 +371,7 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
             "Llama: train / val loss",
             &history,
         )?;
-        let extra = json!({"history": (&history.train_loss, &history.test_loss), "val_loss": last_val, "bits_per_byte": bpb});
+        let extra = json!({"history": (&history.train_loss, &history.test_loss), "val_loss": last_val, "bits_per_byte": bpb, "grad_scaler": scaler.as_ref().map(|s| s.state())});
         match &ddp {
             Some(d) => d.save_checkpoint(&ckpt, &model, Some(&opt), step as u64, extra)?,
             None => {

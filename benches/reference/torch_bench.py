@@ -68,6 +68,9 @@ def main():
     p.add_argument("--sizes", default="1024,2048,4096")  # the gemm suite's square sizes
     p.add_argument("--json")
     p.add_argument("--netcl", help="netcl-bench --json output to compare against")
+    # --suite llama_scale (only when named): the 1B-class twins of netcl-bench --llama 1b,1b_lora,3b_lora.
+    p.add_argument("--scale", default="1b,1b_lora,3b_lora", help="llama_scale workloads (torch_scale.py)")
+    p.add_argument("--batch", type=int, default=4, help="llama_scale batch (netcl-bench: NETCL_BENCH_BATCH)")
     a = p.parse_args()
     # TORCH_BENCH_TF32=1: f32 products and convolutions on TF32 tensor cores (netcl's
     # NETCL_MATMUL_PRECISION=high), for the side-by-side of training steps run that way.
@@ -320,6 +323,9 @@ def main():
         secs = time.perf_counter() - t0
         rec("llama", "llama110m_generate_per_token", secs * 1e3 / 256)
         print(f"torch llama110m_generate (transformers {__import__('transformers').__version__}): {256 / secs:.0f} tokens/s")
+    if "llama_scale" in a.suite.split(","):
+        from torch_scale import run_scale
+        run_scale(a.scale.split(","), a.batch, dev, rec)
     out = dict(framework="pytorch " + torch.__version__, device=torch.cuda.get_device_name(), records=records)
     if a.json:
         json.dump(out, open(a.json, "w"), indent=2)

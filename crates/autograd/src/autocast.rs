@@ -49,3 +49,10 @@ pub(crate) fn product_dtype(dtypes: &[DType]) -> Option<DType> {
         .all(|&d| d == DType::F32 || d == dt)
         .then_some(dt)
 }
+
+/// Runs `f` under exactly the policy `dtype` (None: off), restoring the previous one after: a
+/// recomputation (checkpoint.rs) sees the policy its forward ran under.
+pub(crate) fn with_autocast<R>(dtype: Option<DType>, f: impl FnOnce() -> R) -> R {
+    let _restore = Restore(AUTOCAST.with(|a| a.replace(dtype)));
+    f()
+}

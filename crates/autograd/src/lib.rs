@@ -3,6 +3,8 @@ mod anomaly;
 mod attention;
 mod autocast;
 mod binary;
+mod checkpoint;
+mod chunked_loss;
 mod conv;
 mod dropout;
 mod gradcheck;
@@ -22,6 +24,8 @@ mod views;
 
 pub use attention::FLASH_MIN_QUERIES;
 pub use autocast::{autocast, autocast_dtype};
+pub use checkpoint::checkpoint;
+pub use chunked_loss::{loss_chunk_rows, LOSS_CHUNK_ELEMENTS};
 pub use gradcheck::{gradcheck, GradcheckOptions, GradcheckReport};
 pub use param::{GradBuffers, Parameter};
 pub use tape::{Gradients, Tape, Var};

@@ -5,7 +5,7 @@ use crate::tape::{record, Var};
 use netcl_ops::{Activation, DType, Error, Expr, MatmulOptions, MatmulVectors, Result, Tensor};
 
 /// The last two dims swapped (a view; matmul reads it without a copy).
-fn t(x: &Tensor) -> Result<Tensor> {
+pub(crate) fn t(x: &Tensor) -> Result<Tensor> {
     let n = x.ndim();
     x.transpose(n - 2, n - 1)
 }
@@ -163,11 +163,11 @@ impl Var {
 /// The autocast dtype of one product, if any: its operands are read as copies in that dtype, the
 /// product is written in it, and so is its output's gradient.
 #[derive(Clone, Copy)]
-struct Cast(Option<DType>);
+pub(crate) struct Cast(pub(crate) Option<DType>);
 
 impl Cast {
     /// `t` in the product's dtype.
-    fn low(self, t: &Tensor) -> Result<Tensor> {
+    pub(crate) fn low(self, t: &Tensor) -> Result<Tensor> {
         match self.0 {
             Some(dt) => t.to_dtype(dt),
             None => Ok(t.clone()),
@@ -175,7 +175,7 @@ impl Cast {
     }
 
     /// Options writing a gradient product in `dtype` (its input's) under autocast.
-    fn writing(self, dtype: DType) -> MatmulOptions<'static> {
+    pub(crate) fn writing(self, dtype: DType) -> MatmulOptions<'static> {
         MatmulOptions {
             out_dtype: self.0.filter(|&dt| dt != dtype).map(|_| dtype),
             ..Default::default()

@@ -60,6 +60,12 @@ struct Inner {
     generation: Cell<u64>,
     nodes: RefCell<Vec<Node>>,
     params: RefCell<HashMap<usize, usize>>,
+    /// A probe (a tape that records nothing): the trainable parameters a pass asked for, in
+    /// first-use order (checkpoint.rs learns which parameters a function reads this way).
+    seen: Option<RefCell<Vec<Parameter>>>,
+    /// Parameters become leaves whose gradients `backward` returns in its `Gradients` instead of
+    /// adding them to the parameters (checkpoint.rs hands them to the outer tape).
+    param_leaves: bool,
 }
 
 /// Records the ops applied to Vars so `backward` can compute gradients. Cheap to clone (a
@@ -203,12 +209,34 @@ impl Tape {
         Tape::make(false)
     }
     fn make(enabled: bool) -> Tape {
+        Tape::make_with(enabled, false, false)
+    }
+    fn make_with(enabled: bool, probe: bool, param_leaves: bool) -> Tape {
         Tape(Rc::new(Inner {
             enabled,
             generation: Cell::new(0),
             nodes: RefCell::new(Vec::new()),
             params: RefCell::new(HashMap::new()),
+            seen: probe.then(|| RefCell::new(Vec::new())),
+            param_leaves,
         }))
+    }
+    /// A tape that records nothing but the trainable parameters a pass asks for
+    /// ([`Tape::seen_params`]).
+    pub(crate) fn probe() -> Tape {
+        Tape::make_with(false, true, false)
+    }
+    /// A recording tape whose parameters are leaves: `backward` returns their gradients in its
+    /// `Gradients` (look them up with the Var `param` gave) and leaves the parameters alone.
+    pub(crate) fn with_param_leaves() -> Tape {
+        Tape::make_with(true, false, true)
+    }
+    /// The trainable parameters a probe was asked for, in first-use order.
+    pub(crate) fn seen_params(&self) -> Vec<Parameter> {
+        self.0
+            .seen
+            .as_ref()
+            .map_or_else(Vec::new, |s| s.borrow().clone())
     }
     /// False for [`Tape::no_grad`] tapes.
     pub fn is_recording(&self) -> bool {
@@ -252,13 +280,20 @@ impl Tape {
     /// a constant when the tape does not record or the parameter is frozen.
     pub fn param(&self, p: &Parameter) -> Var {
         if !self.0.enabled || !p.requires_grad() {
+            if let Some(seen) = self.0.seen.as_ref().filter(|_| p.requires_grad()) {
+                let mut seen = seen.borrow_mut();
+                if !seen.iter().any(|q| q.id() == p.id()) {
+                    seen.push(p.clone());
+                }
+            }
             return Var::constant(p.value().clone());
         }
         let existing = self.0.params.borrow().get(&p.id()).copied();
         let id = match existing {
             Some(id) => id,
             None => {
-                let r = self.push(Tape::leaf_node(p.value(), Some(p.clone())));
+                let owner = (!self.0.param_leaves).then(|| p.clone());
+                let r = self.push(Tape::leaf_node(p.value(), owner));
                 self.0.params.borrow_mut().insert(p.id(), r.id);
                 r.id
             }

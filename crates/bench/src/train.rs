@@ -106,8 +106,18 @@ impl LlamaStep {
         dev: &Device,
         gen: &mut Generator,
     ) -> Result<LlamaStep> {
-        let t = cfg.max_seq_len;
-        let v = cfg.vocab_size as u64;
+        let mut model = netcl_models::Llama::new(cfg, dev, gen)?;
+        if let Some(l) = lora {
+            model.add_lora(l, gen)?;
+        }
+        LlamaStep::from_model(model, b, dev)
+    }
+
+    /// `model` (its trainable parameters under AdamW lr 3e-4) with batch `b` of context
+    /// `t` (= its max_seq_len) of fixed random tokens on `dev`.
+    pub fn from_model(model: netcl_models::Llama, b: usize, dev: &Device) -> Result<LlamaStep> {
+        let t = model.config.max_seq_len;
+        let v = model.config.vocab_size as u64;
         let mut s = 11u64;
         let mut next = || {
             s = s
@@ -122,10 +132,6 @@ impl LlamaStep {
         let y: Vec<i32> = (0..b)
             .flat_map(|r| tokens[r * (t + 1) + 1..(r + 1) * (t + 1)].to_vec())
             .collect();
-        let mut model = netcl_models::Llama::new(cfg, dev, gen)?;
-        if let Some(l) = lora {
-            model.add_lora(l, gen)?;
-        }
         let opt = netcl_optim::AdamW::new(model.trainable_parameters(), 3e-4).weight_decay(0.1);
         Ok(LlamaStep {
             x: Tensor::from_vec(x, &[b, t], dev)?,

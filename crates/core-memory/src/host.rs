@@ -35,6 +35,11 @@ pub fn host_memory() -> (usize, usize) {
     (IN_USE.load(Ordering::Relaxed), PEAK.load(Ordering::Relaxed))
 }
 
+/// Restarts the host's peak from the bytes held now (as `Pool::reset_peak` does for a device).
+pub fn reset_host_peak() {
+    PEAK.store(IN_USE.load(Ordering::Relaxed), Ordering::Relaxed);
+}
+
 /// Counts `bytes` as held (for storage that already exists; see [`host_vec`] for new storage).
 pub fn host_charge(bytes: usize) {
     let now = IN_USE.fetch_add(bytes, Ordering::Relaxed) + bytes;

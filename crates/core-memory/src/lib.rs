@@ -1,12 +1,16 @@
 //! netcl-core-memory: a bucket pool per OpenCL device and host<->device copies through pinned staging.
 pub mod capture;
+mod held;
 mod host;
 mod pool;
 mod size_class;
 mod transfer;
 pub mod watch;
 
-pub use host::{host_charge, host_check, host_memory, host_release, host_vec, set_host_limit};
+pub use held::{held, reset_held_peak};
+pub use host::{
+    host_charge, host_check, host_memory, host_release, host_vec, reset_host_peak, set_host_limit,
+};
 pub use pool::{parse_bytes, Block, Pool, PoolStats};
 pub use size_class::{size_class, SLAB_BYTES, SMALL_MAX};
 pub use transfer::{

@@ -18,6 +18,9 @@ pub use netcl_profiling as profiling;
 /// Helpers the Fashion-MNIST examples share (data loading, metering, the per-epoch record); not in the prelude.
 pub mod train;
 
+/// `--precision f32|bf16|f16` of training scripts (in the prelude).
+pub mod precision;
+
 pub use netcl_core_devices::{DType, Device, DeviceInfo, DeviceKind, Error, Result};
 pub use netcl_core_memory::{Pool, PoolStats};
 pub use netcl_ops::{Generator, Tensor};
@@ -57,6 +60,7 @@ pub mod guide {
 /// The main types carry a runnable example here (each runs on the host device as a doctest);
 /// the guide in `docs/guide/` goes through them topic by topic.
 pub mod prelude {
+    pub use crate::precision::Precision;
     pub use crate::{DType, Error, Generator, Pool, Result};
     pub use netcl_autograd::{autocast, gradcheck, GradcheckOptions};
     pub use netcl_data::{TextCorpus, TokenBatch, TokenBatcher, Tokenizer};

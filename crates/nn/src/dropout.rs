@@ -3,14 +3,16 @@ use crate::module::Module;
 use netcl_autograd::{Parameter, Tape, Var};
 use netcl_ops::{Error, Generator, Result};
 use serde_json::{json, Value};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Dropout as a layer: in training mode it zeroes each element with probability `p` and scales
 /// the rest by `1 / (1 - p)`, drawing from its own seeded generator (so a run is reproducible);
-/// in evaluation mode ([`Module::eval`]) it is the identity.
+/// in evaluation mode ([`Module::eval`]) it is the identity. A clone draws from the same
+/// generator (a handle, as a recomputing checkpoint needs).
+#[derive(Clone)]
 pub struct Dropout {
     pub p: f64,
-    gen: Mutex<Generator>,
+    gen: Arc<Mutex<Generator>>,
     training: bool,
 }
 
@@ -25,7 +27,7 @@ impl Dropout {
         }
         Ok(Dropout {
             p,
-            gen: Mutex::new(Generator::new(seed)),
+            gen: Arc::new(Mutex::new(Generator::new(seed))),
             training: true,
         })
     }

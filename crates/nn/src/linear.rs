@@ -9,7 +9,9 @@ use serde_json::{json, Value};
 /// A fully connected layer `y = x Wᵀ + b` over the last dim: weight `[out, in]`, optional bias
 /// `[out]`. One GEMM with the bias in its epilogue; inside a `Sequential` a following ReLU runs
 /// in the same kernel (and its backward masks by the output). Optionally carries a LoRA adapter
-/// ([`Linear::add_lora`]).
+/// ([`Linear::add_lora`]). A clone is a handle: it shares the parameters (and an adapter's
+/// dropout generator) with the original.
+#[derive(Clone)]
 pub struct Linear {
     pub weight: Parameter,
     pub bias: Option<Parameter>,
@@ -131,8 +133,13 @@ impl Linear {
     /// Folds the adapter into the weight (`W += scale·B·A`) and removes it; the weight trains again.
     pub fn merge_lora(&mut self) -> Result<()> {
         if let Some(l) = self.lora.take() {
-            let w = self.weight.value().add(&l.delta()?)?;
-            self.weight.assign(&w)?;
+            // Summed in the adapter's precision, rounded once to the weight's dtype.
+            let (w, delta) = (self.weight.value(), l.delta()?);
+            let merged = w
+                .to_dtype(delta.dtype())?
+                .add(&delta)?
+                .to_dtype(w.dtype())?;
+            self.weight.assign(&merged)?;
             self.weight.set_requires_grad(true);
             if let Some(b) = &self.bias {
                 b.set_requires_grad(true);

@@ -3,7 +3,7 @@ use crate::dropout::Dropout;
 use crate::init::Init;
 use crate::module::Module;
 use netcl_autograd::{Parameter, Tape, Var};
-use netcl_ops::{Activation, Error, Generator, Result, Tensor};
+use netcl_ops::{acc_dtype, Activation, Error, Generator, Result, Tensor};
 
 /// Settings of LoRA adapters (Hu et al. 2021; the defaults of Hugging Face PEFT's `LoraConfig`).
 #[derive(Clone, Debug, PartialEq)]
@@ -30,7 +30,11 @@ impl Default for LoraConfig {
 }
 
 /// The trainable part of a LoRA layer: `A` `[rank, in]` (PyTorch's default Linear init, as PEFT
-/// does) and `B` `[out, rank]` (zeros, so a new adapter changes nothing).
+/// does) and `B` `[out, rank]` (zeros, so a new adapter changes nothing), in f32 over an f32,
+/// bf16 or f16 weight (a 16-bit frozen base keeps f32 adapters and so f32 optimizer state), in
+/// f64 over an f64 one. A clone shares the
+/// parameters and the dropout generator.
+#[derive(Clone)]
 pub struct LoraAdapter {
     pub a: Parameter,
     pub b: Parameter,
@@ -39,7 +43,7 @@ pub struct LoraAdapter {
 }
 
 impl LoraAdapter {
-    /// An adapter for a weight `[out, in]` (of `weight`'s dtype and device).
+    /// An adapter for a weight `[out, in]` (on `weight`'s device, in its accumulator dtype).
     pub fn new(weight: &Tensor, cfg: &LoraConfig, gen: &mut Generator) -> Result<LoraAdapter> {
         let [out, inn] = *weight.shape() else {
             return Err(Error::shape(
@@ -58,7 +62,7 @@ impl LoraAdapter {
                 ),
             ));
         }
-        let (dt, dev) = (weight.dtype(), weight.device());
+        let (dt, dev) = (acc_dtype(weight.dtype()), weight.device());
         let a = Init::Default.tensor(&[cfg.rank, inn], inn, cfg.rank, dt, dev, gen)?;
         let dropout = (cfg.dropout > 0.0)
             .then(|| Dropout::new(cfg.dropout, gen.counter() as u64 ^ 0x4C6F_5241))
@@ -71,18 +75,34 @@ impl LoraAdapter {
         })
     }
 
-    /// `scale · dropout(x)·Aᵀ·Bᵀ` for x `(..., in)`.
+    /// `scale · dropout(x)·Aᵀ·Bᵀ` for x `(..., in)`, in x's dtype (or the autocast dtype).
     pub fn forward(&self, tape: &Tape, x: &Var) -> Result<Var> {
         let x = match &self.dropout {
             Some(d) => d.forward(tape, x)?,
             None => x.clone(),
         };
+        // A 16-bit x meets the f32 adapter in f32 and the result goes back to x's dtype, unless
+        // autocast to x's dtype casts the adapter for the products anyway.
+        let (from, to) = (x.dtype(), self.a.dtype());
+        let widen = from != to && netcl_autograd::autocast_dtype() != Some(from);
+        let x = if widen { x.to_dtype(to)? } else { x };
         let h = x.linear(&tape.param(&self.a), None, Activation::None)?;
-        h.linear(&tape.param(&self.b), None, Activation::None)?
-            .mul_scalar(self.scale)
+        let y = h
+            .linear(&tape.param(&self.b), None, Activation::None)?
+            .mul_scalar(self.scale)?;
+        if widen {
+            y.to_dtype(from)
+        } else {
+            Ok(y)
+        }
     }
 
-    /// The weight update `scale · B·A` `[out, in]`.
+    /// The drop probability on the adapter's input (0: none).
+    pub fn dropout(&self) -> f64 {
+        self.dropout.as_ref().map_or(0.0, |d| d.p)
+    }
+
+    /// The weight update `scale · B·A` `[out, in]`, in the adapter's dtype.
     pub fn delta(&self) -> Result<Tensor> {
         self.b
             .value()

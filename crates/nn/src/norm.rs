@@ -86,7 +86,8 @@ impl Module for LayerNorm {
     }
 }
 
-/// RMS normalisation over the trailing `shape` dims with a weight (1).
+/// RMS normalisation over the trailing `shape` dims with a weight (1). A clone shares the weight.
+#[derive(Clone)]
 pub struct RmsNorm {
     pub weight: Parameter,
     pub eps: f64,

@@ -33,7 +33,7 @@ pub use base::device_errors::{
     existing_index_error_record, index_error_record, INDEX_ERRORS_BUFFER,
 };
 pub use base::element::{Element, HostData};
-pub use base::generator::Generator;
+pub use base::generator::{record_draws, replay_draws, DrawLog, Generator};
 pub use base::index_checks::INDEX_CHECK_LIMIT;
 pub use base::norm_params::NormGrads;
 pub use base::read_async::TensorRead;

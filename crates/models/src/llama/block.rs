@@ -69,7 +69,9 @@ fn named(parts: &[(&str, &dyn Module)]) -> Vec<(String, Parameter)> {
         .collect()
 }
 
-/// Grouped-query self-attention: `n_heads` query heads share `n_kv_heads` key/value heads.
+/// Grouped-query self-attention: `n_heads` query heads share `n_kv_heads` key/value heads. A
+/// clone shares the parameters.
+#[derive(Clone)]
 pub struct Attention {
     pub wq: Linear,
     pub wk: Linear,
@@ -185,7 +187,8 @@ impl Attention {
     }
 }
 
-/// SwiGLU: `w2(silu(w1 x) * w3 x)`.
+/// SwiGLU: `w2(silu(w1 x) * w3 x)`. A clone shares the parameters.
+#[derive(Clone)]
 pub struct FeedForward {
     pub w1: Linear,
     pub w2: Linear,
@@ -225,7 +228,9 @@ impl FeedForward {
     }
 }
 
-/// `h = x + attention(norm(x))`, `out = h + feed_forward(norm(h))`.
+/// `h = x + attention(norm(x))`, `out = h + feed_forward(norm(h))`. A clone shares the parameters
+/// (what a checkpointed block's recomputation holds).
+#[derive(Clone)]
 pub struct Block {
     pub attention_norm: RmsNorm,
     pub attention: Attention,

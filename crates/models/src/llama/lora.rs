@@ -9,6 +9,9 @@ use std::path::Path;
 /// The projections LoRA can target, by their Hugging Face short names.
 const TARGETS: [&str; 7] = ["q", "k", "v", "o", "gate", "up", "down"];
 
+/// The target naming all of them (PEFT's `target_modules="all-linear"`).
+const ALL_LINEAR: &str = "all-linear";
+
 impl Llama {
     /// The projections of every layer named `target` ("q", ..., "down").
     fn projections_mut(&mut self, target: &str) -> Vec<&mut Linear> {
@@ -28,18 +31,24 @@ impl Llama {
 
     /// Adds LoRA adapters to `cfg.targets` in every layer and freezes every other parameter:
     /// an optimizer over [`Module::trainable_parameters`] then keeps state for the adapters only,
-    /// and backward computes no gradient for the frozen weights.
+    /// and backward computes no gradient for the frozen weights. The target `all-linear` (as in
+    /// PEFT) names every projection of the blocks (not the output head).
     pub fn add_lora(&mut self, cfg: &LoraConfig, gen: &mut Generator) -> Result<()> {
-        if let Some(bad) = cfg.targets.iter().find(|t| !TARGETS.contains(&t.as_str())) {
+        let known = |t: &str| TARGETS.contains(&t) || t == ALL_LINEAR;
+        if let Some(bad) = cfg.targets.iter().find(|t| !known(t)) {
             return Err(Error::invalid(
                 "Llama::add_lora",
-                format!("unknown target {bad:?}; choose among {TARGETS:?}"),
+                format!("unknown target {bad:?}; choose among {TARGETS:?} or {ALL_LINEAR:?}"),
             ));
         }
+        let targets: Vec<&str> = match cfg.targets.iter().any(|t| t == ALL_LINEAR) {
+            true => TARGETS.to_vec(),
+            false => cfg.targets.iter().map(String::as_str).collect(),
+        };
         for p in self.parameters() {
             p.set_requires_grad(false);
         }
-        for t in &cfg.targets {
+        for t in targets {
             for lin in self.projections_mut(t) {
                 lin.add_lora(cfg, gen)?;
             }

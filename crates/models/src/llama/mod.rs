@@ -6,6 +6,7 @@ mod decode;
 mod decode_graph;
 mod hf;
 mod lora;
+mod memory;
 mod model;
 mod sample;
 

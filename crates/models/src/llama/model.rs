@@ -1,8 +1,8 @@
 //! The Llama model: token embedding, blocks, final RMSNorm and the output projection (tied or its own); logits, loss, and the Module impl.
-use super::block::Block;
+use super::block::{plain, Block};
 use super::cache::KvCache;
 use super::config::LlamaConfig;
-use netcl_autograd::{Parameter, Tape, Var};
+use netcl_autograd::{checkpoint, Parameter, Tape, Var};
 use netcl_nn::{Context, Embedding, Init, Linear, Module, RmsNorm};
 use netcl_ops::{Activation, DType, Device, Error, Generator, Result, RopePositions, Tensor};
 use serde_json::Value;
@@ -20,6 +20,15 @@ pub struct Llama {
     pub norm: RmsNorm,
     /// `None` with tied embeddings (the output reuses `tok_embeddings.weight`).
     pub output: Option<Linear>,
+    /// Activation checkpointing in training passes: every `checkpoint_every`-th block (blocks
+    /// 0, k, 2k, ...) keeps only its input from forward to backward and is recomputed in
+    /// backward ([`netcl_autograd::checkpoint`]); 1 checkpoints every block, 0 none (the
+    /// default). Gradients are the same bit for bit.
+    pub checkpoint_every: usize,
+    /// Rows per chunk of [`Llama::loss`]'s cross-entropy over the output head
+    /// ([`Var::linear_cross_entropy`]); None (the default) chooses by size
+    /// ([`netcl_autograd::loss_chunk_rows`]: whole logits up to 64M elements, chunks above).
+    pub loss_chunk_rows: Option<usize>,
 }
 
 impl Llama {
@@ -67,7 +76,21 @@ impl Llama {
             norm,
             output,
             config,
+            checkpoint_every: 0,
+            loss_chunk_rows: None,
         })
+    }
+
+    /// Checkpoints every `every`-th block in training passes (see [`Llama::checkpoint_every`]).
+    pub fn with_checkpointing(mut self, every: usize) -> Llama {
+        self.checkpoint_every = every;
+        self
+    }
+
+    /// Whether block `i` of a pass on `tape` is checkpointed (recording, no KV cache).
+    fn checkpointed(&self, tape: &Tape, i: usize, cache: Option<&KvCache>) -> bool {
+        let k = self.checkpoint_every;
+        k > 0 && i.is_multiple_of(k) && cache.is_none() && tape.is_recording()
     }
 
     /// The device the weights live on.
@@ -80,6 +103,26 @@ impl Llama {
     /// appended (and its length advanced). `mask` ([B, 1, 1, T, S], added to the attention
     /// scores) hides padding of batched prompts.
     pub fn logits(
+        &self,
+        tape: &Tape,
+        ids: &Tensor,
+        positions: Option<&RopePositions>,
+        cache: Option<&KvCache>,
+        mask: Option<&Tensor>,
+    ) -> Result<Var> {
+        let h = self.hidden(tape, ids, positions, cache, mask)?;
+        match &self.output {
+            Some(out) => out.forward(tape, &h),
+            None => h.linear(
+                &tape.param(&self.tok_embeddings.weight),
+                None,
+                Activation::None,
+            ),
+        }
+    }
+
+    /// The final norm's output `[B, T, dim]` (what the output head reads), as [`Llama::logits`].
+    fn hidden(
         &self,
         tape: &Tape,
         ids: &Tensor,
@@ -121,25 +164,27 @@ impl Llama {
         let positions = positions.unwrap_or(&default);
         let mut h = tape.param(&self.tok_embeddings.weight).embedding(ids)?;
         for (i, block) in self.layers.iter().enumerate() {
-            h = block
-                .forward(tape, &h, positions, cache.map(|c| (c, i)), mask)
-                .map_err(|e| netcl_nn::in_layer(e, &format!("layer {i} of Llama")))?;
+            h = if self.checkpointed(tape, i, cache) {
+                // The recomputation owns handles to the block's parameters and the pass's inputs.
+                let (block, pos, mask) = (block.clone(), positions.clone(), mask.cloned());
+                checkpoint(tape, &[h], move |tape, xs| {
+                    block.forward(tape, &xs[0], &pos, None, mask.as_ref())
+                })
+            } else {
+                block.forward(tape, &h, positions, cache.map(|c| (c, i)), mask)
+            }
+            .map_err(|e| netcl_nn::in_layer(e, &format!("layer {i} of Llama")))?;
         }
         if let Some(c) = cache {
             c.advance(t)?;
         }
-        let h = self.norm.forward_for_products(tape, &h)?;
-        match &self.output {
-            Some(out) => out.forward(tape, &h),
-            None => h.linear(
-                &tape.param(&self.tok_embeddings.weight),
-                None,
-                Activation::None,
-            ),
-        }
+        self.norm.forward_for_products(tape, &h)
     }
 
-    /// Mean cross-entropy of next-token prediction: logits of `ids` [B, T] against `targets` [B, T].
+    /// Mean cross-entropy of next-token prediction: logits of `ids` [B, T] against `targets`
+    /// [B, T]. The head's product and the loss run as one [`Var::linear_cross_entropy`] (in
+    /// chunks of rows once the logits are large, see [`Llama::loss_chunk_rows`]) where the
+    /// head is a plain weight (tied, or an output without bias or adapter).
     pub fn loss(&self, tape: &Tape, ids: &Tensor, targets: &Tensor) -> Result<Var> {
         if targets.shape() != ids.shape() {
             return Err(Error::shape(
@@ -147,11 +192,21 @@ impl Llama {
                 format!("targets {:?} for ids {:?}", targets.shape(), ids.shape()),
             ));
         }
-        let logits = self.logits(tape, ids, None, None, None)?;
-        let n = ids.numel();
-        logits
-            .reshape(&[n, self.config.vocab_size])?
-            .cross_entropy(&targets.reshape(&[n])?, None)
+        let h = self.hidden(tape, ids, None, None, None)?;
+        match &self.output {
+            Some(out) if !plain(out) => {
+                let n = ids.numel();
+                out.forward(tape, &h)?
+                    .reshape(&[n, self.config.vocab_size])?
+                    .cross_entropy(&targets.reshape(&[n])?, None)
+            }
+            out => {
+                let w = out
+                    .as_ref()
+                    .map_or(&self.tok_embeddings.weight, |o| &o.weight);
+                h.linear_cross_entropy(&tape.param(w), targets, None, self.loss_chunk_rows)
+            }
+        }
     }
 }
 

@@ -3,7 +3,13 @@
 //! Stream convention: key = splitmix64(seed) (as `rand_philox::Philox::from_u64_seed`); element
 //! `i` of a draw takes word `i % 4` of counter block `base + i / 4`, and each draw advances the
 //! generator by `ceil(n / 4)` blocks.
+//!
+//! Draws can be logged and replayed (`record_draws`, `replay_draws`): activation checkpointing
+//! recomputes a function in backward with the very masks its forward drew.
+use netcl_core_devices::{Error, Result};
 use rand_philox::{philox4x32_10, splitmix64};
+use std::cell::RefCell;
+use std::collections::VecDeque;
 
 /// A seeded position in a Philox stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,15 +57,140 @@ fn words(key: [u32; 2], base: u128, n: usize) -> Vec<u32> {
 }
 
 impl Generator {
-    /// The Philox key (for kernels drawing from this stream).
-    pub(crate) fn key_words(&self) -> [u32; 2] {
-        self.key
+    /// Reserve a draw of `n` values: its key and first counter block. Inside
+    /// [`replay_draws`] the draw is the next logged one and the generator does not move; inside
+    /// [`record_draws`] it is also logged.
+    pub(crate) fn draw(&mut self, n: usize) -> Result<([u32; 2], u128)> {
+        let blocks = n.div_ceil(4) as u128;
+        DRAWS.with(|d| {
+            let mut frames = d.borrow_mut();
+            // The innermost replay supplies the draw; recordings above it log it.
+            let replay = frames.iter().rposition(|f| matches!(f, Frame::Replay(_)));
+            let draw = match replay {
+                Some(i) => {
+                    let Frame::Replay(q) = &mut frames[i] else {
+                        unreachable!("rposition found a replay frame")
+                    };
+                    match q.pop_front() {
+                        Some(d) if d.blocks == blocks => d,
+                        got => return Err(replay_mismatch(blocks, got.as_ref())),
+                    }
+                }
+                None => Draw {
+                    key: self.key,
+                    base: self.take(n),
+                    blocks,
+                },
+            };
+            let above = replay.map_or(0, |i| i + 1);
+            for f in &mut frames[above..] {
+                if let Frame::Record(log) = f {
+                    log.push(draw.clone());
+                }
+            }
+            Ok((draw.key, draw.base))
+        })
     }
+}
 
-    /// Reserve the counter blocks of a draw of `n` values; returns the first block.
-    pub(crate) fn take_blocks(&mut self, n: usize) -> u128 {
-        self.take(n)
+/// One draw: the stream's key, its first counter block and its length in blocks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Draw {
+    key: [u32; 2],
+    base: u128,
+    blocks: u128,
+}
+
+/// The random draws a function made, in order (see [`record_draws`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DrawLog(Vec<Draw>);
+
+impl DrawLog {
+    /// Number of draws logged.
+    pub fn len(&self) -> usize {
+        self.0.len()
     }
+    /// No draw was logged.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+enum Frame {
+    Record(Vec<Draw>),
+    Replay(VecDeque<Draw>),
+}
+
+thread_local! {
+    static DRAWS: RefCell<Vec<Frame>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Pops this thread's innermost frame when a region ends, also on early return or panic.
+struct PopFrame;
+
+impl Drop for PopFrame {
+    fn drop(&mut self) {
+        DRAWS.with(|d| d.borrow_mut().pop());
+    }
+}
+
+fn replay_mismatch(blocks: u128, got: Option<&Draw>) -> Error {
+    Error::invalid(
+        "replay_draws",
+        match got {
+            Some(d) => format!(
+                "a random draw of {blocks} counter blocks where the recorded run drew {}: the \
+                 replayed function must make the same draws in the same order",
+                d.blocks
+            ),
+            None => format!(
+                "a random draw of {blocks} counter blocks after the recorded run's last draw: \
+                 the replayed function must make the same draws in the same order"
+            ),
+        },
+    )
+}
+
+/// Runs `f` on this thread and returns with its result the random draws it made (dropout
+/// masks, `Tensor::rand`...), from any generator, in order. The generators advance as usual.
+pub fn record_draws<R>(f: impl FnOnce() -> R) -> (R, DrawLog) {
+    DRAWS.with(|d| d.borrow_mut().push(Frame::Record(Vec::new())));
+    let guard = PopFrame;
+    let r = f();
+    let log = DRAWS.with(|d| match d.borrow_mut().last_mut() {
+        Some(Frame::Record(log)) => std::mem::take(log),
+        _ => Vec::new(),
+    });
+    drop(guard);
+    (r, DrawLog(log))
+}
+
+/// Runs `f` with its random draws taken from `log` instead of the generators (which do not
+/// advance): the same masks as the run that recorded it, bit for bit. `f` must draw what was
+/// logged, in order: a draw of another size, one more than logged, or one fewer is an error.
+pub fn replay_draws<R>(log: &DrawLog, f: impl FnOnce() -> Result<R>) -> Result<R> {
+    DRAWS.with(|d| {
+        d.borrow_mut()
+            .push(Frame::Replay(log.0.iter().cloned().collect()))
+    });
+    let guard = PopFrame;
+    let r = f()?;
+    let left = DRAWS.with(|d| match d.borrow().last() {
+        Some(Frame::Replay(q)) => q.len(),
+        _ => 0,
+    });
+    drop(guard);
+    if left > 0 {
+        return Err(Error::invalid(
+            "replay_draws",
+            format!(
+                "the replayed function made {} of the {} recorded random draws",
+                log.len() - left,
+                log.len()
+            ),
+        ));
+    }
+    Ok(r)
 }
 
 /// The `n` Philox words of a draw starting at counter block `base` under `key` (host side).

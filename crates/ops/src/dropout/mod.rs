@@ -38,9 +38,9 @@ struct Stream {
 
 impl Stream {
     /// Reserves the draw of `n` words from `gen`, keeping words below `thr`.
-    fn take(gen: &mut Generator, n: usize, thr: u64) -> Stream {
-        let (key, base) = (gen.key_words(), gen.take_blocks(n));
-        Stream { key, base, thr }
+    fn take(gen: &mut Generator, n: usize, thr: u64) -> Result<Stream> {
+        let (key, base) = gen.draw(n)?;
+        Ok(Stream { key, base, thr })
     }
 }
 
@@ -80,7 +80,7 @@ impl Tensor {
         check_p(op, p, shape)?;
         let n = checked_numel(op, shape, dtype.size())?;
         u32_arg(op, "elements", n)?;
-        let stream = Stream::take(gen, n, threshold(p));
+        let stream = Stream::take(gen, n, threshold(p))?;
         let desc = Bernoulli {
             shape: shape.to_vec(),
             dtype,
@@ -102,7 +102,7 @@ impl Tensor {
         let n = self.numel();
         u32_arg(op, "elements", n)?;
         let scale = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
-        let stream = Stream::take(gen, n, threshold(1.0 - p));
+        let stream = Stream::take(gen, n, threshold(1.0 - p))?;
         let desc = Dropout {
             x: self.clone(),
             scale,

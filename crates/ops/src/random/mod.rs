@@ -57,12 +57,12 @@ impl Tensor {
             ));
         }
         netcl_core_memory::capture::forbid_random(device, "random")?;
-        let base = gen.take_blocks(numel(shape));
+        let (key, base) = gen.draw(numel(shape))?;
         let op = Random {
             shape: shape.to_vec(),
             dist,
             dtype,
-            key: gen.key_words(),
+            key,
             base,
         };
         dispatch(device, &op)

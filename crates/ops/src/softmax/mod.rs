@@ -308,6 +308,37 @@ impl Tensor {
             lse,
         })
     }
+    /// The mean of per-row cross-entropy losses (this tensor, `[N]`, as
+    /// [`Tensor::cross_entropy_rows`] returns them) over the rows whose target is not
+    /// `ignore_index`: (loss, count), 0-dim in the losses' dtype, as [`Tensor::cross_entropy`]
+    /// computes them (losses computed in pieces, e.g. a chunked loss, meet here). One kernel.
+    pub fn cross_entropy_mean(
+        &self,
+        targets: &Tensor,
+        ignore_index: Option<i32>,
+    ) -> Result<(Tensor, Tensor)> {
+        let op = "cross_entropy_mean";
+        check_dtype(op, self, "losses", acc_dtype(self.dtype))?;
+        if self.ndim() != 1 {
+            return Err(Error::shape(
+                op,
+                format!("losses {:?} must be [N]", self.shape),
+            ));
+        }
+        // The rows' layout as the mean kernel reads it (one "class" per row: targets are not
+        // range-checked by the mean).
+        let args = ce_args(op, &self.unsqueeze(1)?, targets, ignore_index)?;
+        let desc = CrossEntropyMean {
+            // The kernel reads the losses densely from element 0.
+            losses: crate::base::host::dense(self)?,
+            targets: targets.clone(),
+            ignore_index,
+            args,
+            dtype: self.dtype,
+        };
+        dispatch(&self.device, &desc)
+    }
+
     /// Gradient of cross-entropy w.r.t. these logits [N, C]: `(softmax - onehot(target)) *
     /// grad[i] / count`, contiguous, in the logits' dtype. `lse` `[N]` is the forward's, `grad` the
     /// upstream gradient (`[]` or `[1]` broadcast, or `[N]` per row), `count` (`[]` or `[1]`) divides when

@@ -13,6 +13,7 @@ mod ddp;
 mod llama;
 mod llama1b_gemm;
 mod peak;
+mod scale;
 mod tiles;
 
 /// One measured workload; `bytes` and `flops` are what the op must move and compute.
@@ -497,11 +498,15 @@ fn raw_enqueue_secs(dev: &Device, graph: &netcl_graph::Graph, n: usize) -> Resul
     Ok(secs)
 }
 
-const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama,attention,decode,llama_gemm,llama1b_gemm,ddp,tiles,mma_peak] [--sizes 1024,2048,4096] [--llama 15m,110m,15m_bf16,110m_bf16,110m_lora,110m_b2,110m_lora_b2,110m_b1,110m_lora_b1,generate] [--json FILE]
+const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama,attention,decode,llama_gemm,llama1b_gemm,ddp,tiles,mma_peak] [--sizes 1024,2048,4096] [--llama 15m,110m,15m_bf16,110m_bf16,110m_lora,110m_b2,110m_lora_b2,110m_b1,110m_lora_b1,generate|1b,1b_lora,3b_lora,1b_tiny,1b_lora_tiny,3b_lora_tiny] [--json FILE]
   Times each workload (median of 5 batches, device synchronised around each) and prints
   one line per workload; --json writes the records for benches/reference/torch_bench.py --netcl.
   NETCL_CLBLAST=/path/libclblast.so adds CLBlast as the OpenCL GEMM peer; NETCL_BENCH_KERNELS=1 lists
-  the train suite's kernels with device times; --suite tiles times small products per GEMM tile.";
+  the train suite's kernels with device times; --suite tiles times small products per GEMM tile.
+  --llama 1b,1b_lora,3b_lora (only when named; their _tiny twins for CPU devices): TinyLlama-1.1B
+  and Llama-3.2-3B shapes, T 2048, bf16 autocast, every block checkpointed, LoRA r16 on all
+  linear layers over a bf16 base; batch NETCL_BENCH_BATCH (4; a number, or fit: the largest the
+  memory estimate fits); prints tokens/s, MFU over 989 TFLOP/s, pool peak and its estimate.";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -595,7 +600,9 @@ fn main() -> Result<()> {
         r.llama1b_gemm()?;
     }
     if want("llama") {
-        r.llama(flag_value(&args, "--llama").unwrap_or("all"))?;
+        let which = flag_value(&args, "--llama").unwrap_or("all");
+        r.llama(which)?;
+        r.llama_scale(which)?;
     }
     if suite.split(',').any(|x| x == "ddp") {
         r.ddp()?;

@@ -1,0 +1,128 @@
+//! The Llama examples end to end at tiny settings on every device, in bf16 autocast (llama_train also in f16 with loss scaling, with per-block checkpointing): training runs, saves, and what it saved loads back; llama_finetune with LoRA on all linear layers over a bf16 base.
+use netcl::data::ENDOFTEXT;
+use netcl::devices::test_devices;
+use netcl::models::{Llama, LlamaConfig};
+use netcl::ops::RopeStyle;
+use netcl::prelude::*;
+use std::path::{Path, PathBuf};
+
+#[allow(dead_code)]
+#[path = "../examples/llama_train.rs"]
+mod llama_train;
+
+#[allow(dead_code)]
+#[path = "../examples/llama_finetune.rs"]
+mod llama_finetune;
+
+/// The shipped text (20 KB): small enough to train a tokenizer on in a moment.
+fn text() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/assets/text/notes.txt")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("examples-{name}"));
+    std::fs::remove_dir_all(&dir).ok();
+    dir
+}
+
+/// The flags in `fixed` (split at spaces) followed by the pairs in `more` (paths, specs).
+fn args(fixed: &str, more: &[(&str, &str)]) -> Vec<String> {
+    let tail = more.iter().flat_map(|(f, v)| [*f, *v]);
+    fixed
+        .split_whitespace()
+        .chain(tail)
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn llama_train_runs_in_bf16_and_f16() {
+    let data = text();
+    for dev in test_devices().unwrap() {
+        let precisions: &[&str] = if dev.is_host() {
+            &["bf16", "f16"]
+        } else {
+            &["bf16"]
+        };
+        for &precision in precisions {
+            let out = scratch(&format!(
+                "train-{precision}-{}",
+                dev.spec().replace(':', "_")
+            ));
+            let spec = dev.spec();
+            let run = args(
+                "--vocab 300 --dim 32 --layers 2 --heads 4 --kv-heads 2 --hidden 64 --context 16 \
+                 --batch 4 --steps 4 --eval-every 2 --checkpoint 1",
+                &[
+                    ("--data", data.to_str().unwrap()),
+                    ("--precision", precision),
+                    ("--devices", &spec),
+                    ("--out", out.to_str().unwrap()),
+                ],
+            );
+            llama_train::run(run).unwrap_or_else(|e| panic!("{dev} {precision}: {e}"));
+            // The saved checkpoint holds the run's validation loss and, for f16, the scaler.
+            let meta: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(out.join("checkpoint.json")).unwrap())
+                    .unwrap();
+            let extra = &meta["extra"];
+            let val = extra["val_loss"].as_f64().unwrap();
+            assert!(
+                val.is_finite() && val > 0.0,
+                "{dev} {precision}: val loss {val}"
+            );
+            assert_eq!(
+                extra["grad_scaler"].is_object(),
+                precision == "f16",
+                "{dev} {precision}: {extra}"
+            );
+        }
+    }
+}
+
+#[test]
+fn llama_finetune_trains_lora_over_a_bf16_base() {
+    // A Hugging Face directory made here: a tiny model and a tokenizer of the shipped text.
+    let corpus = TextCorpus::from_path(text()).unwrap();
+    let tok = Tokenizer::train_bpe(corpus.documents(), 300, &[ENDOFTEXT]).unwrap();
+    for dev in test_devices().unwrap() {
+        let tag = dev.spec().replace(':', "_");
+        let model_dir = scratch(&format!("hf-{tag}"));
+        let cfg = LlamaConfig {
+            rope_style: RopeStyle::Halves,
+            max_seq_len: 64,
+            ..LlamaConfig::tiny(tok.vocab_size())
+        };
+        Llama::new(cfg, &dev, &mut Generator::new(3))
+            .unwrap()
+            .save_hf(&model_dir)
+            .unwrap();
+        tok.save(model_dir.join("tokenizer.json")).unwrap();
+        let out = scratch(&format!("finetune-{tag}"));
+        let spec = dev.spec();
+        let run = args(
+            "--lora 4 --lora-targets all-linear --precision bf16 --checkpoint 1 --steps 3 \
+             --batch 2 --context 16",
+            &[
+                ("--model", model_dir.to_str().unwrap()),
+                ("--data", text().to_str().unwrap()),
+                ("--device", &spec),
+                ("--out", out.to_str().unwrap()),
+            ],
+        );
+        llama_finetune::run(run).unwrap_or_else(|e| panic!("{dev}: {e}"));
+        // The adapters were saved in f32 and the merged export keeps the bf16 base.
+        let adapters = netcl::nn::load_safetensors(out.join("adapters.safetensors")).unwrap();
+        assert_eq!(
+            adapters.len(),
+            2 * 7 * 2,
+            "{dev}: A and B of 7 projections in 2 layers"
+        );
+        assert!(
+            adapters.iter().all(|(_, t)| t.dtype() == DType::F32),
+            "{dev}"
+        );
+        let merged = Llama::from_hf(&out, &dev, None).unwrap();
+        assert_eq!(merged.config.dtype, DType::BF16, "{dev}");
+    }
+}
