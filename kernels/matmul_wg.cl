@@ -10,10 +10,11 @@
 // flight at once read fewer distinct rows of A and columns of B (a wide B is not read again for
 // every row of tiles).
 //
-// Work-group w computes tiles w, w + G, w + 2G, ... of all batches' tiles (G work-groups): one each
-// when launched with a work-group per tile, several when launched persistent (a few work-groups per
-// compute unit). Then the first K tiles of a work-group's next output tile are requested before the
-// epilogue of the current one is stored, so the pipeline's fill hides behind the stores.
+// Work-group w computes tile w of all batches' tiles; with -DPERSISTENT (launched with a few
+// work-groups per compute unit, G in all) tiles w, w + G, w + 2G, ..., the first K steps of its next
+// tile requested before the epilogue of the current one is stored, so the pipeline's fill hides
+// behind the stores. (Without it the code has no tile loop: the loop costs the wide tile's
+// registers.)
 // The generated `wgmma(d, da, db)` (matmul_wg.rs) and the epilogue's `activate` come in front.
 //
 // A work-group of two warpgroups computes a 128 x TBN tile, warpgroup w its rows 64 w .. 64 w + 63
@@ -98,7 +99,10 @@ void matmul_wg(__global OT* c,          /* (batch, M, N) contiguous per batch: c
     const uint tid = get_local_id(0), wg = tid / 128, lane = tid % 32, warp = (tid % 128) / 32;
     const uint steps = (K + TBK - 1) / TBK;
     const uint cols = (N + TBN - 1) / TBN, rows = (M + TBM - 1) / TBM, per_batch = cols * rows;
-    const uint total = per_batch * batches, stride = get_num_groups(0);
+    const uint total = per_batch * batches;
+#ifdef PERSISTENT
+    const uint stride = get_num_groups(0);
+#endif
     float d[TBN / 2];
 
     // Tile t's rows m0.., columns n0.. and operand offsets o.
@@ -165,7 +169,11 @@ void matmul_wg(__global OT* c,          /* (batch, M, N) contiguous per batch: c
         TILE_AT(t, im0, in0, io)
         PROLOGUE()
     }
+#ifdef PERSISTENT
     for (; t < total; t += stride) {
+#else
+    if (t < total) {
+#endif
         // This tile's place (its first steps are in flight already).
         const uint m0 = im0, n0 = in0;
         const uint3 o = io;
@@ -196,12 +204,14 @@ void matmul_wg(__global OT* c,          /* (batch, M, N) contiguous per batch: c
             __asm__ volatile("//sm90a: wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
         }
         __asm__ volatile("//sm90a: wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#ifdef PERSISTENT
         // Every warpgroup's reads of the ring are done: the next tile's first steps may land.
         barrier(CLK_LOCAL_MEM_FENCE);
         if (t + stride < total) {
             TILE_AT(t + stride, im0, in0, io)
             PROLOGUE()
         }
+#endif
 
         // d[4 j + q]: rows g (q < 2) or g + 8, columns 8 j + 2 t + q % 2 of the warp's 16 rows.
         const uint g = lane / 4, q = lane % 4;

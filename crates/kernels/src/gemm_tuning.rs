@@ -41,10 +41,15 @@ impl WgTile {
     /// The -D options of the tiling (the work-groups' count is the launch's).
     pub fn options(self) -> String {
         format!(
-            "-DTBN={} -DSTAGES={} -DSM90A_SHARED={}",
+            "-DTBN={} -DSTAGES={} -DSM90A_SHARED={}{}",
             self.tbn,
             self.stages,
-            self.shared_bytes()
+            self.shared_bytes(),
+            if self.persistent > 0 {
+                " -DPERSISTENT"
+            } else {
+                ""
+            }
         )
     }
 }

@@ -49,8 +49,8 @@ pub(super) fn launch(
     launch_in(kind, tile, raster, forms, g, None)
 }
 
-/// `launch` in `groups` work-groups where given (the probe's: one work-group looping over every
-/// tile), else as `tile` says.
+/// `launch` in `groups` work-groups where given (the probe's: one persistent work-group looping
+/// over every tile), else as `tile` says.
 fn launch_in(
     kind: TensorCoreKind,
     tile: WgTile,
@@ -92,8 +92,9 @@ fn launch_in(
 }
 
 /// Small integers make every product and sum exact: the device must match the host bit for bit
-/// (ragged M, N and K, B read both K- and N-contiguous, several K steps) in `tile`, launched as
-/// it would be and as one work-group looping over every tile (in bands of two rows of tiles).
+/// (ragged M, N and K, B read both K- and N-contiguous, several K steps) in `tile` (in bands of
+/// two rows of tiles), launched as it would be and, persistent, as one work-group looping over
+/// every tile.
 fn probe(device: &Device, kind: TensorCoreKind, tile: WgTile) -> Result<bool> {
     let e = Exact::new(136, 264, 200);
     let dtype = kind.dtype();
@@ -107,7 +108,11 @@ fn probe(device: &Device, kind: TensorCoreKind, tile: WgTile) -> Result<bool> {
             (TcOperand::Mn, false) => TcOperand::Copy,
             (f, _) => f,
         };
-        for groups in [None, Some(1)] {
+        let launches: &[Option<usize>] = match tile.persistent {
+            0 => &[None],
+            _ => &[None, Some(1)],
+        };
+        for &groups in launches {
             // Not a product of small integers: a tile left unwritten shows.
             let out = Tensor::full(&[e.m, e.n], 0.5, dtype, device)?;
             let g = Gemm {

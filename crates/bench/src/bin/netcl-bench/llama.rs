@@ -111,34 +111,7 @@ impl Runner {
                 tokens as f64 / ms * 1e3,
                 peak as f64 / (1u64 << 30) as f64
             );
-            if !self.dev.is_host()
-                && std::env::var("NETCL_BENCH_KERNELS").is_ok_and(|v| v == "1" || v == "2")
-            {
-                // One step under the profiler: device time per kernel name, largest first.
-                let p = netcl_profiling::Profiler::start();
-                t.step()?;
-                self.dev.synchronize()?;
-                let mut by: std::collections::BTreeMap<String, (usize, f64)> = Default::default();
-                // NETCL_BENCH_KERNELS=2: by kernel name and global size.
-                let sized = std::env::var("NETCL_BENCH_KERNELS").is_ok_and(|v| v == "2");
-                for k in p.stop().kernels {
-                    let key = match sized {
-                        true => format!("{} {:?}", k.kernel, k.global),
-                        false => k.kernel.to_string(),
-                    };
-                    let e = by.entry(key).or_default();
-                    e.0 += 1;
-                    e.1 += k.device_ns().unwrap_or(0) as f64 / 1e6;
-                }
-                let mut by: Vec<_> = by.into_iter().collect();
-                by.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
-                for (kernel, (n, ms)) in by {
-                    println!(
-                        "{:<12} {name:<28} kernel {kernel:<28} {n:>4}x {ms:>9.3} ms",
-                        ""
-                    );
-                }
-            }
+            print_kernels(&self.dev, name, || t.step())?;
             if !self.dev.is_host() && std::env::var("NETCL_BENCH_GRAPH").is_ok_and(|v| v == "1") {
                 // The same step captured once and replayed (netcl-graph).
                 let (mut graph, ()) = netcl_graph::Graph::capture(&self.dev, |_| t.step())?;
@@ -353,4 +326,39 @@ impl Runner {
             },
         )
     }
+}
+
+/// `NETCL_BENCH_KERNELS=1` (or `2`: by kernel name and global size): one call of `step` under the
+/// profiler, each kernel's device time, largest first.
+pub(crate) fn print_kernels(
+    dev: &netcl_core_devices::Device,
+    name: &str,
+    mut step: impl FnMut() -> Result<()>,
+) -> Result<()> {
+    let mode = std::env::var("NETCL_BENCH_KERNELS").unwrap_or_default();
+    if dev.is_host() || !(mode == "1" || mode == "2") {
+        return Ok(());
+    }
+    let p = netcl_profiling::Profiler::start();
+    step()?;
+    dev.synchronize()?;
+    let mut by: std::collections::BTreeMap<String, (usize, f64)> = Default::default();
+    for k in p.stop().kernels {
+        let key = match mode == "2" {
+            true => format!("{} {:?}", k.kernel, k.global),
+            false => k.kernel.to_string(),
+        };
+        let e = by.entry(key).or_default();
+        e.0 += 1;
+        e.1 += k.device_ns().unwrap_or(0) as f64 / 1e6;
+    }
+    let mut by: Vec<_> = by.into_iter().collect();
+    by.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+    for (kernel, (n, ms)) in by {
+        println!(
+            "{:<12} {name:<28} kernel {kernel:<28} {n:>4}x {ms:>9.3} ms",
+            ""
+        );
+    }
+    Ok(())
 }

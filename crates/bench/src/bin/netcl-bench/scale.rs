@@ -217,6 +217,7 @@ impl Runner {
                 size(estimate),
                 estimate as f64 / peak.max(1) as f64
             );
+            super::llama::print_kernels(&self.dev, &name, || step.step())?;
             self.records.push(Record {
                 suite: "llama",
                 name,
