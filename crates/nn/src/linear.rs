@@ -108,6 +108,7 @@ impl Linear {
         })
     }
 
+    #[track_caller]
     fn run(&self, tape: &Tape, x: &Var, act: Activation) -> Result<Var> {
         let b = self.bias.as_ref().map(|b| tape.param(b));
         let y = x.linear(&tape.param(&self.weight), b.as_ref(), act)?;
@@ -147,7 +148,10 @@ impl Module for Linear {
         self.run(tape, x, Activation::None)
     }
     fn forward_fused(&self, tape: &Tape, x: &Var, act: Activation) -> Option<Result<Var>> {
-        (matches!(act, Activation::Relu) && self.lora.is_none()).then(|| self.run(tape, x, act))
+        match matches!(act, Activation::Relu) && self.lora.is_none() {
+            true => Some(self.run(tape, x, act)),
+            false => None,
+        }
     }
     fn named_parameters(&self) -> Vec<(String, Parameter)> {
         let mut v = vec![("weight".to_string(), self.weight.clone())];
