@@ -38,7 +38,7 @@ fn run() -> Result<()> {
     let (mut lora, mut steps, mut batch, mut context, mut lr) =
         (None, 100usize, 8usize, 128usize, None);
     let mut prompt = "What's Oxygen?".to_string();
-    let mut it = std::env::args().skip(1);
+    let mut it = netcl::devices::utf8_args("llama_finetune")?.into_iter();
     let bad =
         |f: &str, v: &str| Error::invalid("llama_finetune", format!("{f} {v:?} is not valid"));
     while let Some(flag) = it.next() {

@@ -21,7 +21,7 @@ fn main() {
 fn run() -> Result<()> {
     let (mut prompts, mut n, mut dir) = (Vec::new(), 32usize, PathBuf::from("runs/llama"));
     let (mut temperature, mut top_k, mut top_p, mut seed) = (0.8f64, 40usize, 0.95f64, 1u64);
-    let mut it = std::env::args().skip(1);
+    let mut it = netcl::devices::utf8_args("llama_generate")?.into_iter();
     let bad =
         |f: &str, v: &str| Error::invalid("llama_generate", format!("{f} {v:?} is not valid"));
     while let Some(flag) = it.next() {

@@ -68,7 +68,7 @@ fn parse() -> Result<Args> {
         out: "runs/llama".into(),
         resume: false,
     };
-    let mut it = std::env::args().skip(1);
+    let mut it = netcl::devices::utf8_args("llama_train")?.into_iter();
     let bad = |f: &str, v: &str| Error::invalid("llama_train", format!("{f} {v:?} is not valid"));
     while let Some(flag) = it.next() {
         if flag == "--resume" {
@@ -296,12 +296,7 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
             continue;
         }
         // Evaluation: validation loss and bits per byte, a sample, the plot, a checkpoint.
-        let eval = Tape::no_grad();
-        let mut v = 0.0;
-        for b in &val_sets {
-            v += model.loss(&eval, &b.inputs, &b.targets)?.item()?;
-        }
-        last_val = v / val_sets.len() as f64;
+        last_val = val_loss(&model, &val_sets)?;
         let bpb = last_val / bytes_per_token / std::f64::consts::LN_2;
         let train_loss = progress_loss.last().copied().unwrap_or(f32::NAN);
         history.train_loss.push(train_loss);
@@ -345,6 +340,10 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
     if !lead {
         return Ok(());
     }
+    if last_val.is_nan() {
+        // No step ran (`--steps 0`, or resumed at the end): report the model as it is.
+        last_val = val_loss(&model, &val_sets)?;
+    }
     let bpb = last_val / bytes_per_token / std::f64::consts::LN_2;
     println!(
         "{} steps in {:.1}s on {dev}; val {bpb:.4} bits/byte vs bigram {:.4} ({:.0}% better)",
@@ -355,4 +354,14 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
     );
     println!("final val_loss={last_val:.4}");
     Ok(())
+}
+
+/// The mean loss over the fixed validation batches.
+fn val_loss(model: &Llama, val_sets: &[TokenBatch]) -> Result<f64> {
+    let eval = Tape::no_grad();
+    let mut v = 0.0;
+    for b in val_sets {
+        v += model.loss(&eval, &b.inputs, &b.targets)?.item()?;
+    }
+    Ok(v / val_sets.len() as f64)
 }

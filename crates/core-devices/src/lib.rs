@@ -1,4 +1,5 @@
 //! netcl-core-devices: OpenCL device discovery, capabilities, selection, and netcl's one error type.
+mod args;
 pub mod debug;
 mod device;
 mod dtype;
@@ -6,6 +7,7 @@ mod error;
 mod info;
 mod testing;
 
+pub use args::{utf8_args, utf8_args_from};
 pub use cl3;
 pub use device::{ClDevice, Device, Selection};
 pub use dtype::DType;
