@@ -62,7 +62,7 @@ pub struct Kernel {
 /// The local memory `program`'s kernels may use: the device's, or for sm_90a programs, which
 /// declare more than OpenCL's limit in their PTX (program.rs), what they declared (the driver
 /// checks it at enqueue).
-fn local_limit(program: &Program) -> u64 {
+pub(crate) fn local_limit(program: &Program) -> u64 {
     let device = program.device.info().local_mem_bytes;
     crate::program::sm90a_shared(&program.options).map_or(device, |s| device.max(s as u64 + 1024))
 }

@@ -48,3 +48,27 @@ pub const ALL: [Source; 14] = [
     COPY, RANDOM, MATMUL, INDEX, SHAPE, ROPE, REDUCE, SOFTMAX, NORM, CONV, POOL, SORT, ATTENTION,
     DECODE,
 ];
+
+/// Every file under kernels/: the common header, the op families and the device-specific ones.
+pub const EVERY: [Source; 20] = [
+    COMMON,
+    COPY,
+    RANDOM,
+    MATMUL,
+    MATMUL_TC,
+    MATMUL_WG,
+    MATMUL_ASYNC,
+    MATMUL_CPU,
+    INDEX,
+    SHAPE,
+    ROPE,
+    REDUCE,
+    SOFTMAX,
+    NORM,
+    CONV,
+    POOL,
+    SORT,
+    ATTENTION,
+    ATTENTION_TC,
+    DECODE,
+];

@@ -111,6 +111,40 @@ fn failed_build_reports_file_options_and_log() {
     }
 }
 
+/// Two sources under one name (netcl's and, say, one a graph file brought) get programs of their
+/// own: the cache is keyed by the text too, so neither replaces the other, and a broken one fails.
+#[test]
+fn programs_of_one_name_and_options_with_other_text_do_not_share() {
+    let other = Source {
+        name: ELEMENTWISE.name,
+        text: "__kernel void add_contig(__global T* out, __global const T* a, __global const T* b, uint n) {
+            uint i = get_global_id(0);
+            if (i < n) STORE(out, i, LOAD(a, i) + LOAD(b, i) + 1000.0f);
+        }",
+    };
+    let broken = Source {
+        name: ELEMENTWISE.name,
+        text: "__kernel void add_contig(__global float* x) { x[0] = undefined_thing; }",
+    };
+    for dev in opencl_test_devices().unwrap() {
+        let mine = program(&dev, &ELEMENTWISE, "-DDT_F32").unwrap();
+        let theirs = program(&dev, &other, "-DDT_F32").unwrap();
+        assert!(!Arc::ptr_eq(&mine, &theirs), "{dev}");
+        assert!(Arc::ptr_eq(
+            &mine,
+            &program(&dev, &ELEMENTWISE, "-DDT_F32").unwrap()
+        ));
+        check_add(&dev, &program(&dev, &ELEMENTWISE, "-DDT_F32").unwrap());
+        assert!(
+            matches!(
+                program(&dev, &broken, "-DDT_F32"),
+                Err(Error::KernelBuild { .. })
+            ),
+            "{dev}: a broken source of a cached name must fail to build"
+        );
+    }
+}
+
 const LOCAL: Source = Source {
     name: "local_test.cl",
     text: "__kernel void scale(__global float* x, __local float* tmp, uint n) {
