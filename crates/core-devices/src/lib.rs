@@ -4,6 +4,7 @@ pub mod debug;
 mod device;
 mod dtype;
 mod error;
+pub mod files;
 mod info;
 mod testing;
 

@@ -30,11 +30,7 @@ impl GraphDesc {
     pub fn read(path: impl AsRef<Path>) -> Result<GraphDesc> {
         let path = path.as_ref();
         let what = format!("graph {}", path.display());
-        let io = |e| Error::io(path.display().to_string(), e);
-        if !std::fs::metadata(path).map_err(io)?.is_file() {
-            return Err(Error::format(&what, "not a regular file"));
-        }
-        let bytes = std::fs::read(path).map_err(io)?;
+        let bytes = netcl_core_devices::files::read_regular(path, u32::MAX as u64, "a graph file")?;
         let (head, json) = match bytes.iter().position(|&b| b == b'\n') {
             Some(i) => (&bytes[..i], &bytes[i + 1..]),
             None => (&bytes[..], &[][..]),

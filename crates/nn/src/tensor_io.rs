@@ -135,6 +135,8 @@ pub struct SafetensorsFile {
 impl SafetensorsFile {
     pub fn open(path: impl AsRef<Path>) -> Result<SafetensorsFile> {
         let path = path.as_ref();
+        // Checked first: opening a FIFO would block until a writer came.
+        netcl_ops::files::regular_file(path)?;
         let file = File::open(path).map_err(|e| Error::io(shown(path), e))?;
         // SAFETY: the map is read-only; a file changed by another process while mapped is the
         // caller's problem, as with any reader (the header is re-validated on each access).

@@ -53,7 +53,7 @@ pub use matmul::tc::{
     TensorCoreKind,
 };
 pub use matmul::{MatmulOptions, MatmulVectors};
-pub use netcl_core_devices::{DType, Device, Error, Result};
+pub use netcl_core_devices::{files, DType, Device, Error, Result};
 pub use netcl_kernels::{GemmTile, TcTile};
 pub use pool::Pool2dParams;
 pub use reduce::ReduceOp;

@@ -1,6 +1,7 @@
 //! Llama: config, blocks (RMSNorm, grouped-query attention with RoPE, SwiGLU), the model, its KV cache and sampling.
 mod block;
 mod cache;
+mod checkpoint;
 mod config;
 mod decode;
 mod decode_graph;
@@ -8,6 +9,7 @@ mod hf;
 mod lora;
 mod model;
 mod sample;
+mod stored;
 
 pub use block::{Attention, Block, FeedForward};
 pub use cache::KvCache;
