@@ -119,14 +119,32 @@ impl Linear {
     }
 
     /// Adds a LoRA adapter and freezes the weight and bias (no gradient, so no optimizer state
-    /// and no gradient memory for them): only the adapter trains.
+    /// and no gradient memory for them): only the adapter trains. A layer that has one already is
+    /// an error (its trained adapter is not replaced: `merge_lora` first).
     pub fn add_lora(&mut self, cfg: &LoraConfig, gen: &mut Generator) -> Result<()> {
-        self.lora = Some(LoraAdapter::new(self.weight.value(), cfg, gen)?);
+        if let Some(l) = &self.lora {
+            return Err(Error::invalid(
+                "Linear::add_lora",
+                format!(
+                    "the layer has an adapter already (rank {}, alpha {}): merge_lora first",
+                    l.rank(),
+                    l.alpha
+                ),
+            ));
+        }
+        let adapter = LoraAdapter::new(self.weight.value(), cfg, gen)?;
+        self.attach_lora(adapter);
+        Ok(())
+    }
+
+    /// Puts `adapter` (made for this weight) on the layer, in place of any, and freezes the
+    /// weight and bias.
+    pub fn attach_lora(&mut self, adapter: LoraAdapter) {
+        self.lora = Some(adapter);
         self.weight.set_requires_grad(false);
         if let Some(b) = &self.bias {
             b.set_requires_grad(false);
         }
-        Ok(())
     }
 
     /// Folds the adapter into the weight (`W += scale·B·A`) and removes it; the weight trains again.

@@ -154,6 +154,13 @@ impl SafetensorsFile {
             .map_err(|e| Error::format(&self.path, format!("not a valid safetensors file: {e}")))
     }
 
+    /// The file's `__metadata__` strings (empty when it has none).
+    pub fn metadata(&self) -> Result<std::collections::HashMap<String, String>> {
+        let (_, meta) = SafeTensors::read_metadata(&self.mmap)
+            .map_err(|e| Error::format(&self.path, format!("not a valid safetensors file: {e}")))?;
+        Ok(meta.metadata().clone().unwrap_or_default())
+    }
+
     /// The tensor names, sorted.
     pub fn names(&self) -> Result<Vec<String>> {
         let mut names: Vec<String> = self

@@ -15,5 +15,6 @@ pub use block::{Attention, Block, FeedForward};
 pub use cache::KvCache;
 pub use config::{LlamaConfig, RopeScaling};
 pub use decode_graph::DecodeGraph;
+pub use lora::LoraSpec;
 pub use model::{Llama, Positions};
 pub use sample::{generate, Sampler, Sampling};
