@@ -6,7 +6,9 @@ mod size_class;
 mod transfer;
 pub mod watch;
 
-pub use host::{host_charge, host_check, host_memory, host_release, host_vec, set_host_limit};
+pub use host::{
+    host_charge, host_check, host_memory, host_release, host_vec, set_host_limit, HostBuf,
+};
 pub use pool::{parse_bytes, Block, Pool, PoolStats};
 pub use size_class::{size_class, SLAB_BYTES, SMALL_MAX};
 pub use transfer::{

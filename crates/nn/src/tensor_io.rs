@@ -199,7 +199,7 @@ impl SafetensorsFile {
         let (dtype, shape) = self.info(name)?;
         let st = self.parsed()?;
         let v = self.view(&st, name)?;
-        let t = host_tensor(HostData::from_bytes(dtype, v.data()), &shape)?;
+        let t = host_tensor(HostData::from_bytes(dtype, v.data())?, &shape)?;
         t.to_device(device)
     }
 }

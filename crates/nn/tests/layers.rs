@@ -460,3 +460,20 @@ fn pooling_layers_follow_pytorchs_defaults() {
         assert_eq!(inside.describe()["count_include_pad"], false);
     }
 }
+
+/// Layers too large for the host are errors, not aborts or panics.
+#[test]
+fn layers_past_memory_are_errors() {
+    let host = Device::host();
+    let mut g = Generator::new(0);
+    for (inn, out) in [(1usize << 20, 1usize << 20), (4, 1 << 62), (1 << 62, 4)] {
+        let e = Linear::new(inn, out, &host, &mut g).err().unwrap();
+        assert!(
+            matches!(
+                e,
+                netcl_ops::Error::OutOfMemory { .. } | netcl_ops::Error::Shape { .. }
+            ),
+            "Linear::new({inn}, {out}): {e}"
+        );
+    }
+}

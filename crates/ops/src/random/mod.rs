@@ -57,7 +57,9 @@ impl Tensor {
             ));
         }
         netcl_core_memory::capture::forbid_random(device, "random")?;
-        let base = gen.take_blocks(numel(shape));
+        // Checked before the generator moves: a count past memory is an error, never a wrap.
+        let n = crate::base::layout::checked_numel("random", shape, dtype.size())?;
+        let base = gen.take_blocks(n);
         let op = Random {
             shape: shape.to_vec(),
             dist,
