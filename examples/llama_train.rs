@@ -20,7 +20,8 @@
 //! B*T*8 bytes of ids through pinned buffers queued one batch ahead, the embedding runs on the
 //! device, and the step reads back nothing but the loss every 50 steps and at evaluations.
 use netcl::data::{
-    bigram_baseline, encode_documents, plot_history, utf8_bytes, History, Progress, ENDOFTEXT,
+    bigram_baseline, encode_documents, encode_documents_with_progress, plot_history, utf8_bytes,
+    History, Progress, ENDOFTEXT,
 };
 use netcl::distributed::parse_devices;
 use netcl::nn::{load_checkpoint, save_checkpoint};
@@ -148,7 +149,15 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
         }
         t
     };
-    let train = encode_documents(&tokenizer, &split.train)?;
+    // Progress on long encodes (tens of MB of text take a while).
+    let mut shown = 0;
+    let train = encode_documents_with_progress(&tokenizer, &split.train, |done, all| {
+        let pct = done * 100 / all.max(1);
+        if lead && all > 16 << 20 && pct >= shown + 10 {
+            shown = pct;
+            eprintln!("encoding the training text: {pct}%");
+        }
+    })?;
     let val = encode_documents(&tokenizer, &split.val)?;
     let val_bytes = utf8_bytes(&split.val);
     let bigram = bigram_baseline(&train, &val, tokenizer.vocab_size(), 0.01, val_bytes)?;

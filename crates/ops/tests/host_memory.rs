@@ -1,26 +1,10 @@
 //! The host backend's memory: requests it cannot grant are errors (never an abort or a wrapped count), NETCL_POOL_LIMIT covers what an op allocates, and reductions and softmax hold no copy of their input. One test, run alone in its binary: it sets the process-wide cap and reads the process's peak resident memory.
 use netcl_core_devices::{DType, Device, Error};
 use netcl_core_memory::{host_memory, set_host_limit};
+use netcl_ops::testing::rss_added;
 use netcl_ops::{Generator, Tensor};
 
 const MIB: usize = 1 << 20;
-
-/// The process's peak resident memory (VmHWM) in bytes.
-fn peak_rss() -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
-    let kb: usize = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    kb * 1024
-}
-
-/// The peak resident memory `f` adds to what the process holds now.
-fn rss_added<R>(f: impl FnOnce() -> R) -> (R, usize) {
-    // Writing 5 resets VmHWM to the current resident size (Linux 4.0 and later).
-    std::fs::write("/proc/self/clear_refs", "5").unwrap();
-    let before = peak_rss();
-    let r = f();
-    (r, peak_rss().saturating_sub(before))
-}
 
 fn oom(e: &Error) -> bool {
     matches!(e, Error::OutOfMemory { .. })
