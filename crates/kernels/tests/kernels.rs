@@ -229,3 +229,23 @@ fn kernels_are_per_thread() {
         });
     }
 }
+
+/// Writes one element past a 4-float buffer of an exact pool: run by `.ci/oclgrind` under
+/// Oclgrind, which must report it (so a clean report of the kernel families means something).
+#[test]
+#[ignore = "a deliberate out-of-bounds write, for .ci/oclgrind's check that Oclgrind reports"]
+fn out_of_bounds_write_for_memory_checkers() {
+    let past_end = Source {
+        name: "past_end.cl",
+        text: "__kernel void past_end(__global float* x) { x[get_global_id(0) + 4] = 1.0f; }",
+    };
+    for dev in opencl_test_devices().unwrap() {
+        let p = Arc::new(build(&dev, &past_end, "", None).unwrap());
+        let b = Pool::exact(&dev).unwrap().alloc(16).unwrap();
+        let mut k = Kernel::new(&p, "past_end").unwrap();
+        k.arg_mem(b.mem()).unwrap();
+        k.launch(&[1], &[1]).unwrap();
+        let mut out = [0u8; 16];
+        read(&b, 0, &mut out).unwrap();
+    }
+}
