@@ -14,7 +14,7 @@ const RANK: &str = "netcl.lora.rank";
 const ALPHA: &str = "netcl.lora.alpha";
 const TARGETS_KEY: &str = "netcl.lora.targets";
 
-/// What a model's adapters are: rank, alpha and targets (in [`TARGETS`] order). An adapter file
+/// What a model's adapters are: rank, alpha and targets (in the order q, k, v, o, gate, up, down). An adapter file
 /// records it, and loads only into adapters with the same.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LoraSpec {
