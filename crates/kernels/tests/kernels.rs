@@ -1,7 +1,7 @@
 //! Program builds, the disk cache, build errors and launch checks on every OpenCL device.
 use netcl_core_devices::{opencl_test_devices, Device, Error};
 use netcl_core_memory::{read, write, Pool};
-use netcl_kernels::{build, program, Kernel, Origin, Program, Source, GROUP_1D};
+use netcl_kernels::{build, program, retired_kernels, Kernel, Origin, Program, Source, GROUP_1D};
 use std::sync::Arc;
 
 /// A test program of its own, so these tests do not depend on the op library's kernels.
@@ -211,6 +211,28 @@ fn launches_are_checked_before_enqueue() {
             Kernel::new(&p, "no_such_kernel"),
             Err(Error::Launch { .. })
         ));
+    }
+}
+
+/// A thread's kernel objects are not released by its exit (a driver's own per-thread state may
+/// be gone by then: under Oclgrind that corrupted the heap) but by the next `Kernel::new`.
+#[test]
+fn an_exiting_thread_leaves_its_kernels_to_a_live_one() {
+    for dev in opencl_test_devices().unwrap() {
+        let p = program(&dev, &ELEMENTWISE, "-DDT_F32").unwrap();
+        let q = p.clone();
+        let before = retired_kernels();
+        std::thread::spawn(move || {
+            check_add(&dev, &q);
+        })
+        .join()
+        .unwrap();
+        assert!(
+            retired_kernels() > before,
+            "the thread's kernel was released in its exit"
+        );
+        // A live thread releases it (and goes on with kernels of its own).
+        drop(Kernel::new(&p, "add_contig").unwrap());
     }
 }
 
