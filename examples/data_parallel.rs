@@ -8,8 +8,15 @@ use std::time::Instant;
 const BATCH: usize = 64;
 const STEPS: usize = 100;
 
-fn main() -> Result<()> {
-    let mut args: Vec<String> = std::env::args().skip(1).collect();
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
+    let mut args = netcl::devices::utf8_args("data_parallel")?;
     let spec = take_devices_flag(&mut args)?.unwrap_or_else(|| "all".into());
     let group = Group::new(parse_devices(&spec)?)?;
 

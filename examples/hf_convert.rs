@@ -11,7 +11,7 @@ fn main() {
 }
 
 fn run() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args = netcl::devices::utf8_args("hf_convert")?;
     let [input, output, ids @ ..] = args.as_slice() else {
         return Err(Error::invalid(
             "hf_convert",

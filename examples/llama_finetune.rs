@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 fn main() {
-    if let Err(e) = run(std::env::args().skip(1).collect()) {
+    if let Err(e) = netcl::devices::utf8_args("llama_finetune").and_then(run) {
         eprintln!("error: {e}");
         std::process::exit(1);
     }

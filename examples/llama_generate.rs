@@ -4,8 +4,6 @@
 //! Flags: -p TEXT (repeat for a batch of prompts), -n N (new tokens, 32), --checkpoint DIR
 //! (runs/llama: its checkpoint and tokenizer.json, as llama_train writes them), --temperature X
 //! (0.8; 0 is greedy), --top-k N (40; 0 is all), --top-p X (0.95), --seed N (1).
-use netcl::nn::checkpoint::read_meta;
-use netcl::nn::load_checkpoint;
 use netcl::prelude::*;
 use std::io::Write;
 use std::path::PathBuf;
@@ -21,7 +19,7 @@ fn main() {
 fn run() -> Result<()> {
     let (mut prompts, mut n, mut dir) = (Vec::new(), 32usize, PathBuf::from("runs/llama"));
     let (mut temperature, mut top_k, mut top_p, mut seed) = (0.8f64, 40usize, 0.95f64, 1u64);
-    let mut it = std::env::args().skip(1);
+    let mut it = netcl::devices::utf8_args("llama_generate")?.into_iter();
     let bad =
         |f: &str, v: &str| Error::invalid("llama_generate", format!("{f} {v:?} is not valid"));
     while let Some(flag) = it.next() {
@@ -47,15 +45,8 @@ fn run() -> Result<()> {
     }
     let dev = Device::best()?;
     let ckpt = dir.join("checkpoint");
-    let meta = read_meta(&ckpt)?;
-    let cfg: LlamaConfig = serde_json::from_value(meta.model.clone()).map_err(|e| {
-        Error::format(
-            ckpt.display().to_string(),
-            format!("not a Llama checkpoint: {e}"),
-        )
-    })?;
-    let model = Llama::new(cfg, &dev, &mut Generator::new(0))?;
-    load_checkpoint(&ckpt, &model, None)?;
+    // The config is checked against the checkpoint's tensors before the model is built.
+    let (model, meta) = Llama::from_checkpoint(&ckpt, &dev)?;
     let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))?;
     let ids: Vec<Vec<u32>> = prompts
         .iter()

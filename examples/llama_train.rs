@@ -23,7 +23,8 @@
 //! B*T*8 bytes of ids through pinned buffers queued one batch ahead, the embedding runs on the
 //! device, and the step reads back nothing but the loss every 50 steps and at evaluations.
 use netcl::data::{
-    bigram_baseline, encode_documents, plot_history, utf8_bytes, History, Progress, ENDOFTEXT,
+    bigram_baseline, encode_documents, encode_documents_with_progress, plot_history, utf8_bytes,
+    History, Progress, ENDOFTEXT,
 };
 use netcl::distributed::parse_devices;
 use netcl::nn::{load_checkpoint, save_checkpoint};
@@ -118,7 +119,7 @@ fn parse(args: Vec<String>) -> Result<Args> {
 }
 
 fn main() {
-    if let Err(e) = run(std::env::args().skip(1).collect()) {
+    if let Err(e) = netcl::devices::utf8_args("llama_train").and_then(run) {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
@@ -158,7 +159,15 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
         }
         t
     };
-    let train = encode_documents(&tokenizer, &split.train)?;
+    // Progress on long encodes (tens of MB of text take a while).
+    let mut shown = 0;
+    let train = encode_documents_with_progress(&tokenizer, &split.train, |done, all| {
+        let pct = done * 100 / all.max(1);
+        if lead && all > 16 << 20 && pct >= shown + 10 {
+            shown = pct;
+            eprintln!("encoding the training text: {pct}%");
+        }
+    })?;
     let val = encode_documents(&tokenizer, &split.val)?;
     let val_bytes = utf8_bytes(&split.val);
     let bigram = bigram_baseline(&train, &val, tokenizer.vocab_size(), 0.01, val_bytes)?;
@@ -330,15 +339,7 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
             continue;
         }
         // Evaluation: validation loss and bits per byte, a sample, the plot, a checkpoint.
-        let eval = Tape::no_grad();
-        let mut v = 0.0;
-        for b in &val_sets {
-            let loss = args
-                .precision
-                .forward(|| model.loss(&eval, &b.inputs, &b.targets))?;
-            v += loss.item()?;
-        }
-        last_val = v / val_sets.len() as f64;
+        last_val = val_loss(&model, &val_sets, args.precision)?;
         let bpb = last_val / bytes_per_token / std::f64::consts::LN_2;
         let train_loss = progress_loss.last().copied().unwrap_or(f32::NAN);
         history.train_loss.push(train_loss);
@@ -382,6 +383,10 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
     if !lead {
         return Ok(());
     }
+    if last_val.is_nan() {
+        // No step ran (`--steps 0`, or resumed at the end): report the model as it is.
+        last_val = val_loss(&model, &val_sets, args.precision)?;
+    }
     let bpb = last_val / bytes_per_token / std::f64::consts::LN_2;
     println!(
         "{} steps in {:.1}s on {dev}; val {bpb:.4} bits/byte vs bigram {:.4} ({:.0}% better)",
@@ -392,4 +397,16 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
     );
     println!("final val_loss={last_val:.4}");
     Ok(())
+}
+
+/// The mean loss over the fixed validation batches.
+fn val_loss(model: &Llama, val_sets: &[TokenBatch], precision: Precision) -> Result<f64> {
+    let eval = Tape::no_grad();
+    let mut v = 0.0;
+    for b in val_sets {
+        v += precision
+            .forward(|| model.loss(&eval, &b.inputs, &b.targets))?
+            .item()?;
+    }
+    Ok(v / val_sets.len() as f64)
 }

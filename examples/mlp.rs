@@ -27,7 +27,7 @@ fn main() {
 }
 
 fn run() -> Result<()> {
-    let mut argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut argv = netcl::devices::utf8_args("mlp")?;
     let devices = take_devices_flag(&mut argv)?;
     let args = TrainArgs::parse_from(
         argv,

@@ -127,6 +127,8 @@ fn replay_matches_eager<M>(
     })
     .unwrap();
     losses.push(bits(&loss));
+    // Every plan captured passes the checks a load of its file makes.
+    graph.description().validate(&dev).unwrap();
     // The first replays as built (a command buffer where the device has one, else node by node
     // on the device's queue), then by turns over 2, 1 and 3 in-order queues.
     let mut most_queues = 1;

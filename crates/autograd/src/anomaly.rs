@@ -1,92 +1,21 @@
 //! Anomaly detection (`NETCL_DEBUG=nan`, `debug::detect_anomaly`): NaN/Inf checks of recorded op outputs and backward gradients, with the op, its inputs' shapes and the creation site.
 use netcl_ops::{Error, Result, Tensor};
-use std::backtrace::Backtrace;
+use std::panic::Location;
 
-/// Where a value was created: the stack when its op was recorded (resolved only for a report).
-pub(crate) struct Site(Backtrace);
+/// Where a value was created: the caller's line of the recorded op, carried down through
+/// `#[track_caller]` (exact in release builds too, where inlining changes backtraces).
+pub(crate) struct Site(&'static Location<'static>);
 
 impl Site {
-    /// The current stack (frames only; symbols are resolved when an error names the site).
+    /// The location of the outermost `#[track_caller]` call that led here: the caller's code.
+    #[track_caller]
     pub(crate) fn here() -> Site {
-        Site(Backtrace::force_capture())
+        Site(Location::caller())
     }
 
-    /// `file:line:col (in function, calling netcl_fn)` of the innermost frame outside netcl and
-    /// the standard library (the caller's code) and the netcl function it called.
+    /// `file:line:col` of the call that recorded the op.
     fn describe(&self) -> String {
-        let text = self.0.to_string();
-        let frames = frames(&text);
-        let Some(at) = frames.iter().position(|(f, _)| !is_library(f)) else {
-            return format!(
-                "unknown (no caller frame in the backtrace: {:?}; symbols stripped?)",
-                self.0.status()
-            );
-        };
-        let (function, location) = frames[at];
-        let through = frames[..at]
-            .iter()
-            .rev()
-            .find(|(f, _)| f.trim_start_matches('<').starts_with("netcl"))
-            .map(|(f, _)| format!(", calling {}", strip_hash(f)))
-            .unwrap_or_default();
-        match location {
-            Some(at) => format!("{at} (in {}{through})", strip_hash(function)),
-            None => format!(
-                "{}{through} (no line tables: build with debug = \"line-tables-only\")",
-                strip_hash(function)
-            ),
-        }
-    }
-}
-
-/// The (function, location) of each symbol of a `Backtrace`'s text, innermost first. Inlined
-/// functions are symbols of their own without a frame number.
-fn frames(text: &str) -> Vec<(&str, Option<&str>)> {
-    let mut frames: Vec<(&str, Option<&str>)> = Vec::new();
-    for line in text.lines().map(str::trim) {
-        if let Some(at) = line.strip_prefix("at ") {
-            if let Some(last) = frames.last_mut().filter(|l| l.1.is_none()) {
-                last.1 = Some(at);
-            }
-            continue;
-        }
-        let name = match line.split_once(": ") {
-            Some((index, name)) if index.chars().all(|c| c.is_ascii_digit()) => name,
-            _ => line,
-        };
-        if !name.is_empty() && !name.ends_with(':') {
-            frames.push((name, None));
-        }
-    }
-    frames
-}
-
-/// A frame of netcl itself, the standard library or the runtime (not the caller's code).
-fn is_library(function: &str) -> bool {
-    let f = function.trim_start_matches('<');
-    [
-        "netcl_",
-        "netcl::",
-        "std::",
-        "core::",
-        "alloc::",
-        "backtrace",
-        "__rust",
-        "rust_",
-    ]
-    .iter()
-    .any(|p| f.starts_with(p))
-        || f.starts_with("_start")
-        || f.starts_with("__libc")
-}
-
-/// A symbol without its trailing `::h0123abcd` hash (present in some symbol formats).
-fn strip_hash(f: &str) -> &str {
-    match f.rsplit_once("::h") {
-        Some((head, hash)) if hash.len() == 16 && hash.chars().all(|c| c.is_ascii_hexdigit()) => {
-            head
-        }
-        _ => f,
+        self.0.to_string()
     }
 }
 
@@ -126,6 +55,7 @@ fn shapes(values: &[(&Tensor, &str)]) -> String {
 
 /// A recorded op's output: an error naming `op`, its inputs and the caller's line if it holds a
 /// NaN or an infinity (and which inputs already held one).
+#[track_caller]
 pub(crate) fn check_forward(op: &str, inputs: &[&Tensor], value: &Tensor) -> Result<()> {
     let Some((index, bad, count)) = first_non_finite(value)? else {
         return Ok(());

@@ -12,6 +12,7 @@ impl Var {
     /// [`FLASH_MIN_QUERIES`] queries go to the fused kernel ([`Var::flash_attention`]); other
     /// calls record the composed ops. With `causal`, a query that sees no key (Tq > Tk) gives 0
     /// on the fused path and NaN on the composed one.
+    #[track_caller]
     pub fn attention(
         q: &Var,
         k: &Var,
@@ -77,6 +78,7 @@ impl Var {
     /// Under autocast, f32 operands compute in the autocast dtype ([`Tensor::flash_attention_in`]:
     /// tensor cores read and write the f32 tensors), as PyTorch's autocast runs attention; 16-bit
     /// operands (the projections' outputs under autocast) compute in their own dtype.
+    #[track_caller]
     pub fn flash_attention(
         q: &Var,
         k: &Var,

@@ -58,6 +58,7 @@ fn binary_grads(op: BinaryOp, a: Expr, b: Expr) -> Option<(Expr, Expr)> {
 }
 
 /// Record a binary op with gradients `(da, db)` over (a, b, y, g), reduced to each input's shape.
+#[track_caller]
 fn record_binary(
     op: &'static str,
     a: &Var,
@@ -134,6 +135,7 @@ macro_rules! binary_vars {
         impl Var {
             $(
                 #[doc = concat!("`", stringify!($fn), "` with NumPy broadcasting (recorded).")]
+                #[track_caller]
                 pub fn $fn(&self, other: &Var) -> Result<Var> {
                     self.binary(other, BinaryOp::$op)
                 }
@@ -166,6 +168,7 @@ impl Var {
     /// operands of different dtypes are promoted to the wider one (in the kernel, without a
     /// copy), and each gradient comes back in its operand's dtype: under autocast, the residual
     /// stream (f32) plus a projection's output (bf16) is f32.
+    #[track_caller]
     pub fn binary(&self, other: &Var, op: BinaryOp) -> Result<Var> {
         let Some(wide) = promoted(self.dtype(), other.dtype()) else {
             let y = self.value().binary(other.value(), op)?;
@@ -192,6 +195,7 @@ impl Var {
     }
 
     /// `a` where `cond` is non-zero, else `b` (cond is a constant mask; broadcasting).
+    #[track_caller]
     pub fn select(cond: &Tensor, a: &Var, b: &Var) -> Result<Var> {
         let y = Tensor::select(cond, a.value(), b.value())?;
         let c = cond.clone();
@@ -212,6 +216,7 @@ impl Var {
     }
 
     /// `value` where `mask` is non-zero, else the element (the gradient passes where it is zero).
+    #[track_caller]
     pub fn masked_fill(&self, mask: &Tensor, value: f64) -> Result<Var> {
         let y = self.value().masked_fill(mask, value)?;
         let (m, shape) = (mask.clone(), self.shape().to_vec());
@@ -232,6 +237,7 @@ fn dsilu(x: Expr) -> Expr {
 impl Var {
     /// SwiGLU's gating, `silu(gate) * up`, as one kernel each way that keeps only `gate` and
     /// `up` for backward (silu then mul would also keep `silu(gate)`).
+    #[track_caller]
     pub fn swiglu(gate: &Var, up: &Var) -> Result<Var> {
         let (g_in, u_in) = (Expr::input(0), Expr::input(1));
         let y = fused(
@@ -258,6 +264,7 @@ impl Var {
     /// SwiGLU of the two halves of the last dim, `silu(x[..., :h]) * x[..., h:]`: the gate and
     /// up projections computed as one product (over their stacked weights) go in as they come
     /// out, and the gradient comes back as one tensor, both halves written by one kernel.
+    #[track_caller]
     pub fn swiglu_halves(&self) -> Result<Var> {
         let nd = self.ndim();
         let two_h = self.shape().last().copied().unwrap_or(0);

@@ -4,6 +4,7 @@ use netcl_ops::{Conv2dParams, Result, Tensor};
 
 impl Var {
     /// 2-D convolution (NCHW): x (N, Cin, H, W), weight (Cout, Cin/groups, kh, kw), bias (Cout).
+    #[track_caller]
     pub fn conv2d(&self, weight: &Var, bias: Option<&Var>, params: Conv2dParams) -> Result<Var> {
         let y = self
             .value()

@@ -4,6 +4,7 @@ use netcl_ops::{fused, Expr, Generator, Result};
 
 impl Var {
     /// Dropout with drop probability `p` (identity when `p == 0`); the mask comes from `gen`.
+    #[track_caller]
     pub fn dropout(&self, p: f64, gen: &mut Generator) -> Result<Var> {
         if p == 0.0 {
             return Ok(self.clone());

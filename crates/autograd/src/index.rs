@@ -4,6 +4,7 @@ use netcl_ops::{Result, Tensor};
 
 impl Var {
     /// Rows of this (V, D) table for integer `ids` (any shape): (..., D).
+    #[track_caller]
     pub fn embedding(&self, ids: &Tensor) -> Result<Var> {
         let y = self.value().embedding(ids)?;
         let (ids, v) = (ids.clone(), self.shape()[0]);
@@ -13,6 +14,7 @@ impl Var {
     }
 
     /// Entries `idx` (1-D, I32) along `dim`.
+    #[track_caller]
     pub fn index_select(&self, dim: usize, idx: &Tensor) -> Result<Var> {
         let y = self.value().index_select(dim, idx)?;
         let (idx, shape) = (idx.clone(), self.shape().to_vec());
@@ -24,6 +26,7 @@ impl Var {
     }
 
     /// `out[i][j] = x[i][idx[i][j]]` along `dim` (torch.gather).
+    #[track_caller]
     pub fn gather(&self, dim: usize, idx: &Tensor) -> Result<Var> {
         let y = self.value().gather(dim, idx)?;
         let (idx, shape) = (idx.clone(), self.shape().to_vec());

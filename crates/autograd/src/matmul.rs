@@ -13,6 +13,7 @@ pub(crate) fn t(x: &Tensor) -> Result<Tensor> {
 impl Var {
     /// Matrix product with NumPy matmul semantics: batched over broadcast leading dims; a 1-D
     /// operand is a row (left) or column (right) vector whose dim is dropped from the result.
+    #[track_caller]
     pub fn matmul(&self, other: &Var) -> Result<Var> {
         let vectors = MatmulVectors::of(self.shape(), other.shape())?;
         let a = match vectors.left() {
@@ -30,6 +31,7 @@ impl Var {
         Ok(y)
     }
 
+    #[track_caller]
     fn matmul_nd(&self, other: &Var) -> Result<Var> {
         let cast = Cast(product_dtype(&[self.dtype(), other.dtype()]));
         let (av, bv) = (cast.low(self.value())?, cast.low(other.value())?);
@@ -62,6 +64,7 @@ impl Var {
     /// `act(x · weightᵀ + bias)` as one GEMM with the bias and activation in its epilogue.
     /// x: (..., in), weight: (out, in), bias: (out). Supported activations here are None and Relu
     /// (their gradients follow from the output); compose others after a plain linear.
+    #[track_caller]
     pub fn linear(&self, weight: &Var, bias: Option<&Var>, activation: Activation) -> Result<Var> {
         let op = "linear";
         if !matches!(activation, Activation::None | Activation::Relu) {

@@ -17,6 +17,7 @@ fn norm_grads(g: NormGrads, has_weight: bool, has_bias: bool) -> Vec<Option<Tens
 /// `x` widened to its affine parameters' dtype where that is wider: a 16-bit activation (under
 /// autocast) normalised with f32 weights computes and returns f32, as PyTorch's autocast runs
 /// norms.
+#[track_caller]
 fn widened(x: &Var, params: [Option<&Var>; 2]) -> Result<Var> {
     match params.into_iter().flatten().map(|p| p.dtype()).next() {
         Some(d) if d.is_float() && x.dtype().is_float() && d.size() > x.dtype().size() => {
@@ -36,6 +37,7 @@ fn inputs<'a>(x: &'a Var, weight: Option<&'a Var>, bias: Option<&'a Var>) -> Vec
 impl Var {
     /// Layer normalisation over the trailing `normalized_shape` dims, with optional affine
     /// weight and bias of that shape.
+    #[track_caller]
     pub fn layer_norm(
         &self,
         normalized_shape: &[usize],
@@ -49,6 +51,7 @@ impl Var {
     /// [`Var::layer_norm`] writing its output in `out` (None: the dtype it computes in): bf16 or
     /// f16 of an f32 norm, rounded once in the norm's kernel, where only products read the output
     /// (they would cast it anyway under autocast); its gradient then arrives in `out`.
+    #[track_caller]
     pub fn layer_norm_to(
         &self,
         normalized_shape: &[usize],
@@ -87,6 +90,7 @@ impl Var {
     }
 
     /// RMS normalisation over the trailing `normalized_shape` dims, with an optional weight.
+    #[track_caller]
     pub fn rms_norm(
         &self,
         normalized_shape: &[usize],
@@ -97,6 +101,7 @@ impl Var {
     }
 
     /// [`Var::rms_norm`] writing its output in `out`, as [`Var::layer_norm_to`].
+    #[track_caller]
     pub fn rms_norm_to(
         &self,
         normalized_shape: &[usize],
@@ -135,6 +140,7 @@ impl Var {
     /// Training-mode batch normalisation of (N, C, ...) over every dim but 1, with optional
     /// affine weight/bias (C) and running statistics updated in place with `momentum`.
     #[allow(clippy::too_many_arguments)]
+    #[track_caller]
     pub fn batch_norm_train(
         &self,
         weight: Option<&Var>,
@@ -169,6 +175,7 @@ impl Var {
 
     /// Eval-mode batch normalisation with fixed running statistics (gradients flow to x and the
     /// affine parameters through ordinary elementwise ops).
+    #[track_caller]
     pub fn batch_norm_eval(
         &self,
         running_mean: &Tensor,

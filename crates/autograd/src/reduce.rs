@@ -38,6 +38,7 @@ enum Kind {
 }
 
 impl Var {
+    #[track_caller]
     fn reduce_var(
         &self,
         op: &'static str,
@@ -101,10 +102,12 @@ macro_rules! reduce_vars {
         impl Var {
             $(
                 #[doc = concat!("`", stringify!($fn), "` over `axes` (recorded).")]
+                #[track_caller]
                 pub fn $fn(&self, axes: &[usize], keepdim: bool) -> Result<Var> {
                     self.reduce_var(stringify!($fn), axes, keepdim, $kind)
                 }
                 #[doc = concat!("`", stringify!($fn), "` over all elements, as a 0-dim Var.")]
+                #[track_caller]
                 pub fn $all(&self) -> Result<Var> {
                     self.reduce_var(stringify!($all), &self.all_axes(), false, $kind)
                 }
@@ -123,6 +126,7 @@ reduce_vars!(
 
 impl Var {
     /// Variance over `axes` with `correction` (1 for the unbiased estimate).
+    #[track_caller]
     pub fn var(&self, axes: &[usize], correction: f64, keepdim: bool) -> Result<Var> {
         self.reduce_var("var", axes, keepdim, Kind::Var(correction))
     }

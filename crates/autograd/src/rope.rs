@@ -4,6 +4,7 @@ use netcl_ops::{Result, RopeFreqs, RopePositions, RopeStyle};
 
 impl Var {
     /// Rotary position embedding of x: (B, T, H, Dh) for positions `pos_offset + t`, interleaved pairs.
+    #[track_caller]
     pub fn rope(&self, pos_offset: usize, theta: f64) -> Result<Var> {
         self.rope_with(
             RopeStyle::Interleaved,
@@ -13,11 +14,13 @@ impl Var {
     }
 
     /// Rotary position embedding in either pairing `style`, at `positions` (see `Tensor::rope_with`).
+    #[track_caller]
     pub fn rope_with(&self, style: RopeStyle, positions: RopePositions, theta: f64) -> Result<Var> {
         self.rope_with_freqs(style, positions, RopeFreqs::Theta(theta))
     }
 
     /// Rotary position embedding with the pair frequencies `freqs` (see `Tensor::rope_with_freqs`).
+    #[track_caller]
     pub fn rope_with_freqs(
         &self,
         style: RopeStyle,

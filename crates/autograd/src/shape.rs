@@ -9,6 +9,7 @@ impl Var {
     /// views share storage: writing into the result in place writes into the inputs, and an
     /// in-place write to an input between forward and backward is the tape's version error
     /// where the result was saved for backward.
+    #[track_caller]
     pub fn concat(vars: &[&Var], dim: usize) -> Result<Var> {
         let values: Vec<&Tensor> = vars.iter().map(|v| v.value()).collect();
         let y = match Tensor::joined(&values, dim) {
@@ -30,16 +31,19 @@ impl Var {
     }
 
     /// Stacking along a new `dim`.
+    #[track_caller]
     pub fn stack(vars: &[&Var], dim: usize) -> Result<Var> {
-        let expanded = vars
-            .iter()
-            .map(|v| v.unsqueeze(dim))
-            .collect::<Result<Vec<_>>>()?;
+        // A loop, not a closure: the recorded site stays the caller's (`#[track_caller]`).
+        let mut expanded = Vec::with_capacity(vars.len());
+        for v in vars {
+            expanded.push(v.unsqueeze(dim)?);
+        }
         let refs: Vec<&Var> = expanded.iter().collect();
         Var::concat(&refs, dim)
     }
 
     /// Consecutive pieces of the given sizes along `dim` (views, each recorded).
+    #[track_caller]
     pub fn split_sizes(&self, sizes: &[usize], dim: usize) -> Result<Vec<Var>> {
         let total: usize = sizes.iter().sum();
         if dim >= self.ndim() || total != self.shape()[dim] {
@@ -58,6 +62,7 @@ impl Var {
     }
 
     /// Chunks of `size` along `dim` (the last may be shorter), as the op library splits them.
+    #[track_caller]
     pub fn split(&self, size: usize, dim: usize) -> Result<Vec<Var>> {
         let sizes: Vec<usize> = self
             .value()
@@ -69,6 +74,7 @@ impl Var {
     }
 
     /// Padding with a constant (`pads[0]` is the last dim, as torch.nn.functional.pad).
+    #[track_caller]
     pub fn pad(&self, pads: &[(usize, usize)], value: f64) -> Result<Var> {
         let y = self.value().pad(pads, value)?;
         let shape = self.shape().to_vec();

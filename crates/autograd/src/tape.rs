@@ -598,6 +598,7 @@ fn check_rule_grads(node: &Node, grads: &[Option<Tensor>], output_grad: &Tensor)
 
 /// Record `value = op(inputs)` with its backward rule. When no input is tracked the result is a
 /// constant and the rule (with whatever it saved) is dropped at once.
+#[track_caller]
 pub(crate) fn record(
     op: &'static str,
     inputs: &[&Var],
@@ -612,6 +613,7 @@ pub(crate) fn record(
 /// its own: it gets those gradients (one slot per input, `None` where there is none yet) and,
 /// where it takes one out of its slot, returns that input's total; what it leaves is added as
 /// usual. Anomaly checks offer it none, so each rule's own gradient is what they check.
+#[track_caller]
 pub(crate) fn record_folding(
     op: &'static str,
     inputs: &[&Var],
@@ -624,6 +626,7 @@ pub(crate) fn record_folding(
 
 /// Records `value`, the narrow view `part` of `input`: its gradient is gathered into the input's
 /// with those of the input's other views (parts.rs), not scattered into zeros of its own.
+#[track_caller]
 pub(crate) fn record_part(op: &'static str, input: &Var, value: Tensor, part: Part) -> Result<Var> {
     let unused =
         |_: &Tensor, _: &[bool], _: &mut [Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
@@ -635,6 +638,7 @@ pub(crate) fn record_part(op: &'static str, input: &Var, value: Tensor, part: Pa
     record_node(op, &[input], value, Box::new(unused), Some(part))
 }
 
+#[track_caller]
 fn record_node(
     op: &'static str,
     inputs: &[&Var],
@@ -695,7 +699,7 @@ fn record_node(
         shape: value.shape().to_vec(),
         dtype: value.dtype(),
         watched,
-        site: checked.then(Site::here),
+        site: if checked { Some(Site::here()) } else { None },
         part,
     };
     let r = tape.clone().push(node);

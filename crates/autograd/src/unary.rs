@@ -4,6 +4,7 @@ use netcl_ops::{fused, DType, Expr, Result, Tensor, UnaryOp};
 
 /// Record an elementwise op whose input gradient is `dx` over (x, y, dy).
 /// Only the values `dx` reads are kept (silu keeps x, exp keeps y).
+#[track_caller]
 fn pointwise(op: &'static str, x: &Var, y: Tensor, dx: Option<Expr>) -> Result<Var> {
     let reads = |i: usize| dx.as_ref().is_some_and(|e| e.reads_input(i));
     let xs = reads(0).then(|| x.value().clone());
@@ -30,6 +31,7 @@ macro_rules! unary_vars {
             $(
                 #[doc = concat!("`", stringify!($fn), "` of every element (recorded): ")]
                 $(#[$doc])*
+                #[track_caller]
                 pub fn $fn(&self) -> Result<Var> {
                     self.unary(UnaryOp::$op)
                 }
@@ -42,12 +44,14 @@ netcl_ops::unary_ops!(unary_vars);
 
 impl Var {
     /// `op` of every element.
+    #[track_caller]
     pub fn unary(&self, op: UnaryOp) -> Result<Var> {
         let y = self.value().unary(op)?;
         pointwise(op.name(), self, y, op.grad())
     }
 
     /// `x` where positive, `slope * x` elsewhere.
+    #[track_caller]
     pub fn leaky_relu(&self, slope: f64) -> Result<Var> {
         let y = self.value().leaky_relu(slope)?;
         let dx = Expr::select(
@@ -59,6 +63,7 @@ impl Var {
     }
 
     /// Elements limited to `[lo, hi]`; the gradient passes where `lo <= x <= hi`.
+    #[track_caller]
     pub fn clamp(&self, lo: f64, hi: f64) -> Result<Var> {
         let y = self.value().clamp(lo, hi)?;
         let x = Expr::input(0);
@@ -68,6 +73,7 @@ impl Var {
     }
 
     /// Every element to the power `p`.
+    #[track_caller]
     pub fn powf(&self, p: f64) -> Result<Var> {
         let y = self.value().powf(p)?;
         let dx = Expr::input(2) * Expr::input(0).pow(p - 1.0) * p;
@@ -75,29 +81,34 @@ impl Var {
     }
 
     /// `x * s`.
+    #[track_caller]
     pub fn mul_scalar(&self, s: f64) -> Result<Var> {
         let y = self.value().mul_scalar(s)?;
         pointwise("mul_scalar", self, y, Some(Expr::input(2) * s))
     }
 
     /// `x + s`.
+    #[track_caller]
     pub fn add_scalar(&self, s: f64) -> Result<Var> {
         let y = self.value().add_scalar(s)?;
         record("add_scalar", &[self], y, |g, _| Ok(vec![Some(g.clone())]))
     }
 
     /// `x - s`.
+    #[track_caller]
     pub fn sub_scalar(&self, s: f64) -> Result<Var> {
         self.add_scalar(-s)
     }
 
     /// `x / s`.
+    #[track_caller]
     pub fn div_scalar(&self, s: f64) -> Result<Var> {
         let y = self.value().div_scalar(s)?;
         pointwise("div_scalar", self, y, Some(Expr::input(2) / s))
     }
 
     /// The elements converted to `dtype`; the gradient is cast back to the input's dtype.
+    #[track_caller]
     pub fn to_dtype(&self, dtype: DType) -> Result<Var> {
         if dtype == self.dtype() {
             return Ok(self.clone());

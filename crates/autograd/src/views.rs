@@ -25,6 +25,7 @@ fn reshaped(g: &Tensor, shape: &[usize]) -> Result<Tensor> {
 
 impl Var {
     /// The same elements in a new shape.
+    #[track_caller]
     pub fn reshape(&self, shape: &[usize]) -> Result<Var> {
         let y = reshaped(self.value(), shape)?;
         let s = self.shape().to_vec();
@@ -34,6 +35,7 @@ impl Var {
     }
 
     /// All dims from `start` on merged into one (Flatten).
+    #[track_caller]
     pub fn flatten(&self, start: usize) -> Result<Var> {
         let s = self.shape();
         let start = start.min(s.len());
@@ -42,6 +44,7 @@ impl Var {
         self.reshape(&shape)
     }
 
+    #[track_caller]
     pub fn permute(&self, dims: &[usize]) -> Result<Var> {
         let y = self.value().permute(dims)?;
         let mut inverse = vec![0; dims.len()];
@@ -53,6 +56,7 @@ impl Var {
         })
     }
 
+    #[track_caller]
     pub fn transpose(&self, d0: usize, d1: usize) -> Result<Var> {
         let y = self.value().transpose(d0, d1)?;
         record("transpose", &[self], y, move |g, _| {
@@ -62,11 +66,13 @@ impl Var {
 
     /// `len` entries of `dim` from `start`, a view; its gradient becomes a part of this Var's,
     /// gathered with those of its other views (one concat where they tile it).
+    #[track_caller]
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Var> {
         let y = self.value().narrow(dim, start, len)?;
         record_part("narrow", self, y, Part { dim, start, len })
     }
 
+    #[track_caller]
     pub fn slice(&self, dim: usize, start: usize, end: usize, step: usize) -> Result<Var> {
         let y = self.value().slice(dim, start, end, step)?;
         let s = self.shape().to_vec();
@@ -77,6 +83,7 @@ impl Var {
         })
     }
 
+    #[track_caller]
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<Var> {
         let y = self.value().broadcast_to(shape)?;
         let s = self.shape().to_vec();
@@ -85,6 +92,7 @@ impl Var {
         })
     }
 
+    #[track_caller]
     pub fn squeeze(&self, dim: usize) -> Result<Var> {
         let y = self.value().squeeze(dim)?;
         record("squeeze", &[self], y, move |g, _| {
@@ -92,6 +100,7 @@ impl Var {
         })
     }
 
+    #[track_caller]
     pub fn unsqueeze(&self, dim: usize) -> Result<Var> {
         let y = self.value().unsqueeze(dim)?;
         record("unsqueeze", &[self], y, move |g, _| {
@@ -100,6 +109,7 @@ impl Var {
     }
 
     /// A contiguous copy when needed (the gradient passes through unchanged).
+    #[track_caller]
     pub fn contiguous(&self) -> Result<Var> {
         if self.value().is_contiguous() {
             return Ok(self.clone());

@@ -4,7 +4,7 @@ use netcl_core_devices::debug::{detect_anomaly, DebugGuard};
 use netcl_core_devices::{test_devices, Device, Error};
 use netcl_ops::{DType, Result, Tensor};
 
-/// The end of this file's path as a backtrace prints it (`./tests/debug.rs` under cargo).
+/// The end of this file's path as `Location::caller` names it (`crates/autograd/tests/debug.rs`).
 const THIS_FILE: &str = "tests/debug.rs";
 
 /// Whether the environment turns a mode on for the whole run (then "off" cannot be tested).
@@ -54,7 +54,6 @@ fn forward_nan_is_reported_at_the_op_that_made_it() {
             msg.contains(&format!("{THIS_FILE}:{line}:")),
             "{dev}: the site should be line {line} of this file: {e}"
         );
-        assert!(msg.contains("net_with_log_of_negatives"), "{dev}: {e}");
 
         if !env_debug() {
             // Off: the same net runs and its NaNs go on.

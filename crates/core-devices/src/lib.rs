@@ -1,11 +1,14 @@
 //! netcl-core-devices: OpenCL device discovery, capabilities, selection, and netcl's one error type.
+mod args;
 pub mod debug;
 mod device;
 mod dtype;
 mod error;
+pub mod files;
 mod info;
 mod testing;
 
+pub use args::{utf8_args, utf8_args_from};
 pub use cl3;
 pub use device::{ClDevice, Device, Selection};
 pub use dtype::DType;

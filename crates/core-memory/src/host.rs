@@ -84,3 +84,61 @@ pub fn host_vec<T>(n: usize) -> Result<Vec<T>> {
         .map_err(|e| out_of_memory(bytes, format!("the system refused the allocation ({e})")))?;
     Ok(v)
 }
+
+/// Host memory an operation holds for a while (an f64 copy of a view, a row buffer, a result
+/// before it becomes a tensor): checked against the cap, allocated fallibly, and counted in
+/// [`host_memory`] while it lives.
+pub struct HostBuf<T> {
+    v: Vec<T>,
+    bytes: usize,
+}
+
+impl<T> HostBuf<T> {
+    /// The `n` items of `items` (an error if it yields fewer), counted.
+    pub fn collect(n: usize, items: impl IntoIterator<Item = T>) -> Result<HostBuf<T>> {
+        let mut v = host_vec(n)?;
+        v.extend(items.into_iter().take(n));
+        if v.len() != n {
+            return Err(Error::invalid(
+                "host buffer",
+                format!("{} of {n} items", v.len()),
+            ));
+        }
+        let bytes = n * std::mem::size_of::<T>();
+        host_charge(bytes);
+        Ok(HostBuf { v, bytes })
+    }
+
+    /// `n` copies of `value`, counted.
+    pub fn filled(n: usize, value: T) -> Result<HostBuf<T>>
+    where
+        T: Clone,
+    {
+        HostBuf::collect(n, std::iter::repeat_n(value, n))
+    }
+
+    /// The vector, no longer counted here (the storage it becomes counts it).
+    pub fn into_vec(mut self) -> Vec<T> {
+        host_release(std::mem::take(&mut self.bytes));
+        std::mem::take(&mut self.v)
+    }
+}
+
+impl<T> std::ops::Deref for HostBuf<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.v
+    }
+}
+
+impl<T> std::ops::DerefMut for HostBuf<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut self.v
+    }
+}
+
+impl<T> Drop for HostBuf<T> {
+    fn drop(&mut self) {
+        host_release(self.bytes);
+    }
+}

@@ -10,6 +10,7 @@ pub mod watch;
 pub use held::{held, reset_held_peak};
 pub use host::{
     host_charge, host_check, host_memory, host_release, host_vec, reset_host_peak, set_host_limit,
+    HostBuf,
 };
 pub use pool::{parse_bytes, Block, Pool, PoolStats};
 pub use size_class::{size_class, SLAB_BYTES, SMALL_MAX};

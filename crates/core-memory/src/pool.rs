@@ -76,6 +76,9 @@ struct State {
     next_slab: u64,
     stats: PoolStats,
     limit: Option<usize>,
+    /// `NETCL_POOL_EXACT=1`: every block is a buffer of exactly its size, released when dropped,
+    /// so a memory checker (Oclgrind) sees each access past a block's end.
+    exact: bool,
 }
 
 struct Shared {
@@ -210,10 +213,16 @@ fn completed(event: &Event) -> bool {
         .map_or(true, |s| s.0 <= cl3::event::CL_COMPLETE)
 }
 
-/// A block back on its free-list: no longer in use.
+/// A block back on its free-list: no longer in use (in exact mode, back to the driver).
 fn release(st: &mut State, class: usize, block: FreeBlock) {
     st.stats.in_use -= class;
     st.stats.live_blocks -= 1;
+    if st.exact {
+        st.stats.reserved -= class;
+        st.stats.driver_frees += 1;
+        st.stats.cached = st.stats.reserved - st.stats.in_use;
+        return;
+    }
     if let Some(id) = block.slab {
         if let Some(s) = st.slabs.get_mut(&id) {
             s.live -= 1;
@@ -282,8 +291,30 @@ impl Shared {
 
 impl Pool {
     /// A new, empty pool for `device` (an OpenCL device). `NETCL_POOL_LIMIT` (bytes, or with K/M/G)
-    /// caps the bytes it may hold from the driver.
+    /// caps the bytes it may hold from the driver; `NETCL_POOL_EXACT=1` makes it exact
+    /// ([`Pool::exact`]).
     pub fn new(device: &Device) -> Result<Pool> {
+        let exact = match std::env::var("NETCL_POOL_EXACT").as_deref() {
+            Ok("1") => true,
+            Ok("0") | Ok("") | Err(_) => false,
+            Ok(v) => {
+                return Err(Error::invalid(
+                    "NETCL_POOL_EXACT",
+                    format!("{v:?}: 1 (exact-size buffers) or 0"),
+                ))
+            }
+        };
+        Pool::with_mode(device, exact)
+    }
+
+    /// A pool whose every block is an OpenCL buffer of exactly the bytes asked (no size
+    /// classes, no sub-buffers of a slab, nothing cached): slower, but a memory checker such as
+    /// Oclgrind then sees every access past a block's end. `NETCL_POOL_LIMIT` applies.
+    pub fn exact(device: &Device) -> Result<Pool> {
+        Pool::with_mode(device, true)
+    }
+
+    fn with_mode(device: &Device, exact: bool) -> Result<Pool> {
         let info = device.info();
         device.cl("Pool::new")?;
         let limit = match std::env::var("NETCL_POOL_LIMIT") {
@@ -294,6 +325,7 @@ impl Pool {
         };
         let state = State {
             limit,
+            exact,
             ..State::default()
         };
         Ok(Pool {
@@ -371,6 +403,17 @@ impl Pool {
         }
         let mut st = sh.lock();
         settle_pending(&mut st);
+        if st.exact {
+            let size = bytes.max(1);
+            st.stats.misses += 1;
+            let buf = self.driver_alloc(&mut st, size)?;
+            let fb = FreeBlock {
+                buf,
+                slab: None,
+                origin: 0,
+            };
+            return Ok(self.hand_out(&mut st, fb, bytes, size));
+        }
         if let Some(fb) = st.free.get_mut(&class).and_then(|v| v.pop()) {
             st.stats.hits += 1;
             return Ok(self.hand_out(&mut st, fb, bytes, class));

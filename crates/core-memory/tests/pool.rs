@@ -267,3 +267,31 @@ fn out_of_memory_waits_for_blocks_other_queues_still_use() {
         );
     }
 }
+
+/// An exact pool (`NETCL_POOL_EXACT=1`, for memory checkers) hands out buffers of exactly the
+/// bytes asked, never sub-buffers, and gives every one back to the driver when dropped.
+#[test]
+fn an_exact_pool_gives_buffers_of_the_size_asked() {
+    for dev in opencl_test_devices().unwrap() {
+        let pool = Pool::exact(&dev).unwrap();
+        for bytes in [1usize, 4, 100, 5000, 600_000] {
+            let b = pool.alloc(bytes).unwrap();
+            let size = cl3::memory::get_mem_object_info(b.mem(), cl3::memory::CL_MEM_SIZE)
+                .unwrap()
+                .to_size();
+            assert_eq!(size, bytes, "{dev}");
+            assert!(!b.is_sub_buffer(), "{dev}");
+            write(&b, 0, &vec![7u8; bytes]).unwrap();
+            let mut back = vec![0u8; bytes];
+            read(&b, 0, &mut back).unwrap();
+            assert!(back.iter().all(|&x| x == 7), "{dev}");
+        }
+        let s = pool.stats();
+        assert_eq!(
+            (s.in_use, s.reserved, s.live_blocks),
+            (0, 0, 0),
+            "{dev}: {s:?}"
+        );
+        assert_eq!(s.driver_frees, s.driver_allocations, "{dev}: {s:?}");
+    }
+}

@@ -8,7 +8,7 @@ use netcl_data::FashionMnist;
 use std::path::PathBuf;
 
 fn main() -> netcl_ops::Result<()> {
-    let mut args = std::env::args().skip(1);
+    let mut args = netcl_core_devices::utf8_args("fashion_subset")?.into_iter();
     let src = args
         .next()
         .map(PathBuf::from)

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 fn main() -> netcl_ops::Result<()> {
-    let mut args = std::env::args().skip(1);
+    let mut args = netcl_core_devices::utf8_args("text_baseline")?.into_iter();
     let path = args.next().map(PathBuf::from);
     let vocab = match args.next() {
         Some(v) => v

@@ -26,6 +26,7 @@
 //! ```
 pub mod batches;
 pub mod bigram;
+mod bpe_words;
 pub mod device_data;
 pub mod fashion_mnist;
 pub mod idx;
@@ -44,8 +45,8 @@ pub use idx::{parse_idx, read_idx, write_idx_u8, IdxArray, IdxData, IdxType};
 pub use plot::{plot_history, plot_history_sized, History};
 pub use progress::Progress;
 pub use text_corpus::{
-    encode_documents, split_documents, utf8_bytes, TextCorpus, TextSplit, EMBEDDED_TEXT,
-    FORTUNES_DIR,
+    corpus_limit, encode_documents, encode_documents_with_progress, split_documents, utf8_bytes,
+    TextCorpus, TextSplit, DEFAULT_CORPUS_LIMIT, EMBEDDED_TEXT, FORTUNES_DIR,
 };
 pub use token_batcher::{TokenBatch, TokenBatcher, TransferStats};
-pub use tokenizer::{Tokenizer, ENDOFTEXT};
+pub use tokenizer::{Tokenizer, ENDOFTEXT, TEXT_CHUNK};

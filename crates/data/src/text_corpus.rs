@@ -1,8 +1,24 @@
 //! Text corpora for language models: a file or folder of UTF-8 text (by default Debian's fortunes, else a shipped text) as documents, a deterministic train/validation split, token streams.
 use crate::tokenizer::Tokenizer;
+use netcl_core_devices::files::read_regular;
 use netcl_core_devices::{Error, Result};
 use std::fs;
 use std::path::{Path, PathBuf};
+
+/// The most bytes a corpus reads by default (all its files together); `NETCL_CORPUS_LIMIT`
+/// (`512M`, `8G`, ...) raises or lowers it.
+pub const DEFAULT_CORPUS_LIMIT: u64 = 1 << 30;
+
+/// The corpus size limit: `NETCL_CORPUS_LIMIT`, else [`DEFAULT_CORPUS_LIMIT`]; a bad value is an
+/// error naming it.
+pub fn corpus_limit() -> Result<u64> {
+    match std::env::var("NETCL_CORPUS_LIMIT") {
+        Ok(v) if !v.trim().is_empty() => netcl_core_memory::parse_bytes(&v)
+            .map(|n| n as u64)
+            .map_err(|e| Error::invalid("NETCL_CORPUS_LIMIT", e.to_string())),
+        _ => Ok(DEFAULT_CORPUS_LIMIT),
+    }
+}
 
 /// Where Debian's `fortunes` package puts its fortune files.
 pub const FORTUNES_DIR: &str = "/usr/share/games/fortunes";
@@ -19,7 +35,9 @@ pub const EMBEDDED_TEXT: &str = include_str!("../assets/text/notes.txt");
 ///   become U+FFFD), `\r\n` becomes `\n`;
 /// - a file containing lines made of only `%` (fortune format) is split at those lines, any
 ///   other file at blank lines (paragraphs);
-/// - documents are trimmed of surrounding whitespace and empty ones dropped.
+/// - documents are trimmed of surrounding whitespace and empty ones dropped;
+/// - only regular files are read (a FIFO or a device named directly is an error, and skipped in
+///   a folder), at most [`corpus_limit`] bytes in all.
 #[derive(Clone, Debug)]
 pub struct TextCorpus {
     /// What was read: a path, or `"embedded text"`.
@@ -111,8 +129,14 @@ impl TextCorpus {
     }
 
     /// A file or a folder (recursively), read by the rules above. A missing or unreadable path
-    /// is an I/O error naming it; a path without any text is an error naming it.
+    /// is an I/O error naming it; a path without any text is an error naming it; more than
+    /// [`corpus_limit`] bytes is an error naming the limit.
     pub fn from_path(path: impl AsRef<Path>) -> Result<TextCorpus> {
+        TextCorpus::from_path_limited(path, corpus_limit()?)
+    }
+
+    /// [`Self::from_path`] reading at most `limit` bytes in all.
+    pub fn from_path_limited(path: impl AsRef<Path>, limit: u64) -> Result<TextCorpus> {
         let path = path.as_ref();
         let meta = fs::metadata(path).map_err(|e| io(path, e))?;
         let files = if meta.is_dir() {
@@ -123,8 +147,10 @@ impl TextCorpus {
             vec![path.to_path_buf()]
         };
         let mut docs = Vec::new();
+        let mut budget = limit;
         for f in &files {
-            let bytes = fs::read(f).map_err(|e| io(f, e))?;
+            let bytes = read_regular(f, budget, "the corpus limit, NETCL_CORPUS_LIMIT")?;
+            budget -= bytes.len() as u64;
             docs.extend(split_documents(&String::from_utf8_lossy(&bytes)));
         }
         TextCorpus::from_documents(path.display().to_string(), docs)
@@ -203,9 +229,23 @@ pub fn utf8_bytes<S: AsRef<str>>(docs: &[S]) -> usize {
 /// tokenizer has one), documents in order. Each document is encoded on its own, so no token
 /// spans two documents.
 pub fn encode_documents<S: AsRef<str>>(tokenizer: &Tokenizer, docs: &[S]) -> Result<Vec<u32>> {
+    encode_documents_with_progress(tokenizer, docs, |_, _| {})
+}
+
+/// [`encode_documents`], calling `progress(bytes done, bytes in all)` as it goes (after each
+/// document and each piece of a long one).
+pub fn encode_documents_with_progress<S: AsRef<str>>(
+    tokenizer: &Tokenizer,
+    docs: &[S],
+    mut progress: impl FnMut(usize, usize),
+) -> Result<Vec<u32>> {
+    let total = utf8_bytes(docs);
     let mut out = Vec::new();
+    let mut done = 0;
     for d in docs {
-        out.extend(tokenizer.encode(d.as_ref())?);
+        let d = d.as_ref();
+        out.extend(tokenizer.encode_with_progress(d, |n, _| progress(done + n, total))?);
+        done += d.len();
         if let Some(eos) = tokenizer.eos_id() {
             out.push(eos);
         }

@@ -1,7 +1,7 @@
 //! Language-model batches from a token stream: seeded windows of T+1 tokens as i32 inputs/targets `[B, T]`, uploaded through pinned buffers one batch ahead, with transfer counters.
 use netcl_core_devices::opencl3::event::{Event, CL_COMPLETE};
 use netcl_core_devices::{ClResultExt, DType, Device, Error, Result};
-use netcl_core_memory::{enqueue_write, PinnedBuffer};
+use netcl_core_memory::{enqueue_write, host_vec, PinnedBuffer};
 use netcl_ops::Tensor;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
@@ -179,14 +179,16 @@ impl TokenBatcher {
     fn prepare(&mut self) -> Result<TokenBatch> {
         let (b, t) = (self.batch, self.context);
         let hi = self.tokens.len() - t - 1;
-        let starts: Vec<usize> = (0..b).map(|_| self.rng.random_range(0..=hi)).collect();
+        // Fallible and within the host budget: a huge batch is an error, not an abort.
+        let mut starts: Vec<usize> = host_vec(b)?;
+        starts.extend((0..b).map(|_| self.rng.random_range(0..=hi)));
         let mut stats = TransferStats {
             batches: 1,
             ..TransferStats::default()
         };
         let shape = [2, b, t];
         let both = if self.device.is_host() {
-            let mut ids = Vec::with_capacity(2 * b * t);
+            let mut ids = host_vec(2 * b * t)?;
             for shift in 0..2 {
                 for &s in &starts {
                     ids.extend(

@@ -1,8 +1,9 @@
-//! Byte-level BPE tokenizer (GPT-2 style) on HuggingFace's `tokenizers` crate: train, load/save tokenizer.json, encode, decode.
+//! Byte-level BPE tokenizer (GPT-2 style) on HuggingFace's `tokenizers` crate: train, load/save tokenizer.json, encode, decode; long texts in bounded pieces.
+use crate::bpe_words::WORD_BUDGET;
+use netcl_core_devices::files::read_regular;
 use netcl_core_devices::{Error, Result};
 use std::path::Path;
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
-use tokenizers::models::TrainerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::AddedToken;
 
@@ -35,6 +36,51 @@ impl std::fmt::Debug for Tokenizer {
 
 fn tk_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::format(what, e.to_string())
+}
+
+/// The most bytes of text encoded, or trained on, as one piece: `tokenizers` holds per token
+/// many times the text's bytes (and BPE works per word), so longer texts go through in pieces.
+pub const TEXT_CHUNK: usize = 1 << 16;
+
+/// The length of the first piece of `text` (at most `max` bytes, at least one character): cut
+/// where a non-whitespace character meets whitespace, which byte-level pre-tokenization never
+/// joins into one token, so the pieces' tokens are the whole text's; with `lines`, after a line
+/// break instead. A stretch of `max` bytes without such a place is cut at a character boundary.
+fn cut(text: &str, max: usize, lines: bool) -> usize {
+    if text.len() <= max {
+        return text.len();
+    }
+    let mut limit = max;
+    while !text.is_char_boundary(limit) {
+        limit -= 1;
+    }
+    let head = &text[..limit];
+    let at = if lines {
+        head.rfind('\n').map(|i| i + 1)
+    } else {
+        head.char_indices().rev().find_map(|(i, c)| {
+            let before = head[..i].chars().next_back();
+            (c.is_whitespace() && before.is_some_and(|b| !b.is_whitespace())).then_some(i)
+        })
+    };
+    match at {
+        Some(i) if i > 0 => i,
+        _ if limit > 0 => limit,
+        _ => text.chars().next().map_or(text.len(), char::len_utf8),
+    }
+}
+
+/// `text` in pieces of at most `max` bytes (see [`cut`]).
+pub(crate) fn pieces(text: &str, max: usize, lines: bool) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let (piece, after) = rest.split_at(cut(rest, max, lines));
+        rest = after;
+        Some(piece)
+    })
 }
 
 /// The first of these tokens in the vocabulary is the end-of-sequence token.
@@ -93,14 +139,25 @@ impl Tokenizer {
             )
             .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
             .build();
-        let mut trainer = TrainerWrapper::from(trainer);
-        let mut inner = tokenizers::Tokenizer::new(BPE::default());
+        // The words counted here in bounded memory, then merged as `tokenizers` trains.
+        let (counts, dropped) = crate::bpe_words::word_counts(&byte_level, texts, WORD_BUDGET)?;
+        if dropped > 0 {
+            eprintln!(
+                "netcl: BPE training dropped {dropped} rare words to keep its word counts \
+                 within {WORD_BUDGET} bytes"
+            );
+        }
+        let mut model = BPE::default();
+        let added = trainer
+            .do_train(&counts, &mut model)
+            .map_err(|e| tk_err("BPE training", e))?;
+        let mut inner = tokenizers::Tokenizer::new(model);
         inner
             .with_pre_tokenizer(Some(byte_level))
             .with_post_processor(Some(byte_level))
             .with_decoder(Some(byte_level));
         inner
-            .train(&mut trainer, texts.iter().map(|t| t.as_ref()))
+            .add_special_tokens(added)
             .map_err(|e| tk_err("BPE training", e))?;
         let mut tok = Tokenizer::wrap(inner);
         if tok.eos.is_none() {
@@ -115,13 +172,14 @@ impl Tokenizer {
         vocab_size: usize,
         special: &[&str],
     ) -> Result<Tokenizer> {
+        let mut budget = crate::text_corpus::corpus_limit()?;
         let texts = files
             .iter()
             .map(|p| {
                 let p = p.as_ref();
-                std::fs::read(p)
-                    .map(|b| String::from_utf8_lossy(&b).into_owned())
-                    .map_err(|e| Error::io(p.display().to_string(), e))
+                let b = read_regular(p, budget, "NETCL_CORPUS_LIMIT")?;
+                budget -= b.len() as u64;
+                Ok(String::from_utf8_lossy(&b).into_owned())
             })
             .collect::<Result<Vec<String>>>()?;
         Tokenizer::train_bpe(&texts, vocab_size, special)
@@ -131,7 +189,7 @@ impl Tokenizer {
     pub fn from_file(path: impl AsRef<Path>) -> Result<Tokenizer> {
         let path = path.as_ref();
         let what = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|e| Error::io(what.clone(), e))?;
+        let bytes = read_regular(path, 1 << 30, "a tokenizer file")?;
         let inner = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| tk_err(&format!("tokenizer file {what}"), e))?;
         Ok(Tokenizer::wrap(inner))
@@ -149,12 +207,43 @@ impl Tokenizer {
     }
 
     /// Token ids of `text` (special tokens written in the text, e.g. `<|endoftext|>`, become their id).
+    /// Texts over [`TEXT_CHUNK`] bytes are encoded in pieces (memory stays bounded by a piece):
+    /// for byte-level BPE without a normalizer (netcl's own) the ids are those of the whole
+    /// text, except inside a run of [`TEXT_CHUNK`] bytes without whitespace; other tokenizers
+    /// are cut after line breaks, where tokens may differ from a one-piece encoding.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode_fast(text, false)
-            .map_err(|e| tk_err("Tokenizer::encode", e))?;
-        Ok(enc.get_ids().to_vec())
+        self.encode_with_progress(text, |_, _| {})
+    }
+
+    /// [`Self::encode`], calling `progress(bytes done, bytes in all)` after each piece.
+    pub fn encode_with_progress(
+        &self,
+        text: &str,
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        let mut done = 0;
+        for piece in pieces(text, TEXT_CHUNK, !self.exact_pieces()) {
+            let enc = self
+                .inner
+                .encode_fast(piece, false)
+                .map_err(|e| tk_err("Tokenizer::encode", e))?;
+            ids.extend_from_slice(enc.get_ids());
+            done += piece.len();
+            progress(done, text.len());
+        }
+        Ok(ids)
+    }
+
+    /// Whether cutting between a non-whitespace and a whitespace character leaves the tokens
+    /// unchanged: byte-level pre-tokenization with GPT-2's regex, no prefix space, no normalizer.
+    fn exact_pieces(&self) -> bool {
+        use tokenizers::PreTokenizerWrapper;
+        self.inner.get_normalizer().is_none()
+            && matches!(
+                self.inner.get_pre_tokenizer(),
+                Some(PreTokenizerWrapper::ByteLevel(b)) if !b.add_prefix_space && b.use_regex
+            )
     }
 
     /// The text of `ids` (special tokens included). Ids that end inside a multi-byte character

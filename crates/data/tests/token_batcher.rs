@@ -143,4 +143,11 @@ fn bad_arguments_are_errors() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("position 2"), "{err}");
+    // A batch the host cannot hold (8 GB of window starts alone): an error, not an abort.
+    let mut huge = TokenBatcher::new(stream(100), 1_000_000_000_000, 4, 0, &host).unwrap();
+    let e = huge.next_batch().err().unwrap();
+    assert!(
+        matches!(e, netcl_core_devices::Error::OutOfMemory { .. }),
+        "{e}"
+    );
 }

@@ -80,7 +80,8 @@ impl Group {
     /// Runs `f` on every rank, each on its own thread, and returns the ranks' results in rank
     /// order. When a rank returns an error (or panics), the group is aborted: every rank
     /// waiting in, or later entering, a collective gets an error at once, and `run` returns the
-    /// error of the rank that failed first.
+    /// error of the rank that failed first. A rank that returns `Ok` while others still wait in
+    /// a collective (or enter one later) fails them at once too, not after the timeout.
     pub fn run<T, F>(&self, f: F) -> Result<Vec<T>>
     where
         T: Send,
@@ -105,7 +106,10 @@ impl Group {
                             let out = catch_unwind(AssertUnwindSafe(|| f(&comm)))
                                 .unwrap_or_else(|p| Err(panicked(rank, p)));
                             match out {
-                                Ok(v) => Some(v),
+                                Ok(v) => {
+                                    abort.returned(rank);
+                                    Some(v)
+                                }
                                 Err(e) => {
                                     let mut first = first.lock().unwrap_or_else(|p| p.into_inner());
                                     if first.is_none() && !abort.is_set() {

@@ -6,11 +6,13 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Shared by every hub of one group: set once a rank fails, so every rank blocked in (or later
-/// entering) a collective returns an error instead of waiting for it.
+/// entering) a collective returns an error instead of waiting for it. It also records the first
+/// rank whose closure returned: a collective waiting for that rank can never complete.
 #[derive(Default)]
 pub(crate) struct Abort {
     set: AtomicBool,
     why: Mutex<Option<String>>,
+    returned: Mutex<Option<usize>>,
 }
 
 impl Abort {
@@ -23,6 +25,24 @@ impl Abort {
     }
     pub(crate) fn is_set(&self) -> bool {
         self.set.load(Ordering::Acquire)
+    }
+    /// Rank `rank`'s closure has returned: it will enter no more collectives.
+    pub(crate) fn returned(&self, rank: usize) {
+        let mut r = self.returned.lock().unwrap_or_else(|p| p.into_inner());
+        r.get_or_insert(rank);
+    }
+    /// A rank waiting in `op` for a rank that has returned: aborts the group (the others
+    /// waiting fail too) and returns the error; `Ok` while every rank is still running.
+    pub(crate) fn check_returned(&self, op: &str, rank: usize) -> Result<()> {
+        let Some(gone) = *self.returned.lock().unwrap_or_else(|p| p.into_inner()) else {
+            return Ok(());
+        };
+        let why = format!(
+            "{op}: rank {rank} waits for rank {gone}, whose closure has already returned (every \
+             rank must make the same collectives)"
+        );
+        self.raise(why.clone());
+        Err(Error::device(op, why))
     }
     pub(crate) fn error(&self, op: &str, rank: usize) -> Error {
         let why = self.why.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -189,6 +209,7 @@ impl Hub {
             if self.abort.is_set() {
                 return Err(self.abort.error(op, rank));
             }
+            self.abort.check_returned(op, rank)?;
             if start.elapsed() > self.timeout {
                 let why = format!(
                     "{op}: rank {rank} waited {:.1} s for {} other rank(s)",

@@ -198,3 +198,35 @@ fn mismatched_shapes_are_an_error_on_every_rank() -> Result<()> {
     assert!(Group::new(vec![Device::host(), Device::host()]).is_err());
     Ok(())
 }
+
+/// A rank whose closure returns while the others go on to a collective fails them at once (a
+/// barrier, and an all_reduce that also waits for it), not after the group's timeout.
+#[test]
+fn a_rank_that_returns_early_fails_the_others_at_once() -> Result<()> {
+    for group in groups() {
+        let group = group.with_timeout(std::time::Duration::from_secs(120));
+        for reduce in [false, true] {
+            let started = std::time::Instant::now();
+            let e = group
+                .run(|comm| {
+                    if comm.rank() == 1 {
+                        return Ok(());
+                    }
+                    let t = Tensor::zeros(&[5], netcl_core_devices::DType::F32, comm.device())?;
+                    match reduce {
+                        true => comm.all_reduce(&t, ReduceOp::Sum),
+                        false => comm.barrier(),
+                    }
+                })
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("rank 1, whose closure has already returned"),
+                "{e}"
+            );
+            let took = started.elapsed();
+            assert!(took < std::time::Duration::from_secs(20), "{took:?}: {e}");
+        }
+    }
+    Ok(())
+}

@@ -1,4 +1,5 @@
 //! Which arguments of a kernel it may write, read from its OpenCL C signature (a `__global` pointer to data that is not `const`): a replay over several queues orders its nodes by what each reads and writes.
+use crate::signature::{is_ident, signatures};
 
 /// For each parameter of `kernel` in the program `text` built with `options`: whether it is a
 /// `__global` pointer to non-`const` data (the kernel may write through it). Kernel names may be
@@ -6,167 +7,15 @@
 /// None when no signature matches or matching ones disagree: the caller then counts every buffer
 /// argument as written.
 pub(crate) fn writable_args(text: &str, options: &str, kernel: &str) -> Option<Vec<bool>> {
-    let text = strip_comments(text);
-    let defines = defines(options);
     let mut found: Option<Vec<bool>> = None;
-    let mut rest = text.as_str();
-    while let Some(at) = find_word(rest, &["__kernel", "kernel"]) {
-        rest = &rest[at..];
-        let Some((name, params, after)) = signature(rest) else {
-            rest = &rest[1..];
-            continue;
-        };
-        rest = after;
-        if !name_matches(&name, kernel, &defines) {
-            continue;
-        }
-        let mask: Vec<bool> = split_params(params).iter().map(|p| writable(p)).collect();
+    for params in signatures(text, options, kernel) {
+        let mask: Vec<bool> = params.iter().map(|p| writable(p)).collect();
         match &found {
             Some(m) if *m != mask => return None,
             _ => found = Some(mask),
         }
     }
     found
-}
-
-/// `text` with comments and line continuations replaced by spaces.
-fn strip_comments(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        match (c, chars.peek()) {
-            ('/', Some('*')) => {
-                chars.next();
-                let mut prev = ' ';
-                for d in chars.by_ref() {
-                    if prev == '*' && d == '/' {
-                        break;
-                    }
-                    prev = d;
-                }
-                out.push(' ');
-            }
-            ('/', Some('/')) => {
-                for d in chars.by_ref() {
-                    if d == '\n' {
-                        break;
-                    }
-                }
-                out.push('\n');
-            }
-            ('\\', Some('\n')) => {
-                chars.next();
-                out.push(' ');
-            }
-            _ => out.push(c),
-        }
-    }
-    out
-}
-
-/// `-DNAME=VALUE` (or `-D NAME=VALUE`) definitions of build options.
-fn defines(options: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut words = options.split_whitespace();
-    while let Some(w) = words.next() {
-        let def = match w.strip_prefix("-D") {
-            Some("") => words.next().unwrap_or(""),
-            Some(d) => d,
-            None => continue,
-        };
-        if let Some((k, v)) = def.split_once('=') {
-            out.push((k.to_string(), v.to_string()));
-        }
-    }
-    out
-}
-
-fn is_ident(c: char) -> bool {
-    c.is_ascii_alphanumeric() || c == '_'
-}
-
-/// Byte offset of the first of `words` standing as a whole word in `s`.
-fn find_word(s: &str, words: &[&str]) -> Option<usize> {
-    let bytes = s.as_bytes();
-    let whole = |at: usize, len: usize| {
-        let before = at == 0 || !is_ident(bytes[at - 1] as char);
-        let after = at + len >= bytes.len() || !is_ident(bytes[at + len] as char);
-        before && after
-    };
-    (0..s.len()).find(|&at| {
-        words
-            .iter()
-            .any(|w| s[at..].starts_with(w) && whole(at, w.len()))
-    })
-}
-
-/// The text from `open` (a `(`) to its matching `)`, exclusive, and what follows.
-fn balanced(s: &str) -> Option<(&str, &str)> {
-    let mut depth = 0usize;
-    for (i, c) in s.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => {
-                depth = depth.checked_sub(1)?;
-                if depth == 0 {
-                    return Some((&s[1..i], &s[i + 1..]));
-                }
-            }
-            _ => {}
-        }
-    }
-    None
-}
-
-/// At `__kernel`: the kernel's name (spaces removed), its parameter list and the text after it.
-fn signature(s: &str) -> Option<(String, &str, &str)> {
-    let mut rest = s.trim_start_matches(|c: char| is_ident(c)).trim_start();
-    while let Some(attr) = rest.strip_prefix("__attribute__") {
-        let (_, after) = balanced(attr.trim_start())?;
-        rest = after.trim_start();
-    }
-    rest = rest.strip_prefix("void")?;
-    let open = rest.find('(')?;
-    let name: String = rest[..open].split_whitespace().collect();
-    if name.is_empty() || !name.chars().all(|c| is_ident(c) || c == '#') {
-        return None;
-    }
-    let (params, after) = balanced(&rest[open..])?;
-    Some((name, params, after))
-}
-
-fn name_matches(name: &str, kernel: &str, defines: &[(String, String)]) -> bool {
-    if let Some((_, suffix)) = name.split_once("##") {
-        return kernel.ends_with(&suffix.replace("##", ""));
-    }
-    let resolved = defines
-        .iter()
-        .find(|(k, _)| k == name)
-        .map_or(name, |(_, v)| v.as_str());
-    resolved == kernel
-}
-
-/// Parameters split at top-level commas (none for an empty list or `void`).
-fn split_params(params: &str) -> Vec<&str> {
-    let p = params.trim();
-    if p.is_empty() || p == "void" {
-        return Vec::new();
-    }
-    let mut out = Vec::new();
-    let (mut depth, mut start) = (0usize, 0);
-    for (i, c) in p.char_indices() {
-        match c {
-            '(' | '[' => depth += 1,
-            ')' | ']' => depth = depth.saturating_sub(1),
-            ',' if depth == 0 => {
-                out.push(&p[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    out.push(&p[start..]);
-    out
 }
 
 /// A `__global` pointer whose pointee is not `const` (a `const` after the `*` binds the pointer).
@@ -219,20 +68,14 @@ pub(crate) fn node_buffers(
 
 #[cfg(test)]
 mod tests {
-    use super::{find_word, signature, strip_comments, writable_args};
+    use super::writable_args;
+    use crate::signature::{find_word, signature, strip_comments};
     use netcl_kernels::sources;
 
     #[test]
     fn every_kernel_of_the_sources_has_a_readable_signature() {
-        let extra = [
-            sources::MATMUL_TC,
-            sources::MATMUL_WG,
-            sources::MATMUL_ASYNC,
-            sources::MATMUL_CPU,
-            sources::ATTENTION_TC,
-        ];
         let mut kernels = 0;
-        for src in sources::ALL.iter().chain(&extra) {
+        for src in &sources::EVERY {
             let text = strip_comments(src.text);
             let mut rest = text.as_str();
             while let Some(at) = find_word(rest, &["__kernel"]) {

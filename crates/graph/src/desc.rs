@@ -1,8 +1,9 @@
 //! The description of a captured graph: programs, nodes, buffers and the buffer plan, as plain data that `Graph::save` writes as JSON and `Graph::load` reads back.
 use serde::{Deserialize, Serialize};
 
-/// The format's version; `load_graph` refuses other versions.
-pub const SCHEMA_VERSION: u32 = 1;
+/// The format's version; `Graph::load` refuses other versions (2: sealed, with the netcl
+/// version, its kernels' hash and the device).
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// A buffer a node reads or writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,12 +136,55 @@ pub struct Slot {
     pub offset: usize,
 }
 
+/// A device as a loaded graph must find it: its work sizes and local memory were chosen for it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceId {
+    pub platform: String,
+    pub platform_version: String,
+    pub name: String,
+    pub driver_version: String,
+}
+
+impl DeviceId {
+    pub fn of(device: &netcl_core_devices::Device) -> DeviceId {
+        let info = device.info();
+        DeviceId {
+            platform: info.platform.clone(),
+            platform_version: info.platform_version.clone(),
+            name: info.name.clone(),
+            driver_version: info.driver_version.clone(),
+        }
+    }
+}
+
+/// The SHA-256 of every file under kernels/ as this netcl embeds them (names and texts).
+pub fn kernels_sha256() -> &'static str {
+    use sha2::{Digest, Sha256};
+    static HASH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HASH.get_or_init(|| {
+        let mut h = Sha256::new();
+        for s in &netcl_kernels::sources::EVERY {
+            h.update(s.name.as_bytes());
+            h.update([0]);
+            h.update(s.text.as_bytes());
+            h.update([0]);
+        }
+        crate::seal::to_hex(&h.finalize())
+    })
+}
+
 /// Everything a captured graph is, without the live OpenCL objects.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GraphDesc {
     pub schema_version: u32,
-    /// The device it was captured on (informational).
+    /// The netcl that captured it: its version and the SHA-256 of its kernels/ files (a graph
+    /// loads only into a netcl with the same kernels).
+    pub netcl_version: String,
+    pub kernels_sha256: String,
+    /// The device it was captured on (as displayed).
     pub device: String,
+    /// The platform, device and driver it was captured on: the device loading it must match.
+    pub device_id: DeviceId,
     pub programs: Vec<ProgramDesc>,
     pub nodes: Vec<Node>,
     pub internals: Vec<Internal>,
@@ -167,23 +211,12 @@ mod hex {
     use serde::{de::Error, Deserialize, Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        let mut out = String::with_capacity(bytes.len() * 2);
-        for b in bytes {
-            out.push_str(&format!("{b:02x}"));
-        }
-        s.serialize_str(&out)
+        s.serialize_str(&crate::seal::to_hex(bytes))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
         let s = String::deserialize(d)?;
-        if s.len() % 2 != 0 || !s.is_ascii() {
-            return Err(D::Error::custom(format!(
-                "odd or non-ASCII hex string {s:?}"
-            )));
-        }
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(D::Error::custom))
-            .collect()
+        crate::seal::from_hex(&s)
+            .ok_or_else(|| D::Error::custom(format!("not a hex string: {s:?}")))
     }
 }

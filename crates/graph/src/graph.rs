@@ -183,7 +183,10 @@ impl Graph {
         let slots = plan::assign(&mut r.internals, &r.in_place, align);
         let mut desc = GraphDesc {
             schema_version: SCHEMA_VERSION,
+            netcl_version: env!("CARGO_PKG_VERSION").to_string(),
+            kernels_sha256: crate::desc::kernels_sha256().to_string(),
             device: device.to_string(),
+            device_id: crate::desc::DeviceId::of(device),
             programs: r.program_descs,
             nodes: r.nodes,
             internals: r.internals,

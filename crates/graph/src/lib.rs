@@ -1,4 +1,4 @@
-//! netcl-graph: capture a training step once on an OpenCL device (every kernel launch, copy, host write, allocation and free is recorded while it runs), leave out nodes whose results reach nothing the step keeps, plan its buffers (buffers never alive together share memory), and replay it with nothing but enqueues; save and load the plan as JSON.
+//! netcl-graph: capture a training step once on an OpenCL device (every kernel launch, copy, host write, allocation and free is recorded while it runs), leave out nodes whose results reach nothing the step keeps, plan its buffers (buffers never alive together share memory), and replay it with nothing but enqueues; save and load the plan as sealed JSON, checked whole before a load builds anything.
 //!
 //! ```no_run
 //! # use netcl_graph::Graph;
@@ -28,6 +28,10 @@ mod record;
 mod replay;
 mod save;
 mod schedule;
+mod seal;
+mod signature;
+mod validate;
 
 pub use desc::{GraphDesc, SCHEMA_VERSION};
 pub use graph::{Capture, Graph, GraphStats};
+pub use seal::key_path;

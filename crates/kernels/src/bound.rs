@@ -60,6 +60,7 @@ impl BoundKernel {
         if dims == 0 || dims > 3 || local.len() != dims {
             return Err(fail(format!("global {global:?} / local {local:?}")));
         }
+        check_group(&kernel, program, args, local).map_err(fail)?;
         for (i, a) in args.iter().enumerate() {
             let i = i as u32;
             // SAFETY: index within num_args; values are what the recorded launch passed.
@@ -134,4 +135,57 @@ impl BoundKernel {
                 ),
             })
     }
+}
+
+/// What the compiled kernel allows, checked before its first enqueue (a graph file may ask for
+/// anything): the work-group size it was compiled for (`reqd_work_group_size`) or at most its
+/// limit, and its static plus dynamic local memory within the device's.
+fn check_group(
+    kernel: &ClKernel,
+    program: &Program,
+    args: &[BoundArg],
+    local: &[usize],
+) -> std::result::Result<(), String> {
+    let device = program
+        .device
+        .cl("BoundKernel")
+        .map_err(|e| e.to_string())?
+        .id
+        .id();
+    let query = |e: netcl_core_devices::opencl3::error_codes::ClError| {
+        format!(
+            "clGetKernelWorkGroupInfo: {}",
+            netcl_core_devices::cl_code_name(e.0)
+        )
+    };
+    let required = kernel.get_compile_work_group_size(device).map_err(query)?;
+    let mut want = [1usize; 3];
+    want[..local.len()].copy_from_slice(local);
+    if required.iter().any(|&r| r != 0) && required.as_slice() != want.as_slice() {
+        return Err(format!(
+            "local {local:?}; the kernel was compiled for work-groups of {required:?}"
+        ));
+    }
+    let limit = kernel.get_work_group_size(device).map_err(query)?;
+    let group: usize = local.iter().product();
+    if group > limit {
+        return Err(format!(
+            "local {local:?}: {group} work-items; the kernel takes at most {limit}"
+        ));
+    }
+    let dynamic: u64 = args
+        .iter()
+        .map(|a| match a {
+            BoundArg::Local(n) => *n as u64,
+            _ => 0,
+        })
+        .sum();
+    let local_mem = kernel.get_local_mem_size(device).map_err(query)? + dynamic;
+    let cap = crate::launch::local_limit(program);
+    if local_mem > cap {
+        return Err(format!(
+            "needs {local_mem} B of local memory; the device has {cap} B"
+        ));
+    }
+    Ok(())
 }

@@ -25,7 +25,7 @@ fn fnv1a(bytes: &[u8], basis: u64) -> u64 {
 }
 
 /// Two independent 64-bit hashes of everything that determines a binary.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Key(u64, u64);
 
 impl Key {

@@ -8,7 +8,7 @@ use netcl_profiling::{Launch, Probe, Work};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ptr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 struct Entry {
     kernel: ClKernel,
@@ -25,7 +25,53 @@ thread_local! {
     // cl_kernel argument state is not thread-safe: every thread gets its own kernel objects.
     // A live `Kernel` takes its entry out of this map and puts it back on drop, so two handles
     // never share (and overwrite) one kernel's arguments.
-    static KERNELS: RefCell<HashMap<(u64, String), Entry>> = RefCell::new(HashMap::new());
+    static KERNELS: RefCell<ThreadKernels> = RefCell::new(ThreadKernels::default());
+}
+
+/// One thread's kernel objects. When the thread exits they are not released there but handed
+/// to [`RETIRED`], released by the next `Kernel::new` on a live thread: a driver's own
+/// per-thread state may already be destroyed while this thread's destructors run (Oclgrind's
+/// API call stack is; clReleaseKernel then wrote into freed memory, corrupting the heap).
+#[derive(Default)]
+struct ThreadKernels(HashMap<(u64, String), Entry>);
+
+impl std::ops::Deref for ThreadKernels {
+    type Target = HashMap<(u64, String), Entry>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ThreadKernels {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for ThreadKernels {
+    fn drop(&mut self) {
+        let mut retired = RETIRED.lock().unwrap_or_else(|p| p.into_inner());
+        let n = self.0.len() as u64;
+        retired.extend(self.0.drain().map(|(_, e)| e.kernel));
+        RETIRED_COUNT.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Kernel objects of exited threads, to be released from a live one.
+static RETIRED: Mutex<Vec<ClKernel>> = Mutex::new(Vec::new());
+
+/// How many kernel objects exiting threads have handed over so far (each released later by a
+/// live thread's `Kernel::new`, never in the exiting thread's destructors).
+pub fn retired_kernels() -> u64 {
+    RETIRED_COUNT.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static RETIRED_COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Releases the kernel objects exited threads left (outside the lock).
+fn release_retired() {
+    let retired = std::mem::take(&mut *RETIRED.lock().unwrap_or_else(|p| p.into_inner()));
+    drop(retired);
 }
 
 /// How many times this thread has launched kernels named `name` (of any program) through
@@ -62,7 +108,7 @@ pub struct Kernel {
 /// The local memory `program`'s kernels may use: the device's, or for sm_90a programs, which
 /// declare more than OpenCL's limit in their PTX (program.rs), what they declared (the driver
 /// checks it at enqueue).
-fn local_limit(program: &Program) -> u64 {
+pub(crate) fn local_limit(program: &Program) -> u64 {
     let device = program.device.info().local_mem_bytes;
     crate::program::sm90a_shared(&program.options).map_or(device, |s| device.max(s as u64 + 1024))
 }
@@ -77,6 +123,7 @@ impl Kernel {
             ));
         }
         let key = (program.id, name.to_string());
+        release_retired();
         let cached = KERNELS.with(|k| k.borrow_mut().remove(&key));
         let entry = match cached {
             Some(e) => e,
@@ -448,8 +495,20 @@ impl Drop for Kernel {
     fn drop(&mut self) {
         if let Some(entry) = self.entry.take() {
             let key = (self.program.id, entry.name.clone());
-            // During thread teardown the map may already be gone; the kernel is then released.
-            let _ = KERNELS.try_with(|k| k.borrow_mut().insert(key, entry));
+            let mut entry = Some(entry);
+            let _ = KERNELS.try_with(|k| {
+                if let Some(e) = entry.take() {
+                    k.borrow_mut().insert(key, e);
+                }
+            });
+            // During thread teardown the map may already be gone: the kernel is then retired.
+            if let Some(e) = entry {
+                RETIRED
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(e.kernel);
+                RETIRED_COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
         }
     }
 }

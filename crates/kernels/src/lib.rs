@@ -13,7 +13,9 @@ pub use disk_cache::default_dir as cache_dir;
 pub use gemm_tuning::{
     AsyncTile, AsyncTuning, CpuBlocking, PlanTuning, TileCost, WgChoice, WgTile,
 };
-pub use launch::{set_after_sync_check, thread_launches, thread_launches_total, Kernel};
+pub use launch::{
+    retired_kernels, set_after_sync_check, thread_launches, thread_launches_total, Kernel,
+};
 pub use program::{build, program, Origin, Program};
 pub use sources::Source;
 pub use tc_tile::TcTile;

@@ -181,13 +181,20 @@ fn sm90a_program(
     Ok(patched)
 }
 
-type ProgramKey = (usize, &'static str, String);
+/// (device ordinal, program name, options, hash of the source text): two sources of one name
+/// (netcl's own and one a graph file brought) never share, or replace each other's, program.
+type ProgramKey = (usize, &'static str, String, Key);
 
 /// The program for (`device`, `source`, `options`), built once per process and cached in memory.
 pub fn program(device: &Device, source: &Source, options: &str) -> Result<Arc<Program>> {
     static PROGRAMS: OnceLock<Mutex<HashMap<ProgramKey, Arc<Program>>>> = OnceLock::new();
     let programs = PROGRAMS.get_or_init(|| Mutex::new(HashMap::new()));
-    let key = (device.ordinal(), source.name, options.to_string());
+    let key = (
+        device.ordinal(),
+        source.name,
+        options.to_string(),
+        Key::new(&[source.text]),
+    );
     let mut map = programs.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(p) = map.get(&key) {
         return Ok(p.clone());

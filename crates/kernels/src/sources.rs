@@ -65,3 +65,29 @@ pub const ALL: [Source; 16] = [
     ATTENTION,
     DECODE,
 ];
+
+/// Every file under kernels/: the common header, the op families and the device-specific ones.
+pub const EVERY: [Source; 22] = [
+    COMMON,
+    COPY,
+    RANDOM,
+    MATMUL_TILED,
+    MATMUL_GEMV,
+    MATMUL_PARTS,
+    MATMUL_TC,
+    MATMUL_WG,
+    MATMUL_ASYNC,
+    MATMUL_CPU,
+    INDEX,
+    SHAPE,
+    ROPE,
+    REDUCE,
+    SOFTMAX,
+    NORM,
+    CONV,
+    POOL,
+    SORT,
+    ATTENTION,
+    ATTENTION_TC,
+    DECODE,
+];

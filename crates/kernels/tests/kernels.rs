@@ -1,7 +1,7 @@
 //! Program builds, the disk cache, build errors and launch checks on every OpenCL device.
 use netcl_core_devices::{opencl_test_devices, Device, Error};
 use netcl_core_memory::{read, write, Pool};
-use netcl_kernels::{build, program, Kernel, Origin, Program, Source, GROUP_1D};
+use netcl_kernels::{build, program, retired_kernels, Kernel, Origin, Program, Source, GROUP_1D};
 use std::sync::Arc;
 
 /// A test program of its own, so these tests do not depend on the op library's kernels.
@@ -111,6 +111,40 @@ fn failed_build_reports_file_options_and_log() {
     }
 }
 
+/// Two sources under one name (netcl's and, say, one a graph file brought) get programs of their
+/// own: the cache is keyed by the text too, so neither replaces the other, and a broken one fails.
+#[test]
+fn programs_of_one_name_and_options_with_other_text_do_not_share() {
+    let other = Source {
+        name: ELEMENTWISE.name,
+        text: "__kernel void add_contig(__global T* out, __global const T* a, __global const T* b, uint n) {
+            uint i = get_global_id(0);
+            if (i < n) STORE(out, i, LOAD(a, i) + LOAD(b, i) + 1000.0f);
+        }",
+    };
+    let broken = Source {
+        name: ELEMENTWISE.name,
+        text: "__kernel void add_contig(__global float* x) { x[0] = undefined_thing; }",
+    };
+    for dev in opencl_test_devices().unwrap() {
+        let mine = program(&dev, &ELEMENTWISE, "-DDT_F32").unwrap();
+        let theirs = program(&dev, &other, "-DDT_F32").unwrap();
+        assert!(!Arc::ptr_eq(&mine, &theirs), "{dev}");
+        assert!(Arc::ptr_eq(
+            &mine,
+            &program(&dev, &ELEMENTWISE, "-DDT_F32").unwrap()
+        ));
+        check_add(&dev, &program(&dev, &ELEMENTWISE, "-DDT_F32").unwrap());
+        assert!(
+            matches!(
+                program(&dev, &broken, "-DDT_F32"),
+                Err(Error::KernelBuild { .. })
+            ),
+            "{dev}: a broken source of a cached name must fail to build"
+        );
+    }
+}
+
 const LOCAL: Source = Source {
     name: "local_test.cl",
     text: "__kernel void scale(__global float* x, __local float* tmp, uint n) {
@@ -180,6 +214,28 @@ fn launches_are_checked_before_enqueue() {
     }
 }
 
+/// A thread's kernel objects are not released by its exit (a driver's own per-thread state may
+/// be gone by then: under Oclgrind that corrupted the heap) but by the next `Kernel::new`.
+#[test]
+fn an_exiting_thread_leaves_its_kernels_to_a_live_one() {
+    for dev in opencl_test_devices().unwrap() {
+        let p = program(&dev, &ELEMENTWISE, "-DDT_F32").unwrap();
+        let q = p.clone();
+        let before = retired_kernels();
+        std::thread::spawn(move || {
+            check_add(&dev, &q);
+        })
+        .join()
+        .unwrap();
+        assert!(
+            retired_kernels() > before,
+            "the thread's kernel was released in its exit"
+        );
+        // A live thread releases it (and goes on with kernels of its own).
+        drop(Kernel::new(&p, "add_contig").unwrap());
+    }
+}
+
 #[test]
 fn kernels_are_per_thread() {
     for dev in opencl_test_devices().unwrap() {
@@ -193,5 +249,25 @@ fn kernels_are_per_thread() {
                 });
             }
         });
+    }
+}
+
+/// Writes one element past a 4-float buffer of an exact pool: run by `.ci/oclgrind` under
+/// Oclgrind, which must report it (so a clean report of the kernel families means something).
+#[test]
+#[ignore = "a deliberate out-of-bounds write, for .ci/oclgrind's check that Oclgrind reports"]
+fn out_of_bounds_write_for_memory_checkers() {
+    let past_end = Source {
+        name: "past_end.cl",
+        text: "__kernel void past_end(__global float* x) { x[get_global_id(0) + 4] = 1.0f; }",
+    };
+    for dev in opencl_test_devices().unwrap() {
+        let p = Arc::new(build(&dev, &past_end, "", None).unwrap());
+        let b = Pool::exact(&dev).unwrap().alloc(16).unwrap();
+        let mut k = Kernel::new(&p, "past_end").unwrap();
+        k.arg_mem(b.mem()).unwrap();
+        k.launch(&[1], &[1]).unwrap();
+        let mut out = [0u8; 16];
+        read(&b, 0, &mut out).unwrap();
     }
 }

@@ -6,5 +6,6 @@
 pub mod llama;
 
 pub use llama::{
-    generate, DecodeGraph, KvCache, Llama, LlamaConfig, Positions, RopeScaling, Sampler, Sampling,
+    generate, DecodeGraph, KvCache, Llama, LlamaConfig, LoraSpec, Positions, RopeScaling, Sampler,
+    Sampling,
 };

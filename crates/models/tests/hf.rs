@@ -4,7 +4,7 @@ use netcl_core_devices::test_devices;
 use netcl_data::Tokenizer;
 use netcl_models::{Llama, LlamaConfig};
 use netcl_nn::{load_safetensors, save_safetensors, Module};
-use netcl_ops::{Device, Tensor};
+use netcl_ops::{DType, Device, Tensor};
 use netcl_optim::{AdamW, Optimizer};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -283,4 +283,190 @@ fn llama3_rope_scaling_matches_transformers() {
         assert_eq!(logits(&back, &ids(&want, &dev)), got);
         let _ = std::fs::remove_dir_all(&out);
     }
+}
+
+/// Imports check what a directory or checkpoint says against what it holds before anything is
+/// built: a config asking for more than the weights, shards outside the directory, integer or
+/// duplicated tensors and FIFOs are errors (at once), float conversions are said.
+#[test]
+fn imports_refuse_what_they_cannot_honour() {
+    let dev = Device::host();
+    let base = std::env::temp_dir().join(format!("netcl-hf-honour-{}", std::process::id()));
+    let cfg: Value =
+        serde_json::from_slice(&std::fs::read(fixture().join("config.json")).unwrap()).unwrap();
+    let tensors = load_safetensors(fixture().join("model.safetensors")).unwrap();
+    let fresh = |name: &str, cfg: &Value| {
+        let d = base.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
+        d
+    };
+    let save = |path: &Path, t: &[(String, Tensor)]| {
+        let refs: Vec<(&str, &Tensor)> = t.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        save_safetensors(path, &refs, None).unwrap();
+    };
+    let shards = |d: &Path, map: Value| {
+        let index = serde_json::json!({"metadata": {}, "weight_map": map});
+        std::fs::write(d.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    };
+    let err = |d: &Path| {
+        let started = std::time::Instant::now();
+        let e = Llama::from_hf(d, &dev, None).err().unwrap().to_string();
+        assert!(started.elapsed().as_secs() < 10, "{e}");
+        e
+    };
+
+    // A config asking for far more than the weights hold fails before anything is allocated.
+    for (key, value, want) in [
+        (
+            "num_hidden_layers",
+            1_000_000_000u64,
+            "the config has 1000000000 layers",
+        ),
+        ("intermediate_size", 1 << 40, "1099511627776]"),
+        ("vocab_size", 1 << 40, "the config needs [1099511627776"),
+    ] {
+        let mut c = cfg.clone();
+        c[key] = value.into();
+        let d = fresh(key, &c);
+        std::fs::copy(
+            fixture().join("model.safetensors"),
+            d.join("model.safetensors"),
+        )
+        .unwrap();
+        let e = err(&d);
+        assert!(e.contains(want), "{key}: {e}");
+    }
+
+    // Shards named outside the directory: `..`, an absolute path, a symlink leaving it.
+    let outside = base.join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    save(&outside.join("stolen.safetensors"), &tensors);
+    let d = fresh("escape", &cfg);
+    let abs = outside.join("stolen.safetensors").display().to_string();
+    std::os::unix::fs::symlink(
+        outside.join("stolen.safetensors"),
+        d.join("link.safetensors"),
+    )
+    .unwrap();
+    for (shard, want) in [
+        ("../outside/stolen.safetensors", "leaves the directory"),
+        (abs.as_str(), "leaves the directory"),
+        ("link.safetensors", "which resolves to"),
+    ] {
+        let map: serde_json::Map<String, Value> = tensors
+            .iter()
+            .map(|(n, _)| (n.clone(), shard.into()))
+            .collect();
+        shards(&d, map.into());
+        let e = err(&d);
+        assert!(e.contains(want) && e.contains(shard), "{shard}: {e}");
+    }
+
+    // An integer weight is refused; a float one of another dtype is converted and said.
+    let q = tensors
+        .iter()
+        .position(|(n, _)| n.ends_with("0.self_attn.q_proj.weight"));
+    let q = q.unwrap();
+    for (dtype, want) in [
+        (DType::I32, Some("is i32: integer weights are not read")),
+        (DType::F64, None),
+    ] {
+        let d = fresh(dtype.name(), &cfg);
+        let mut t = tensors.clone();
+        t[q].1 = t[q].1.to_dtype(dtype).unwrap();
+        save(&d.join("model.safetensors"), &t);
+        match want {
+            Some(w) => {
+                let e = err(&d);
+                assert!(e.contains(w) && e.contains(&t[q].0), "{e}");
+            }
+            None => {
+                let (m, notes) = Llama::from_hf_with_notes(&d, &dev, None).unwrap();
+                assert_eq!(m.config.dtype, DType::F32);
+                assert_eq!(notes.len(), 1, "{notes:?}");
+                assert!(notes[0].contains("1 f64 tensor(s) converted to the model's f32"));
+                // Asked for: no note.
+                let (_, asked) = Llama::from_hf_with_notes(&d, &dev, Some(DType::F32)).unwrap();
+                assert!(asked.is_empty(), "{asked:?}");
+            }
+        }
+    }
+
+    // The same tensor in two shards: refused, not last-wins.
+    let d = fresh("twice", &cfg);
+    save(&d.join("a.safetensors"), &tensors);
+    save(&d.join("b.safetensors"), &tensors[..1]);
+    let mut map: serde_json::Map<String, Value> = tensors
+        .iter()
+        .map(|(n, _)| (n.clone(), "a.safetensors".into()))
+        .collect();
+    map.insert("extra".into(), "b.safetensors".into());
+    shards(&d, map.into());
+    let e = err(&d);
+    assert!(
+        e.contains(&format!("tensor '{}' is in", tensors[0].0)),
+        "{e}"
+    );
+
+    // FIFOs as a shard or as the config: refused, not read forever.
+    let d = fresh("fifo", &cfg);
+    let made = std::process::Command::new("mkfifo")
+        .arg(d.join("model.safetensors"))
+        .status();
+    if made.is_ok_and(|s| s.success()) {
+        assert!(err(&d).contains("not a regular file"));
+        std::fs::remove_file(d.join("config.json")).unwrap();
+        std::process::Command::new("mkfifo")
+            .arg(d.join("config.json"))
+            .status()
+            .unwrap();
+        assert!(err(&d).contains("not a regular file"));
+    }
+
+    // A netcl checkpoint whose json asks for a million layers: an error before the model exists.
+    let small = LlamaConfig {
+        vocab_size: 32,
+        dim: 16,
+        n_layers: 1,
+        n_heads: 2,
+        n_kv_heads: 2,
+        hidden_dim: 32,
+        max_seq_len: 8,
+        ..LlamaConfig::llama_15m(0)
+    };
+    // The shapes imports check against are those the model makes (tied or not).
+    for tied in [true, false] {
+        let c = LlamaConfig {
+            tied_embeddings: tied,
+            ..small.clone()
+        };
+        let made = Llama::new(c.clone(), &dev, &mut netcl_ops::Generator::new(1)).unwrap();
+        let mut made: Vec<(String, Vec<usize>)> = made
+            .named_parameters()
+            .into_iter()
+            .map(|(n, p)| (n, p.shape().to_vec()))
+            .collect();
+        let mut want = c.parameter_shapes();
+        made.sort();
+        want.sort();
+        assert_eq!(made, want);
+    }
+    let m = Llama::new(small, &dev, &mut netcl_ops::Generator::new(1)).unwrap();
+    let ckpt = base.join("ckpt");
+    netcl_nn::save_checkpoint(&ckpt, &m, None, 3, Value::Null).unwrap();
+    let (back, meta) = Llama::from_checkpoint(&ckpt, &dev).unwrap();
+    assert_eq!((back.config.n_layers, meta.step), (1, 3));
+    let json = ckpt.with_extension("json");
+    let mut v: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    v["model"]["n_layers"] = 1_000_000.into();
+    std::fs::write(&json, v.to_string()).unwrap();
+    let started = std::time::Instant::now();
+    let e = Llama::from_checkpoint(&ckpt, &dev)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("the config has 1000000 layers"), "{e}");
+    assert!(started.elapsed().as_secs() < 10);
+    let _ = std::fs::remove_dir_all(&base);
 }

@@ -98,3 +98,114 @@ fn lora_trains_only_adapters_and_merges_into_the_weights() {
     assert!(e.contains("qkv"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The adapters' values, by name.
+fn adapters(m: &Llama) -> Vec<(String, Vec<f64>)> {
+    m.lora_parameters()
+        .into_iter()
+        .map(|(n, p)| (n, p.value().to_vec_f64().unwrap()))
+        .collect()
+}
+
+/// Adapter files record rank, alpha and targets and load only into the same; add and load are
+/// all or nothing: a refused call leaves every adapter, frozen flag and the generator as they were.
+#[test]
+fn lora_state_is_recorded_checked_and_all_or_nothing() {
+    let cfg = LlamaConfig::tiny(24);
+    let lora = |rank: usize, alpha: f64, targets: &[&str]| LoraConfig {
+        rank,
+        alpha,
+        dropout: 0.0,
+        targets: targets.iter().map(|t| t.to_string()).collect(),
+    };
+    let dir = std::env::temp_dir().join(format!("netcl-lora-state-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("a.safetensors");
+    for dev in test_devices().unwrap() {
+        let fresh = || Llama::new(cfg.clone(), &dev, &mut Generator::new(1)).unwrap();
+        // Trained adapters (B made non-zero), alpha 16.
+        let mut a = fresh();
+        a.add_lora(&lora(4, 16.0, &["q", "v"]), &mut Generator::new(2))
+            .unwrap();
+        for (_, p) in a.lora_parameters() {
+            p.assign(&Tensor::full(p.shape(), 0.25, p.dtype(), &dev).unwrap())
+                .unwrap();
+        }
+        let trained = adapters(&a);
+        a.save_lora(&file).unwrap();
+        // A second add_lora replaces nothing.
+        let e = a
+            .add_lora(&lora(4, 16.0, &["q"]), &mut Generator::new(3))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("adapters already (rank 4, alpha 16, targets q,v)"),
+            "{e}"
+        );
+        assert_eq!(adapters(&a), trained, "{dev}");
+
+        // Into adapters of another alpha or targets: refused, nothing written.
+        for (rank, alpha, targets) in [(4, 4.0, &["q", "v"][..]), (4, 16.0, &["q", "k"][..])] {
+            let mut b = fresh();
+            b.add_lora(&lora(rank, alpha, targets), &mut Generator::new(4))
+                .unwrap();
+            let before = adapters(&b);
+            let e = b.load_lora(&file).unwrap_err().to_string();
+            assert!(
+                e.contains("adapters of rank 4, alpha 16, targets q,v"),
+                "{e}"
+            );
+            assert_eq!(adapters(&b), before, "{dev}");
+        }
+        let b = fresh();
+        let e = b.load_lora(&file).unwrap_err().to_string();
+        assert!(e.contains("the model has no adapters"), "{e}");
+
+        // A file whose last tensor is misshapen: refused before the first adapter is written.
+        let mut c = fresh();
+        c.add_lora(&lora(4, 16.0, &["q", "v"]), &mut Generator::new(5))
+            .unwrap();
+        let before = adapters(&c);
+        let mut t: Vec<(String, Tensor)> = a
+            .lora_parameters()
+            .into_iter()
+            .map(|(n, p)| (n, p.value().clone()))
+            .collect();
+        t.sort_by(|x, y| x.0.cmp(&y.0));
+        let last = t.len() - 1;
+        t[last].1 = Tensor::zeros(&[3, 3], t[last].1.dtype(), &dev).unwrap();
+        let refs: Vec<(&str, &Tensor)> = t.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let meta = netcl_nn::SafetensorsFile::open(&file)
+            .unwrap()
+            .metadata()
+            .unwrap();
+        let bad = dir.join("bad.safetensors");
+        netcl_nn::save_safetensors(&bad, &refs, Some(meta)).unwrap();
+        let e = c.load_lora(&bad).unwrap_err().to_string();
+        assert!(e.contains("[3, 3]"), "{e}");
+        assert_eq!(adapters(&c), before, "{dev}");
+        // Without the record (an older file): refused.
+        netcl_nn::save_safetensors(&bad, &refs[..last], None).unwrap();
+        let e = c.load_lora(&bad).unwrap_err().to_string();
+        assert!(e.contains("records no LoRA"), "{e}");
+        c.load_lora(&file).unwrap();
+        assert_eq!(adapters(&c), trained, "{dev}");
+
+        // add_lora failing on its second target (rank 12 > k's 8 rows): nothing added or frozen.
+        let mut d = fresh();
+        let mut g = Generator::new(6);
+        let e = d
+            .add_lora(&lora(12, 8.0, &["q", "k"]), &mut g)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rank 12"), "{e}");
+        assert!(d.lora_parameters().is_empty(), "{dev}");
+        assert_eq!(
+            d.trainable_parameters().len(),
+            d.parameters().len(),
+            "{dev}"
+        );
+        assert_eq!(g, Generator::new(6), "{dev}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

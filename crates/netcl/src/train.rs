@@ -94,9 +94,15 @@ pub struct TrainArgs {
 }
 
 impl TrainArgs {
-    /// Parse `std::env::args()` over `defaults`; an unknown flag or a bad value is an error.
+    /// Parse the process's arguments over `defaults`; an unknown flag, a bad value or an
+    /// argument that is not UTF-8 is an error.
     pub fn parse(defaults: TrainArgs) -> Result<TrainArgs> {
-        TrainArgs::parse_from(std::env::args().skip(1).collect(), defaults)
+        let program = std::env::args_os()
+            .next()
+            .map(PathBuf::from)
+            .and_then(|p| Some(p.file_stem()?.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "train".into());
+        TrainArgs::parse_from(netcl_core_devices::utf8_args(&program)?, defaults)
     }
 
     /// [`TrainArgs::parse`] over given arguments (the program name left out).

@@ -110,6 +110,7 @@ impl Linear {
         })
     }
 
+    #[track_caller]
     fn run(&self, tape: &Tape, x: &Var, act: Activation) -> Result<Var> {
         let b = self.bias.as_ref().map(|b| tape.param(b));
         let y = x.linear(&tape.param(&self.weight), b.as_ref(), act)?;
@@ -120,14 +121,32 @@ impl Linear {
     }
 
     /// Adds a LoRA adapter and freezes the weight and bias (no gradient, so no optimizer state
-    /// and no gradient memory for them): only the adapter trains.
+    /// and no gradient memory for them): only the adapter trains. A layer that has one already is
+    /// an error (its trained adapter is not replaced: `merge_lora` first).
     pub fn add_lora(&mut self, cfg: &LoraConfig, gen: &mut Generator) -> Result<()> {
-        self.lora = Some(LoraAdapter::new(self.weight.value(), cfg, gen)?);
+        if let Some(l) = &self.lora {
+            return Err(Error::invalid(
+                "Linear::add_lora",
+                format!(
+                    "the layer has an adapter already (rank {}, alpha {}): merge_lora first",
+                    l.rank(),
+                    l.alpha
+                ),
+            ));
+        }
+        let adapter = LoraAdapter::new(self.weight.value(), cfg, gen)?;
+        self.attach_lora(adapter);
+        Ok(())
+    }
+
+    /// Puts `adapter` (made for this weight) on the layer, in place of any, and freezes the
+    /// weight and bias.
+    pub fn attach_lora(&mut self, adapter: LoraAdapter) {
+        self.lora = Some(adapter);
         self.weight.set_requires_grad(false);
         if let Some(b) = &self.bias {
             b.set_requires_grad(false);
         }
-        Ok(())
     }
 
     /// Folds the adapter into the weight (`W += scale·B·A`) and removes it; the weight trains again.
@@ -154,7 +173,10 @@ impl Module for Linear {
         self.run(tape, x, Activation::None)
     }
     fn forward_fused(&self, tape: &Tape, x: &Var, act: Activation) -> Option<Result<Var>> {
-        (matches!(act, Activation::Relu) && self.lora.is_none()).then(|| self.run(tape, x, act))
+        match matches!(act, Activation::Relu) && self.lora.is_none() {
+            true => Some(self.run(tape, x, act)),
+            false => None,
+        }
     }
     fn named_parameters(&self) -> Vec<(String, Parameter)> {
         let mut v = vec![("weight".to_string(), self.weight.clone())];

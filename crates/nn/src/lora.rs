@@ -39,6 +39,8 @@ pub struct LoraAdapter {
     pub a: Parameter,
     pub b: Parameter,
     pub scale: f64,
+    /// The `alpha` it was made with (`scale = alpha / rank`).
+    pub alpha: f64,
     dropout: Option<Dropout>,
 }
 
@@ -71,8 +73,14 @@ impl LoraAdapter {
             a: Parameter::new(a)?,
             b: Parameter::new(Tensor::zeros(&[out, cfg.rank], dt, dev)?)?,
             scale: cfg.alpha / cfg.rank as f64,
+            alpha: cfg.alpha,
             dropout,
         })
+    }
+
+    /// The rank r (rows of `A`).
+    pub fn rank(&self) -> usize {
+        self.a.shape()[0]
     }
 
     /// `scale · dropout(x)·Aᵀ·Bᵀ` for x `(..., in)`, in x's dtype (or the autocast dtype).

@@ -48,9 +48,12 @@ impl Context {
 /// thread per device (tapes and Vars stay on the thread that records them).
 pub trait Module: Send + Sync {
     /// The output for input `x`, recorded on `tape` (use `Tape::no_grad()` for inference).
+    /// `#[track_caller]` (every impl inherits it): the debug mode names the caller's line.
+    #[track_caller]
     fn forward(&self, tape: &Tape, x: &Var) -> Result<Var>;
     /// `forward` with a [`Context`] (positions, masks, caches, further inputs). Layers that need
     /// none keep this default, which ignores it.
+    #[track_caller]
     fn forward_with(&self, tape: &Tape, x: &Var, _ctx: &Context) -> Result<Var> {
         self.forward(tape, x)
     }
@@ -97,6 +100,7 @@ pub trait Module: Send + Sync {
         None
     }
     /// `forward` followed by `act` in one kernel, where the module supports that.
+    #[track_caller]
     fn forward_fused(&self, _tape: &Tape, _x: &Var, _act: Activation) -> Option<Result<Var>> {
         None
     }
@@ -180,7 +184,11 @@ impl Module for Sequential {
             let next_act = self.layers.get(i + 1).and_then(|l| l.as_activation());
             let at = i;
             let where_ = || format!("layer {at} ({}) of Sequential", type_name(layer.as_ref()));
-            let fused = next_act.and_then(|act| layer.forward_fused(tape, &h, act));
+            // No closure around the layer call: it would end the caller's `#[track_caller]` site.
+            let fused = match next_act {
+                Some(act) => layer.forward_fused(tape, &h, act),
+                None => None,
+            };
             h = match fused {
                 Some(r) => {
                     i += 1;

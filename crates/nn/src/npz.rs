@@ -529,7 +529,7 @@ impl<'p> NpzReader<'p> {
                 format!("array '{name}' has more data bytes than its shape needs"),
             ));
         }
-        Ok(HostData::from_bytes(dtype, &bytes))
+        HostData::from_bytes(dtype, &bytes)
     }
 }
 

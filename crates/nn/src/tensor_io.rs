@@ -135,6 +135,8 @@ pub struct SafetensorsFile {
 impl SafetensorsFile {
     pub fn open(path: impl AsRef<Path>) -> Result<SafetensorsFile> {
         let path = path.as_ref();
+        // Checked first: opening a FIFO would block until a writer came.
+        netcl_ops::files::regular_file(path)?;
         let file = File::open(path).map_err(|e| Error::io(shown(path), e))?;
         // SAFETY: the map is read-only; a file changed by another process while mapped is the
         // caller's problem, as with any reader (the header is re-validated on each access).
@@ -150,6 +152,13 @@ impl SafetensorsFile {
     fn parsed(&self) -> Result<SafeTensors<'_>> {
         SafeTensors::deserialize(&self.mmap)
             .map_err(|e| Error::format(&self.path, format!("not a valid safetensors file: {e}")))
+    }
+
+    /// The file's `__metadata__` strings (empty when it has none).
+    pub fn metadata(&self) -> Result<std::collections::HashMap<String, String>> {
+        let (_, meta) = SafeTensors::read_metadata(&self.mmap)
+            .map_err(|e| Error::format(&self.path, format!("not a valid safetensors file: {e}")))?;
+        Ok(meta.metadata().clone().unwrap_or_default())
     }
 
     /// The tensor names, sorted.
@@ -190,7 +199,7 @@ impl SafetensorsFile {
         let (dtype, shape) = self.info(name)?;
         let st = self.parsed()?;
         let v = self.view(&st, name)?;
-        let t = host_tensor(HostData::from_bytes(dtype, v.data()), &shape)?;
+        let t = host_tensor(HostData::from_bytes(dtype, v.data())?, &shape)?;
         t.to_device(device)
     }
 }

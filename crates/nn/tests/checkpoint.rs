@@ -23,7 +23,7 @@ fn test_dir(name: &str) -> PathBuf {
 /// Random bit patterns (NaN payloads, infinities, subnormals included) as host data.
 fn random_bits(dtype: DType, n: usize, c: &mut Cases) -> HostData {
     let bytes: Vec<u8> = (0..n * dtype.size()).map(|_| c.next_u64() as u8).collect();
-    HostData::from_bytes(dtype, &bytes)
+    HostData::from_bytes(dtype, &bytes).unwrap()
 }
 
 /// [`random_bits`] for `dev`. OpenCL strided copies of f16/bf16 go through float
@@ -53,7 +53,7 @@ fn random_bits_for(dev: &Device, dtype: DType, n: usize, c: &mut Cases) -> HostD
         })
         .collect();
     let bytes: Vec<u8> = bits.iter().flat_map(|x| x.to_le_bytes()).collect();
-    HostData::from_bytes(dtype, &bytes)
+    HostData::from_bytes(dtype, &bytes).unwrap()
 }
 
 fn tensor_of(data: HostData, shape: &[usize], dev: &Device) -> Tensor {

@@ -223,6 +223,26 @@ fn sequential_errors_name_the_layer() {
     );
 }
 
+/// The debug mode's creation site is the line that called the model, through Sequential and a
+/// Linear fused with its ReLU (`#[track_caller]` down from `Module::forward`), on every device.
+#[test]
+fn anomaly_site_is_the_line_that_called_the_model() {
+    for dev in test_devices().unwrap() {
+        let w = Tensor::full(&[2, 2], 1e30, DType::F32, &dev).unwrap();
+        let lin = Linear::from_weights(w, None).unwrap();
+        let m = Sequential::new().with(lin).with(ReLU);
+        let x = Var::from(Tensor::full(&[1, 2], 1e30, DType::F32, &dev).unwrap());
+        let _guard = netcl_core_devices::debug::DebugGuard::anomaly();
+        let line = line!() + 1;
+        let err = m.forward(&Tape::no_grad(), &x).unwrap_err().to_string();
+        assert!(err.contains("linear"), "{dev}: {err}");
+        assert!(
+            err.contains(&format!("tests/layers.rs:{line}:")),
+            "{dev}: the site should be line {line} of this file: {err}"
+        );
+    }
+}
+
 #[test]
 fn init_rules_have_the_right_spread() {
     let dev = Device::host();
@@ -438,5 +458,22 @@ fn pooling_layers_follow_pytorchs_defaults() {
         assert_eq!(m.forward(&tape, &x5).unwrap().shape(), &[1, 2, 3, 3]);
         assert_eq!(m.describe()["ceil_mode"], true);
         assert_eq!(inside.describe()["count_include_pad"], false);
+    }
+}
+
+/// Layers too large for the host are errors, not aborts or panics.
+#[test]
+fn layers_past_memory_are_errors() {
+    let host = Device::host();
+    let mut g = Generator::new(0);
+    for (inn, out) in [(1usize << 20, 1usize << 20), (4, 1 << 62), (1 << 62, 4)] {
+        let e = Linear::new(inn, out, &host, &mut g).err().unwrap();
+        assert!(
+            matches!(
+                e,
+                netcl_ops::Error::OutOfMemory { .. } | netcl_ops::Error::Shape { .. }
+            ),
+            "Linear::new({inn}, {out}): {e}"
+        );
     }
 }

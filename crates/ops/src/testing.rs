@@ -185,3 +185,22 @@ pub fn assert_close(got: &Tensor, want: &Tensor, tol: f64, scale: f64, what: &st
         panic!("{msg}");
     }
 }
+
+/// The process's peak resident memory (Linux `VmHWM`) in bytes; `None` where there is no
+/// `/proc/self/status`.
+pub fn peak_rss() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// The peak resident memory `f` adds to what the process holds when it starts (Linux 4.0 and
+/// later: writing 5 to `/proc/self/clear_refs` resets the peak). Meant for a test alone in its
+/// binary, as other threads' memory counts too.
+pub fn rss_added<R>(f: impl FnOnce() -> R) -> (R, usize) {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    let before = peak_rss().unwrap_or(0);
+    let r = f();
+    (r, peak_rss().unwrap_or(0).saturating_sub(before))
+}

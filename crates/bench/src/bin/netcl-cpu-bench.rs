@@ -29,7 +29,9 @@ fn mlp_flops(batch: usize) -> f64 {
 }
 
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
+    // The program name first, as check_flags expects.
+    let mut args = vec!["netcl-cpu-bench".to_string()];
+    args.extend(netcl_core_devices::utf8_args("netcl-cpu-bench")?);
     if !check_flags(&args, "netcl-cpu-bench", &["--out", "--sizes"], USAGE)? {
         return Ok(());
     }

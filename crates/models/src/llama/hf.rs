@@ -1,12 +1,14 @@
 //! Hugging Face interchange: a `LlamaForCausalLM` directory (config.json + model.safetensors, or shards with model.safetensors.index.json) read into a netcl Llama, and a netcl Llama written back in that layout.
 use super::config::{LlamaConfig, RopeScaling};
 use super::model::Llama;
+use super::stored::{check_stored, Stored};
 use netcl_autograd::Parameter;
 use netcl_nn::{save_safetensors, Module, SafetensorsFile};
+use netcl_ops::files::read_regular;
 use netcl_ops::{DType, Device, Error, Generator, Result, RopeStyle, Tensor};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::path::{Component, Path, PathBuf};
 
 fn shown(p: &Path) -> String {
     p.display().to_string()
@@ -222,14 +224,15 @@ impl LlamaConfig {
     }
 }
 
-/// The safetensors files of a Hugging Face directory and which holds each tensor.
+/// The safetensors files of a Hugging Face directory: `model.safetensors`, or the shards that
+/// `model.safetensors.index.json` lists, each a regular file inside `dir`.
 fn weight_files(dir: &Path) -> Result<Vec<(String, SafetensorsFile)>> {
     let single = dir.join("model.safetensors");
     if single.exists() {
         return Ok(vec![(shown(&single), SafetensorsFile::open(&single)?)]);
     }
     let index = dir.join("model.safetensors.index.json");
-    let text = std::fs::read(&index).map_err(|e| Error::io(shown(&index), e))?;
+    let text = read_regular(&index, INDEX_LIMIT, "a shard index")?;
     let v: Value = serde_json::from_slice(&text)
         .map_err(|e| Error::format(shown(&index), format!("not valid JSON: {e}")))?;
     let map = v
@@ -246,82 +249,138 @@ fn weight_files(dir: &Path) -> Result<Vec<(String, SafetensorsFile)>> {
     files
         .into_iter()
         .map(|f| {
-            let p = dir.join(&f);
+            let p = inside(dir, &f, &index)?;
             Ok((shown(&p), SafetensorsFile::open(&p)?))
         })
         .collect()
 }
 
+/// The most bytes of config.json and a shard index read.
+const INDEX_LIMIT: u64 = 64 << 20;
+
+/// `dir/rel` for a shard named in the index: a relative path of plain components that stays
+/// inside `dir` once symlinks are resolved; anything else is an error naming the index.
+fn inside(dir: &Path, rel: &str, index: &Path) -> Result<PathBuf> {
+    let leaves = |why: String| {
+        Error::format(
+            shown(index),
+            format!("weight_map names {rel:?}, {why}: shards must lie in the model directory"),
+        )
+    };
+    let p = Path::new(rel);
+    if p.is_absolute() || !p.components().all(|c| matches!(c, Component::Normal(_))) {
+        return Err(leaves("a path that leaves the directory".into()));
+    }
+    let full = dir.join(p);
+    let real = full
+        .canonicalize()
+        .map_err(|e| Error::io(shown(&full), e))?;
+    let base = dir.canonicalize().map_err(|e| Error::io(shown(dir), e))?;
+    if !real.starts_with(&base) {
+        return Err(leaves(format!("which resolves to {}", shown(&real))));
+    }
+    Ok(full)
+}
+
 impl Llama {
     /// Reads a Hugging Face Llama directory: `config.json` and `model.safetensors` (or shards
     /// listed in `model.safetensors.index.json`), memory-mapped and moved to `device` tensor by
-    /// tensor, kept in their stored dtype unless `dtype` asks for another. Every tensor is
-    /// checked: a missing, misshapen or unknown one is an error naming the file and the tensor.
+    /// tensor, kept in their stored dtype unless `dtype` asks for another. Before the model is
+    /// built, the files are checked against the config: every tensor present once with its
+    /// shape and a float dtype, none missing or unknown, shards regular files inside `dir`; an
+    /// error names the file and the tensor. A float tensor stored in another dtype than the
+    /// model's (and not converted on request) is converted with a note on stderr
+    /// ([`Llama::from_hf_with_notes`] returns the notes instead).
     pub fn from_hf(dir: impl AsRef<Path>, device: &Device, dtype: Option<DType>) -> Result<Llama> {
+        let (model, notes) = Llama::from_hf_with_notes(dir, device, dtype)?;
+        for n in notes {
+            eprintln!("netcl: {n}");
+        }
+        Ok(model)
+    }
+
+    /// [`Llama::from_hf`], returning what it converted without being asked (one note per file
+    /// and dtype pair) instead of printing it.
+    pub fn from_hf_with_notes(
+        dir: impl AsRef<Path>,
+        device: &Device,
+        dtype: Option<DType>,
+    ) -> Result<(Llama, Vec<String>)> {
         let dir = dir.as_ref();
         let cfg_path = dir.join("config.json");
-        let text = std::fs::read(&cfg_path).map_err(|e| Error::io(shown(&cfg_path), e))?;
+        let text = read_regular(&cfg_path, INDEX_LIMIT, "a config")?;
         let v: Value = serde_json::from_slice(&text)
             .map_err(|e| Error::format(shown(&cfg_path), format!("not valid JSON: {e}")))?;
         let mut cfg = LlamaConfig::from_hf(&v, &shown(&cfg_path))?;
         let files = weight_files(dir)?;
-        if dtype.is_none() {
-            // Keep the stored dtype (of the embedding table), whatever config.json says.
-            for (_, f) in &files {
-                if let Ok((d, _)) = f.info("model.embed_tokens.weight") {
-                    cfg.dtype = d;
-                }
-            }
-        }
-        if let Some(d) = dtype {
-            cfg.dtype = d;
-        }
-        let model = Llama::new(cfg, device, &mut Generator::new(0))?;
-        let params: HashMap<String, Parameter> = model.named_parameters().into_iter().collect();
-        let mut loaded = BTreeMap::new();
+        // Every tensor of every file, by netcl's name, before anything is allocated.
+        let mut stored: Vec<Stored> = Vec::new();
+        let mut seen: HashMap<String, String> = HashMap::new();
         for (file, f) in &files {
             for name in f.names()? {
                 if name.ends_with("rotary_emb.inv_freq") {
                     continue; // a buffer older exports carry; netcl computes the frequencies
                 }
-                if name == "lm_head.weight" && model.config.tied_embeddings {
-                    continue; // tied: the embedding table is the output projection
-                }
-                let ours = netcl_name(&name)
-                    .filter(|n| params.contains_key(n))
-                    .ok_or_else(|| {
-                        Error::format(
-                            file,
-                            format!("unknown tensor '{name}' for this Llama config"),
-                        )
-                    })?;
-                let p = &params[&ours];
-                let (_, shape) = f.info(&name)?;
-                if shape != p.shape() {
+                if let Some(first) = seen.insert(name.clone(), file.clone()) {
                     return Err(Error::format(
-                        file,
-                        format!(
-                            "tensor '{name}' is {shape:?}; the config needs {:?}",
-                            p.shape()
-                        ),
+                        shown(dir),
+                        format!("tensor '{name}' is in {first} and in {file}: which is meant?"),
                     ));
                 }
-                p.assign(&f.tensor(&name, device)?)?;
-                loaded.insert(ours, file.clone());
+                if name == "lm_head.weight" && cfg.tied_embeddings {
+                    continue; // tied: the embedding table is the output projection
+                }
+                let ours = netcl_name(&name).ok_or_else(|| {
+                    Error::format(
+                        file,
+                        format!("unknown tensor '{name}' for this Llama config"),
+                    )
+                })?;
+                let (dtype, shape) = f.info(&name)?;
+                stored.push(Stored {
+                    name: ours,
+                    dtype,
+                    shape,
+                    file: file.clone(),
+                });
             }
         }
-        let missing: Vec<String> = params
-            .keys()
-            .filter(|n| !loaded.contains_key(*n))
-            .filter_map(|n| hf_name(n))
-            .collect();
-        if !missing.is_empty() {
-            return Err(Error::format(
-                shown(dir),
-                format!("missing tensors: {}", missing.join(", ")),
-            ));
+        let hf = |n: &str| hf_name(n).unwrap_or_else(|| n.to_string());
+        check_stored(&cfg, &stored, &shown(dir), hf)?;
+        let embedding = stored.iter().find(|s| s.name == "tok_embeddings.weight");
+        // Keep the stored dtype (of the embedding table), whatever config.json says.
+        cfg.dtype = dtype.or(embedding.map(|s| s.dtype)).unwrap_or(cfg.dtype);
+        let mut converted: BTreeMap<(String, &str), usize> = BTreeMap::new();
+        if dtype.is_none() {
+            for s in stored.iter().filter(|s| s.dtype != cfg.dtype) {
+                *converted
+                    .entry((s.file.clone(), s.dtype.name()))
+                    .or_default() += 1;
+            }
         }
-        Ok(model)
+        let notes = converted
+            .into_iter()
+            .map(|((file, from), n)| {
+                format!(
+                    "{file}: {n} {from} tensor(s) converted to the model's {}",
+                    cfg.dtype
+                )
+            })
+            .collect();
+        let model = Llama::new(cfg, device, &mut Generator::new(0))?;
+        let params: HashMap<String, Parameter> = model.named_parameters().into_iter().collect();
+        for (_, f) in &files {
+            for name in f.names()? {
+                let Some(p) = netcl_name(&name).and_then(|n| params.get(&n)) else {
+                    continue; // inv_freq, or lm_head of tied embeddings: checked above
+                };
+                if name == "lm_head.weight" && model.config.tied_embeddings {
+                    continue;
+                }
+                p.assign(&f.tensor(&name, device)?)?;
+            }
+        }
+        Ok((model, notes))
     }
 
     /// Writes the model as a Hugging Face directory that `LlamaForCausalLM.from_pretrained` loads:

@@ -1,7 +1,7 @@
-//! LoRA fine-tuning of a Llama: adapters on the chosen projections (q, k, v, o, gate, up, down), saved and loaded on their own, merged into the weights for export.
+//! LoRA fine-tuning of a Llama: adapters on the chosen projections (q, k, v, o, gate, up, down), added all at once or not at all, saved with their rank, alpha and targets and loaded only into adapters of the same, all or nothing; merged into the weights for export.
 use super::model::Llama;
 use netcl_autograd::Parameter;
-use netcl_nn::{load_safetensors, save_safetensors, Linear, LoraConfig, Module};
+use netcl_nn::{save_safetensors, Linear, LoraAdapter, LoraConfig, Module, SafetensorsFile};
 use netcl_ops::{Error, Generator, Result, Tensor};
 use std::collections::HashMap;
 use std::path::Path;
@@ -11,46 +11,177 @@ const TARGETS: [&str; 7] = ["q", "k", "v", "o", "gate", "up", "down"];
 
 /// The target naming all of them (PEFT's `target_modules="all-linear"`).
 const ALL_LINEAR: &str = "all-linear";
+/// Metadata keys of an adapter file.
+const RANK: &str = "netcl.lora.rank";
+const ALPHA: &str = "netcl.lora.alpha";
+const TARGETS_KEY: &str = "netcl.lora.targets";
+
+/// What a model's adapters are: rank, alpha and targets (in the order q, k, v, o, gate, up, down). An adapter file
+/// records it, and loads only into adapters with the same.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoraSpec {
+    pub rank: usize,
+    pub alpha: f64,
+    pub targets: Vec<String>,
+}
+
+impl std::fmt::Display for LoraSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "rank {}, alpha {}, targets {}",
+            self.rank,
+            self.alpha,
+            self.targets.join(",")
+        )
+    }
+}
+
+/// The projection of block `b` that `target` names ("q", ..., "down"); `mut` borrows it mutably.
+macro_rules! projection {
+    ($b:expr, $target:expr $(, $m:ident)?) => {
+        match $target {
+            "q" => &$($m)? $b.attention.wq,
+            "k" => &$($m)? $b.attention.wk,
+            "v" => &$($m)? $b.attention.wv,
+            "o" => &$($m)? $b.attention.wo,
+            "gate" => &$($m)? $b.feed_forward.w1,
+            "up" => &$($m)? $b.feed_forward.w3,
+            _ => &$($m)? $b.feed_forward.w2,
+        }
+    };
+}
 
 impl Llama {
-    /// The projections of every layer named `target` ("q", ..., "down").
+    /// The projections of every layer named `target`.
     fn projections_mut(&mut self, target: &str) -> Vec<&mut Linear> {
         self.layers
             .iter_mut()
-            .map(|b| match target {
-                "q" => &mut b.attention.wq,
-                "k" => &mut b.attention.wk,
-                "v" => &mut b.attention.wv,
-                "o" => &mut b.attention.wo,
-                "gate" => &mut b.feed_forward.w1,
-                "up" => &mut b.feed_forward.w3,
-                _ => &mut b.feed_forward.w2,
-            })
+            .map(|b| projection!(b, target, mut))
             .collect()
+    }
+
+    /// The projections of every layer named `target`, read only.
+    fn projections(&self, target: &str) -> Vec<&Linear> {
+        self.layers.iter().map(|b| projection!(b, target)).collect()
+    }
+
+    /// The rank, alpha and targets of the model's adapters; `None` without any. Adapters that
+    /// differ between projections, or cover a target in some layers only, are an error.
+    pub fn lora_spec(&self) -> Result<Option<LoraSpec>> {
+        let mut spec: Option<LoraSpec> = None;
+        let mut targets = Vec::new();
+        for t in TARGETS {
+            let adapters: Vec<&LoraAdapter> = self
+                .projections(t)
+                .into_iter()
+                .filter_map(|l| l.lora.as_ref())
+                .collect();
+            if adapters.is_empty() {
+                continue;
+            }
+            if adapters.len() != self.layers.len() {
+                return Err(Error::invalid(
+                    "Llama::lora_spec",
+                    format!(
+                        "target {t} has adapters in {} of {} layers",
+                        adapters.len(),
+                        self.layers.len()
+                    ),
+                ));
+            }
+            targets.push(t.to_string());
+            for a in adapters {
+                let (rank, alpha) = (a.rank(), a.alpha);
+                match &spec {
+                    None => {
+                        spec = Some(LoraSpec {
+                            rank,
+                            alpha,
+                            targets: Vec::new(),
+                        })
+                    }
+                    Some(s) if s.rank != rank || s.alpha != alpha => {
+                        return Err(Error::invalid(
+                            "Llama::lora_spec",
+                            format!(
+                                "adapters differ: rank {} alpha {} and rank {rank} alpha {alpha}",
+                                s.rank, s.alpha
+                            ),
+                        ))
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        Ok(spec.map(|s| LoraSpec { targets, ..s }))
     }
 
     /// Adds LoRA adapters to `cfg.targets` in every layer and freezes every other parameter:
     /// an optimizer over [`Module::trainable_parameters`] then keeps state for the adapters only,
     /// and backward computes no gradient for the frozen weights. The target `all-linear` (as in
-    /// PEFT) names every projection of the blocks (not the output head).
+    /// PEFT) names every projection of the blocks (not the output head). All or nothing: every
+    /// adapter is made before any is added (an error leaves the model and `gen` as they were),
+    /// and a model that has adapters already is an error (trained adapters are never replaced).
     pub fn add_lora(&mut self, cfg: &LoraConfig, gen: &mut Generator) -> Result<()> {
+        let op = "Llama::add_lora";
         let known = |t: &str| TARGETS.contains(&t) || t == ALL_LINEAR;
         if let Some(bad) = cfg.targets.iter().find(|t| !known(t)) {
             return Err(Error::invalid(
-                "Llama::add_lora",
+                op,
                 format!("unknown target {bad:?}; choose among {TARGETS:?} or {ALL_LINEAR:?}"),
+            ));
+        }
+        if let Some((i, t)) = cfg
+            .targets
+            .iter()
+            .enumerate()
+            .find(|(i, t)| cfg.targets[..*i].contains(t))
+        {
+            return Err(Error::invalid(
+                op,
+                format!("target {t:?} is listed twice (at {i})"),
             ));
         }
         let targets: Vec<&str> = match cfg.targets.iter().any(|t| t == ALL_LINEAR) {
             true => TARGETS.to_vec(),
             false => cfg.targets.iter().map(String::as_str).collect(),
         };
+        let has = self
+            .named_parameters()
+            .iter()
+            .any(|(n, _)| n.contains(".lora_"));
+        if has {
+            let spec = self.lora_spec().map_or_else(
+                |e| e.to_string(),
+                |s| s.map(|s| s.to_string()).unwrap_or_default(),
+            );
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "the model has adapters already ({spec}): merge_lora first, or load_lora into \
+                     them"
+                ),
+            ));
+        }
+        let mut g = gen.clone();
+        let mut made = Vec::new();
+        for &t in &targets {
+            for lin in self.projections(t) {
+                made.push(LoraAdapter::new(lin.weight.value(), cfg, &mut g)?);
+            }
+        }
+        *gen = g;
         for p in self.parameters() {
             p.set_requires_grad(false);
         }
-        for t in targets {
+        let mut made = made.into_iter();
+        for &t in &targets {
             for lin in self.projections_mut(t) {
-                lin.add_lora(cfg, gen)?;
+                let adapter = made
+                    .next()
+                    .ok_or_else(|| Error::invalid(op, "fewer adapters made than projections"))?;
+                lin.attach_lora(adapter);
             }
         }
         Ok(())
@@ -78,50 +209,103 @@ impl Llama {
         Ok(())
     }
 
-    /// Writes the adapters alone as a safetensors file (a few MB for a large model).
+    /// Writes the adapters alone as a safetensors file (a few MB for a large model), with their
+    /// rank, alpha and targets in its metadata.
     pub fn save_lora(&self, path: impl AsRef<Path>) -> Result<()> {
+        let spec = self.lora_spec()?.ok_or_else(|| {
+            Error::invalid("Llama::save_lora", "the model has no adapters to save")
+        })?;
         let named = self.lora_parameters();
         let values: Vec<(String, Tensor)> = named
             .into_iter()
             .map(|(n, p)| (n, p.value().clone()))
             .collect();
         let refs: Vec<(&str, &Tensor)> = values.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        save_safetensors(path, &refs, None)
+        let meta = HashMap::from([
+            (RANK.to_string(), spec.rank.to_string()),
+            (ALPHA.to_string(), spec.alpha.to_string()),
+            (TARGETS_KEY.to_string(), spec.targets.join(",")),
+        ]);
+        save_safetensors(path, &refs, Some(meta))
     }
 
-    /// Loads adapters saved by [`Llama::save_lora`] into this model's adapters (added with the
-    /// same targets and rank); every name and shape must match.
+    /// Loads adapters saved by [`Llama::save_lora`] into this model's adapters, which must have
+    /// the rank, alpha and targets the file records; every name, shape and dtype must match.
+    /// All or nothing: every tensor is read and checked before the first is written.
     pub fn load_lora(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        let mine: HashMap<String, Parameter> = self.lora_parameters().into_iter().collect();
-        let saved = load_safetensors(path)?;
         let what = path.display().to_string();
-        if saved.len() != mine.len() {
+        let file = SafetensorsFile::open(path)?;
+        let saved = file_spec(&file.metadata()?, &what)?;
+        let mine = self.lora_spec()?.ok_or_else(|| {
+            Error::invalid(
+                "Llama::load_lora",
+                format!("the model has no adapters: add_lora ({saved}) first"),
+            )
+        })?;
+        if saved != mine {
+            return Err(Error::format(
+                &what,
+                format!("adapters of {saved}; the model's are {mine}"),
+            ));
+        }
+        let params: HashMap<String, Parameter> = self.lora_parameters().into_iter().collect();
+        let names = file.names()?;
+        if names.len() != params.len() {
             return Err(Error::format(
                 &what,
                 format!(
                     "{} adapter tensors, the model has {}",
-                    saved.len(),
-                    mine.len()
+                    names.len(),
+                    params.len()
                 ),
             ));
         }
-        for (name, t) in saved {
-            let p = mine.get(&name).ok_or_else(|| {
+        let mut staged = Vec::with_capacity(names.len());
+        for name in names {
+            let p = params.get(&name).ok_or_else(|| {
                 Error::format(&what, format!("the model has no adapter '{name}'"))
             })?;
-            if t.shape() != p.shape() {
+            let (dtype, shape) = file.info(&name)?;
+            if shape != p.shape() || !dtype.is_float() {
                 return Err(Error::format(
                     &what,
                     format!(
-                        "'{name}' is {:?}; the model's is {:?}",
-                        t.shape(),
+                        "'{name}' is {dtype} {shape:?}; the model's is {} {:?}",
+                        p.dtype(),
                         p.shape()
                     ),
                 ));
             }
+            let t = file.tensor(&name, p.device())?.to_dtype(p.dtype())?;
+            staged.push((p, t));
+        }
+        for (p, t) in staged {
             p.assign(&t)?;
         }
         Ok(())
     }
+}
+
+/// The rank, alpha and targets an adapter file records.
+fn file_spec(meta: &HashMap<String, String>, what: &str) -> Result<LoraSpec> {
+    let get = |k: &str| {
+        meta.get(k).ok_or_else(|| {
+            Error::format(
+                what,
+                format!(
+                    "records no LoRA {k} (adapter files keep rank, alpha and targets since they \
+                     must match the model's): save it again from its model"
+                ),
+            )
+        })
+    };
+    let bad = |k: &str, v: &str| Error::format(what, format!("{k} {v:?} is not valid"));
+    let rank = get(RANK)?;
+    let alpha = get(ALPHA)?;
+    Ok(LoraSpec {
+        rank: rank.parse().map_err(|_| bad(RANK, rank))?,
+        alpha: alpha.parse().map_err(|_| bad(ALPHA, alpha))?,
+        targets: get(TARGETS_KEY)?.split(',').map(str::to_string).collect(),
+    })
 }

@@ -1,6 +1,7 @@
 //! Llama: config, blocks (RMSNorm, grouped-query attention with RoPE, SwiGLU), the model, its KV cache and sampling.
 mod block;
 mod cache;
+mod checkpoint;
 mod config;
 mod decode;
 mod decode_graph;
@@ -9,10 +10,12 @@ mod lora;
 mod memory;
 mod model;
 mod sample;
+mod stored;
 
 pub use block::{Attention, Block, FeedForward};
 pub use cache::KvCache;
 pub use config::{LlamaConfig, RopeScaling};
 pub use decode_graph::DecodeGraph;
+pub use lora::LoraSpec;
 pub use model::{Llama, Positions};
 pub use sample::{generate, Sampler, Sampling};

@@ -1,7 +1,8 @@
 //! A tensor's dims split into kept and reduced ones (reductions, softmax, norms), and power-of-two helpers for work-group sizes.
-use crate::base::layout::{numel, KernelLayout};
+use crate::base::layout::{numel, strided_positions, KernelLayout};
 use crate::base::tensor::Tensor;
 use netcl_core_devices::Result;
+use netcl_core_memory::HostBuf;
 
 /// A tensor's dims split into kept and reduced ones, each with its shape and input strides.
 #[derive(Clone, Debug)]
@@ -37,8 +38,21 @@ impl AxisSplit {
     pub fn nred(&self) -> usize {
         numel(&self.red_shape)
     }
-    /// For host tensors: the elements as `nout` rows of `nred` values in f64.
-    pub fn host_rows(&self, t: &Tensor) -> Option<Vec<f64>> {
+    /// The storage positions of output row `o`'s `nred` elements (in row-major order of the
+    /// reduced dims), for a tensor whose first element lies at `offset`: host code reads a row
+    /// where it lies instead of copying the tensor.
+    pub fn row_positions(&self, offset: usize, o: usize) -> impl Iterator<Item = usize> + '_ {
+        let mut rest = o;
+        let mut base = offset;
+        for (&n, &s) in self.kept_shape.iter().zip(&self.kept_strides).rev() {
+            base += (rest % n.max(1)) * s;
+            rest /= n.max(1);
+        }
+        strided_positions(&self.red_shape, &self.red_strides, base)
+    }
+
+    /// For host tensors: the elements as `nout` rows of `nred` values in f64 (a counted buffer).
+    pub fn host_rows(&self, t: &Tensor) -> Result<HostBuf<f64>> {
         let shape: Vec<usize> = self
             .kept_shape
             .iter()
@@ -51,7 +65,7 @@ impl AxisSplit {
             .chain(&self.red_strides)
             .copied()
             .collect();
-        t.host_view(&shape, &strides).map(|d| d.to_f64())
+        t.host_view_f64(&shape, &strides)
     }
     /// Kernel layouts of the kept dims (with the tensor's offset) and of the reduced dims.
     pub fn layouts(&self, op: &str, offset: usize) -> Result<(KernelLayout, KernelLayout)> {

@@ -40,8 +40,37 @@ struct Record {
 thread_local! {
     /// One record per device for each thread, so an error surfaces in the thread whose op made
     /// it (at its next read from that device), not in another thread sharing the device.
-    static RECORDS: RefCell<HashMap<usize, Record>> = RefCell::new(HashMap::new());
+    static RECORDS: RefCell<ThreadRecords> = RefCell::new(ThreadRecords::default());
 }
+
+/// One thread's records. At thread exit their blocks go to [`RETIRED`], freed by the next
+/// `record_arg` on a live thread: freeing one may call the driver (an exact pool releases the
+/// buffer), whose own per-thread state may already be gone then (see `netcl_kernels`' kernels).
+#[derive(Default)]
+struct ThreadRecords(HashMap<usize, Record>);
+
+impl std::ops::Deref for ThreadRecords {
+    type Target = HashMap<usize, Record>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ThreadRecords {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for ThreadRecords {
+    fn drop(&mut self) {
+        let mut retired = RETIRED.lock().unwrap_or_else(|p| p.into_inner());
+        retired.extend(self.0.drain().map(|(_, r)| r.block));
+    }
+}
+
+/// Record blocks of exited threads, to be freed from a live one.
+static RETIRED: std::sync::Mutex<Vec<Block>> = std::sync::Mutex::new(Vec::new());
 
 /// The op code kernels write for `op` (0 for ops not in the table: reported as "an index kernel").
 pub(crate) fn code_of(op: &str) -> i32 {
@@ -54,6 +83,9 @@ pub(crate) fn code_of(op: &str) -> i32 {
 /// zeroed on the thread's first use; marks it to be checked at the thread's next read.
 pub(crate) fn record_arg(device: &Device) -> Result<cl_mem> {
     netcl_kernels::set_after_sync_check(check_after_launch);
+    drop(std::mem::take(
+        &mut *RETIRED.lock().unwrap_or_else(|p| p.into_inner()),
+    ));
     RECORDS.with_borrow_mut(|records| {
         let r = match records.entry(device.ordinal()) {
             Entry::Occupied(e) => e.into_mut(),

@@ -1,7 +1,7 @@
 //! Rust element types of tensors and the typed host storage they live in.
 use half::{bf16, f16};
 use netcl_core_devices::{DType, Result};
-use netcl_core_memory::host_vec;
+use netcl_core_memory::{host_vec, HostBuf};
 
 /// Host storage: one typed vector per dtype (f16/bf16 as the `half` crate's 16-bit types).
 #[derive(Clone, Debug, PartialEq)]
@@ -54,52 +54,39 @@ impl HostData {
         with_host!(self, v => bytemuck::cast_slice(v))
     }
 
-    /// Typed storage of `dtype` from raw bytes (`bytes.len()` must be a multiple of the size).
-    pub fn from_bytes(dtype: DType, bytes: &[u8]) -> HostData {
-        fn cast<T: bytemuck::Pod>(b: &[u8]) -> Vec<T> {
-            b.chunks_exact(std::mem::size_of::<T>())
-                .map(bytemuck::pod_read_unaligned)
-                .collect()
-        }
-        match dtype {
-            DType::F32 => HostData::F32(cast(bytes)),
-            DType::F64 => HostData::F64(cast(bytes)),
-            DType::F16 => HostData::F16(cast(bytes)),
-            DType::BF16 => HostData::BF16(cast(bytes)),
-            DType::I32 => HostData::I32(cast(bytes)),
-            DType::U32 => HostData::U32(cast(bytes)),
-        }
+    /// The raw little-endian bytes, to write into.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        with_host!(self, v => bytemuck::cast_slice_mut(v))
     }
 
-    /// `n` copies of `value` converted to `dtype`.
-    pub fn filled(dtype: DType, n: usize, value: f64) -> HostData {
-        HostData::from_fn(dtype, n, |_| value)
+    /// Typed storage of `dtype` from raw bytes (`bytes.len()` must be a multiple of the size),
+    /// allocated fallibly and within the host budget.
+    pub fn from_bytes(dtype: DType, bytes: &[u8]) -> Result<HostData> {
+        fn cast<T: bytemuck::Pod>(b: &[u8]) -> Result<Vec<T>> {
+            let size = std::mem::size_of::<T>();
+            let mut v: Vec<T> = host_vec::<T>(b.len() / size)?;
+            v.extend(b.chunks_exact(size).map(bytemuck::pod_read_unaligned::<T>));
+            Ok(v)
+        }
+        Ok(match dtype {
+            DType::F32 => HostData::F32(cast(bytes)?),
+            DType::F64 => HostData::F64(cast(bytes)?),
+            DType::F16 => HostData::F16(cast(bytes)?),
+            DType::BF16 => HostData::BF16(cast(bytes)?),
+            DType::I32 => HostData::I32(cast(bytes)?),
+            DType::U32 => HostData::U32(cast(bytes)?),
+        })
     }
 
-    /// Element i is `f(i)` converted to `dtype`.
-    pub fn from_fn(dtype: DType, n: usize, f: impl Fn(usize) -> f64) -> HostData {
-        fn make<T: Element>(n: usize, f: impl Fn(usize) -> f64) -> Vec<T> {
-            (0..n).map(|i| T::from_f64(f(i))).collect()
-        }
-        match dtype {
-            DType::F32 => HostData::F32(make(n, f)),
-            DType::F64 => HostData::F64(make(n, f)),
-            DType::F16 => HostData::F16(make(n, f)),
-            DType::BF16 => HostData::BF16(make(n, f)),
-            DType::I32 => HostData::I32(make(n, f)),
-            DType::U32 => HostData::U32(make(n, f)),
-        }
-    }
-
-    /// [`HostData::filled`], allocated fallibly and within the host budget (`NETCL_POOL_LIMIT`):
-    /// `Error::OutOfMemory` instead of an abort.
+    /// `n` copies of `value` converted to `dtype`, allocated fallibly and within the host budget
+    /// (`NETCL_POOL_LIMIT`): `Error::OutOfMemory` instead of an abort.
     pub fn try_filled(dtype: DType, n: usize, value: f64) -> Result<HostData> {
         HostData::try_from_fn(dtype, n, |_| value)
     }
 
-    /// [`HostData::from_fn`], allocated fallibly and within the host budget.
-    pub fn try_from_fn(dtype: DType, n: usize, f: impl Fn(usize) -> f64) -> Result<HostData> {
-        fn make<T: Element>(n: usize, f: impl Fn(usize) -> f64) -> Result<Vec<T>> {
+    /// Element i is `f(i)` converted to `dtype`, allocated fallibly and within the host budget.
+    pub fn try_from_fn(dtype: DType, n: usize, f: impl FnMut(usize) -> f64) -> Result<HostData> {
+        fn make<T: Element>(n: usize, mut f: impl FnMut(usize) -> f64) -> Result<Vec<T>> {
             let mut v = host_vec(n)?;
             v.extend((0..n).map(|i| T::from_f64(f(i))));
             Ok(v)
@@ -114,9 +101,10 @@ impl HostData {
         })
     }
 
-    /// Every element as f64.
-    pub fn to_f64(&self) -> Vec<f64> {
-        with_host!(self, v => v.iter().map(|x| x.to_f64()).collect())
+    /// Every element as f64, in a counted host buffer (an error, not an abort, when it does not
+    /// fit the host budget).
+    pub fn to_f64(&self) -> Result<HostBuf<f64>> {
+        with_host!(self, v => HostBuf::collect(v.len(), v.iter().map(|x| x.to_f64())))
     }
 }
 
@@ -127,6 +115,8 @@ pub trait Element:
     const DTYPE: DType;
     fn wrap(v: Vec<Self>) -> HostData;
     fn unwrap(d: &HostData) -> Option<&Vec<Self>>;
+    /// The vector of `d` when it holds this type, without a copy.
+    fn into_vec(d: HostData) -> Option<Vec<Self>>;
     fn to_f64(self) -> f64;
     /// Conversion from f64: floats round to nearest; integers truncate toward zero and wrap
     /// modulo 2^32, as the kernels' scalar arguments do.
@@ -141,6 +131,12 @@ macro_rules! element {
                 HostData::$variant(v)
             }
             fn unwrap(d: &HostData) -> Option<&Vec<Self>> {
+                match d {
+                    HostData::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn into_vec(d: HostData) -> Option<Vec<Self>> {
                 match d {
                     HostData::$variant(v) => Some(v),
                     _ => None,

@@ -39,21 +39,17 @@ impl Generator {
     }
 }
 
-fn words(key: [u32; 2], base: u128, n: usize) -> Vec<u32> {
-    let mut out = Vec::with_capacity(n.div_ceil(4) * 4);
-    for j in 0..n.div_ceil(4) {
-        let c = base.wrapping_add(j as u128);
-        out.extend(philox4x32_10(
-            [
-                c as u32,
-                (c >> 32) as u32,
-                (c >> 64) as u32,
-                (c >> 96) as u32,
-            ],
-            key,
-        ));
-    }
-    out
+/// The four words of counter block `c` under `key`.
+fn block(key: [u32; 2], c: u128) -> [u32; 4] {
+    philox4x32_10(
+        [
+            c as u32,
+            (c >> 32) as u32,
+            (c >> 64) as u32,
+            (c >> 96) as u32,
+        ],
+        key,
+    )
 }
 
 impl Generator {
@@ -193,7 +189,33 @@ pub fn replay_draws<R>(log: &DrawLog, f: impl FnOnce() -> Result<R>) -> Result<R
     Ok(r)
 }
 
-/// The `n` Philox words of a draw starting at counter block `base` under `key` (host side).
-pub(crate) fn philox_words(key: [u32; 2], base: u128, n: usize) -> Vec<u32> {
-    words(key, base, n)
+/// The Philox words of a draw starting at counter block `base` under `key` (host side), read
+/// by index a block at a time: no buffer of the whole draw.
+pub(crate) struct Words {
+    key: [u32; 2],
+    base: u128,
+    /// The block held, as an index into the draw, and its words.
+    at: Option<usize>,
+    words: [u32; 4],
+}
+
+impl Words {
+    pub(crate) fn new(key: [u32; 2], base: u128) -> Words {
+        Words {
+            key,
+            base,
+            at: None,
+            words: [0; 4],
+        }
+    }
+
+    /// Word `i` of the draw.
+    pub(crate) fn get(&mut self, i: usize) -> u32 {
+        let j = i / 4;
+        if self.at != Some(j) {
+            self.words = block(self.key, self.base.wrapping_add(j as u128));
+            self.at = Some(j);
+        }
+        self.words[i % 4]
+    }
 }

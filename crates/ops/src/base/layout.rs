@@ -15,7 +15,8 @@ pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
 }
 
 pub fn numel(shape: &[usize]) -> usize {
-    shape.iter().product()
+    // Saturating: a count past usize fails where it is allocated, never wraps or panics.
+    shape.iter().fold(1usize, |n, &d| n.saturating_mul(d))
 }
 
 /// The element count of `shape`, or an error naming `op` when it does not fit in memory.

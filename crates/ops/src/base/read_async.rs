@@ -61,12 +61,10 @@ impl TensorRead {
                 if let Some(check) = check {
                     check.finish()?;
                 }
-                HostData::from_bytes(tensor.dtype, &bytes)
+                HostData::from_bytes(tensor.dtype, &bytes)?
             }
             None => tensor.to_host_data()?,
         };
-        T::unwrap(&data)
-            .cloned()
-            .ok_or_else(|| Error::dtype("TensorRead::wait", "storage dtype mismatch"))
+        T::into_vec(data).ok_or_else(|| Error::dtype("TensorRead::wait", "storage dtype mismatch"))
     }
 }

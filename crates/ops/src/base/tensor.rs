@@ -6,7 +6,7 @@ use crate::base::layout::{
     checked_numel, contiguous_strides, is_contiguous, numel, strided_positions, KernelLayout,
 };
 use netcl_core_devices::{DType, Device, Error, Result};
-use netcl_core_memory::{host_charge, host_release, Block, Pool};
+use netcl_core_memory::{host_charge, host_release, host_vec, Block, HostBuf, Pool};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, Weak};
@@ -203,33 +203,36 @@ impl Tensor {
         let t = self.contiguous()?;
         let (start, n) = (t.offset, t.numel());
         if n == 0 {
-            return Ok(HostData::filled(t.dtype, 0, 0.0));
+            return HostData::try_filled(t.dtype, 0, 0.0);
         }
         if let Some(h) = t.host() {
-            return Ok(with_host!(&*h, v => Element::wrap(v[start..start + n].to_vec())));
+            return Ok(with_host!(&*h, v => Element::wrap({
+                let mut out = host_vec(n)?;
+                out.extend_from_slice(&v[start..start + n]);
+                out
+            })));
         }
         let block = t
             .block()
             .ok_or_else(|| Error::invalid("to_host", "storage is neither host nor device"))?;
         let size = t.dtype.size();
-        let mut bytes = vec![0u8; n * size];
-        netcl_core_memory::read(block, start * size, &mut bytes)?;
+        // Read straight into the typed storage: one host copy of the tensor, allocated fallibly.
+        let mut data = HostData::try_filled(t.dtype, n, 0.0)?;
+        netcl_core_memory::read(block, start * size, data.as_bytes_mut())?;
         crate::base::device_errors::check(t.device())?;
-        Ok(HostData::from_bytes(t.dtype, &bytes))
+        Ok(data)
     }
 
     /// The elements in row-major order. `T` must match the dtype.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         self.check_dtype::<T>("to_vec")?;
-        let data = self.to_host_data()?;
-        T::unwrap(&data)
-            .cloned()
+        T::into_vec(self.to_host_data()?)
             .ok_or_else(|| Error::dtype("to_vec", "storage dtype mismatch"))
     }
 
     /// The elements in row-major order, converted to f64 whatever the dtype.
     pub fn to_vec_f64(&self) -> Result<Vec<f64>> {
-        Ok(self.to_host_data()?.to_f64())
+        Ok(self.to_host_data()?.to_f64()?.into_vec())
     }
 
     pub(crate) fn check_dtype<T: Element>(&self, op: &str) -> Result<()> {
@@ -299,10 +302,20 @@ impl Tensor {
     }
 
     /// For host storage: the elements seen through (`shape`, `strides`) from this tensor's offset,
-    /// in row-major order. `None` for device storage.
-    pub(crate) fn host_view(&self, shape: &[usize], strides: &[usize]) -> Option<HostData> {
-        let h = self.host()?;
-        Some(with_host!(&*h, v => Element::wrap(gather(v, shape, strides, self.offset))))
+    /// in row-major order, allocated fallibly within the host budget. An error for device storage.
+    pub(crate) fn host_view(&self, shape: &[usize], strides: &[usize]) -> Result<HostData> {
+        let h = self.host().ok_or_else(not_on_host)?;
+        Ok(with_host!(&*h, v => Element::wrap(gather(v, shape, strides, self.offset)?)))
+    }
+
+    /// [`Tensor::host_view`] as f64, straight from the storage into a counted buffer.
+    pub(crate) fn host_view_f64(&self, shape: &[usize], strides: &[usize]) -> Result<HostBuf<f64>> {
+        let h = self.host().ok_or_else(not_on_host)?;
+        let n = checked_numel("host view", shape, 8)?;
+        with_host!(&*h, v => HostBuf::collect(
+            n,
+            strided_positions(shape, strides, self.offset).map(|p| v[p].to_f64()),
+        ))
     }
 
     /// Record that the command of `event`, enqueued on another queue than the device's compute
@@ -322,16 +335,22 @@ impl Tensor {
     }
 }
 
-/// Elements of a strided view in row-major order.
+/// The error of host code handed a tensor without host storage.
+pub(crate) fn not_on_host() -> Error {
+    Error::device("host view", "host tensor without host storage")
+}
+
+/// Elements of a strided view in row-major order, allocated fallibly within the host budget.
 pub(crate) fn gather<T: Copy>(
     data: &[T],
     shape: &[usize],
     strides: &[usize],
     offset: usize,
-) -> Vec<T> {
-    strided_positions(shape, strides, offset)
-        .map(|p| data[p])
-        .collect()
+) -> Result<Vec<T>> {
+    let n = checked_numel("host view", shape, std::mem::size_of::<T>())?;
+    let mut v = host_vec(n)?;
+    v.extend(strided_positions(shape, strides, offset).map(|p| data[p]));
+    Ok(v)
 }
 
 /// A copy of a strided view into a new contiguous tensor.
@@ -353,9 +372,7 @@ impl Op for Contiguous {
     }
     fn reference(&self) -> Result<Tensor> {
         let t = &self.0;
-        let data = t
-            .host_view(&t.shape, &t.strides)
-            .ok_or_else(|| Error::device(Self::NAME, "host tensor without host storage"))?;
+        let data = t.host_view(&t.shape, &t.strides)?;
         Ok(Tensor::from_host_data(data, &t.shape))
     }
 }

@@ -55,9 +55,7 @@ pub(super) fn train(desc: &BatchNormTrain) -> Result<BatchNorm> {
     let mut mask = vec![true; input.ndim()];
     mask[1] = false;
     let inner: usize = input.shape[2..].iter().product();
-    let x = AxisSplit::new(input, &mask)
-        .host_rows(input)
-        .ok_or_else(|| Error::device(op, "host tensor without host storage"))?;
+    let x = AxisSplit::new(input, &mask).host_rows(input)?;
     let xs = input.to_vec_f64()?;
     let (w, b) = (host_vals(weight.as_ref())?, host_vals(bias.as_ref())?);
     let (mut mean, mut invstd, mut uvar) = (vec![0.0; c], vec![0.0; c], vec![0.0; c]);
@@ -68,10 +66,10 @@ pub(super) fn train(desc: &BatchNormTrain) -> Result<BatchNorm> {
         (mean[ch], invstd[ch]) = (mu, 1.0 / (m2 / cnt as f64 + eps).sqrt());
         uvar[ch] = m2 / (cnt - 1) as f64;
     }
-    let y = HostData::from_fn(input.dtype, xs.len(), |i| {
+    let y = HostData::try_from_fn(input.dtype, xs.len(), |i| {
         let ch = channel(i, inner, c);
         affine((xs[i] - mean[ch]) * invstd[ch], ch, &w, &b)
-    });
+    })?;
     if let Some((rm, rv)) = running {
         let (m0, v0) = (rm.to_vec_f64()?, rv.to_vec_f64()?);
         let upd = |old: &[f64], new: &[f64]| -> Vec<f64> {
@@ -83,11 +81,16 @@ pub(super) fn train(desc: &BatchNormTrain) -> Result<BatchNorm> {
         host_store(op, rm, &upd(&m0, &mean))?;
         host_store(op, rv, &upd(&v0, &uvar))?;
     }
-    let stat = |v: &[f64]| Tensor::from_host_data(HostData::from_fn(acc, c, |i| v[i]), &[c]);
+    let stat = |v: &[f64]| -> Result<Tensor> {
+        Ok(Tensor::from_host_data(
+            HostData::try_from_fn(acc, c, |i| v[i])?,
+            &[c],
+        ))
+    };
     Ok(BatchNorm {
         y: Tensor::from_host_data(y, &input.shape),
-        save_mean: stat(&mean),
-        save_invstd: stat(&invstd),
+        save_mean: stat(&mean)?,
+        save_invstd: stat(&invstd)?,
     })
 }
 
@@ -102,16 +105,13 @@ pub(super) fn eval(desc: &BatchNormEval) -> Result<Tensor> {
         eps,
     } = desc;
     let inner: usize = input.shape[2..].iter().product();
-    let x = input
-        .host_view(&input.shape, &input.strides)
-        .ok_or_else(|| Error::device("batch_norm", "host tensor without host storage"))?
-        .to_f64();
+    let x = input.host_view_f64(&input.shape, &input.strides)?;
     let (rm, rv) = (running_mean.to_vec_f64()?, running_var.to_vec_f64()?);
     let (w, b) = (host_vals(weight.as_ref())?, host_vals(bias.as_ref())?);
-    let y = HostData::from_fn(input.dtype, x.len(), |i| {
+    let y = HostData::try_from_fn(input.dtype, x.len(), |i| {
         let ch = channel(i, inner, *c);
         affine((x[i] - rm[ch]) / (rv[ch] + eps).sqrt(), ch, &w, &b)
-    });
+    })?;
     Ok(Tensor::from_host_data(y, &input.shape))
 }
 
@@ -136,16 +136,21 @@ pub(super) fn backward(desc: &BatchNormBackward) -> Result<NormGrads> {
         sdy[ch(i)] += g[i];
         sdyx[ch(i)] += g[i] * (x[i] - mean[ch(i)]) * invstd[ch(i)];
     }
-    let dx = HostData::from_fn(input.dtype, x.len(), |i| {
+    let dx = HostData::try_from_fn(input.dtype, x.len(), |i| {
         let k = ch(i);
         let xh = (x[i] - mean[k]) * invstd[k];
         let wk = w.as_ref().map_or(1.0, |w| w[k]);
         wk * invstd[k] * (g[i] - sdy[k] / cnt as f64 - xh * sdyx[k] / cnt as f64)
-    });
-    let t = |v: &[f64]| Tensor::from_host_data(HostData::from_fn(input.dtype, c, |i| v[i]), &[c]);
+    })?;
+    let t = |v: &[f64]| -> Result<Tensor> {
+        Ok(Tensor::from_host_data(
+            HostData::try_from_fn(input.dtype, c, |i| v[i])?,
+            &[c],
+        ))
+    };
     Ok(NormGrads {
         dx: Tensor::from_host_data(dx, &input.shape),
-        dweight: weight.as_ref().map(|_| t(&sdyx)),
-        dbias: Some(t(&sdy)),
+        dweight: weight.as_ref().map(|_| t(&sdyx)).transpose()?,
+        dbias: Some(t(&sdy)?),
     })
 }

@@ -27,7 +27,7 @@ pub(super) fn im2col(desc: &Im2col) -> Result<Tensor> {
         }
     });
     let t = Tensor::from_host_data(
-        HostData::from_fn(x.dtype, cols.len(), |i| cols[i]),
+        HostData::try_from_fn(x.dtype, cols.len(), |i| cols[i])?,
         &[n, gr, k, l],
     );
     Ok(t)
@@ -49,7 +49,7 @@ pub(super) fn col2im(desc: &Col2im) -> Result<Tensor> {
         })
         .sum()
     });
-    let dx = HostData::from_fn(cols.dtype, dx.len(), |i| dx[i]);
+    let dx = HostData::try_from_fn(cols.dtype, dx.len(), |i| dx[i])?;
     Ok(Tensor::from_host_data(dx, &w.in_shape()))
 }
 
@@ -58,6 +58,6 @@ pub(super) fn add_channel_bias(desc: &AddChannelBias) -> Result<Tensor> {
     let AddChannelBias { op, y, bias } = desc;
     let (c, p) = (y.shape[1], y.shape[2] * y.shape[3]);
     let (yv, bv) = (host_f64(op, y)?, bias.to_vec_f64()?);
-    let data = HostData::from_fn(y.dtype, yv.len(), |i| yv[i] + bv[(i / p) % c]);
+    let data = HostData::try_from_fn(y.dtype, yv.len(), |i| yv[i] + bv[(i / p) % c])?;
     Ok(Tensor::from_host_data(data, &y.shape))
 }

@@ -29,14 +29,14 @@ pub(super) fn arange(desc: &Arange) -> Result<Tensor> {
         dtype,
     } = desc;
     let data = match dtype {
-        DType::F64 => HostData::from_fn(dtype, n, |i| start + i as f64 * step),
-        DType::I32 => HostData::from_fn(dtype, n, |i| {
+        DType::F64 => HostData::try_from_fn(dtype, n, |i| start + i as f64 * step)?,
+        DType::I32 => HostData::try_from_fn(dtype, n, |i| {
             (start as i64 as i32).wrapping_add((i as i32).wrapping_mul(step as i64 as i32)) as f64
-        }),
-        DType::U32 => HostData::from_fn(dtype, n, |i| {
+        })?,
+        DType::U32 => HostData::try_from_fn(dtype, n, |i| {
             (start as i64 as u32).wrapping_add((i as u32).wrapping_mul(step as i64 as u32)) as f64
-        }),
-        _ => HostData::from_fn(dtype, n, |i| (start as f32 + i as f32 * step as f32) as f64),
+        })?,
+        _ => HostData::try_from_fn(dtype, n, |i| (start as f32 + i as f32 * step as f32) as f64)?,
     };
     Ok(Tensor::from_host_data(data, &[n]))
 }

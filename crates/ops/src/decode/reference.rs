@@ -77,18 +77,23 @@ pub(super) fn attention(desc: &DecodeAttention) -> Result<Tensor> {
     let (b, hkv, s, hd) = (cs[0], cs[1], cs[2], cs[3]);
     let h = desc.heads;
     let q = desc.q.to_vec_f64()?;
-    let (k, v) = (desc.k_cache.to_vec_f64()?, desc.v_cache.to_vec_f64()?);
+    let len = position("decode_attention", &desc.pos, s)? + 1;
+    // The first `len` positions only, not the cache's whole capacity.
+    let filled = |c: &Tensor| -> Result<_> {
+        let c = c.narrow(2, 0, len)?;
+        c.host_view_f64(&c.shape, &c.strides)
+    };
+    let (k, v) = (filled(&desc.k_cache)?, filled(&desc.v_cache)?);
     let pads = match &desc.pads {
         Some(p) => p.to_vec::<i32>()?,
         None => vec![0; b],
     };
-    let len = position("decode_attention", &desc.pos, s)? + 1;
     let scale = 1.0 / (hd as f64).sqrt();
     let mut out = vec![0.0; b * h * hd];
     for bi in 0..b {
         for hi in 0..h {
             let qr = &q[(bi * h + hi) * hd..][..hd];
-            let head = (bi * hkv + hi / (h / hkv)) * s * hd;
+            let head = (bi * hkv + hi / (h / hkv)) * len * hd;
             let keys = (pads[bi].max(0) as usize).min(len)..len;
             let scores: Vec<f64> = keys
                 .clone()

@@ -47,13 +47,16 @@ impl Dims {
                 }
             }
         }
-        let data = HostData::from_fn(dtype, moved.len(), |i| moved[i]);
+        let data = HostData::try_from_fn(dtype, moved.len(), |i| moved[i])?;
         Tensor::from_host_data(data, &[self.b, t, heads, self.d]).transpose(1, 2)
     }
 }
 
-fn host_tensor(vals: &[f64], shape: &[usize], dtype: DType) -> Tensor {
-    Tensor::from_host_data(HostData::from_fn(dtype, vals.len(), |i| vals[i]), shape)
+fn host_tensor(vals: &[f64], shape: &[usize], dtype: DType) -> Result<Tensor> {
+    Ok(Tensor::from_host_data(
+        HostData::try_from_fn(dtype, vals.len(), |i| vals[i])?,
+        shape,
+    ))
 }
 
 pub(super) fn forward(desc: &FlashAttention) -> Result<(Tensor, Tensor)> {
@@ -88,7 +91,7 @@ pub(super) fn forward(desc: &FlashAttention) -> Result<(Tensor, Tensor)> {
     let dtype = desc.q.dtype();
     Ok((
         d.t_major_host(&out, d.tq, d.h, dtype)?,
-        host_tensor(&lse, &[d.b, d.h, d.tq], acc_dtype(dtype)),
+        host_tensor(&lse, &[d.b, d.h, d.tq], acc_dtype(dtype))?,
     ))
 }
 

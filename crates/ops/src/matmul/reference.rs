@@ -5,6 +5,7 @@ use crate::base::layout::{numel, strided_positions};
 use crate::base::tensor::{Storage, Tensor};
 use crate::fused::activation::Activation;
 use netcl_core_devices::{Error, Result};
+use netcl_core_memory::host_vec;
 use rayon::prelude::*;
 
 /// The product on the host, into a new host tensor (row sums are left to the caller).
@@ -204,7 +205,6 @@ fn host_matmul(
     let (m, k) = (a.shape[a.ndim() - 2], a.shape[a.ndim() - 1]);
     let n = b.shape[b.ndim() - 1];
     let dims = (m, k, n);
-    let no_host = || Error::device("matmul", "host tensor without host storage");
     let bias = opts.bias.map(|t| t.to_vec_f64()).transpose()?;
     let bias = bias.as_deref();
     let act = opts.activation;
@@ -223,8 +223,12 @@ fn host_matmul(
                 shape.extend([rows, cols]);
                 let mut strides = s.to_vec();
                 strides.extend(&t.strides[t.ndim() - 2..]);
-                let h = t.host_view(&shape, &strides).ok_or_else(no_host)?;
-                Ok(with_host!(&h, v => v.iter().map(|e| e.to_f64() as f32).collect()))
+                let h = t.host_view(&shape, &strides)?;
+                Ok(with_host!(&h, v => {
+                    let mut out = host_vec(v.len())?;
+                    out.extend(v.iter().map(|e| e.to_f64() as f32));
+                    out
+                }))
             };
             let (xs, ys) = (packed(a, sa, m, k)?, packed(b, sb, k, n)?);
             let z = numel(batch);

@@ -2,11 +2,11 @@
 use super::{NormBackward, NormForward, NormOut, Stats};
 use crate::base::acc::acc_dtype;
 use crate::base::element::HostData;
-use crate::base::host::host_vals;
+use crate::base::host::{host_vals, named};
 use crate::base::layout::numel;
 use crate::base::norm_params::NormGrads;
 use crate::base::tensor::Tensor;
-use netcl_core_devices::{Error, Result};
+use netcl_core_devices::Result;
 
 pub(super) fn forward(desc: &NormForward) -> Result<NormOut> {
     let NormForward {
@@ -25,9 +25,7 @@ pub(super) fn forward(desc: &NormForward) -> Result<NormOut> {
     let (n, eps, stats) = (*n, *eps, *stats);
     let rows = numel(lead);
     let acc = acc_dtype(input.dtype);
-    let x = split
-        .host_rows(input)
-        .ok_or_else(|| Error::device(*op, "host tensor without host storage"))?;
+    let x = split.host_rows(input).map_err(|e| named(op, e))?;
     let (w, b) = (host_vals(weight.as_ref())?, host_vals(bias.as_ref())?);
     let mut y = vec![0.0; rows * n];
     let (mut mean, mut rstd) = (vec![0.0; rows], vec![0.0; rows]);
@@ -52,11 +50,21 @@ pub(super) fn forward(desc: &NormForward) -> Result<NormOut> {
         }
         (mean[o], rstd[o]) = (mu, rs);
     }
-    let stat = |v: &[f64]| Tensor::from_host_data(HostData::from_fn(acc, rows, |i| v[i]), lead);
+    let stat = |v: &[f64]| -> Result<Tensor> {
+        Ok(Tensor::from_host_data(
+            HostData::try_from_fn(acc, rows, |i| v[i])?,
+            lead,
+        ))
+    };
     Ok((
-        Tensor::from_host_data(HostData::from_fn(*out, y.len(), |i| y[i]), &input.shape),
-        (stats == Stats::MeanRstd).then(|| stat(&mean)),
-        (stats != Stats::None).then(|| stat(&rstd)),
+        Tensor::from_host_data(
+            HostData::try_from_fn(*out, y.len(), |i| y[i])?,
+            &input.shape,
+        ),
+        (stats == Stats::MeanRstd)
+            .then(|| stat(&mean))
+            .transpose()?,
+        (stats != Stats::None).then(|| stat(&rstd)).transpose()?,
     ))
 }
 
@@ -101,12 +109,18 @@ pub(super) fn backward(desc: &NormBackward) -> Result<NormGrads> {
             db[j] += g[o * n + j];
         }
     }
-    let t = |v: &[f64], shape: &[usize]| {
-        Tensor::from_host_data(HostData::from_fn(input.dtype, v.len(), |i| v[i]), shape)
+    let t = |v: &[f64], shape: &[usize]| -> Result<Tensor> {
+        Ok(Tensor::from_host_data(
+            HostData::try_from_fn(input.dtype, v.len(), |i| v[i])?,
+            shape,
+        ))
     };
     Ok(NormGrads {
-        dx: t(&dx, &input.shape),
-        dweight: weight.as_ref().map(|_| t(&dw, normalized_shape)),
-        dbias: want_bias.then(|| t(&db, normalized_shape)),
+        dx: t(&dx, &input.shape)?,
+        dweight: weight
+            .as_ref()
+            .map(|_| t(&dw, normalized_shape))
+            .transpose()?,
+        dbias: want_bias.then(|| t(&db, normalized_shape)).transpose()?,
     })
 }

@@ -5,8 +5,11 @@ use crate::base::host::host_f64;
 use crate::base::tensor::Tensor;
 use netcl_core_devices::{DType, Result};
 
-fn host_tensor(dtype: DType, v: Vec<f64>, shape: &[usize]) -> Tensor {
-    Tensor::from_host_data(HostData::from_fn(dtype, v.len(), |i| v[i]), shape)
+fn host_tensor(dtype: DType, v: Vec<f64>, shape: &[usize]) -> Result<Tensor> {
+    Ok(Tensor::from_host_data(
+        HostData::try_from_fn(dtype, v.len(), |i| v[i])?,
+        shape,
+    ))
 }
 
 /// Adaptive window [floor(o * size / out), ceil((o + 1) * size / out)).
@@ -68,7 +71,7 @@ pub(super) fn max_pool2d(desc: &MaxPool2d) -> Result<(Tensor, Tensor)> {
         .collect();
     let idx = best.iter().map(|b| b.map_or(-1, |b| b.1 as i32)).collect();
     let idx = Tensor::from_host_data(HostData::I32(idx), &out);
-    Ok((host_tensor(x.dtype, y, &out), idx))
+    Ok((host_tensor(x.dtype, y, &out)?, idx))
 }
 
 /// Each input pixel sums the gradients of the covering windows whose index names it.
@@ -85,7 +88,7 @@ pub(super) fn max_pool2d_backward(desc: &MaxPool2dBackward) -> Result<Tensor> {
             .map(|(_, _, oh, ow)| gw.out_at(plane, oh, ow));
         outs.filter(|&o| idx[o] == me).map(|o| gy[o]).sum()
     });
-    Ok(host_tensor(grad_y.dtype, dx, &gw.in_shape()))
+    host_tensor(grad_y.dtype, dx, &gw.in_shape())
 }
 
 pub(super) fn avg_pool(desc: &AvgPool) -> Result<Tensor> {
@@ -131,5 +134,5 @@ pub(super) fn avg_pool(desc: &AvgPool) -> Result<Tensor> {
             d
         }),
     };
-    Ok(host_tensor(src.dtype, out, &desc.out_shape()))
+    host_tensor(src.dtype, out, &desc.out_shape())
 }

@@ -57,7 +57,9 @@ impl Tensor {
             ));
         }
         netcl_core_memory::capture::forbid_random(device, "random")?;
-        let (key, base) = gen.draw(numel(shape))?;
+        // Checked before the generator moves: a count past memory is an error, never a wrap.
+        let n = crate::base::layout::checked_numel("random", shape, dtype.size())?;
+        let (key, base) = gen.draw(n)?;
         let op = Random {
             shape: shape.to_vec(),
             dist,

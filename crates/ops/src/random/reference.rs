@@ -1,7 +1,7 @@
-//! The host draws: the Philox words of the draw's blocks turned into values as the kernels do (f32 arithmetic for every dtype but f64).
+//! The host draws: the Philox words of the draw's blocks turned into values as the kernels do (f32 arithmetic for every dtype but f64), a block at a time into the output.
 use super::{Dist, Random};
 use crate::base::element::HostData;
-use crate::base::generator::philox_words;
+use crate::base::generator::Words;
 use crate::base::tensor::Tensor;
 use netcl_core_devices::{DType, Result};
 use rand_philox::{u32_to_unit_f32, u32_to_unit_f64};
@@ -9,18 +9,19 @@ use rand_philox::{u32_to_unit_f32, u32_to_unit_f64};
 /// The draw into a new host tensor.
 pub(super) fn random(desc: &Random) -> Result<Tensor> {
     let n = desc.numel();
-    let words = philox_words(desc.key, desc.base, n);
+    let words = Words::new(desc.key, desc.base);
     Ok(Tensor::from_host_data(
-        host_values(desc.dtype, desc.dist, &words, n),
+        host_values(desc.dtype, desc.dist, words, n)?,
         &desc.shape,
     ))
 }
 
-/// Host values, computed in f32 for every dtype but f64, as the kernels do.
-fn host_values(dtype: DType, dist: Dist, w: &[u32], n: usize) -> HostData {
+/// Host values, computed in f32 for every dtype but f64, as the kernels do. A normal pair's
+/// words (i & !1, i | 1) lie in one block, so the reader recomputes nothing.
+fn host_values(dtype: DType, dist: Dist, mut w: Words, n: usize) -> Result<HostData> {
     if dtype == DType::F64 {
-        let u = |i: usize| u32_to_unit_f64(w[i]);
-        return HostData::from_fn(dtype, n, |i| match dist {
+        let mut u = |i: usize| u32_to_unit_f64(w.get(i));
+        return HostData::try_from_fn(dtype, n, |i| match dist {
             Dist::Uniform { low, high } => low + (high - low) * u(i),
             Dist::Normal { mean, std } => {
                 let p = i & !1;
@@ -29,8 +30,8 @@ fn host_values(dtype: DType, dist: Dist, w: &[u32], n: usize) -> HostData {
             }
         });
     }
-    let u = |i: usize| u32_to_unit_f32(w[i]);
-    HostData::from_fn(dtype, n, |i| match dist {
+    let mut u = |i: usize| u32_to_unit_f32(w.get(i));
+    HostData::try_from_fn(dtype, n, |i| match dist {
         Dist::Uniform { low, high } => (low as f32 + (high as f32 - low as f32) * u(i)) as f64,
         Dist::Normal { mean, std } => {
             let p = i & !1;

@@ -1,42 +1,40 @@
-//! The host reference of the reductions: each output's row reduced in f64 (outputs in parallel), rounded to the output dtype.
+//! The host reference of the reductions: each output's row read in place and reduced in f64 (outputs in parallel), rounded to the output dtype.
 use super::{Reduce, ReduceOp};
 use crate::base::axis::AxisSplit;
-use crate::base::element::HostData;
-use crate::base::tensor::Tensor;
-use netcl_core_devices::{Error, Result};
+use crate::base::element::{Element, HostData};
+use crate::base::tensor::{not_on_host, Tensor};
+use netcl_core_devices::Result;
+use netcl_core_memory::HostBuf;
 use rayon::prelude::*;
 
-/// Host reference: reduce one row of f64 values.
-fn host_reduce(op: ReduceOp, row: &[f64]) -> f64 {
-    let n = row.len();
+/// Host reference: reduce one row of `n` f64 values, which `row()` yields afresh for each pass
+/// (read where they lie: no copy of the tensor).
+fn host_reduce<I: Iterator<Item = f64>>(op: ReduceOp, n: usize, row: impl Fn() -> I) -> f64 {
     let arg = |better: fn(f64, f64) -> bool| {
-        let mut best = 0;
-        for i in 1..n {
-            let (b, x) = (row[best], row[i]);
-            if !b.is_nan() && (x.is_nan() || better(x, b)) {
-                best = i;
+        let (mut best, mut b) = (0, f64::NAN);
+        for (i, x) in row().enumerate() {
+            if i == 0 || (!b.is_nan() && (x.is_nan() || better(x, b))) {
+                (best, b) = (i, x);
             }
         }
         best as f64
     };
     match op {
-        ReduceOp::Sum => row.iter().sum(),
-        ReduceOp::Mean => row.iter().sum::<f64>() / n as f64,
-        ReduceOp::Max => {
-            row.iter().fold(
-                f64::NEG_INFINITY,
-                |m, &x| {
-                    if x.is_nan() || x > m {
-                        x
-                    } else {
-                        m
-                    }
-                },
-            )
-        }
-        ReduceOp::Min => row.iter().fold(
+        ReduceOp::Sum => row().sum(),
+        ReduceOp::Mean => row().sum::<f64>() / n as f64,
+        ReduceOp::Max => row().fold(
+            f64::NEG_INFINITY,
+            |m, x| {
+                if x.is_nan() || x > m {
+                    x
+                } else {
+                    m
+                }
+            },
+        ),
+        ReduceOp::Min => row().fold(
             f64::INFINITY,
-            |m, &x| {
+            |m, x| {
                 if x.is_nan() || x < m {
                     x
                 } else {
@@ -47,24 +45,25 @@ fn host_reduce(op: ReduceOp, row: &[f64]) -> f64 {
         ReduceOp::ArgMax => arg(|x, b| x > b),
         ReduceOp::ArgMin => arg(|x, b| x < b),
         ReduceOp::Var { correction } => {
-            let mean = row.iter().sum::<f64>() / n as f64;
-            let m2: f64 = row.iter().map(|x| (x - mean) * (x - mean)).sum();
+            let mean = row().sum::<f64>() / n as f64;
+            let m2: f64 = row().map(|x| (x - mean) * (x - mean)).sum();
             m2 / (n as f64 - correction).max(0.0)
         }
         ReduceOp::LogSumExp => {
-            let m = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x));
-            if row.iter().any(|x| x.is_nan()) {
+            let m = row().fold(f64::NEG_INFINITY, |m, x| m.max(x));
+            if row().any(|x| x.is_nan()) {
                 f64::NAN
             } else if m.is_infinite() {
                 m
             } else {
-                m + row.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
+                m + row().map(|x| (x - m).exp()).sum::<f64>().ln()
             }
         }
     }
 }
 
-/// The reduction on the host, into a new host tensor.
+/// The reduction on the host, into a new host tensor: each output's row read in place from the
+/// input's storage (a broadcast view is never expanded), outputs in parallel.
 pub(super) fn reduce(desc: &Reduce) -> Result<Tensor> {
     let Reduce {
         x,
@@ -74,15 +73,14 @@ pub(super) fn reduce(desc: &Reduce) -> Result<Tensor> {
     } = desc;
     let split = AxisSplit::new(x, mask);
     let (nout, nred) = (split.nout(), split.nred());
-    let rows = split
-        .host_rows(x)
-        .ok_or_else(|| Error::device(op.name(), "host tensor without host storage"))?;
-    let vals: Vec<f64> = (0..nout)
-        .into_par_iter()
-        .map(|o| host_reduce(*op, &rows[o * nred..(o + 1) * nred]))
-        .collect();
+    let h = x.host().ok_or_else(not_on_host)?;
+    let mut vals = HostBuf::filled(nout, 0.0f64)?;
+    with_host!(&*h, v => vals.par_iter_mut().enumerate().for_each(|(o, out)| {
+        let row = || split.row_positions(x.offset, o).map(|p| v[p].to_f64());
+        *out = host_reduce(*op, nred, row);
+    }));
     Ok(Tensor::from_host_data(
-        HostData::from_fn(op.out_dtype(x.dtype), nout, |i| vals[i]),
+        HostData::try_from_fn(op.out_dtype(x.dtype), nout, |i| vals[i])?,
         out_shape,
     ))
 }

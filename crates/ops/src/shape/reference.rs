@@ -5,9 +5,9 @@ use crate::base::layout::{contiguous_strides, numel, strided_positions};
 use crate::base::tensor::Tensor;
 use netcl_core_devices::Result;
 
-/// Row-major bytes of a host tensor.
-fn host_bytes(t: &Tensor) -> Result<Vec<u8>> {
-    Ok(t.to_host_data()?.as_bytes().to_vec())
+/// The elements of a host tensor in row-major order (its bytes through `as_bytes`).
+fn host_bytes(t: &Tensor) -> Result<HostData> {
+    t.to_host_data()
 }
 
 /// Whether element `(r, c)` lies in the triangle that triu (`upper`) / tril keeps.
@@ -24,9 +24,9 @@ fn in_triangle(r: usize, c: usize, diagonal: i64, upper: bool) -> bool {
 pub(super) fn one_hot(desc: &OneHot) -> Result<Tensor> {
     let v = desc.ids.to_vec::<i32>()?;
     let classes = desc.classes;
-    let data = HostData::from_fn(desc.dtype, numel(&desc.shape), |i| {
+    let data = HostData::try_from_fn(desc.dtype, numel(&desc.shape), |i| {
         (v[i / classes] as usize == i % classes) as u8 as f64
-    });
+    })?;
     Ok(Tensor::from_host_data(data, &desc.shape))
 }
 
@@ -42,17 +42,17 @@ pub(super) fn concat(desc: &Concat) -> Result<Tensor> {
     let outer: usize = shape[..dim].iter().product();
     let inner: usize = shape[dim + 1..].iter().product::<usize>() * size;
     let parts = tensors.iter().map(host_bytes).collect::<Result<Vec<_>>>()?;
-    let mut bytes = Vec::with_capacity(numel(shape) * size);
+    let mut out = HostData::try_filled(dtype, numel(shape), 0.0)?;
+    let bytes = out.as_bytes_mut();
+    let mut at = 0;
     for o in 0..outer {
         for (t, b) in tensors.iter().zip(&parts) {
             let row = t.shape[dim] * inner;
-            bytes.extend_from_slice(&b[o * row..(o + 1) * row]);
+            bytes[at..at + row].copy_from_slice(&b.as_bytes()[o * row..(o + 1) * row]);
+            at += row;
         }
     }
-    Ok(Tensor::from_host_data(
-        HostData::from_bytes(dtype, &bytes),
-        shape,
-    ))
+    Ok(Tensor::from_host_data(out, shape))
 }
 
 /// The padded tensor on the host: `value` everywhere, then the input's elements at `before`.
@@ -64,19 +64,16 @@ pub(super) fn pad(desc: &Pad) -> Result<Tensor> {
         value,
     } = desc;
     let size = x.dtype.size();
-    let mut bytes = HostData::filled(x.dtype, numel(shape), *value)
-        .as_bytes()
-        .to_vec();
+    let mut out = HostData::try_filled(x.dtype, numel(shape), *value)?;
+    let bytes = out.as_bytes_mut();
     let out_strides = contiguous_strides(shape);
     let start: usize = before.iter().zip(&out_strides).map(|(b, s)| b * s).sum();
     let src = host_bytes(x)?;
+    let src = src.as_bytes();
     for (i, p) in strided_positions(&x.shape, &out_strides, start).enumerate() {
         bytes[p * size..(p + 1) * size].copy_from_slice(&src[i * size..(i + 1) * size]);
     }
-    Ok(Tensor::from_host_data(
-        HostData::from_bytes(x.dtype, &bytes),
-        shape,
-    ))
+    Ok(Tensor::from_host_data(out, shape))
 }
 
 /// triu / tril on the host: the elements outside the triangle set to 0.
@@ -85,29 +82,27 @@ pub(super) fn tri(desc: &Tri) -> Result<Tensor> {
     let nd = x.ndim();
     let (rows, cols) = (x.shape[nd - 2], x.shape[nd - 1]);
     let size = x.dtype.size();
-    let zero = HostData::filled(x.dtype, 1, 0.0).as_bytes().to_vec();
-    let mut bytes = host_bytes(x)?;
+    let zero = HostData::try_filled(x.dtype, 1, 0.0)?.as_bytes().to_vec();
+    let mut out = host_bytes(x)?;
+    let bytes = out.as_bytes_mut();
     for i in 0..x.numel() {
         let (r, c) = ((i / cols.max(1)) % rows.max(1), i % cols.max(1));
         if !in_triangle(r, c, *diagonal, *upper) {
             bytes[i * size..(i + 1) * size].copy_from_slice(&zero);
         }
     }
-    Ok(Tensor::from_host_data(
-        HostData::from_bytes(x.dtype, &bytes),
-        &x.shape,
-    ))
+    Ok(Tensor::from_host_data(out, &x.shape))
 }
 
 /// A triangular mask on the host.
 pub(super) fn tri_mask(desc: &TriMask) -> Result<Tensor> {
     let (rows, cols, (inside, outside)) = (desc.rows, desc.cols, desc.values);
-    let data = HostData::from_fn(desc.dtype, rows * cols, |i| {
+    let data = HostData::try_from_fn(desc.dtype, rows * cols, |i| {
         if in_triangle(i / cols, i % cols, desc.diagonal, desc.upper) {
             inside
         } else {
             outside
         }
-    });
+    })?;
     Ok(Tensor::from_host_data(data, &[rows, cols]))
 }

@@ -4,10 +4,11 @@ use super::{
 };
 use crate::base::acc::acc_dtype;
 use crate::base::axis::AxisSplit;
-use crate::base::element::HostData;
-use crate::base::host::host_f64;
+use crate::base::element::{Element, HostData};
+use crate::base::host::{host_f64, named};
 use crate::base::tensor::Tensor;
 use netcl_core_devices::{DType, Error, Result};
+use netcl_core_memory::HostBuf;
 use rayon::prelude::*;
 
 /// The error of a reference handed a tensor without host storage.
@@ -36,6 +37,15 @@ fn host_ms(row: &[f64]) -> (f64, f64) {
 /// A contiguous tensor of `shape` and `dtype` from `vals` laid out as rows along `dim` in the order
 /// of [`AxisSplit::host_rows`] (the other dims row-major, then `dim`).
 fn from_rows(dtype: DType, vals: &[f64], shape: &[usize], dim: usize) -> Result<Tensor> {
+    rows_tensor(
+        HostData::try_from_fn(dtype, vals.len(), |i| vals[i])?,
+        shape,
+        dim,
+    )
+}
+
+/// [`from_rows`] of typed values: a permuted view of them, copied contiguous unless `dim` is last.
+fn rows_tensor(data: HostData, shape: &[usize], dim: usize) -> Result<Tensor> {
     let mut moved = shape.to_vec();
     let n = moved.remove(dim);
     moved.push(n);
@@ -47,15 +57,15 @@ fn from_rows(dtype: DType, vals: &[f64], shape: &[usize], dim: usize) -> Result<
             std::cmp::Ordering::Greater => d - 1,
         })
         .collect();
-    Tensor::from_host_data(HostData::from_fn(dtype, vals.len(), |i| vals[i]), &moved)
+    Tensor::from_host_data(data, &moved)
         .permute(&back)?
         .contiguous()
 }
 
 /// The rows of `t` along `dim` (see [`AxisSplit::host_rows`]) with their count and length.
-fn rows_along(op: &str, t: &Tensor, dim: usize) -> Result<(Vec<f64>, usize, usize)> {
+fn rows_along(op: &str, t: &Tensor, dim: usize) -> Result<(HostBuf<f64>, usize, usize)> {
     let split = AxisSplit::new(t, &dim_mask(t.ndim(), dim));
-    let rows = split.host_rows(t).ok_or_else(|| not_on_host(op))?;
+    let rows = split.host_rows(t).map_err(|e| named(op, e))?;
     Ok((rows, split.nout(), split.nred()))
 }
 
@@ -72,25 +82,37 @@ fn check_host_targets(op: &str, targets: &[f64], c: usize, ignore: Option<i32>) 
     Ok(())
 }
 
-/// softmax or log_softmax on the host, rows in parallel.
+/// softmax or log_softmax on the host, rows in parallel: each row read where it lies into a
+/// counted row buffer and written into the typed output, so the output is the one copy of the
+/// tensor (two where `dim` is not last).
 pub(super) fn softmax(desc: &Softmax) -> Result<Tensor> {
     let Softmax { x, dim, log } = desc;
-    let (x_rows, rows, n) = rows_along(desc.op(), x, *dim)?;
-    let mut out = vec![0.0; rows * n];
-    let rows = x_rows
-        .par_chunks(n.max(1))
-        .zip(out.par_chunks_mut(n.max(1)));
-    rows.for_each(|(row, out)| {
-        let (m, s) = host_ms(row);
-        for (o, &v) in out.iter_mut().zip(row) {
-            *o = if *log {
-                (v - m) - s.ln()
-            } else {
-                (v - m).exp() / s
-            };
+    let split = AxisSplit::new(x, &dim_mask(x.ndim(), *dim));
+    let n = split.nred();
+    let h = x.host().ok_or_else(|| not_on_host(desc.op()))?;
+    let read: Box<dyn Fn(usize) -> f64 + Sync> =
+        with_host!(&*h, v => Box::new(move |p| v[p].to_f64()));
+    let mut out = HostData::try_filled(x.dtype, split.nout() * n, 0.0)?;
+    let fill = |r: usize, out: &mut dyn FnMut(usize, f64)| -> Result<()> {
+        let row = HostBuf::collect(n, split.row_positions(x.offset, r).map(&read))?;
+        let (m, s) = host_ms(&row);
+        for (j, &v) in row.iter().enumerate() {
+            out(
+                j,
+                if *log {
+                    (v - m) - s.ln()
+                } else {
+                    (v - m).exp() / s
+                },
+            );
         }
-    });
-    from_rows(x.dtype, &out, &x.shape, *dim)
+        Ok(())
+    };
+    with_host!(&mut out, o => o
+        .par_chunks_mut(n.max(1))
+        .enumerate()
+        .try_for_each(|(r, o)| fill(r, &mut |j, y| o[j] = Element::from_f64(y))))?;
+    rows_tensor(out, &x.shape, *dim)
 }
 
 /// The softmax or log_softmax gradient on the host.
@@ -136,8 +158,8 @@ pub(super) fn cross_entropy_rows(desc: &CrossEntropyRows) -> Result<(Tensor, Ten
         }
     }
     Ok((
-        Tensor::from_host_data(HostData::from_fn(acc, a.n, |i| losses[i]), &[a.n]),
-        Tensor::from_host_data(HostData::from_fn(acc, a.n, |i| lse[i]), &[a.n]),
+        Tensor::from_host_data(HostData::try_from_fn(acc, a.n, |i| losses[i])?, &[a.n]),
+        Tensor::from_host_data(HostData::try_from_fn(acc, a.n, |i| lse[i])?, &[a.n]),
     ))
 }
 
@@ -154,8 +176,8 @@ pub(super) fn cross_entropy_mean(desc: &CrossEntropyMean) -> Result<(Tensor, Ten
         }
     }
     Ok((
-        Tensor::from_host_data(HostData::filled(acc, 1, sum / cnt), &[]),
-        Tensor::from_host_data(HostData::filled(acc, 1, cnt), &[]),
+        Tensor::from_host_data(HostData::try_filled(acc, 1, sum / cnt)?, &[]),
+        Tensor::from_host_data(HostData::try_filled(acc, 1, cnt)?, &[]),
     ))
 }
 
@@ -177,22 +199,19 @@ pub(super) fn cross_entropy_backward(desc: &CrossEntropyBackward) -> Result<Tens
         host_f64(op, targets)?,
         host_f64(op, lse)?,
     );
-    let g = grad
-        .host_view(&[a.n], &[*gs])
-        .ok_or_else(|| not_on_host(op))?
-        .to_f64();
+    let g = grad.host_view_f64(&[a.n], &[*gs])?;
     check_host_targets(op, &t, a.c, *ignore_index)?;
     let cnt = match count {
         Some(c) => c.to_vec_f64()?[0],
         None => 1.0,
     };
-    let dx = HostData::from_fn(logits.dtype, a.n * a.c, |k| {
+    let dx = HostData::try_from_fn(logits.dtype, a.n * a.c, |k| {
         let (i, j) = (k / a.c, k % a.c);
         if Some(t[i] as i32) == *ignore_index {
             return 0.0;
         }
         let p = (x[k] - l[i]).exp();
         (p - if j == t[i] as usize { 1.0 } else { 0.0 }) * (g[i] / cnt)
-    });
+    })?;
     Ok(Tensor::from_host_data(dx, &logits.shape))
 }

@@ -14,7 +14,9 @@ const USAGE: &str = "netcl-autotune [--device SPEC] [--size N] [--only f32|tc|pl
   compute unit). Writes the results into the user's tuning table.";
 
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
+    // The program name first, as check_flags expects.
+    let mut args = vec!["netcl-autotune".to_string()];
+    args.extend(netcl_core_devices::utf8_args("netcl-autotune")?);
     if !check_flags(
         &args,
         "netcl-autotune",

@@ -509,7 +509,9 @@ const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,s
   memory estimate fits); prints tokens/s, MFU over 989 TFLOP/s, pool peak and its estimate.";
 
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
+    // The program name first, as check_flags expects.
+    let mut args = vec!["netcl-bench".to_string()];
+    args.extend(netcl_core_devices::utf8_args("netcl-bench")?);
     let flags = ["--device", "--suite", "--sizes", "--json", "--llama"];
     if !check_flags(&args, "netcl-bench", &flags, USAGE)? {
         return Ok(());
