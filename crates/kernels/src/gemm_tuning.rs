@@ -183,8 +183,9 @@ pub struct PlanTuning {
 }
 
 impl Default for PlanTuning {
-    /// Measured on an H100 (kernels/tuning.json's entry), and the CPU kernels' blocking measured
-    /// with PoCL on a 2-core AMD EPYC: the defaults of a device without an entry.
+    /// The H100's calibration (kernels/tuning.json's entry; wgmma tilings apply only where their
+    /// probes pass) and the CPU kernels' blocking measured with PoCL on a 2-core AMD EPYC: the
+    /// defaults of a device without an entry.
     fn default() -> PlanTuning {
         let cost = |tflops, fixed_us, per_cu| TileCost {
             tflops,
@@ -201,11 +202,13 @@ impl Default for PlanTuning {
         };
         PlanTuning {
             wg: vec![
-                wg(256, 4, cost(620.0, 3.0, 1)),
-                wg(128, 5, cost(555.0, 2.5, 1)),
+                wg(256, 4, cost(764.7, 8.76, 1)),
+                wg(128, 5, cost(669.0, 4.7, 1)),
+                wg(128, 3, cost(610.0, 8.16, 2)),
+                wg(64, 5, cost(422.0, 2.17, 1)),
             ],
-            tc_cost: cost(300.0, 3.0, 1),
-            tf32_ratio: 0.5,
+            tc_cost: cost(318.1, 4.22, 1),
+            tf32_ratio: 0.6,
             raster: true,
             async_f32: Some(AsyncTuning {
                 stages: 2,

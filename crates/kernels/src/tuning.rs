@@ -334,6 +334,13 @@ mod tests {
     }
 
     #[test]
+    fn the_planner_defaults_are_the_shipped_h100_calibration() {
+        let t = builtin_table();
+        let h100 = t.find("NVIDIA H100 80GB HBM3").expect("an H100 entry");
+        assert_eq!(h100.plan.as_ref(), Some(&PlanTuning::default()));
+    }
+
+    #[test]
     fn small_products_get_smaller_tiles_that_fill_the_device() {
         let tile = |bm, bn, wm, wn| GemmTile::new(bm, bn, 16, wm, wn);
         let big = tile(128, 128, 8, 8);

@@ -5,7 +5,6 @@ use super::plan::{staging_of, OperandLayout, Staging, Strip};
 use super::probes::{probed, Exact, Probes};
 use super::source::matmul_source;
 use crate::base::tensor::Tensor;
-use crate::fused::activation::Activation;
 use crate::fused::expr::Class;
 use netcl_core_devices::{DType, Device, Error, Result};
 use netcl_kernels::sources::MATMUL_ASYNC;
@@ -125,15 +124,8 @@ fn probe(device: &Device, s: AsyncTuning, tile: AsyncTile) -> Result<bool> {
         };
         let staging = [staging_of(&layout(a), 1), staging_of(&layout(b), 0)];
         let g = Gemm {
-            out: &out,
-            a,
-            b,
-            batch: &[],
-            batch_strides: [&[], &[]],
-            bias: None,
-            activation: Activation::None,
-            lower: None,
             row_sums: with_sums.then_some(&sums),
+            ..Gemm::plain(&out, a, b)
         };
         run(s, tile, staging, n, &g)?;
         if out.to_vec_f64()? != e.want || (with_sums && sums.to_vec_f64()? != e.sums) {

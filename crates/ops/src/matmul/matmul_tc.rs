@@ -6,7 +6,6 @@ use super::probes::{probed, Exact, Probes};
 use super::source::matmul_source;
 use super::tensor_cores;
 use crate::base::tensor::Tensor;
-use crate::fused::activation::Activation;
 use crate::fused::expr::Class;
 use netcl_core_devices::{DType, Device, Result};
 use netcl_kernels::sources::MATMUL_TC;
@@ -89,17 +88,7 @@ fn probe(device: &Device, kind: TensorCoreKind) -> Result<bool> {
         kp if kp == e.k => TcOperand::Copy,
         kp => TcOperand::Pad(kp),
     };
-    let g = Gemm {
-        out: &out,
-        a: &a,
-        b: &b,
-        batch: &[],
-        batch_strides: [&[], &[]],
-        bias: None,
-        activation: Activation::None,
-        lower: None,
-        row_sums: None,
-    };
+    let g = Gemm::plain(&out, &a, &b);
     launch(kind, &tc_tile(device), [form, form], &g)?;
     Ok(out.to_vec_f64()? == e.want)
 }

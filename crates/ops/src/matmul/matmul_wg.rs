@@ -115,17 +115,7 @@ fn probe(device: &Device, kind: TensorCoreKind, tile: WgTile) -> Result<bool> {
         for &groups in launches {
             // Not a product of small integers: a tile left unwritten shows.
             let out = Tensor::full(&[e.m, e.n], 0.5, dtype, device)?;
-            let g = Gemm {
-                out: &out,
-                a: &a,
-                b,
-                batch: &[],
-                batch_strides: [&[], &[]],
-                bias: None,
-                activation: Activation::None,
-                lower: None,
-                row_sums: None,
-            };
+            let g = Gemm::plain(&out, &a, b);
             launch_in(kind, tile, 2, [TcOperand::KRows, b_form], &g, groups)?;
             if out.to_vec_f64()? != e.want {
                 return Ok(false);

@@ -8,6 +8,8 @@ mod matmul_tiled;
 mod matmul_wg;
 mod opencl;
 pub mod plan;
+mod plan_display;
+mod plan_tc;
 pub(crate) mod precision;
 mod probes;
 mod reference;

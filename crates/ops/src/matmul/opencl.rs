@@ -113,7 +113,22 @@ pub(super) struct Gemm<'a> {
     pub row_sums: Option<&'a Tensor>,
 }
 
-impl Gemm<'_> {
+impl<'a> Gemm<'a> {
+    /// `out = a x b` of one 2-D product, no epilogue (the probes' products).
+    pub fn plain(out: &'a Tensor, a: &'a Tensor, b: &'a Tensor) -> Gemm<'a> {
+        Gemm {
+            out,
+            a,
+            b,
+            batch: &[],
+            batch_strides: [&[], &[]],
+            bias: None,
+            activation: Activation::None,
+            lower: None,
+            row_sums: None,
+        }
+    }
+
     /// (M, K, N).
     pub fn dims(&self) -> (usize, usize, usize) {
         let (na, nb) = (self.a.ndim(), self.b.ndim());

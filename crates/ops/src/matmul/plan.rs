@@ -1,11 +1,11 @@
-//! The GEMM planner: a pure function of a device's capabilities and a product that names the kernel, its tile, split and operand staging (`plan`), with the cost model that picks tensor-core tiles and splits.
+//! The GEMM planner: a pure function of a device's capabilities and a product that names the kernel, its tile, split and operand staging (`plan`); the tensor-core choice and its cost model are in plan_tc.rs, the one-line forms in plan_display.rs.
 use super::precision::TensorCoreKind;
 use netcl_core_devices::DType;
-use netcl_kernels::{
-    AsyncTile, CpuBlocking, GemmTile, PlanTuning, TcTile, TileCost, WgChoice, WgTile,
-};
-use std::fmt;
+use netcl_kernels::{AsyncTile, CpuBlocking, GemmTile, PlanTuning, TcTile, WgChoice, WgTile};
 use std::sync::Arc;
+
+use super::plan_tc::tensor_core;
+pub use super::plan_tc::{tc_time, tiles_time};
 
 /// What the planner knows of a device: its kind and limits, which PTX kernels passed their
 /// probes, and its tuning data. `DeviceCaps::of` reads it off a device; tests write it out.
@@ -70,7 +70,7 @@ pub struct OperandLayout {
 
 impl OperandLayout {
     /// Whether the offset and every stride but the one `along` (0 or 1) are multiples of `q`.
-    fn aligned_but(&self, along: usize, q: usize) -> bool {
+    pub(super) fn aligned_but(&self, along: usize, q: usize) -> bool {
         self.offset.is_multiple_of(q)
             && self.strides[1 - along].is_multiple_of(q)
             && self.batch_strides.iter().all(|s| s.is_multiple_of(q))
@@ -101,7 +101,7 @@ pub struct GemmProblem {
 }
 
 impl GemmProblem {
-    fn batches(&self) -> usize {
+    pub(super) fn batches(&self) -> usize {
         self.batch.iter().product()
     }
 }
@@ -466,7 +466,7 @@ fn split_k(caps: &DeviceCaps, groups: usize, k: usize, waves: usize) -> Option<u
 
 /// The batched product of `p`'s `s` chunks of K: A viewed (s, M, K/s), B (s, K/s, N), the parts
 /// written as `out` (no epilogue).
-fn split_problem(p: &GemmProblem, s: usize, out: DType) -> GemmProblem {
+pub(super) fn split_problem(p: &GemmProblem, s: usize, out: DType) -> GemmProblem {
     let kc = p.k / s;
     let view = |l: &OperandLayout, k_dim: usize| OperandLayout {
         strides: l.strides,
@@ -487,7 +487,7 @@ fn split_problem(p: &GemmProblem, s: usize, out: DType) -> GemmProblem {
 }
 
 /// The split of `p` in `s` chunks: f32 parts where `f32_parts`, and the sum's team.
-fn split(caps: &DeviceCaps, s: usize, p: &GemmProblem, f32_parts: bool) -> Split {
+pub(super) fn split(caps: &DeviceCaps, s: usize, p: &GemmProblem, f32_parts: bool) -> Split {
     Split {
         chunks: s,
         f32_parts,
@@ -507,162 +507,6 @@ fn parts_team(parts: usize, outputs: usize, compute_units: usize) -> usize {
         team *= 2;
     }
     team
-}
-
-/// A tensor-core plan for `p`: the tiling and split of least modelled time (`tc_time`) among
-/// the wgmma tilings where the device runs them, else mma.sync's tiling; splits of K into
-/// chunks of at least `min_chunk` for single products with K at least `min_k`. A tiling the
-/// autotuner forces runs unsplit.
-fn tensor_core(
-    caps: &DeviceCaps,
-    p: &GemmProblem,
-    kind: TensorCoreKind,
-) -> (GemmKernel, Option<Split>) {
-    let tilings: Vec<WgChoice> = (caps.wgmma.iter())
-        .filter(|(k, c)| *k == kind && p.tc_tile.is_none() && p.wg_tile.is_none_or(|t| t == c.tile))
-        .map(|(_, c)| *c)
-        .collect();
-    let wg = !tilings.is_empty();
-    let mma = WgChoice {
-        tile: WgTile {
-            tbn: 0,
-            stages: 0,
-            persistent: 0,
-        },
-        cost: caps.tuning.tc_cost,
-    };
-    let mut candidates = if wg { tilings } else { vec![mma] };
-    if kind == TensorCoreKind::Tf32 {
-        for c in &mut candidates {
-            c.cost.tflops *= caps.tuning.tf32_ratio;
-        }
-    }
-    let tc_tile = p.tc_tile.unwrap_or(caps.tc_tile);
-    let shape = |c: &WgChoice| match wg {
-        true => (WgTile::ROWS, c.tile.tbn as usize),
-        false => (tc_tile.rows(), tc_tile.cols()),
-    };
-    let lim = caps.tuning.split;
-    let forced_tiling = p.tc_tile.is_some() || p.wg_tile.is_some();
-    let splits: Vec<usize> = match (lim.forced, p.batches()) {
-        _ if forced_tiling => vec![1],
-        (Some(s), 1) if s > 1 && p.k.is_multiple_of(s as usize) => vec![s as usize],
-        (Some(_), _) => vec![1],
-        (None, 1) if p.k >= lim.min_k as usize => (1..=16)
-            .filter(|s| p.k.is_multiple_of(*s) && p.k / s >= lim.min_chunk as usize)
-            .collect(),
-        _ => vec![1],
-    };
-    let mut best: Option<(f64, WgChoice, usize)> = None;
-    for c in &candidates {
-        for &s in &splits {
-            let t = tc_time(caps, p, shape(c), c.cost, s);
-            if best.is_none_or(|(b, _, _)| t < b) {
-                best = Some((t, *c, s));
-            }
-        }
-    }
-    let (_, choice, s) = best.unwrap_or((0.0, candidates[0], 1));
-    let wide = p.out_dtype.size() == 2;
-    let (inner, split) = match s {
-        1 => (p.clone(), None),
-        s => {
-            let out = if wide { DType::F32 } else { p.out_dtype };
-            (split_problem(p, s, out), Some(split(caps, s, p, wide)))
-        }
-    };
-    let (a, b) = tc_operands(&inner, kind);
-    let kernel = match wg {
-        true => GemmKernel::Wgmma {
-            kind,
-            tile: choice.tile,
-            raster: raster(caps, &inner, choice.tile),
-            a,
-            b,
-        },
-        false => GemmKernel::MmaSync {
-            kind,
-            tile: tc_tile,
-            a,
-            b,
-        },
-    };
-    (kernel, split)
-}
-
-/// The modelled time (µs) of `p` in tiles of `rows` x `cols` costing `cost`, split in `s`: its
-/// tiles' time (`tiles_time`) and for a split the parts' write, read and sum.
-pub fn tc_time(
-    caps: &DeviceCaps,
-    p: &GemmProblem,
-    (rows, cols): (usize, usize),
-    cost: TileCost,
-    s: usize,
-) -> f64 {
-    let dims = (p.m, p.n, p.k / s, p.batches() * s);
-    let mut t = tiles_time(caps.compute_units, dims, (rows, cols), cost);
-    if s > 1 {
-        let lim = caps.tuning.split;
-        let bytes = (2 * s * p.m * p.n * 4 + p.m * p.n * p.out_dtype.size()) as f64;
-        t += lim.launch_us + bytes / (lim.parts_gbps * 1e3);
-    }
-    t
-}
-
-/// The modelled time (µs) of `batches` products (m, n, k) in tiles of `rows` x `cols` costing
-/// `cost` on `compute_units`: waves of the device's concurrent work-groups, each a tile's fixed
-/// cost plus its multiply-adds at the device's rate shared among them.
-pub fn tiles_time(
-    compute_units: usize,
-    (m, n, k, batches): (usize, usize, usize, usize),
-    (rows, cols): (usize, usize),
-    cost: TileCost,
-) -> f64 {
-    let slots = (compute_units * cost.per_cu.max(1) as usize) as f64;
-    let groups = (m.div_ceil(rows) * n.div_ceil(cols) * batches) as f64;
-    let flops = 2.0 * (rows * cols * k) as f64;
-    (groups / slots).ceil() * (cost.fixed_us + flops / (cost.tflops * 1e6 / slots))
-}
-
-/// The band of rows of tiles a wgmma product takes its tiles in: with `w` tiles in flight of
-/// 128 x `tbn`, a band of h rows reads h x 128 rows of A and w / h x `tbn` columns of B at a
-/// time, least for h near sqrt(2 w tbn / 256); none where the product's columns of tiles fit in
-/// such a band's width anyway.
-fn raster(caps: &DeviceCaps, p: &GemmProblem, tile: WgTile) -> u32 {
-    let w = (caps.compute_units * tile.persistent.max(1) as usize) as f64;
-    let band = (2.0 * w * tile.tbn as f64 / 256.0).sqrt().round().max(1.0) as usize;
-    let cols = p.n.div_ceil(tile.tbn as usize);
-    let rows = p.m.div_ceil(WgTile::ROWS);
-    if caps.tuning.raster && cols > w as usize / band && rows > band {
-        band as u32
-    } else {
-        0
-    }
-}
-
-/// How the tensor-core kernels read `p`'s operands: 16-bit ones whose M (N) dim is contiguous as
-/// they lie (transposed), the rest as K-contiguous 16-byte aligned rows (a copy where they are
-/// not, zero-padded where K is not a multiple of 16 bytes).
-fn tc_operands(p: &GemmProblem, kind: TensorCoreKind) -> (TcOperand, TcOperand) {
-    let q = 16 / kind.dtype().size();
-    let kp = p.k.next_multiple_of(q);
-    let sixteen = kind != TensorCoreKind::Tf32 && kp == p.k;
-    // A (M, K): K is dim 1; B (K, N): K is dim 0.
-    let form = |l: &OperandLayout, k_dim: usize, mn: usize| {
-        let k_rows = l.strides[k_dim] == 1 && kp == p.k && l.aligned_but(k_dim, q);
-        let mn_ok =
-            l.strides[1 - k_dim] == 1 && mn.is_multiple_of(8) && l.aligned_but(1 - k_dim, q);
-        if k_rows {
-            TcOperand::KRows
-        } else if sixteen && mn_ok {
-            TcOperand::Mn
-        } else if kp == p.k {
-            TcOperand::Copy
-        } else {
-            TcOperand::Pad(kp)
-        }
-    };
-    (form(&p.a, 1, p.m), form(&p.b, 0, p.n))
 }
 
 /// The portable kernel for `p`: the tile fitted to the device, through the pipeline where the
@@ -773,154 +617,5 @@ pub(crate) fn staging_of(l: &OperandLayout, k_dim: usize) -> Staging {
         (1, _) if l.aligned_but(1 - k_dim, 4) => Staging::Vec,
         (_, 1) => Staging::NarrowK,
         _ => Staging::Narrow,
-    }
-}
-
-impl fmt::Display for GemmProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let side = |l: &OperandLayout, k_dim: usize| match (l.strides[k_dim], l.strides[1 - k_dim])
-        {
-            (1, _) => "k",
-            (_, 1) => "mn",
-            _ => "strided",
-        };
-        write!(f, "{}x{}x{}", self.m, self.n, self.k)?;
-        if !self.batch.is_empty() {
-            write!(f, " batch {:?}", self.batch)?;
-        }
-        write!(
-            f,
-            " {}->{} A {}-major B {}-major",
-            self.dtype,
-            self.out_dtype,
-            side(&self.a, 1),
-            side(&self.b, 0)
-        )?;
-        for (on, what) in [
-            (self.tf32, " tf32"),
-            (self.bias, " +bias"),
-            (self.activation, " +act"),
-            (self.row_sums, " +row sums"),
-        ] {
-            if on {
-                f.write_str(what)?;
-            }
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Display for GemmPlan {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.widen {
-            f.write_str("widened after ")?;
-        }
-        if let Some(c) = self.copy {
-            write!(f, "copy {c:?} mn-contiguous, then ")?;
-        }
-        if let Some(s) = self.split {
-            let parts = if s.f32_parts { " f32" } else { "" };
-            write!(f, "split K in {}{parts} parts of ", s.chunks)?;
-        }
-        write!(f, "{}", self.kernel)?;
-        if self.split.is_some() {
-            f.write_str(", summed by matmul_parts")?;
-        }
-        if self.row_sums {
-            f.write_str(", with row sums")?;
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Display for GemmKernel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let tile = |t: &GemmTile| format!("{}x{}x{}/{}x{}", t.bm, t.bn, t.bk, t.wm, t.wn);
-        let k4 = |k: &[bool; 2]| match k {
-            [true, true] => " (A, B in runs of 4)",
-            [true, false] => " (A in runs of 4)",
-            [false, true] => " (B in runs of 4)",
-            _ => "",
-        };
-        let strip = |s: &Option<Strip>| match s {
-            Some(s) => format!(
-                ", columns {}.. matmul_tiled {}{}",
-                s.col,
-                tile(&s.tile),
-                k4(&s.k4)
-            ),
-            None => String::new(),
-        };
-        match self {
-            GemmKernel::Host => f.write_str("host reference"),
-            GemmKernel::Cpu { path, blocking } => write!(
-                f,
-                "matmul_cpu {path:?} ({}x{} vectors, NT {}x{}, groups of {})",
-                blocking.rm, blocking.nv, blocking.rmt, blocking.rn, blocking.group
-            ),
-            GemmKernel::Gemv(g) => write!(
-                f,
-                "matmul_gemv{} {} rows of {} x {} columns, team {}{}",
-                if g.r <= 4 { 4 } else { 16 },
-                g.r,
-                if g.rows_of_a { "A" } else { "Bᵀ" },
-                g.j,
-                g.team,
-                if g.kmajor { ", k-major" } else { "" }
-            ),
-            GemmKernel::Tiled {
-                tile: t,
-                k4: k,
-                strip: s,
-            } => {
-                write!(f, "matmul_tiled {}{}{}", tile(t), k4(k), strip(s))
-            }
-            GemmKernel::Async {
-                tile: t,
-                staging,
-                strip: s,
-            } => write!(
-                f,
-                "matmul_async {}x{}/{}x{} (A {:?}, B {:?}){}",
-                t.tm,
-                t.tn,
-                t.wm,
-                t.wn,
-                staging[0],
-                staging[1],
-                strip(s)
-            ),
-            GemmKernel::MmaSync {
-                kind,
-                tile: t,
-                a,
-                b,
-            } => write!(
-                f,
-                "matmul_tc {kind:?} {}x{} ({}x{} warps, kw {}, stages {}), A {a:?}, B {b:?}",
-                t.rows(),
-                t.cols(),
-                t.warps_m,
-                t.warps_n,
-                t.kw,
-                t.stages
-            ),
-            GemmKernel::Wgmma {
-                kind,
-                tile: t,
-                raster,
-                a,
-                b,
-            } => {
-                write!(f, "matmul_wg {kind:?} 128x{} ({} stages", t.tbn, t.stages)?;
-                if t.persistent > 0 {
-                    write!(f, ", {} persistent a unit", t.persistent)?;
-                }
-                if *raster > 0 {
-                    write!(f, ", bands of {raster}")?;
-                }
-                write!(f, "), A {a:?}, B {b:?}")
-            }
-        }
     }
 }
