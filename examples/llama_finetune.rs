@@ -25,7 +25,8 @@ fn main() {
 
 fn sample(model: &Llama, tok: &Tokenizer, prompt: &str) -> Result<String> {
     let ids = tok.encode(prompt)?;
-    let mut s = Sampler::new(Sampling::Greedy, 0)?;
+    // Ids past the tokenizer's vocabulary (a padded embedding) are never chosen.
+    let mut s = Sampler::new(Sampling::Greedy, 0)?.restricted_to(tok.vocab_size())?;
     let out = generate(
         model,
         std::slice::from_ref(&ids),

@@ -61,7 +61,8 @@ fn run() -> Result<()> {
             top_p,
         }
     };
-    let mut sampler = Sampler::new(sampling, seed)?;
+    // Ids past the tokenizer's vocabulary (a padded embedding) are never chosen.
+    let mut sampler = Sampler::new(sampling, seed)?.restricted_to(tokenizer.vocab_size())?;
     eprintln!(
         "{dev}: {} parameters, step {}",
         model.num_parameters(),

@@ -247,18 +247,22 @@ impl Tokenizer {
     }
 
     /// The text of `ids` (special tokens included). Ids that end inside a multi-byte character
-    /// decode to U+FFFD. An id outside the vocabulary is an error naming it.
+    /// decode to U+FFFD. Ids without a token (a model's embedding padded past the tokenizer's
+    /// vocabulary, as Qwen2.5's 151,936 rows for 151,665 tokens) are skipped, as Hugging Face's
+    /// tokenizers do; `unknown_ids` counts them.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         let v = self.vocab_size();
-        if let Some((pos, id)) = ids.iter().enumerate().find(|(_, &i)| i as usize >= v) {
-            return Err(Error::invalid(
-                "Tokenizer::decode",
-                format!("id {id} at position {pos} is outside the vocabulary of {v}"),
-            ));
-        }
+        let known: Vec<u32> = ids.iter().copied().filter(|&i| (i as usize) < v).collect();
         self.inner
-            .decode(ids, false)
+            .decode(&known, false)
             .map_err(|e| tk_err("Tokenizer::decode", e))
+    }
+
+    /// How many of `ids` have no token (`decode` skips them).
+    pub fn unknown_ids(&self, ids: &[u32]) -> usize {
+        ids.iter()
+            .filter(|&&i| i as usize >= self.vocab_size())
+            .count()
     }
 
     /// Largest id + 1, special tokens included: the embedding table's row count.

@@ -225,6 +225,33 @@ fn batched_padded_generation_equals_one_prompt_at_a_time() {
             generate(&model, &prompts, 8, &mut s, None, |_, _| Ok(())).unwrap()
         };
         assert_eq!(run(7), run(7), "{dev}");
+        // Restricted to the first 6 ids (a tokenizer smaller than the embedding): every chosen
+        // id is below 6, greedy (on the device) and sampled; the greedy pick is the restricted
+        // logits' argmax.
+        for sampling in [Sampling::Greedy, sampling] {
+            let mut s = Sampler::new(sampling, 3).unwrap().restricted_to(6).unwrap();
+            let out = generate(&model, &prompts, 8, &mut s, None, |_, _| Ok(())).unwrap();
+            assert!(out.iter().flatten().all(|&t| t < 6), "{dev}: {out:?}");
+        }
+        let tape = Tape::no_grad();
+        let logits = model
+            .logits(&tape, &ids(&[7, 3], 1, &dev), None, None, None)
+            .unwrap()
+            .value()
+            .to_vec::<f32>()
+            .unwrap();
+        let last = &logits[40..46];
+        let want = (0..6).max_by(|&a, &b| last[a].total_cmp(&last[b]).then(b.cmp(&a)));
+        let mut s = Sampler::new(Sampling::Greedy, 0)
+            .unwrap()
+            .restricted_to(6)
+            .unwrap();
+        let got = generate(&model, &[vec![7u32, 3]], 1, &mut s, None, |_, _| Ok(())).unwrap();
+        assert_eq!(Some(got[0][0] as usize), want, "{dev}");
+        assert!(Sampler::new(Sampling::Greedy, 0)
+            .unwrap()
+            .restricted_to(0)
+            .is_err());
     }
 }
 

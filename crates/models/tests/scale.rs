@@ -261,7 +261,11 @@ fn memory_estimate_predicts_the_pools_peak() {
     ];
     // OpenCL devices: the estimate is of a device pool's peak; the host also counts its reference
     // ops' internal buffers (f64 copies, packed operands), which no pool holds.
-    for dev in test_devices().unwrap().into_iter().filter(|d| d.is_opencl()) {
+    for dev in test_devices()
+        .unwrap()
+        .into_iter()
+        .filter(|d| d.is_opencl())
+    {
         for (cast, every, tied, b, with_lora, dtype, chunk) in cases {
             let what =
                 format!("{dev} {cast:?} every {every} tied {tied} B{b} {with_lora:?} {dtype}");

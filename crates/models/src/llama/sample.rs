@@ -24,6 +24,9 @@ pub enum Sampling {
 pub struct Sampler {
     pub sampling: Sampling,
     state: u64,
+    /// Ids at or past this are never chosen (a model whose embedding has rows past its
+    /// tokenizer's vocabulary); None: every id of the model.
+    allowed: Option<usize>,
 }
 
 impl Sampler {
@@ -43,7 +46,21 @@ impl Sampler {
         Ok(Sampler {
             sampling,
             state: seed,
+            allowed: None,
         })
+    }
+
+    /// This sampler choosing among ids below `n` only (`Tokenizer::vocab_size`, where a model
+    /// pads its embedding past the tokenizer's vocabulary); an error for `n` = 0.
+    pub fn restricted_to(mut self, n: usize) -> Result<Sampler> {
+        if n == 0 {
+            return Err(Error::invalid(
+                "Sampler::restricted_to",
+                "no id left to choose from (n = 0)",
+            ));
+        }
+        self.allowed = Some(n);
+        Ok(self)
     }
 
     /// A uniform number in [0, 1).
@@ -231,8 +248,15 @@ pub fn generate(
         v.narrow(1, t - 1, 1)?.reshape(&[b, cfg.vocab_size])
     };
     let mut last = logits_after(&Tensor::from_vec(ids, &[b, longest], dev)?, true)?;
+    // The logits the sampler may choose among: the first `allowed` ids where it is restricted.
+    let allowed = sampler
+        .allowed
+        .map_or(cfg.vocab_size, |n| n.min(cfg.vocab_size));
     for step in 0..steps {
         let more = step + 1 < steps;
+        if allowed < cfg.vocab_size {
+            last = last.narrow(1, 0, allowed)?;
+        }
         // The tokens, the same ids on the device (greedy), and the next logits when queued.
         let (next, picked, queued) = match sampler.sampling {
             Sampling::Greedy => {
@@ -245,7 +269,7 @@ pub fn generate(
             }
             Sampling::Random { .. } => {
                 let rows = last.to_dtype(netcl_ops::DType::F32)?.to_vec::<f32>()?;
-                let v = cfg.vocab_size;
+                let v = allowed;
                 let next = (0..b)
                     .map(|r| sampler.sample(&rows[r * v..(r + 1) * v]) as i32)
                     .collect();

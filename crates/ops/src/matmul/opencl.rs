@@ -48,7 +48,8 @@ fn cached_plan(device: &Device, problem: GemmProblem) -> Result<GemmPlan> {
     Ok(made)
 }
 
-/// The planner's view of `desc` on `device`.
+/// The planner's view of `desc` on `device`. Offsets are kept modulo 16 elements: plans depend on
+/// their alignment only, and views at other offsets (a head, a chunk) then share a cached plan.
 pub(super) fn problem_of(desc: &Matmul<'_>, device: &Device) -> GemmProblem {
     let (m, k, n) = desc.dims;
     let (a, b) = (&desc.a, &desc.b);
@@ -62,12 +63,12 @@ pub(super) fn problem_of(desc: &Matmul<'_>, device: &Device) -> GemmProblem {
         a: OperandLayout {
             strides: [a.strides[na - 2], a.strides[na - 1]],
             batch_strides: desc.sa.clone(),
-            offset: a.offset,
+            offset: a.offset % 16,
         },
         b: OperandLayout {
             strides: [b.strides[nb - 2], b.strides[nb - 1]],
             batch_strides: desc.sb.clone(),
-            offset: b.offset,
+            offset: b.offset % 16,
         },
         dtype: a.dtype,
         out_dtype,
