@@ -75,7 +75,7 @@ mod tests {
     #[test]
     fn every_kernel_of_the_sources_has_a_readable_signature() {
         let mut kernels = 0;
-        for src in &sources::EVERY {
+        for src in sources::every() {
             let text = strip_comments(src.text);
             let mut rest = text.as_str();
             while let Some(at) = find_word(rest, &["__kernel"]) {

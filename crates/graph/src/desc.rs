@@ -163,7 +163,7 @@ pub fn kernels_sha256() -> &'static str {
     static HASH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     HASH.get_or_init(|| {
         let mut h = Sha256::new();
-        for s in &netcl_kernels::sources::EVERY {
+        for s in netcl_kernels::sources::every() {
             h.update(s.name.as_bytes());
             h.update([0]);
             h.update(s.text.as_bytes());

@@ -179,7 +179,7 @@ impl Graph {
             .iter()
             .map(|p| {
                 // netcl's own files by their static text (validated equal); others as they came.
-                let source = match sources::EVERY.iter().find(|s| s.name == p.name) {
+                let source = match sources::every().find(|s| s.name == p.name) {
                     Some(own) => *own,
                     None => Source {
                         name: Box::leak(p.name.clone().into_boxed_str()),

@@ -319,7 +319,7 @@ mod tests {
     /// macros are expanded, so a loaded launch's arguments are checked against all of them.
     #[test]
     fn every_parameter_of_netcls_kernels_has_a_type_and_a_name() {
-        for src in &netcl_kernels::sources::EVERY {
+        for src in netcl_kernels::sources::every() {
             let text = strip_comments(src.text);
             let macros = macros(&text);
             let mut rest = text.as_str();

@@ -30,7 +30,7 @@ pub(crate) fn validate(desc: &GraphDesc, device: &Device, what: &str) -> Result<
             return Err(bad(format!("program {i} ({:?}) holds a NUL byte", p.name)));
         }
         // A program under the name of one of netcl's files must be that file.
-        if let Some(own) = sources::EVERY.iter().find(|s| s.name == p.name) {
+        if let Some(own) = sources::every().find(|s| s.name == p.name) {
             if own.text != p.text {
                 return Err(bad(format!(
                     "program {i} is named {:?} but its text differs from this netcl's \

@@ -47,7 +47,7 @@ source!(ATTENTION_TC, "attention_tc.cl");
 source!(DECODE, "decode.cl");
 
 /// Every op-family source (not the common header).
-pub const ALL: [Source; 16] = [
+pub static ALL: [Source; 16] = [
     COPY,
     RANDOM,
     MATMUL_TILED,
@@ -66,28 +66,14 @@ pub const ALL: [Source; 16] = [
     DECODE,
 ];
 
+/// The device-specific sources: PTX kernels built only where their probes pass, and the CPU
+/// devices' GEMM.
+pub static DEVICE_SPECIFIC: [Source; 5] =
+    [MATMUL_TC, MATMUL_WG, MATMUL_ASYNC, MATMUL_CPU, ATTENTION_TC];
+
 /// Every file under kernels/: the common header, the op families and the device-specific ones.
-pub const EVERY: [Source; 22] = [
-    COMMON,
-    COPY,
-    RANDOM,
-    MATMUL_TILED,
-    MATMUL_GEMV,
-    MATMUL_PARTS,
-    MATMUL_TC,
-    MATMUL_WG,
-    MATMUL_ASYNC,
-    MATMUL_CPU,
-    INDEX,
-    SHAPE,
-    ROPE,
-    REDUCE,
-    SOFTMAX,
-    NORM,
-    CONV,
-    POOL,
-    SORT,
-    ATTENTION,
-    ATTENTION_TC,
-    DECODE,
-];
+pub fn every() -> impl Iterator<Item = &'static Source> {
+    std::iter::once(&COMMON)
+        .chain(ALL.iter())
+        .chain(DEVICE_SPECIFIC.iter())
+}
