@@ -6,7 +6,11 @@
 //! --hidden N (1024), --context N (256), --batch N (32), --accum N (1), --steps N (800),
 //! --lr X (1e-3), --eval-every N (100), --seed N (1), --out DIR (runs/llama), --resume,
 //! --devices all|N|list (data parallel: a replica per device, each step's batch split between
-//! them, every rank drawing its own windows; rank 0 evaluates, samples and saves),
+//! them, every rank drawing its own windows; rank 0 evaluates, samples, saves and prints; `all`
+//! and `N` take GPUs when there are any; a list of devices that differ is split by their speed
+//! measured over steps 2-4 unless --weights gives the shares), --weights W,W,... (shares of
+//! each batch per device), --grad-comm f32|bf16 (the dtype gradients travel in between
+//! devices; f32),
 //! --precision f32|bf16|f16 (f32; bf16/f16: autocast with f32 master weights, f16 with loss
 //! scaling), --checkpoint K (0; K > 0 recomputes every K-th block in backward instead of keeping
 //! its activations).
@@ -26,7 +30,7 @@ use netcl::data::{
     bigram_baseline, encode_documents, encode_documents_with_progress, plot_history, utf8_bytes,
     History, Progress, ENDOFTEXT,
 };
-use netcl::distributed::parse_devices;
+use netcl::distributed::{describe_devices, mixed_devices, parse_devices};
 use netcl::nn::{load_checkpoint, save_checkpoint};
 use netcl::optim::clip_grad_norm_on_device;
 use netcl::prelude::*;
@@ -50,6 +54,12 @@ struct Args {
     resume: bool,
     precision: Precision,
     checkpoint: usize,
+    weights: Option<Vec<f64>>,
+    grad_comm: DType,
+    /// Measure the devices' speed and split batches by it (a list of devices that differ).
+    calibrate: bool,
+    /// The data-parallel group's devices, by rank (for the line that shows the split).
+    ranks: Vec<String>,
 }
 
 fn parse(args: Vec<String>) -> Result<Args> {
@@ -75,6 +85,10 @@ fn parse(args: Vec<String>) -> Result<Args> {
         resume: false,
         precision: Precision::F32,
         checkpoint: 0,
+        weights: None,
+        grad_comm: DType::F32,
+        calibrate: false,
+        ranks: Vec::new(),
     };
     let mut it = args.into_iter();
     let bad = |f: &str, v: &str| Error::invalid("llama_train", format!("{f} {v:?} is not valid"));
@@ -104,6 +118,17 @@ fn parse(args: Vec<String>) -> Result<Args> {
             "--out" => a.out = v.clone().into(),
             "--precision" => a.precision = Precision::parse(&v)?,
             "--checkpoint" => a.checkpoint = n()?,
+            "--weights" => {
+                let w: std::result::Result<Vec<f64>, _> = v.split(',').map(str::parse).collect();
+                a.weights = Some(w.map_err(|_| bad(&flag, &v))?);
+            }
+            "--grad-comm" => {
+                a.grad_comm = match v.as_str() {
+                    "f32" => DType::F32,
+                    "bf16" => DType::BF16,
+                    _ => return Err(bad(&flag, &v)),
+                }
+            }
             _ => {
                 return Err(Error::invalid(
                     "llama_train",
@@ -127,9 +152,15 @@ fn main() {
 
 /// The whole run with command-line `args` (without the program name).
 pub fn run(args: Vec<String>) -> Result<()> {
-    let args = parse(args)?;
+    let mut args = parse(args)?;
     match args.devices.as_deref().map(parse_devices).transpose()? {
         Some(devices) if devices.len() > 1 => {
+            println!(
+                "{}",
+                describe_devices(args.devices.as_deref().unwrap_or(""), &devices)
+            );
+            args.calibrate = args.weights.is_none() && mixed_devices(&devices);
+            args.ranks = devices.iter().map(|d| d.to_string()).collect();
             Group::new(devices)?.run(|comm| train(comm.device(), Some(comm), args.clone()))?;
             Ok(())
         }
@@ -143,7 +174,9 @@ pub fn run(args: Vec<String>) -> Result<()> {
 fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
     let lead = comm.is_none_or(|c| c.rank() == 0);
     let rank = comm.map_or(0, |c| c.rank() as u64);
-    println!("device: {dev} ({})", dev.info().name);
+    if lead {
+        println!("device: {dev} ({})", dev.info().name);
+    }
     std::fs::create_dir_all(&args.out).map_err(|e| Error::io(args.out.display().to_string(), e))?;
 
     // Corpus, tokenizer (trained once, saved beside the checkpoint), token streams, baseline.
@@ -172,23 +205,27 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
     let val_bytes = utf8_bytes(&split.val);
     let bigram = bigram_baseline(&train, &val, tokenizer.vocab_size(), 0.01, val_bytes)?;
     let bytes_per_token = val_bytes as f64 / val.len() as f64;
-    println!(
-        "data: {} ({} documents), {} train / {} val tokens, vocab {}; bigram baseline: val loss {:.4}, {:.4} bits/byte",
-        corpus.source, corpus.len(), train.len(), val.len(), tokenizer.vocab_size(), bigram.loss, bigram.bits_per_byte
-    );
+    if lead {
+        println!(
+            "data: {} ({} documents), {} train / {} val tokens, vocab {}; bigram baseline: val loss {:.4}, {:.4} bits/byte",
+            corpus.source, corpus.len(), train.len(), val.len(), tokenizer.vocab_size(), bigram.loss, bigram.bits_per_byte
+        );
+    }
 
     // Model and optimizer: no weight decay on the norms (1-D parameters).
     args.cfg.vocab_size = tokenizer.vocab_size();
     let t = args.cfg.max_seq_len;
     let model = Llama::new(args.cfg.clone(), dev, &mut Generator::new(args.seed))?
         .with_checkpointing(args.checkpoint);
-    println!(
-        "model: {} parameters, {:?}; precision {}, checkpointing every {} blocks",
-        model.num_parameters(),
-        args.cfg,
-        args.precision,
-        args.checkpoint
-    );
+    if lead {
+        println!(
+            "model: {} parameters, {:?}; precision {}, checkpointing every {} blocks",
+            model.num_parameters(),
+            args.cfg,
+            args.precision,
+            args.checkpoint
+        );
+    }
     // f16 scales the loss (and so the gradients) to keep small gradients from flushing to zero.
     let mut scaler = args.precision.scaler();
     let (matrices, norms): (Vec<_>, Vec<_>) = model
@@ -223,20 +260,21 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
         println!("resumed at step {step} from {}", ckpt.display());
     }
 
+    let options = DdpOptions {
+        weights: args.weights.clone(),
+        comm_dtype: args.grad_comm,
+        ..Default::default()
+    };
     let mut ddp = comm
-        .map(|c| DataParallel::new(c, &model, DdpOptions::default()))
+        .map(|c| DataParallel::new(c, &model, options))
         .transpose()?;
     // This rank's rows of each batch (all of them without data parallelism).
-    let rows = match &mut ddp {
+    let mut rows = match &mut ddp {
         Some(d) => d.shard_range(args.batch).len(),
         None => args.batch,
     };
-    if let Some(c) = comm {
-        println!(
-            "rank {} on {dev}: {rows} of each batch's {} sequences",
-            c.rank(),
-            args.batch
-        );
+    if let (Some(d), true) = (&ddp, lead) {
+        println!("{}", split_line(d, &args));
     }
 
     // Validation batches: fixed windows of the validation stream.
@@ -260,6 +298,7 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
             args.seed * 1_000_003 + block as u64 + rank * 7_919,
             dev,
         )?;
+        let mut calibrated_at = None;
         let block_end = ((block + 1) * args.eval_every).min(args.steps);
         let mut progress = Progress::new(
             block + 1,
@@ -307,6 +346,28 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
             }
             opt.zero_grad();
             step += 1;
+            // Devices that differ: time steps 2-4 (the first builds kernels), then split each
+            // batch by the measured speed (the same windows' seeds, new sizes).
+            if let (Some(d), true) = (&mut ddp, args.calibrate) {
+                let done = step - first_step;
+                if done == 1 || done == 4 {
+                    d.calibrate(rows * (done - 1).max(1) * args.accum)?;
+                }
+                if done == 4 && calibrated_at.is_none() {
+                    rows = d.shard_range(args.batch).len();
+                    calibrated_at = Some(step);
+                    batches = TokenBatcher::new(
+                        train.clone(),
+                        rows,
+                        t,
+                        args.seed * 1_000_003 + step as u64 + rank * 7_919,
+                        dev,
+                    )?;
+                    if lead {
+                        println!("calibrated: {}", split_line(d, &args));
+                    }
+                }
+            }
             if let Some(l) = loss_sum {
                 losses.push(l);
             }
@@ -397,6 +458,20 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
     );
     println!("final val_loss={last_val:.4}");
     Ok(())
+}
+
+/// How each batch is split between the ranks, and what the gradients travel as.
+fn split_line(d: &DataParallel<'_>, args: &Args) -> String {
+    let parts: Vec<String> = (d.split(args.batch).iter().zip(&args.ranks))
+        .map(|(n, dev)| format!("{n} on {dev}"))
+        .collect();
+    format!(
+        "data parallel: {} ranks, each batch of {} sequences split {}; gradients travel as {}",
+        args.ranks.len(),
+        args.batch,
+        parts.join(", "),
+        args.grad_comm
+    )
 }
 
 /// The mean loss over the fixed validation batches.

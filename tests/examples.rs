@@ -80,6 +80,38 @@ fn llama_train_runs_in_bf16_and_f16() {
     }
 }
 
+/// Data parallel under bf16 autocast with bf16 gradient communication: over every OpenCL
+/// device (the relay), and over the host beside one (a mix: split by measured speed).
+#[test]
+fn llama_train_data_parallel_in_bf16() {
+    let cl: Vec<Device> = test_devices()
+        .unwrap()
+        .into_iter()
+        .filter(Device::is_opencl)
+        .collect();
+    let mut specs = vec![format!("host,{}", cl[0].spec())];
+    if cl.len() >= 2 {
+        specs.push(cl.iter().map(Device::spec).collect::<Vec<_>>().join(","));
+    }
+    for devices in specs {
+        let out = scratch(&format!("train-ddp-{}", devices.replace([':', ','], "_")));
+        let run = args(
+            "--vocab 300 --dim 32 --layers 2 --heads 4 --kv-heads 2 --hidden 64 --context 16 \
+             --batch 6 --steps 6 --eval-every 3 --precision bf16 --grad-comm bf16",
+            &[
+                ("--data", text().to_str().unwrap()),
+                ("--devices", &devices),
+                ("--out", out.to_str().unwrap()),
+            ],
+        );
+        llama_train::run(run).unwrap_or_else(|e| panic!("{devices}: {e}"));
+        let meta: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join("checkpoint.json")).unwrap()).unwrap();
+        let val = meta["extra"]["val_loss"].as_f64().unwrap();
+        assert!(val.is_finite() && val > 0.0, "{devices}: val loss {val}");
+    }
+}
+
 #[test]
 fn llama_finetune_trains_lora_over_a_bf16_base() {
     // A Hugging Face directory made here: a tiny model and a tokenizer of the shipped text.

@@ -1,6 +1,6 @@
 //! The communication thread of data-parallel training: reduces gradient buckets across ranks as backward hands them over (through the device relay where every rank is an OpenCL device, else through host staging on the copy queue).
 use crate::group::Comm;
-use crate::reduce::ReduceOp;
+use crate::reduce::{round_to_bf16, ReduceOp};
 use crate::relay::{Chunk, ChunkTimes, Relay};
 use crate::staging::{queue, read, write, Queue};
 use netcl_core_devices::opencl3::event::Event;
@@ -75,9 +75,13 @@ pub(crate) struct BucketWorker {
 }
 
 impl BucketWorker {
+    /// `flat` holds the gradients; `wire` is what the device relay sends (`flat` itself, or a
+    /// bf16 copy of it); `bf16` rounds the values sent on the other paths the same way.
     pub(crate) fn start(
         comm: Comm,
         flat: Tensor,
+        wire: Tensor,
+        bf16: bool,
         buckets: Arc<Vec<Bucket>>,
         pinned: Vec<PinnedBuffer>,
     ) -> Result<BucketWorker> {
@@ -89,6 +93,8 @@ impl BucketWorker {
                 let worker = Worker {
                     comm,
                     flat,
+                    wire,
+                    bf16,
                     buckets,
                 };
                 worker.run(jobs, done_tx);
@@ -161,6 +167,8 @@ impl Drop for BucketWorker {
 struct Worker {
     comm: Comm,
     flat: Tensor,
+    wire: Tensor,
+    bf16: bool,
     buckets: Arc<Vec<Bucket>>,
 }
 
@@ -197,6 +205,7 @@ impl Worker {
                 ReduceOp::WeightedSum,
                 share,
                 self.buckets.iter().map(|b| b.len).sum(),
+                self.wire.dtype() == netcl_core_devices::DType::BF16,
             )?)
         } else {
             None
@@ -247,12 +256,13 @@ impl Worker {
     /// Hand bucket `index` to the relay, in chunks; the first waits for `produced`.
     fn push(&self, relay: &mut Relay<'_>, index: usize, produced: Event) -> Result<()> {
         let b = &self.buckets[index];
-        let (mem, at) = (self.flat.mem()?, (self.flat.offset() + b.start) * 4);
+        let e = self.wire.dtype().size();
+        let (mem, at) = (self.wire.mem()?, (self.wire.offset() + b.start) * e);
         let mut after = Some(produced);
         for s in (0..b.len).step_by(relay.chunk()) {
             relay.push(Chunk {
                 mem,
-                offset: at + s * 4,
+                offset: at + s * e,
                 len: relay.chunk().min(b.len - s),
                 after: after.take(),
                 tag: index,
@@ -265,8 +275,7 @@ impl Worker {
         let b = &self.buckets[index];
         match job {
             Job::Host(mut data) => {
-                self.comm
-                    .all_reduce_host(&mut data, ReduceOp::WeightedSum, share)?;
+                self.all_reduce_host(&mut data, share)?;
                 done.host.push((index, data));
             }
             Job::Device(produced) => {
@@ -293,8 +302,7 @@ impl Worker {
                 // SAFETY: the pinned buffer holds the bucket (the read completed) and nothing
                 // else touches it until the write below has completed.
                 let data = unsafe { std::slice::from_raw_parts_mut(b.pinned as *mut f32, b.len) };
-                self.comm
-                    .all_reduce_host(data, ReduceOp::WeightedSum, share)?;
+                self.all_reduce_host(data, share)?;
                 // SAFETY: as above; `timings` waits for the write before the step ends.
                 let w = unsafe {
                     write(
@@ -316,6 +324,20 @@ impl Worker {
                 });
                 done.writes.push(w);
             }
+        }
+        Ok(())
+    }
+
+    /// The weighted sum over ranks through host memory; with a bf16 wire, each rank's values
+    /// and the result rounded to bf16 as the device relay's would be.
+    fn all_reduce_host(&self, data: &mut [f32], share: f32) -> Result<()> {
+        if self.bf16 {
+            round_to_bf16(data);
+        }
+        self.comm
+            .all_reduce_host(data, ReduceOp::WeightedSum, share)?;
+        if self.bf16 {
+            round_to_bf16(data);
         }
         Ok(())
     }

@@ -169,7 +169,7 @@ impl Comm {
         if n == 0 {
             return Ok(());
         }
-        let mut relay = Relay::begin(self, name, op, scale, n)?;
+        let mut relay = Relay::begin(self, name, op, scale, n, false)?;
         let (mem, base, step) = (t.mem()?, t.offset() * 4, relay.chunk());
         let mut ready = Some(compute_done(&self.device)?);
         for s in (0..n).step_by(step) {

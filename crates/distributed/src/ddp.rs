@@ -7,7 +7,7 @@ use netcl_autograd::{GradBuffers, Parameter, Tape, Var};
 use netcl_core_devices::{ClResultExt, DType, Error, Result};
 use netcl_core_memory::PinnedBuffer;
 use netcl_nn::Module;
-use netcl_ops::Tensor;
+use netcl_ops::{fused_into, Expr, Tensor};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::Path;
@@ -26,6 +26,12 @@ pub struct DdpOptions {
     /// Shares of the batch per rank (any positive numbers; default equal). See also
     /// [`DataParallel::calibrate`].
     pub weights: Option<Vec<f64>>,
+    /// The dtype gradients travel in between ranks: F32 (default) or BF16. With BF16 each
+    /// rank's gradient is rounded to bf16, the ranks' values are summed in f32 (in rank order,
+    /// as with F32) and the sum is rounded to bf16 once before it is widened back into the f32
+    /// gradients: half the bytes over the bus (the device relay sends bf16; the host and MPI
+    /// paths round the same way and send f32).
+    pub comm_dtype: DType,
 }
 
 impl Default for DdpOptions {
@@ -34,6 +40,7 @@ impl Default for DdpOptions {
             bucket_bytes: 4 << 20,
             broadcast_parameters: true,
             weights: None,
+            comm_dtype: DType::F32,
         }
     }
 }
@@ -56,8 +63,12 @@ pub struct DataParallel<'c> {
     comm: &'c Comm,
     grads: GradBuffers,
     flat: Tensor,
+    /// The bf16 copy of `flat` the device relay sends when gradients travel in bf16.
+    wire: Option<Tensor>,
     buckets: Arc<Vec<Bucket>>,
     bucket_of: HashMap<usize, usize>,
+    /// Each trainable parameter and the first element of its gradient in `flat`.
+    layout: Vec<(Parameter, usize)>,
     /// Parameters of each bucket (to zero the gradient of those backward did not reach).
     members: Vec<Vec<Parameter>>,
     worker: BucketWorker,
@@ -84,6 +95,16 @@ impl<'c> DataParallel<'c> {
         let op = "DataParallel::new";
         let weights = options.weights.unwrap_or_else(|| vec![1.0; comm.size()]);
         check_weights(op, &weights, comm.size())?;
+        let bf16 = match options.comm_dtype {
+            DType::F32 => false,
+            DType::BF16 => true,
+            other => {
+                return Err(Error::dtype(
+                    op,
+                    format!("gradients can travel as f32 or bf16, not {other}"),
+                ))
+            }
+        };
         if options.broadcast_parameters {
             for p in module.parameters() {
                 comm.broadcast(p.value(), 0)?;
@@ -125,8 +146,10 @@ impl<'c> DataParallel<'c> {
         let mut buckets: Vec<Bucket> = Vec::new();
         let mut members: Vec<Vec<Parameter>> = Vec::new();
         let mut bucket_of = HashMap::new();
+        let mut layout = Vec::with_capacity(params.len());
         let mut at = 0;
         for p in &params {
+            layout.push((p.clone(), at));
             let bytes = p.numel() * 4;
             let start_new = match buckets.last() {
                 None => true,
@@ -149,8 +172,13 @@ impl<'c> DataParallel<'c> {
             at += p.numel();
         }
         // Host staging for each bucket, unless the buckets go through the device relay.
+        let relay = comm.device().is_opencl() && comm.hub.relay;
+        let wire = match bf16 && relay {
+            true => Some(Tensor::zeros(&[at], DType::BF16, comm.device())?),
+            false => None,
+        };
         let mut pinned = Vec::new();
-        if comm.device().is_opencl() && !comm.hub.relay {
+        if comm.device().is_opencl() && !relay {
             for b in &mut buckets {
                 let mut buf = PinnedBuffer::new(comm.device(), b.len * 4)?;
                 b.pinned = buf.as_mut_slice().as_mut_ptr() as usize;
@@ -158,13 +186,22 @@ impl<'c> DataParallel<'c> {
             }
         }
         let buckets = Arc::new(buckets);
-        let worker = BucketWorker::start(comm.duplicate()?, flat.clone(), buckets.clone(), pinned)?;
+        let worker = BucketWorker::start(
+            comm.duplicate()?,
+            flat.clone(),
+            wire.clone().unwrap_or_else(|| flat.clone()),
+            bf16,
+            buckets.clone(),
+            pinned,
+        )?;
         Ok(DataParallel {
             comm,
             grads,
             flat,
+            wire,
             buckets,
             bucket_of,
+            layout,
             members,
             worker,
             share: 1.0 / comm.size() as f32,
@@ -176,8 +213,16 @@ impl<'c> DataParallel<'c> {
         })
     }
 
-    pub fn comm(&self) -> &Comm {
+    pub fn comm(&self) -> &'c Comm {
         self.comm
+    }
+    /// Each trainable parameter and the first element of its gradient in the flat buffer.
+    pub(crate) fn layout(&self) -> &[(Parameter, usize)] {
+        &self.layout
+    }
+    /// The flat gradient buffer.
+    pub(crate) fn flat(&self) -> &Tensor {
+        &self.flat
     }
     /// Number of gradient buckets and their sizes in elements.
     pub fn bucket_sizes(&self) -> Vec<usize> {
@@ -263,8 +308,13 @@ impl<'c> DataParallel<'c> {
         let share = self.share;
         let step = self.worker.begin(share, self.buckets.len())?;
         {
-            let (worker, flat, buckets, bucket_of) =
-                (&self.worker, &self.flat, &self.buckets, &self.bucket_of);
+            let (worker, flat, buckets, bucket_of, wire) = (
+                &self.worker,
+                &self.flat,
+                &self.buckets,
+                &self.bucket_of,
+                self.wire.as_ref(),
+            );
             let mut hook = |p: &Parameter| -> Result<()> {
                 let Some(&b) = bucket_of.get(&p.id()) else {
                     return Ok(());
@@ -272,7 +322,7 @@ impl<'c> DataParallel<'c> {
                 pending[b] -= 1;
                 if pending[b] == 0 {
                     sent[b] = true;
-                    worker.send(step, b, launch(flat, &buckets[b])?)?;
+                    worker.send(step, b, launch(flat, wire, &buckets[b])?)?;
                 }
                 Ok(())
             };
@@ -299,6 +349,9 @@ impl<'c> DataParallel<'c> {
             let waits: Vec<_> = done.writes.iter().collect();
             drop(marker(self.flat.device(), Queue::Compute, &waits)?);
         }
+        if let Some(wire) = &self.wire {
+            fused_into(&[wire], &[(Expr::input(0).cast(DType::F32), &self.flat)])?;
+        }
         for (b, data) in done.host {
             let bucket = &self.buckets[b];
             write_tensor(&self.flat.narrow(0, bucket.start, bucket.len)?, &data)?;
@@ -318,8 +371,9 @@ impl<'c> DataParallel<'c> {
                         p.set_grad(Some(Tensor::zeros(p.shape(), p.dtype(), p.device())?))?;
                     }
                 }
+                let bucket = &self.buckets[b];
                 self.worker
-                    .send(step, b, launch(&self.flat, &self.buckets[b])?)?;
+                    .send(step, b, launch(&self.flat, self.wire.as_ref(), bucket)?)?;
             }
         }
         Ok(())
@@ -382,12 +436,19 @@ fn check_weights(op: &str, w: &[f64], size: usize) -> Result<()> {
     Ok(())
 }
 
-/// Hand bucket `b` over: on an OpenCL device, a marker after the kernels that wrote it (the
-/// communication thread reads the bucket on the copy queue once the marker has passed); on the
-/// host, a copy of its values.
-fn launch(flat: &Tensor, b: &Bucket) -> Result<Job> {
+/// Hand bucket `b` over: on an OpenCL device, a marker after the kernels that wrote it (and,
+/// with a bf16 `wire`, the kernel rounding it into the wire; the communication thread reads the
+/// bucket on the copy queue once the marker has passed); on the host, a copy of its values.
+fn launch(flat: &Tensor, wire: Option<&Tensor>, b: &Bucket) -> Result<Job> {
     if flat.device().is_host() {
         return Ok(Job::Host(flat.narrow(0, b.start, b.len)?.to_vec::<f32>()?));
+    }
+    if let Some(wire) = wire {
+        let (src, dst) = (
+            flat.narrow(0, b.start, b.len)?,
+            wire.narrow(0, b.start, b.len)?,
+        );
+        fused_into(&[&src], &[(Expr::input(0).cast(DType::BF16), &dst)])?;
     }
     Ok(Job::Device(compute_done(flat.device())?))
 }

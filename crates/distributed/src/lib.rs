@@ -10,12 +10,16 @@ mod mpi;
 mod reduce;
 mod relay;
 mod staging;
+mod zero;
 
 pub use bucket::CopyRecord;
 pub use collectives::CHUNK_ELEMS;
 pub use ddp::{DataParallel, DdpOptions};
-pub use devices::{parse_devices, take_devices_flag};
+pub use devices::{
+    describe_devices, mixed_devices, parse_devices, select_of_kinds, take_devices_flag,
+};
 pub use group::{Comm, Group, DEFAULT_TIMEOUT};
 #[cfg(feature = "mpi")]
 pub use mpi::MpiWorld;
 pub use reduce::{proportional_split, split_range, ReduceOp};
+pub use zero::{shard_owners, ShardedOptimizer};

@@ -1,5 +1,43 @@
 //! Reduction operators and the deterministic host reduction of one range over every rank's staged copy.
 use crate::hub::Slot;
+use half::bf16;
+
+/// An element type values travel in between ranks: f32, or bf16 (half the bytes; the fold
+/// still sums in f32 and rounds its result to nearest even once).
+pub(crate) trait Wire: Copy + Send + Sync + 'static {
+    fn get(self) -> f32;
+    fn put(x: f32) -> Self;
+}
+
+impl Wire for f32 {
+    fn get(self) -> f32 {
+        self
+    }
+    fn put(x: f32) -> f32 {
+        x
+    }
+}
+
+/// Branch-free conversions (the fold's loops vectorise), equal to `half`'s: widening is a
+/// shift; narrowing rounds to nearest even, NaN stays a (quiet) NaN.
+impl Wire for bf16 {
+    #[inline(always)]
+    fn get(self) -> f32 {
+        f32::from_bits((self.to_bits() as u32) << 16)
+    }
+    #[inline(always)]
+    fn put(x: f32) -> bf16 {
+        let b = x.to_bits();
+        let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
+        let nan = ((b >> 16) as u16) | 0x40;
+        bf16::from_bits(if x.is_nan() { nan } else { rounded })
+    }
+}
+
+/// `x` rounded to bf16 and back (what a bf16 wire keeps of an f32), in place.
+pub(crate) fn round_to_bf16(x: &mut [f32]) {
+    x.iter_mut().for_each(|v| *v = bf16::put(*v).get());
+}
 
 /// How all_reduce, reduce and reduce_scatter combine the ranks' values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,26 +93,35 @@ const BLOCK: usize = 1024;
 /// whenever, and whatever ranges it is split into. Max and min propagate NaN (a NaN in any rank
 /// gives NaN, as torch does).
 ///
-/// SAFETY: every source must hold `len` live f32 and `dst` must be writable for `len` f32;
+/// Elements are f32 or bf16 ([`Wire`]); the accumulation is f32 either way.
+///
+/// SAFETY: every source must hold `len` live elements and `dst` must be writable for `len`;
 /// nobody else writes them until this returns.
-pub(crate) unsafe fn fold(
-    srcs: &[*const f32],
+pub(crate) unsafe fn fold<T: Wire>(
+    srcs: &[*const T],
     scales: &[f32],
     op: ReduceOp,
-    dst: *mut f32,
+    dst: *mut T,
     len: usize,
 ) {
     let mut acc = [0f32; BLOCK];
+    let mut row = [0f32; BLOCK];
     for at in (0..len).step_by(BLOCK) {
         let m = BLOCK.min(len - at);
         let acc = &mut acc[..m];
-        let src = |r: usize| std::slice::from_raw_parts(srcs[r].add(at), m);
-        acc.copy_from_slice(src(0));
+        let row = &mut row[..m];
+        // Rank r's elements of this block, as f32.
+        let load = |r: usize, into: &mut [f32]| {
+            let x = std::slice::from_raw_parts(srcs[r].add(at), m);
+            into.iter_mut().zip(x).for_each(|(o, v)| *o = v.get());
+        };
+        load(0, acc);
         if op == ReduceOp::WeightedSum && scales[0] != 1.0 {
             acc.iter_mut().for_each(|a| *a *= scales[0]);
         }
         for (r, &s) in scales.iter().enumerate().take(srcs.len()).skip(1) {
-            let x = src(r);
+            load(r, row);
+            let x = &*row;
             match op {
                 ReduceOp::Sum | ReduceOp::Mean => acc.iter_mut().zip(x).for_each(|(a, x)| *a += *x),
                 ReduceOp::WeightedSum => acc.iter_mut().zip(x).for_each(|(a, x)| *a += s * *x),
@@ -94,11 +141,14 @@ pub(crate) unsafe fn fold(
             let k = srcs.len() as f32;
             acc.iter_mut().for_each(|a| *a /= k);
         }
-        std::ptr::copy_nonoverlapping(acc.as_ptr(), dst.add(at), m);
+        let out = std::slice::from_raw_parts_mut(dst.add(at), m);
+        out.iter_mut()
+            .zip(acc.iter())
+            .for_each(|(o, a)| *o = T::put(*a));
     }
 }
 
-/// The threads that fold for the device relay: a quarter of the cores, 1 to 8 (the rest stay
+/// The threads that fold for the device relay: a quarter of the cores, 1 to 16 (the rest stay
 /// free for the ranks' threads and the driver's: with a pool over every core, a fold thread
 /// preempted mid-part stalled whole collectives for milliseconds). `None` if the threads cannot
 /// be started (the relay then folds on its own thread).
@@ -107,7 +157,7 @@ pub(crate) fn fold_pool() -> Option<&'static rayon::ThreadPool> {
     POOL.get_or_init(|| {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         rayon::ThreadPoolBuilder::new()
-            .num_threads((cores / 4).clamp(1, 8))
+            .num_threads((cores / 4).clamp(1, 16))
             .thread_name(|i| format!("netcl-fold-{i}"))
             .build()
             .ok()
@@ -118,11 +168,11 @@ pub(crate) fn fold_pool() -> Option<&'static rayon::ThreadPool> {
 /// [`fold`] over parts of `len` on the threads of the current rayon pool (the same bits).
 ///
 /// SAFETY: as [`fold`].
-pub(crate) unsafe fn fold_parallel(
-    srcs: &[*const f32],
+pub(crate) unsafe fn fold_parallel<T: Wire>(
+    srcs: &[*const T],
     scales: &[f32],
     op: ReduceOp,
-    dst: *mut f32,
+    dst: *mut T,
     len: usize,
 ) {
     use rayon::prelude::*;
@@ -135,9 +185,9 @@ pub(crate) unsafe fn fold_parallel(
     (0..len.div_ceil(PART)).into_par_iter().for_each(|p| {
         let at = p * PART;
         let m = PART.min(len - at);
-        let part: Vec<*const f32> = addrs.iter().map(|a| (*a as *const f32).add(at)).collect();
+        let part: Vec<*const T> = addrs.iter().map(|a| (*a as *const T).add(at)).collect();
         // SAFETY: the caller's contract; the parts are disjoint ranges of the same buffers.
-        fold(&part, scales, op, (dst as *mut f32).add(at), m);
+        fold(&part, scales, op, (dst as *mut T).add(at), m);
     });
 }
 
@@ -175,6 +225,31 @@ pub fn proportional_split(n: usize, weights: &[f64]) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bf16_conversions_equal_the_half_crates() {
+        let mut x: Vec<f32> = (0..200_000u32)
+            .map(|i| f32::from_bits(i.wrapping_mul(2_654_435_761)))
+            .collect();
+        x.extend([
+            0.0,
+            -0.0,
+            1.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+        ]);
+        for v in x {
+            let (ours, theirs) = (bf16::put(v), bf16::from_f32(v));
+            if v.is_nan() {
+                assert!(ours.is_nan() && theirs.is_nan(), "{v:e}");
+            } else {
+                assert_eq!(ours.to_bits(), theirs.to_bits(), "{v:e}");
+            }
+            assert_eq!(Wire::get(theirs).to_bits(), theirs.to_f32().to_bits());
+        }
+    }
 
     #[test]
     fn splits_cover_the_range() {

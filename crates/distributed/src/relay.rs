@@ -76,7 +76,8 @@ impl RelayBuffers {
     }
 }
 
-/// A range of a device buffer to reduce in place: `len` f32 at byte `offset` of `mem`, readable
+/// A range of a device buffer to reduce in place: `len` elements (f32, or bf16 in a bf16
+/// session) at byte `offset` of `mem`, readable
 /// once `after` (if any) has completed and once the chunks before it are. `tag` names it in the
 /// copy records.
 pub(crate) struct Chunk {
@@ -109,11 +110,16 @@ pub(crate) struct Relay<'c> {
     comm: &'c Comm,
     /// Every rank's pinned slots (this rank's among them).
     peers: Vec<Arc<RelayBuffers>>,
-    /// Elements per chunk.
+    /// Elements per chunk (a slot's bytes over the element size: bf16 chunks hold twice the
+    /// elements, so a session has half the chunks).
     chunk: usize,
+    /// Bytes per slot.
+    slot_bytes: usize,
     /// Each rank's weight ([`ReduceOp::WeightedSum`]).
     scales: Vec<f32>,
     op: ReduceOp,
+    /// Whether elements travel as bf16 (else f32): bytes per element 2 or 4.
+    bf16: bool,
     /// Chunks relayed on this hub before this session.
     base: u64,
     chunks: Vec<InFlight>,
@@ -165,13 +171,15 @@ fn span(events: &[Event]) -> (u64, u64) {
 impl<'c> Relay<'c> {
     /// Start a session: every rank calls it, about to relay `total` elements (an exchange of
     /// the lengths, the chunk size and the weights). `scale` is this rank's weight for
-    /// [`ReduceOp::WeightedSum`].
+    /// [`ReduceOp::WeightedSum`]. With `bf16`, the chunks' elements are bf16 (the tensors hold
+    /// bf16; the fold sums in f32 and rounds once).
     pub(crate) fn begin(
         comm: &'c Comm,
         name: &'static str,
         op: ReduceOp,
         scale: f32,
         total: usize,
+        bf16: bool,
     ) -> Result<Relay<'c>> {
         let chunk = chunk_elems()?;
         let mine = {
@@ -191,7 +199,7 @@ impl<'c> Relay<'c> {
                 ptr: mine.addr,
                 len: total,
                 scale,
-                shape: vec![chunk],
+                shape: vec![chunk, usize::from(bf16)],
             },
         )?;
         if slots.iter().any(|s| s.len != total) {
@@ -201,12 +209,12 @@ impl<'c> Relay<'c> {
                 format!("ranks hold different lengths {lens:?}"),
             ));
         }
-        if slots.iter().any(|s| s.shape != [chunk]) {
+        if slots.iter().any(|s| s.shape != [chunk, usize::from(bf16)]) {
             return Err(Error::invalid(
                 name,
                 format!(
-                    "ranks relay chunks of different sizes {:?} (NETCL_RELAY_CHUNK must be the same on every rank)",
-                    slots.iter().map(|s| s.shape.iter().sum::<usize>() * 4).collect::<Vec<_>>()
+                    "ranks relay chunks of different sizes or element types {:?} (bytes, bf16; NETCL_RELAY_CHUNK and the communication dtype must be the same on every rank)",
+                    slots.iter().map(|s| (s.shape[0] * 4, s.shape[1] == 1)).collect::<Vec<_>>()
                 ),
             ));
         }
@@ -221,9 +229,11 @@ impl<'c> Relay<'c> {
         Ok(Relay {
             comm,
             peers,
-            chunk,
+            chunk: if bf16 { chunk * 2 } else { chunk },
+            slot_bytes: chunk * 4,
             scales: slots.iter().map(|s| s.scale).collect(),
             op,
+            bf16,
             base: comm.hub.own(comm.rank, Stage::Freed),
             chunks: Vec::new(),
             down_issued: 0,
@@ -259,10 +269,19 @@ impl<'c> Relay<'c> {
         Ok(())
     }
 
+    /// Bytes per element.
+    fn esize(&self) -> usize {
+        if self.bf16 {
+            2
+        } else {
+            4
+        }
+    }
+
     /// Host address of rank `rank`'s slot for chunk `i`.
     fn slot(&self, rank: usize, i: usize) -> usize {
         let k = ((self.base + i as u64) % SLOTS as u64) as usize;
-        self.peers[rank].addr + k * self.chunk * 4
+        self.peers[rank].addr + k * self.slot_bytes
     }
 
     fn issue_down(&mut self, i: usize) -> Result<()> {
@@ -276,7 +295,7 @@ impl<'c> Relay<'c> {
                 c.mem,
                 c.offset,
                 self.slot(self.comm.rank, i) as *mut u8,
-                c.len * 4,
+                c.len * self.esize(),
                 &[],
             )?
         };
@@ -290,16 +309,29 @@ impl<'c> Relay<'c> {
     fn start_fold(&self, i: usize) {
         let (n, r) = (self.comm.size, self.comm.rank);
         let own = split_range(self.chunks[i].chunk.len, n, r);
-        let srcs: Vec<usize> = (0..n).map(|s| self.slot(s, i) + own.start * 4).collect();
-        let (scales, op, hub) = (self.scales.clone(), self.op, self.comm.hub.clone());
+        let e = self.esize();
+        let srcs: Vec<usize> = (0..n).map(|s| self.slot(s, i) + own.start * e).collect();
+        let (scales, op, hub, bf16) = (
+            self.scales.clone(),
+            self.op,
+            self.comm.hub.clone(),
+            self.bf16,
+        );
         let done = self.chunks[i].folded.clone();
         let fold = move || {
-            let ptrs: Vec<*const f32> = srcs.iter().map(|&a| a as *const f32).collect();
             // SAFETY: every slot holds chunk i (every rank passed Down) and stays unchanged
             // until every rank passes Freed, which needs this fold; segment r of this rank's
             // slot is read by nobody else before this rank passes Reduced, after the fold. The
             // slots outlive the fold: the session's drop waits for it.
-            unsafe { fold_parallel(&ptrs, &scales, op, ptrs[r] as *mut f32, own.len()) };
+            unsafe {
+                if bf16 {
+                    let ptrs: Vec<*const half::bf16> = srcs.iter().map(|&a| a as _).collect();
+                    fold_parallel(&ptrs, &scales, op, ptrs[r] as *mut _, own.len())
+                } else {
+                    let ptrs: Vec<*const f32> = srcs.iter().map(|&a| a as _).collect();
+                    fold_parallel(&ptrs, &scales, op, ptrs[r] as *mut _, own.len())
+                }
+            };
             done.store(true, Ordering::Release);
             hub.poke();
         };
@@ -310,7 +342,7 @@ impl<'c> Relay<'c> {
     }
 
     fn issue_gather(&mut self, i: usize) -> Result<()> {
-        let n = self.comm.size;
+        let (n, e) = (self.comm.size, self.esize());
         let c = &self.chunks[i].chunk;
         let mut events = Vec::new();
         for s in 0..n {
@@ -325,9 +357,9 @@ impl<'c> Relay<'c> {
                     &self.comm.device,
                     Queue::Relay,
                     c.mem,
-                    c.offset + seg.start * 4,
-                    (self.slot(s, i) + seg.start * 4) as *const u8,
-                    seg.len() * 4,
+                    c.offset + seg.start * e,
+                    (self.slot(s, i) + seg.start * e) as *const u8,
+                    seg.len() * e,
                     &[],
                 )?
             });
@@ -460,14 +492,14 @@ impl<'c> Relay<'c> {
     /// reads this rank's slots any more). The tensors hold the reduction afterwards.
     pub(crate) fn finish(mut self) -> Result<Vec<ChunkTimes>> {
         let end = self.base + self.chunks.len() as u64;
-        let hub = self.comm.hub.clone();
+        let (hub, e) = (self.comm.hub.clone(), self.esize());
         self.pump_until(|s| s.freed == s.chunks.len() && hub.passed(Stage::Freed) >= end)?;
         Ok(self
             .chunks
             .iter()
             .map(|c| ChunkTimes {
                 tag: c.chunk.tag,
-                bytes: c.chunk.len * 4,
+                bytes: c.chunk.len * e,
                 down: span(c.down.as_slice()),
                 gather: span(&c.gather),
             })

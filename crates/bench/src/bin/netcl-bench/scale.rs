@@ -22,7 +22,7 @@ struct Scale {
 
 /// TinyLlama-1.1B's shape (dim 2048, 22 layers, 32 heads, 4 key/value heads, SwiGLU 5632,
 /// vocabulary 32000, own output head), context 2048.
-fn tiny_llama_1b() -> LlamaConfig {
+pub(crate) fn tiny_llama_1b() -> LlamaConfig {
     LlamaConfig {
         dim: 2048,
         n_layers: 22,

@@ -1,0 +1,258 @@
+//! ZeRO stage 1: each rank keeps the optimizer state of its own share of the parameters, steps only those, and the ranks then exchange the updated parameters.
+use crate::ddp::DataParallel;
+use crate::group::Comm;
+use crate::reduce::ReduceOp;
+use netcl_autograd::Parameter;
+use netcl_core_devices::{Error, Result};
+use netcl_ops::{fused_into_groups, Expr, FusedGroup, Tensor};
+use netcl_optim::Optimizer;
+use serde_json::{json, Value};
+use std::ops::Range;
+
+/// An optimizer sharded across the ranks of a [`DataParallel`] group (ZeRO-1, as
+/// DeepSpeed's stage 1 or PyTorch's `ZeroRedundancyOptimizer`): the trainable parameters are
+/// cut into one contiguous run per rank (in the gradient buffer's order, balanced by element
+/// count) and each rank's inner optimizer holds the state (AdamW's two moments: 8 bytes a
+/// parameter) of its run only.
+///
+/// `step` runs the inner optimizer on this rank's parameters, then every rank receives the
+/// others' updated parameters: the rank writes its own into the (no longer needed) gradient
+/// buffer with zeros elsewhere and the buffer is summed across ranks (exact: one rank holds
+/// each value), so no memory beyond the gradients is used. Gradients are cleared by `step`.
+/// Every rank must call `step` (collective). Equal to the unsharded optimizer: the update of
+/// each element is the same kernel on the same values.
+///
+/// Checkpoints: `state_tensors` names this rank's state by the parameter's position among
+/// all parameters and `hyper_params` records which positions the rank owns; each rank saves
+/// and loads its own shard.
+pub struct ShardedOptimizer<'c, O: Optimizer> {
+    comm: &'c Comm,
+    inner: O,
+    /// Every trainable parameter and its first element in `flat` (in the buffer's order).
+    layout: Vec<(Parameter, usize)>,
+    all: Vec<Parameter>,
+    /// Positions in `layout` this rank owns.
+    owned: Range<usize>,
+    flat: Tensor,
+}
+
+/// The runs of `layout` (first elements, in order, of a buffer of `total` elements) each of
+/// `ranks` owns: parameter i goes to the rank whose equal share of `total` holds its first
+/// element, so the runs are contiguous and within one parameter of balanced.
+pub fn shard_owners(starts: &[usize], total: usize, ranks: usize) -> Vec<Range<usize>> {
+    let owner = |at: usize| (at * ranks / total.max(1)).min(ranks - 1);
+    (0..ranks)
+        .map(|r| {
+            let first = starts
+                .iter()
+                .position(|&s| owner(s) >= r)
+                .unwrap_or(starts.len());
+            let end = starts
+                .iter()
+                .position(|&s| owner(s) > r)
+                .unwrap_or(starts.len());
+            first..end.max(first)
+        })
+        .collect()
+}
+
+impl<'c> DataParallel<'c> {
+    /// Shard an optimizer across the ranks (ZeRO-1): `make` builds this rank's inner optimizer
+    /// over the parameters it owns (forming parameter groups as it likes). Collective in use:
+    /// every rank calls `step`. See [`ShardedOptimizer`].
+    pub fn shard_optimizer<O: Optimizer>(
+        &self,
+        make: impl FnOnce(Vec<Parameter>) -> Result<O>,
+    ) -> Result<ShardedOptimizer<'c, O>> {
+        let layout = self.layout().to_vec();
+        let starts: Vec<usize> = layout.iter().map(|(_, s)| *s).collect();
+        let owners = shard_owners(&starts, self.flat().numel(), self.comm().size());
+        let owned = owners[self.comm().rank()].clone();
+        let mine: Vec<Parameter> = layout[owned.clone()]
+            .iter()
+            .map(|(p, _)| p.clone())
+            .collect();
+        let inner = make(mine.clone())?;
+        if let Some(p) = inner
+            .params()
+            .iter()
+            .find(|p| !mine.iter().any(|m| m.id() == p.id()))
+        {
+            return Err(Error::invalid(
+                "DataParallel::shard_optimizer",
+                format!(
+                    "the optimizer built for rank {} holds parameter {:?}, which that rank does not own",
+                    self.comm().rank(),
+                    p.shape()
+                ),
+            ));
+        }
+        let all = layout.iter().map(|(p, _)| p.clone()).collect();
+        Ok(ShardedOptimizer {
+            comm: self.comm(),
+            inner,
+            layout,
+            all,
+            owned,
+            flat: self.flat().clone(),
+        })
+    }
+}
+
+impl<O: Optimizer> ShardedOptimizer<'_, O> {
+    /// The inner optimizer (this rank's shard).
+    pub fn inner(&self) -> &O {
+        &self.inner
+    }
+    /// Positions (in the gradient buffer's order) of the parameters this rank steps.
+    pub fn owned(&self) -> Range<usize> {
+        self.owned.clone()
+    }
+
+    /// Each parameter in `which` with its view in the flat buffer: `(parameter, view)`.
+    fn views(&self, which: impl Iterator<Item = usize>) -> Result<Vec<(Tensor, Tensor)>> {
+        which
+            .map(|i| {
+                let (p, at) = &self.layout[i];
+                let view = self.flat.narrow(0, *at, p.numel())?.reshape(p.shape())?;
+                Ok((p.value().clone(), view))
+            })
+            .collect()
+    }
+
+    /// Every rank's updated parameters to every rank, through the gradient buffer.
+    fn exchange_parameters(&self) -> Result<()> {
+        let n = self.flat.numel();
+        let (first, end) = match self.owned.is_empty() {
+            true => (0, 0),
+            false => {
+                let (p, at) = &self.layout[self.owned.end - 1];
+                (self.layout[self.owned.start].1, at + p.numel())
+            }
+        };
+        for (from, len) in [(0, first), (end, n - end)] {
+            if len > 0 {
+                self.flat.narrow(0, from, len)?.fill_(0.0)?;
+            }
+        }
+        let copy = |pairs: Vec<(Tensor, Tensor)>, to_flat: bool| -> Result<()> {
+            let groups: Vec<FusedGroup> = pairs
+                .iter()
+                .map(|(p, v)| match to_flat {
+                    true => FusedGroup {
+                        inputs: vec![p],
+                        outputs: vec![v],
+                    },
+                    false => FusedGroup {
+                        inputs: vec![v],
+                        outputs: vec![p],
+                    },
+                })
+                .collect();
+            if groups.is_empty() {
+                return Ok(());
+            }
+            fused_into_groups(&[Expr::input(0)], &groups)
+        };
+        copy(self.views(self.owned.clone())?, true)?;
+        self.comm.all_reduce(&self.flat, ReduceOp::Sum)?;
+        let others = (0..self.layout.len()).filter(|i| !self.owned.contains(i));
+        copy(self.views(others)?, false)
+    }
+
+    /// `inner`'s state name `"<opt>.<kind>.<local>"` with the local position made global.
+    fn global_name(&self, name: &str) -> String {
+        match name.rsplit_once('.') {
+            Some((head, i)) => match i.parse::<usize>() {
+                Ok(i) => format!("{head}.{}", i + self.owned.start),
+                Err(_) => name.to_string(),
+            },
+            None => name.to_string(),
+        }
+    }
+}
+
+impl<O: Optimizer> Optimizer for ShardedOptimizer<'_, O> {
+    /// This rank's shard steps, then the parameters are exchanged (collective); every
+    /// parameter's gradient is cleared (the buffer carried the parameters).
+    fn step(&mut self) -> Result<()> {
+        let stepped = self.inner.step();
+        if let Err(e) = &stepped {
+            self.comm.abort(&e.to_string());
+        }
+        stepped?;
+        self.exchange_parameters()?;
+        for p in &self.all {
+            p.zero_grad();
+        }
+        Ok(())
+    }
+    fn lr(&self) -> f64 {
+        self.inner.lr()
+    }
+    fn set_lr(&mut self, lr: f64) {
+        self.inner.set_lr(lr)
+    }
+    /// Every parameter of the group (what gradient clipping and loss scaling look at), not
+    /// only this rank's shard.
+    fn params(&self) -> &[Parameter] {
+        &self.all
+    }
+    fn state_tensors(&self) -> Vec<(String, Tensor)> {
+        (self.inner.state_tensors().into_iter())
+            .map(|(n, t)| (self.global_name(&n), t))
+            .collect()
+    }
+    fn hyper_params(&self) -> Value {
+        json!({
+            "sharded": {
+                "rank": self.comm.rank(),
+                "ranks": self.comm.size(),
+                "owned": [self.owned.start, self.owned.end],
+            },
+            "inner": self.inner.hyper_params(),
+        })
+    }
+    /// Loads a shard saved by the same rank of a group of the same size.
+    fn load_state(&mut self, hyper: &Value, tensors: &[(String, Tensor)]) -> Result<()> {
+        let op = "ShardedOptimizer::load_state";
+        let s = &hyper["sharded"];
+        let want = json!({
+            "rank": self.comm.rank(),
+            "ranks": self.comm.size(),
+            "owned": [self.owned.start, self.owned.end],
+        });
+        if *s != want {
+            return Err(Error::invalid(
+                op,
+                format!("the state is of shard {s}; this rank's shard is {want}"),
+            ));
+        }
+        let local: Vec<(String, Tensor)> = tensors
+            .iter()
+            .filter_map(|(n, t)| {
+                let (head, i) = n.rsplit_once('.')?;
+                let i = i.parse::<usize>().ok()?.checked_sub(self.owned.start)?;
+                Some((format!("{head}.{i}"), t.clone()))
+            })
+            .collect();
+        self.inner.load_state(&hyper["inner"], &local)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shard_owners;
+
+    #[test]
+    fn owners_are_contiguous_and_cover_every_parameter() {
+        // Parameter sizes 10, 90, 5, 5, 40, 50 in a buffer of 200.
+        let starts = [0, 10, 100, 105, 110, 150];
+        assert_eq!(shard_owners(&starts, 200, 2), vec![0..2, 2..6]);
+        assert_eq!(shard_owners(&starts, 200, 4), vec![0..2, 2..2, 2..5, 5..6]);
+        assert_eq!(shard_owners(&starts, 200, 1), vec![0..6]);
+        // More ranks than parameters: some own nothing.
+        assert_eq!(shard_owners(&[0], 8, 3), vec![0..1, 1..1, 1..1]);
+        assert_eq!(shard_owners(&[], 0, 2), vec![0..0, 0..0]);
+    }
+}

@@ -1,0 +1,161 @@
+//! ZeRO-1 and bf16 gradient communication: a sharded AdamW equals the unsharded one on 2 and 3 ranks (OpenCL relay, host path); bf16 all-reduced gradients equal the host rounding of the f32 sum of each rank's bf16 gradient, bit for bit.
+use netcl_core_devices::{opencl_test_devices, DType, Device, Result};
+use netcl_distributed::{Comm, DataParallel, DdpOptions, Group};
+use netcl_nn::Module;
+use netcl_optim::{AdamW, Optimizer, ParamGroup};
+use std::sync::Mutex;
+
+mod support;
+use support::equivalence::*;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Groups to test on: every OpenCL test device (2 or 3 ranks, the relay), and the host beside
+/// OpenCL devices (the host path).
+fn groups() -> Result<Vec<(String, Group)>> {
+    let cl = opencl_test_devices()?;
+    let mut out = Vec::new();
+    if cl.len() >= 2 {
+        out.push((format!("{} opencl", cl.len()), Group::new(cl.clone())?));
+    }
+    let mut mixed = vec![Device::host()];
+    mixed.extend(cl.into_iter().take(2));
+    out.push((
+        format!("host + {} opencl", mixed.len() - 1),
+        Group::new(mixed)?,
+    ));
+    Ok(out)
+}
+
+/// Eight AdamW steps (weight decay on matrices only), sharded or not: the parameters after.
+fn train_adamw(comm: &Comm, sharded: bool) -> Result<Vec<Vec<f32>>> {
+    let model = mlp(comm.device(), 7 + comm.rank() as u64)?;
+    let options = DdpOptions {
+        bucket_bytes: 512,
+        ..Default::default()
+    };
+    let mut ddp = DataParallel::new(comm, &model, options)?;
+    let make = |ps: Vec<netcl_autograd::Parameter>| {
+        let (mats, vecs): (Vec<_>, Vec<_>) = ps.into_iter().partition(|p| p.shape().len() > 1);
+        AdamW::new(mats, 3e-3)
+            .weight_decay(0.1)
+            .add_group(vecs, ParamGroup::new().weight_decay(0.0))
+    };
+    let mut opt: Box<dyn Optimizer + '_> = if sharded {
+        let z = ddp.shard_optimizer(|ps| Ok(make(ps)))?;
+        let owned = z.owned().len();
+        let total = z.params().len();
+        assert!(
+            owned < total || comm.size() == 1,
+            "rank {} owns all",
+            comm.rank()
+        );
+        Box::new(z)
+    } else {
+        Box::new(make(model.parameters()))
+    };
+    for s in 0..8 {
+        let (x, y) = batch(s, BATCH)?;
+        ddp_step(&mut ddp, &model, (&x, &y), 1.0)?;
+        opt.step()?;
+        opt.zero_grad();
+    }
+    // The moments are sharded: this rank holds state for its parameters only.
+    let held: usize = opt.state_tensors().iter().map(|(_, t)| t.numel()).sum();
+    let all: usize = model.parameters().iter().map(|p| p.numel()).sum();
+    if sharded && comm.size() > 1 {
+        assert!(
+            held < 2 * all,
+            "rank {}: {held} state elements",
+            comm.rank()
+        );
+    } else {
+        assert_eq!(held, 2 * all);
+    }
+    params(&model)
+}
+
+#[test]
+fn sharded_adamw_equals_unsharded() -> Result<()> {
+    let _turn = serial();
+    for (name, group) in groups()? {
+        let plain = group.run(|c| train_adamw(c, false))?;
+        let sharded = group.run(|c| train_adamw(c, true))?;
+        for (r, p) in sharded.iter().enumerate() {
+            assert!(p == &sharded[0], "{name}: rank {r} differs from rank 0");
+        }
+        let d = max_diff(&plain[0], &sharded[0]);
+        eprintln!("{name}: max |sharded - unsharded| = {d:e}");
+        assert!(d == 0.0, "{name}: sharded differs from unsharded by {d}");
+    }
+    Ok(())
+}
+
+/// Each rank's own gradient, its share of the batch, and the gradient after the bf16
+/// all-reduce.
+fn bf16_gradients(comm: &Comm) -> Result<(Vec<f32>, f32, Vec<f32>)> {
+    let model = mlp(comm.device(), 7)?;
+    let options = DdpOptions {
+        bucket_bytes: 512,
+        comm_dtype: DType::BF16,
+        weights: Some((1..=comm.size()).map(|r| r as f64).collect()),
+        ..Default::default()
+    };
+    let mut ddp = DataParallel::new(comm, &model, options)?;
+    let flat = |m: &dyn Module| -> Result<Vec<f32>> {
+        let mut v = Vec::new();
+        for p in m.parameters().iter().rev() {
+            v.extend(p.grad().expect("a gradient").to_vec::<f32>()?);
+        }
+        Ok(v)
+    };
+    let (x, y) = batch(3, BATCH)?;
+    let rows = ddp.shard_range(BATCH);
+    let share = rows.len() as f32 / BATCH as f32;
+    // The local gradient of this rank's mean loss, without communication.
+    ddp.no_sync(|d| ddp_step(d, &model, (&x, &y), 1.0))?;
+    let local = flat(&model)?;
+    for p in model.parameters() {
+        p.zero_grad();
+    }
+    ddp_step(&mut ddp, &model, (&x, &y), 1.0)?;
+    Ok((local, share, flat(&model)?))
+}
+
+#[test]
+fn bf16_communication_rounds_once_after_an_f32_sum() -> Result<()> {
+    let _turn = serial();
+    let round = |x: f32| half::bf16::from_f32(x).to_f32();
+    for (name, group) in groups()? {
+        let got = group.run(bf16_gradients)?;
+        let n = got[0].0.len();
+        let want: Vec<f32> = (0..n)
+            .map(|i| {
+                let mut acc = got[0].1 * round(got[0].0[i]);
+                for (local, share, _) in &got[1..] {
+                    acc += share * round(local[i]);
+                }
+                round(acc)
+            })
+            .collect();
+        let mut f32_sum_diff = 0f32;
+        for (r, (_, _, reduced)) in got.iter().enumerate() {
+            assert_eq!(reduced, &want, "{name}: rank {r}");
+        }
+        // Against the f32 sum: within a few bf16 steps (2^-8) of the gradient's magnitude.
+        let exact: Vec<f32> = (0..n)
+            .map(|i| got.iter().map(|(l, s, _)| s * l[i]).sum())
+            .collect();
+        let scale = exact.iter().fold(0f32, |m, x| m.max(x.abs()));
+        for i in 0..n {
+            f32_sum_diff = f32_sum_diff.max((exact[i] - want[i]).abs() / scale);
+        }
+        eprintln!("{name}: bf16 wire vs f32 sum: max difference {f32_sum_diff:e} of the largest");
+        assert!(f32_sum_diff < 3.0 / 256.0, "{name}: {f32_sum_diff}");
+    }
+    Ok(())
+}
