@@ -3,7 +3,9 @@
 //! `cargo run --release --example llama_generate -- -p "What's Oxygen?" -n 32`
 //! Flags: -p TEXT (repeat for a batch of prompts), -n N (new tokens, 32), --checkpoint DIR
 //! (runs/llama: its checkpoint and tokenizer.json, as llama_train writes them), --temperature X
-//! (0.8; 0 is greedy), --top-k N (40; 0 is all), --top-p X (0.95), --seed N (1).
+//! (0.8; 0 is greedy), --top-k N (40; 0 is all), --top-p X (0.95), --seed N (1), --stop TEXT
+//! (repeatable: a row ends at the first stop string, which is not printed; rows also end at the
+//! tokenizer's end-of-text). `-n 0` prints the prompts alone; an empty prompt is an error.
 use netcl::prelude::*;
 use std::io::Write;
 use std::path::PathBuf;
@@ -19,6 +21,7 @@ fn main() {
 fn run() -> Result<()> {
     let (mut prompts, mut n, mut dir) = (Vec::new(), 32usize, PathBuf::from("runs/llama"));
     let (mut temperature, mut top_k, mut top_p, mut seed) = (0.8f64, 40usize, 0.95f64, 1u64);
+    let mut stops = Vec::new();
     let mut it = netcl::devices::utf8_args("llama_generate")?.into_iter();
     let bad =
         |f: &str, v: &str| Error::invalid("llama_generate", format!("{f} {v:?} is not valid"));
@@ -32,6 +35,7 @@ fn run() -> Result<()> {
             "--top-k" => top_k = v.parse().map_err(|_| bad(&flag, &v))?,
             "--top-p" => top_p = v.parse().map_err(|_| bad(&flag, &v))?,
             "--seed" => seed = v.parse().map_err(|_| bad(&flag, &v))?,
+            "--stop" => stops.push(v),
             _ => {
                 return Err(Error::invalid(
                     "llama_generate",
@@ -68,32 +72,35 @@ fn run() -> Result<()> {
         model.num_parameters(),
         meta.step
     );
-    let one = prompts.len() == 1;
+    // With stop strings a row's text is printed once it is cut, not streamed.
+    let one = prompts.len() == 1 && stops.is_empty();
+    let mut stop = StopStrings::new(stops, prompts.len());
+    let decode = |ids: &[u32]| tokenizer.decode(ids);
     if one {
         print!("{}", prompts[0]);
     }
     let start = Instant::now();
     let mut count = 0;
-    let out = generate(
+    let out = generate_until(
         &model,
         &ids,
         n,
         &mut sampler,
         tokenizer.eos_id(),
-        |_, tok| {
+        |row, tok| {
             count += 1;
             if one {
                 print!("{}", tokenizer.decode(&[tok])?);
                 let _ = std::io::stdout().flush();
             }
-            Ok(())
+            stop.push(row, tok, decode)
         },
     )?;
     let secs = start.elapsed().as_secs_f64();
     println!();
     if !one {
         for (p, o) in prompts.iter().zip(&out) {
-            println!("{p}{}", tokenizer.decode(o)?);
+            println!("{p}{}", stop.trim(&tokenizer.decode(o)?));
         }
     }
     eprintln!(

@@ -6,6 +6,6 @@
 pub mod llama;
 
 pub use llama::{
-    generate, DecodeGraph, KvCache, Llama, LlamaConfig, LoraSpec, Positions, RopeScaling, Sampler,
-    Sampling,
+    generate, generate_until, DecodeGraph, KvCache, Llama, LlamaConfig, LoraSpec, Positions,
+    RopeScaling, Sampler, Sampling, StopStrings,
 };

@@ -1,7 +1,9 @@
 //! Llama on every device: KV-cache decoding equals the full forward, batched padded generation equals one prompt at a time, a tiny model learns, parameter gradients match finite differences in f64, bad input is an error, training resumes exactly (its stacked weights still joined).
 use netcl_autograd::Tape;
 use netcl_core_devices::test_devices;
-use netcl_models::{generate, KvCache, Llama, LlamaConfig, RopeScaling, Sampler, Sampling};
+use netcl_models::{
+    generate, generate_until, KvCache, Llama, LlamaConfig, RopeScaling, Sampler, Sampling,
+};
 use netcl_nn::{load_checkpoint, save_checkpoint, Module};
 use netcl_ops::{DType, Device, Generator, RopeStyle, Tensor};
 use netcl_optim::{AdamW, Optimizer};
@@ -252,6 +254,29 @@ fn batched_padded_generation_equals_one_prompt_at_a_time() {
             .unwrap()
             .restricted_to(0)
             .is_err());
+        // A row finished by its callback (a stop string) gets no more tokens; the other row
+        // goes on with the same tokens as before.
+        let mut s = Sampler::new(Sampling::Greedy, 0).unwrap();
+        let mut n = 0;
+        let first_two = generate_until(&model, &prompts, 6, &mut s, None, |r, _| {
+            n += usize::from(r == 0);
+            Ok(r == 0 && n == 2)
+        })
+        .unwrap();
+        assert_eq!(first_two[0], both[0][..2], "{dev}");
+        assert_eq!(first_two[1], both[1], "{dev}");
+        // -n 0 and a prompt at max_seq_len give empty rows; an empty prompt is an error.
+        let mut s = Sampler::new(Sampling::Greedy, 0).unwrap();
+        let none = generate(&model, &prompts, 0, &mut s, None, |_, _| Ok(())).unwrap();
+        assert_eq!(none, vec![Vec::<u32>::new(); 2]);
+        let full = vec![vec![1u32; cfg.max_seq_len]];
+        let at_end = generate(&model, &full, 4, &mut s, None, |_, _| Ok(())).unwrap();
+        assert_eq!(at_end, vec![Vec::<u32>::new()]);
+        let empty = generate(&model, &[vec![3], vec![]], 4, &mut s, None, |_, _| Ok(()));
+        assert!(empty
+            .unwrap_err()
+            .to_string()
+            .contains("prompt 1 has no tokens"));
     }
 }
 

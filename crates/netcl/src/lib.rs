@@ -66,7 +66,7 @@ pub mod prelude {
     pub use netcl_data::{TextCorpus, TokenBatch, TokenBatcher, Tokenizer};
     pub use netcl_distributed::{Comm, DataParallel, DdpOptions, Group, ReduceOp};
     pub use netcl_graph::{Capture, Graph};
-    pub use netcl_models::{KvCache, Sampler, Sampling};
+    pub use netcl_models::{generate_until, KvCache, Sampler, Sampling, StopStrings};
     pub use netcl_nn::{
         checkpoint::SaveOptions, cross_entropy, cross_entropy_with, mse_loss, nll_loss,
         save_checkpoint_with, AvgPool2d, BatchNorm2d, CrossEntropyOptions, Dropout, Embedding,

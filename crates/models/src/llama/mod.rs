@@ -18,4 +18,4 @@ pub use config::{LlamaConfig, RopeScaling};
 pub use decode_graph::DecodeGraph;
 pub use lora::LoraSpec;
 pub use model::{Llama, Positions};
-pub use sample::{generate, Sampler, Sampling};
+pub use sample::{generate, generate_until, Sampler, Sampling, StopStrings};

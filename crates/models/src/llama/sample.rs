@@ -153,7 +153,8 @@ fn pad_mask(pads: &[usize], start: usize, t: usize, model: &Llama) -> Result<Opt
 /// Generates up to `max_new` tokens after each of `prompts` (run together as one batch, shorter
 /// prompts left-padded), calling `on_token(row, token)` as each token is chosen. A row stops at
 /// `stop`; generation ends when every row stopped, after `max_new` tokens, or at max_seq_len.
-/// Returns the new tokens of each row.
+/// Returns the new tokens of each row: empty rows for `max_new` 0 or prompts already at
+/// max_seq_len; an empty prompt (or none) is an error.
 pub fn generate(
     model: &Llama,
     prompts: &[Vec<u32>],
@@ -162,11 +163,32 @@ pub fn generate(
     stop: Option<u32>,
     mut on_token: impl FnMut(usize, u32) -> Result<()>,
 ) -> Result<Vec<Vec<u32>>> {
+    generate_until(model, prompts, max_new, sampler, stop, |r, t| {
+        on_token(r, t).map(|_| false)
+    })
+}
+
+/// [`generate`] where `on_token(row, token)` also says whether that row is finished (a stop
+/// string completed, say): the row gets no more tokens and stops counting toward the end.
+pub fn generate_until(
+    model: &Llama,
+    prompts: &[Vec<u32>],
+    max_new: usize,
+    sampler: &mut Sampler,
+    stop: Option<u32>,
+    mut on_token: impl FnMut(usize, u32) -> Result<bool>,
+) -> Result<Vec<Vec<u32>>> {
     let cfg = &model.config;
     let op = "generate";
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
-        return Err(Error::invalid(op, "every prompt needs at least one token"));
+    if prompts.is_empty() {
+        return Err(Error::invalid(op, "no prompt given"));
+    }
+    if let Some(i) = prompts.iter().position(Vec::is_empty) {
+        return Err(Error::invalid(
+            op,
+            format!("prompt {i} has no tokens; every prompt needs at least one"),
+        ));
     }
     if longest > cfg.max_seq_len {
         return Err(Error::invalid(
@@ -279,8 +301,8 @@ pub fn generate(
         for (r, &tok) in next.iter().enumerate() {
             if !done[r] {
                 out[r].push(tok as u32);
-                on_token(r, tok as u32)?;
-                done[r] = stop == Some(tok as u32);
+                let finished = on_token(r, tok as u32)?;
+                done[r] = finished || stop == Some(tok as u32);
             }
         }
         if done.iter().all(|&d| d) || !more {
@@ -293,4 +315,82 @@ pub fn generate(
         };
     }
     Ok(out)
+}
+
+/// Stop strings for [`generate_until`]: a row is finished once the text of its new tokens
+/// contains one of them (checked over a window of the latest tokens, as long in tokens as the
+/// longest stop string is in bytes, plus a few for pieces that decode to nothing).
+pub struct StopStrings {
+    stops: Vec<String>,
+    rows: Vec<Vec<u32>>,
+}
+
+impl StopStrings {
+    /// `stops` (empty ones are ignored) for a batch of `rows`.
+    pub fn new(stops: Vec<String>, rows: usize) -> StopStrings {
+        StopStrings {
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            rows: vec![Vec::new(); rows],
+        }
+    }
+
+    /// Records `token` as `row`'s next; whether the row's text now holds a stop string.
+    /// `decode` turns ids into text (a tokenizer's decode).
+    pub fn push(
+        &mut self,
+        row: usize,
+        token: u32,
+        decode: impl Fn(&[u32]) -> Result<String>,
+    ) -> Result<bool> {
+        let Some(ids) = self.rows.get_mut(row) else {
+            return Err(Error::invalid(
+                "StopStrings::push",
+                format!("row {row} of a batch of {}", self.rows.len()),
+            ));
+        };
+        ids.push(token);
+        if self.stops.is_empty() {
+            return Ok(false);
+        }
+        let longest = self.stops.iter().map(String::len).max().unwrap_or(0);
+        let window = &ids[ids.len().saturating_sub(longest + 4)..];
+        let text = decode(window)?;
+        Ok(self.stops.iter().any(|s| text.contains(s.as_str())))
+    }
+
+    /// `text` up to the first stop string it holds (all of it when it holds none).
+    pub fn trim<'a>(&self, text: &'a str) -> &'a str {
+        let cut = self
+            .stops
+            .iter()
+            .filter_map(|s| text.find(s.as_str()))
+            .min();
+        &text[..cut.unwrap_or(text.len())]
+    }
+}
+
+#[cfg(test)]
+mod stop_tests {
+    use super::*;
+
+    #[test]
+    fn stop_strings_across_tokens() -> Result<()> {
+        // Token i decodes to the i-th piece.
+        let pieces = ["Hel", "lo", " wor", "ld", "\n\n", "Q:", ""];
+        let decode = |ids: &[u32]| -> Result<String> {
+            Ok(ids.iter().map(|&i| pieces[i as usize]).collect())
+        };
+        let mut s = StopStrings::new(vec!["\nQ:".into(), String::new()], 2);
+        let seq = [0u32, 1, 2, 3, 6, 6, 6, 6, 6, 4, 5];
+        let hits: Vec<bool> = seq
+            .iter()
+            .map(|&t| s.push(0, t, decode))
+            .collect::<Result<_>>()?;
+        assert_eq!(hits.iter().position(|&h| h), Some(10));
+        assert!(!s.push(1, 5, decode)?, "rows are apart");
+        assert_eq!(s.trim("Hello world\n\nQ: more"), "Hello world\n");
+        assert_eq!(s.trim("no stop"), "no stop");
+        assert!(s.push(2, 0, decode).is_err());
+        Ok(())
+    }
 }
