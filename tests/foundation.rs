@@ -72,3 +72,47 @@ fn the_best_device_computes_what_the_host_computes() {
     );
     best.synchronize().unwrap();
 }
+
+/// Every file path the docs and the README name (in backticks, with a directory part and a file
+/// extension) exists, from the repository root, from `crates/` or from a crate's `src/`.
+#[test]
+fn paths_named_in_the_docs_exist() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut docs = vec![root.join("README.md")];
+    let mut dirs = vec![root.join("docs")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            match p.extension().and_then(|x| x.to_str()) {
+                _ if p.is_dir() => dirs.push(p),
+                Some("md") => docs.push(p),
+                _ => {}
+            }
+        }
+    }
+    let exts = [".rs", ".cl", ".md", ".py", ".json", ".toml", ".sh"];
+    let mut bases = vec![root.clone(), root.join("crates")];
+    for e in std::fs::read_dir(root.join("crates")).unwrap().flatten() {
+        bases.push(e.path().join("src"));
+    }
+    let mut missing = Vec::new();
+    for doc in &docs {
+        let text = std::fs::read_to_string(doc).unwrap();
+        for (i, piece) in text.split('`').enumerate() {
+            // Odd pieces are inside backticks; a path has no spaces and ends in a known extension.
+            let p = piece.trim_end_matches([':', ',']);
+            let looks = i % 2 == 1
+                && p.contains('/')
+                && !p.contains(char::is_whitespace)
+                && !p.contains("://")
+                && !p.starts_with(['/', '$', '.'])
+                && !p.contains(['*', '<'])
+                && !p.contains("X.")
+                && exts.iter().any(|x| p.ends_with(x));
+            if looks && !bases.iter().any(|b| b.join(p).exists()) {
+                missing.push(format!("{}: {p}", doc.strip_prefix(&root).unwrap().display()));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "paths that do not exist:\n{}", missing.join("\n"));
+}

@@ -1,4 +1,4 @@
-//! Scaled dot-product attention composed from matmul, one fused scale/mask kernel and softmax (a fused attention kernel comes later).
+//! Scaled dot-product attention composed from matmul, one fused scale/mask kernel and softmax (the reference and fallback of the fused kernels in flash_attention/).
 use crate::base::checks::check_float;
 use crate::base::tensor::Tensor;
 use crate::fused::eval::map;
