@@ -6,6 +6,7 @@
 pub mod llama;
 
 pub use llama::{
-    generate, DecodeGraph, KvCache, Llama, LlamaConfig, LoraSpec, Positions, RopeScaling, Sampler,
+    generate, Arch, DecodeGraph, Family, KvCache, Llama, LlamaConfig, LoraSpec, Norm, Positions,
+    RopeScaling, Sampler,
     Sampling,
 };
