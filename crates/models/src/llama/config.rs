@@ -80,6 +80,24 @@ pub struct Arch {
     pub rope_linear: Option<f64>,
 }
 
+impl Arch {
+    /// The switches `family` always has (Qwen2's q/k/v biases; GPT-2's biases, LayerNorm, GELU
+    /// MLP and learned positions); a window, Llama's optional biases and RoPE scaling are left off.
+    pub fn of(family: Family) -> Arch {
+        let gpt2 = family == Family::Gpt2;
+        Arch {
+            family,
+            qkv_bias: gpt2 || family == Family::Qwen2,
+            out_bias: gpt2,
+            mlp_bias: gpt2,
+            layer_norm: gpt2,
+            gelu_mlp: gpt2,
+            learned_positions: gpt2,
+            ..Arch::default()
+        }
+    }
+}
+
 /// Llama 3's RoPE scaling (Hugging Face `rope_type: "llama3"`): long wavelengths are divided by
 /// `factor`, short ones kept, and those between blended smoothly.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

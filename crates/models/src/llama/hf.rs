@@ -137,11 +137,21 @@ impl Llama {
                         let t = if parts[0].transpose { shape.last() } else { shape.first() };
                         t == Some(&total)
                     });
-                for p in parts {
-                    let shape = match split_ok {
-                        true => p.shape(&shape).unwrap_or_else(|| shape.clone()),
-                        false => shape.clone(),
+                if !split_ok {
+                    let want = match parts[0].transpose {
+                        true => format!("[{}, {total}]", cfg.dim),
+                        false => format!("[{total}]"),
                     };
+                    return Err(Error::format(
+                        file,
+                        format!(
+                            "tensor '{name}' is {shape:?}; the config needs {want} (queries, keys \
+                             and values side by side)"
+                        ),
+                    ));
+                }
+                for p in parts {
+                    let shape = p.shape(&shape).unwrap_or_else(|| shape.clone());
                     stored.push(Stored {
                         name: p.ours,
                         dtype,

@@ -304,15 +304,11 @@ fn llama_like(k: &Keys, family: Family) -> Result<LlamaConfig> {
     k.only("hidden_act", &["silu"])?;
     let layers = k.int("num_hidden_layers")?;
     let mut arch = Arch {
-        family,
         rope_linear,
-        ..Arch::default()
+        ..Arch::of(family)
     };
     match family {
-        Family::Qwen2 => {
-            arch.qkv_bias = true;
-            arch.sliding_window = qwen2_window(k, layers)?;
-        }
+        Family::Qwen2 => arch.sliding_window = qwen2_window(k, layers)?,
         Family::Mistral => arch.sliding_window = k.opt_int("sliding_window"),
         _ => {
             // Llama's attention_bias puts biases on q, k, v and o.
@@ -362,15 +358,6 @@ fn gpt2(k: &Keys) -> Result<LlamaConfig> {
         tied_embeddings: k.flag("tie_word_embeddings", true),
         dtype: dtype(k)?,
         rope_scaling: None,
-        arch: Arch {
-            family: Family::Gpt2,
-            qkv_bias: true,
-            out_bias: true,
-            mlp_bias: true,
-            layer_norm: true,
-            gelu_mlp: true,
-            learned_positions: true,
-            ..Arch::default()
-        },
+        arch: Arch::of(Family::Gpt2),
     })
 }

@@ -88,7 +88,7 @@ fn top(family: Family) -> &'static [(&'static str, &'static str)] {
 /// older exports, GPT-2's causal-mask buffers.
 pub(crate) fn ignored(family: Family, hf: &str) -> bool {
     hf.ends_with("rotary_emb.inv_freq")
-        || (family == Family::Gpt2 && (hf.ends_with("attn.bias") || hf.ends_with("masked_bias")))
+        || (family == Family::Gpt2 && (hf.ends_with(".attn.bias") || hf.ends_with("masked_bias")))
 }
 
 /// The layer index and the rest of `name` after `prefix` (`<prefix><i>.<rest>`).
