@@ -45,6 +45,89 @@ fn randomize(m: &Llama, seed: u64) {
     }
 }
 
+/// Per family, on every device: the fixture imports as its family, its logits match
+/// transformers' within 1e-4, the greedy ids through the KV cache (the decode kernels for
+/// Mistral's window, the cached forward for the biased Qwen2 and GPT-2) equal transformers', and
+/// 5 AdamW steps (lr 1e-3, weight decay 0.01) give its losses within 1e-4. Returns the worst
+/// differences seen, printed for the record.
+#[test]
+fn each_family_matches_transformers() {
+    for (name, family) in [
+        ("qwen2", Family::Qwen2),
+        ("mistral", Family::Mistral),
+        ("gpt2", Family::Gpt2),
+    ] {
+        let dir = fixture(name);
+        let want: Value =
+            serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap();
+        let rows: Vec<Vec<i32>> = serde_json::from_value(want["ids"].clone()).unwrap();
+        let losses: Vec<f64> = serde_json::from_value(want["losses"].clone()).unwrap();
+        let greedy_ids: Vec<u32> = serde_json::from_value(want["greedy"].clone()).unwrap();
+        let prompt = want["prompt"].as_u64().unwrap() as usize;
+        let expected = load_safetensors(dir.join("expected.safetensors")).unwrap();
+        let ref_logits = expected[0].1.to_vec_f64().unwrap();
+        let (mut worst_logit, mut worst_loss) = (0f64, 0f64);
+        for dev in test_devices().unwrap() {
+            let model = Llama::from_hf(&dir, &dev, None).unwrap();
+            assert_eq!(model.config.arch.family, family);
+            let x = ids(&rows, &dev);
+            let got = logits(&model, &x);
+            assert_eq!(got.len(), ref_logits.len());
+            for (i, (g, w)) in got.iter().zip(&ref_logits).enumerate() {
+                let d = (g - w).abs();
+                worst_logit = worst_logit.max(d);
+                assert!(
+                    d <= 1e-4 * w.abs().max(1.0),
+                    "{dev} {name}: logit {i}: {g} vs transformers {w}"
+                );
+            }
+            let g = greedy(&model, &rows[0][..prompt], greedy_ids.len());
+            assert_eq!(g, greedy_ids, "{dev} {name}: greedy ids");
+            let t = x.shape()[1];
+            let (inp, tgt) = (
+                x.narrow(1, 0, t - 1).unwrap().contiguous().unwrap(),
+                x.narrow(1, 1, t - 1).unwrap().contiguous().unwrap(),
+            );
+            let mut opt = AdamW::new(model.parameters(), 1e-3).weight_decay(0.01);
+            for (step, w) in losses.iter().enumerate() {
+                let tape = Tape::new();
+                let loss = model.loss(&tape, &inp, &tgt).unwrap();
+                let l = loss.item().unwrap();
+                worst_loss = worst_loss.max((l - w).abs() / w.abs());
+                assert!(
+                    (l - w).abs() <= 1e-4 * w.abs(),
+                    "{dev} {name}: step {step}: loss {l} vs transformers {w}"
+                );
+                tape.backward(&loss).unwrap();
+                opt.step().unwrap();
+                opt.zero_grad();
+            }
+        }
+        eprintln!(
+            "{name}: worst |logit difference| {worst_logit:.2e}, worst relative loss difference \
+             {worst_loss:.2e}, greedy ids equal"
+        );
+    }
+}
+
+/// Qwen2's embedding is padded past its tokenizer's vocabulary (320 rows, 300 tokens): the
+/// model keeps all rows, and a sampler restricted to the tokenizer never picks a padding id.
+#[test]
+fn a_padded_qwen2_vocabulary_is_kept_and_restricted_at_sampling() {
+    let dev = Device::host();
+    let model = Llama::from_hf(fixture("qwen2"), &dev, None).unwrap();
+    assert_eq!(model.config.vocab_size, 320);
+    let tok_path = fixture("qwen2").join("../../hf_tiny/tokenizer.json");
+    let tok = netcl_data::Tokenizer::from_file(tok_path).unwrap();
+    assert_eq!(tok.vocab_size(), 300);
+    let mut s = Sampler::new(Sampling::Greedy, 0)
+        .unwrap()
+        .restricted_to(tok.vocab_size())
+        .unwrap();
+    let out = generate(&model, &[vec![1, 2, 3]], 20, &mut s, None, |_, _| Ok(())).unwrap();
+    assert!(out[0].iter().all(|&t| t < 300), "{:?}", out[0]);
+}
+
 /// Writes netcl exports for check_exports.py into `$NETCL_FAMILY_EXPORTS`: per family (and
 /// quirk: tied or not, a window, biases, LoRA merged after training), `config.json`,
 /// `model.safetensors`, and `netcl.json` with the ids, netcl's logits and greedy ids.
