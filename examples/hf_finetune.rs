@@ -56,8 +56,7 @@ pub fn run(args: Vec<String>) -> Result<()> {
     let (mut targets, mut device, mut precision, mut checkpoint) =
         ("q,v".to_string(), None, Precision::F32, 0usize);
     let mut it = args.into_iter();
-    let bad =
-        |f: &str, v: &str| Error::invalid("hf_finetune", format!("{f} {v:?} is not valid"));
+    let bad = |f: &str, v: &str| Error::invalid("hf_finetune", format!("{f} {v:?} is not valid"));
     while let Some(flag) = it.next() {
         let v = it.next().ok_or_else(|| bad(&flag, "<missing>"))?;
         let n = || v.parse::<usize>().map_err(|_| bad(&flag, &v));

@@ -135,9 +135,17 @@ fn hf_finetune_takes_every_family() {
     let corpus = TextCorpus::from_path(text()).unwrap();
     let tok = Tokenizer::train_bpe(corpus.documents(), 300, &[ENDOFTEXT]).unwrap();
     let cases = [
-        (Family::Qwen2, "--lora 2 --lora-targets q_proj,v_proj --precision bf16", 2 * 2 * 2),
+        (
+            Family::Qwen2,
+            "--lora 2 --lora-targets q_proj,v_proj --precision bf16",
+            2 * 2 * 2,
+        ),
         (Family::Mistral, "--precision f32", 0),
-        (Family::Gpt2, "--lora 2 --lora-targets c_attn,c_fc --precision bf16", 2 * 4 * 2),
+        (
+            Family::Gpt2,
+            "--lora 2 --lora-targets c_attn,c_fc --precision bf16",
+            2 * 4 * 2,
+        ),
     ];
     for dev in test_devices().unwrap() {
         let tag = dev.spec().replace(':', "_");

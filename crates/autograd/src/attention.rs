@@ -50,7 +50,9 @@ impl Var {
         if window.is_some_and(|w| w == 0) || (window.is_some() && !causal) {
             return Err(Error::invalid(
                 "attention",
-                format!("sliding window {window:?} (causal {causal}): needs causal and 1 or more keys"),
+                format!(
+                    "sliding window {window:?} (causal {causal}): needs causal and 1 or more keys"
+                ),
             ));
         }
         if Var::attention_is_fused(q, k, v, mask) {

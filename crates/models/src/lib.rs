@@ -7,6 +7,5 @@ pub mod llama;
 
 pub use llama::{
     generate, Arch, DecodeGraph, Family, KvCache, Llama, LlamaConfig, LoraSpec, Norm, Positions,
-    RopeScaling, Sampler,
-    Sampling,
+    RopeScaling, Sampler, Sampling,
 };

@@ -50,7 +50,9 @@ fn random_model(cfg: &LlamaConfig, dev: &Device, seed: u64) -> Llama {
             mean: if norm { 1.0 } else { 0.0 },
             std: 0.1,
         };
-        let t = init.tensor(p.shape(), 1, 1, p.dtype(), dev, &mut g).unwrap();
+        let t = init
+            .tensor(p.shape(), 1, 1, p.dtype(), dev, &mut g)
+            .unwrap();
         p.assign(&t).unwrap();
     }
     m
@@ -61,7 +63,9 @@ fn ids(rows: &[Vec<i32>], dev: &Device) -> Tensor {
 }
 
 fn seq(n: usize, vocab: usize, seed: usize) -> Vec<i32> {
-    (0..n).map(|i| ((7 * i + 3 * seed + 1) % vocab) as i32).collect()
+    (0..n)
+        .map(|i| ((7 * i + 3 * seed + 1) % vocab) as i32)
+        .collect()
 }
 
 fn logits(m: &Llama, x: &Tensor) -> Vec<f64> {
@@ -71,7 +75,10 @@ fn logits(m: &Llama, x: &Tensor) -> Vec<f64> {
 
 fn worst(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
 }
 
 fn temp(name: &str) -> std::path::PathBuf {
@@ -94,7 +101,10 @@ fn each_family_exports_in_its_layout_and_reimports_exactly() {
             let tensors = load_safetensors(dir.join("model.safetensors")).unwrap();
             let shape = |n: &str| {
                 let t = tensors.iter().find(|(name, _)| name == n);
-                t.unwrap_or_else(|| panic!("{family:?}: no {n}")).1.shape().to_vec()
+                t.unwrap_or_else(|| panic!("{family:?}: no {n}"))
+                    .1
+                    .shape()
+                    .to_vec()
             };
             match family {
                 // Conv1D weights [in, out]; queries, keys and values fused.
@@ -144,7 +154,11 @@ fn a_sliding_window_holds_in_every_attention_path() {
             .logits(&Tape::no_grad(), &x, None, None, Some(&zeros))
             .unwrap();
         let composed = composed.value().to_vec_f64().unwrap();
-        assert!(worst(&full, &composed) < 1e-4, "{dev}: composed {}", worst(&full, &composed));
+        assert!(
+            worst(&full, &composed) < 1e-4,
+            "{dev}: composed {}",
+            worst(&full, &composed)
+        );
         // Through the cache: 4 positions, 12 at once, then one at a time by Llama::decode.
         assert!(m.decode_supported());
         let cache = KvCache::new(&cfg, 2, &dev).unwrap();
@@ -158,7 +172,13 @@ fn a_sliding_window_holds_in_every_attention_path() {
                     m.decode(&one, &cache, None).unwrap().to_vec_f64().unwrap()
                 }
                 _ => {
-                    let l = m.logits(&Tape::no_grad(), &ids(&part, &dev), None, Some(&cache), None);
+                    let l = m.logits(
+                        &Tape::no_grad(),
+                        &ids(&part, &dev),
+                        None,
+                        Some(&cache),
+                        None,
+                    );
                     l.unwrap().value().to_vec_f64().unwrap()
                 }
             };
@@ -174,7 +194,11 @@ fn a_sliding_window_holds_in_every_attention_path() {
         let mut open = cfg.clone();
         open.arch.sliding_window = None;
         let unwindowed = Llama::new(open, &dev, &mut Generator::new(0)).unwrap();
-        for ((_, a), (_, b)) in unwindowed.named_parameters().iter().zip(m.named_parameters()) {
+        for ((_, a), (_, b)) in unwindowed
+            .named_parameters()
+            .iter()
+            .zip(m.named_parameters())
+        {
             a.assign(b.value()).unwrap();
         }
         assert!(worst(&logits(&unwindowed, &x), &full) > 1e-3, "{dev}");
@@ -191,7 +215,14 @@ fn each_family_generates_through_the_cache() {
             let m = random_model(&cfg, &dev, 7);
             let prompt: Vec<u32> = (0..4).map(|i| (5 * i + 2) as u32).collect();
             let mut s = Sampler::new(Sampling::Greedy, 0).unwrap();
-            let out = generate(&m, std::slice::from_ref(&prompt), 12, &mut s, None, |_, _| Ok(()));
+            let out = generate(
+                &m,
+                std::slice::from_ref(&prompt),
+                12,
+                &mut s,
+                None,
+                |_, _| Ok(()),
+            );
             let out = out.unwrap().remove(0);
             let mut all: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
             for &tok in &out {
@@ -213,9 +244,21 @@ fn each_family_generates_through_the_cache() {
 fn lora_takes_each_familys_module_names() {
     let dev = Device::host();
     let cases = [
-        (Family::Gpt2, vec!["c_attn", "c_proj"], vec!["q", "k", "v", "o", "down"]),
-        (Family::Qwen2, vec!["q_proj", "down_proj"], vec!["q", "down"]),
-        (Family::Mistral, vec!["all-linear"], vec!["q", "k", "v", "o", "gate", "up", "down"]),
+        (
+            Family::Gpt2,
+            vec!["c_attn", "c_proj"],
+            vec!["q", "k", "v", "o", "down"],
+        ),
+        (
+            Family::Qwen2,
+            vec!["q_proj", "down_proj"],
+            vec!["q", "down"],
+        ),
+        (
+            Family::Mistral,
+            vec!["all-linear"],
+            vec!["q", "k", "v", "o", "gate", "up", "down"],
+        ),
     ];
     for (family, targets, want) in cases {
         let cfg = config(family);
@@ -249,19 +292,25 @@ fn lora_takes_each_familys_module_names() {
     }
     // A target the family does not have, and one named twice through an alias.
     let mut gpt2 = random_model(&config(Family::Gpt2), &dev, 1);
-    let e = gpt2.add_lora(&LoraConfig {
-        rank: 2,
-        alpha: 4.0,
-        dropout: 0.0,
-        targets: vec!["up".into()],
-    }, &mut Generator::new(1));
+    let e = gpt2.add_lora(
+        &LoraConfig {
+            rank: 2,
+            alpha: 4.0,
+            dropout: 0.0,
+            targets: vec!["up".into()],
+        },
+        &mut Generator::new(1),
+    );
     assert!(e.unwrap_err().to_string().contains("no such projection"));
-    let e = gpt2.add_lora(&LoraConfig {
-        rank: 2,
-        alpha: 4.0,
-        dropout: 0.0,
-        targets: vec!["q".into(), "c_attn".into()],
-    }, &mut Generator::new(1));
+    let e = gpt2.add_lora(
+        &LoraConfig {
+            rank: 2,
+            alpha: 4.0,
+            dropout: 0.0,
+            targets: vec!["q".into(), "c_attn".into()],
+        },
+        &mut Generator::new(1),
+    );
     assert!(e.unwrap_err().to_string().contains("listed twice"));
 }
 
@@ -269,12 +318,19 @@ fn lora_takes_each_familys_module_names() {
 #[test]
 fn bad_configs_are_errors_naming_the_key() {
     let dev = Device::host();
-    let err = |v: &Value| LlamaConfig::from_hf(v, "config.json").unwrap_err().to_string();
+    let err = |v: &Value| {
+        LlamaConfig::from_hf(v, "config.json")
+            .unwrap_err()
+            .to_string()
+    };
     let qwen = config(Family::Qwen2).to_hf().unwrap();
     let mut v = qwen.clone();
     v["architectures"] = serde_json::json!(["Phi3ForCausalLM"]);
     let e = err(&v);
-    assert!(e.contains("Phi3ForCausalLM") && e.contains("Qwen2ForCausalLM"), "{e}");
+    assert!(
+        e.contains("Phi3ForCausalLM") && e.contains("Qwen2ForCausalLM"),
+        "{e}"
+    );
     let mut v = qwen.clone();
     v.as_object_mut().unwrap().remove("architectures");
     v["model_type"] = "falcon".into();
@@ -286,7 +342,10 @@ fn bad_configs_are_errors_naming_the_key() {
     v["sliding_window"] = 4.into();
     v["max_window_layers"] = 1.into();
     let e = err(&v);
-    assert!(e.contains("use_sliding_window") && e.contains("mixed"), "{e}");
+    assert!(
+        e.contains("use_sliding_window") && e.contains("mixed"),
+        "{e}"
+    );
     v["layer_types"] = serde_json::json!(["full_attention", "sliding_attention"]);
     assert!(err(&v).contains("layer_types"));
     // All layers windowed: read as one window.
@@ -294,8 +353,14 @@ fn bad_configs_are_errors_naming_the_key() {
     let c = LlamaConfig::from_hf(&v, "config.json").unwrap();
     assert_eq!(c.arch.sliding_window, Some(4));
     for (key, value) in [
-        ("rope_scaling", serde_json::json!({"rope_type": "yarn", "factor": 4.0})),
-        ("rope_scaling", serde_json::json!({"rope_type": "dynamic", "factor": 4.0})),
+        (
+            "rope_scaling",
+            serde_json::json!({"rope_type": "yarn", "factor": 4.0}),
+        ),
+        (
+            "rope_scaling",
+            serde_json::json!({"rope_type": "dynamic", "factor": 4.0}),
+        ),
         ("hidden_act", "gelu".into()),
     ] {
         let mut v = qwen.clone();
@@ -328,23 +393,31 @@ fn bad_configs_are_errors_naming_the_key() {
     for (n, _) in t.iter_mut() {
         *n = n.trim_start_matches("transformer.").to_string();
     }
-    t.push(("h.0.attn.bias".into(), Tensor::ones(&[1, 1, 32, 32], cfg_dtype(), &dev).unwrap()));
+    t.push((
+        "h.0.attn.bias".into(),
+        Tensor::ones(&[1, 1, 32, 32], cfg_dtype(), &dev).unwrap(),
+    ));
     let refs: Vec<(&str, &Tensor)> = t.iter().map(|(n, t)| (n.as_str(), t)).collect();
     netcl_nn::save_safetensors(dir.join("model.safetensors"), &refs, None).unwrap();
     let back = Llama::from_hf(&dir, &dev, None).unwrap();
     let x = ids(&[seq(9, 40, 3)], &dev);
     assert_eq!(logits(&back, &x), logits(&m, &x));
     // A c_attn that is not three blocks of n_embd: an error naming it and the shape.
-    let w = t.iter().position(|(n, _)| n == "h.1.attn.c_attn.weight").unwrap();
+    let w = t
+        .iter()
+        .position(|(n, _)| n == "h.1.attn.c_attn.weight")
+        .unwrap();
     t[w].1 = Tensor::zeros(&[32, 95], cfg_dtype(), &dev).unwrap();
     let refs: Vec<(&str, &Tensor)> = t.iter().map(|(n, t)| (n.as_str(), t)).collect();
     netcl_nn::save_safetensors(dir.join("model.safetensors"), &refs, None).unwrap();
     let e = Llama::from_hf(&dir, &dev, None).err().unwrap().to_string();
-    assert!(e.contains("c_attn.weight") && e.contains("[32, 95]; the config needs [32, 96]"), "{e}");
+    assert!(
+        e.contains("c_attn.weight") && e.contains("[32, 95]; the config needs [32, 96]"),
+        "{e}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn cfg_dtype() -> netcl_ops::DType {
     netcl_ops::DType::F32
 }
-

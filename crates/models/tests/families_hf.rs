@@ -2,7 +2,7 @@
 use netcl_autograd::Tape;
 use netcl_core_devices::test_devices;
 use netcl_models::{generate, Arch, Family, Llama, LlamaConfig, Sampler, Sampling};
-use netcl_nn::{load_safetensors, save_safetensors, Init, LoraConfig, Module};
+use netcl_nn::{load_safetensors, Init, LoraConfig, Module};
 use netcl_ops::{Device, Generator, RopeStyle, Tensor};
 use netcl_optim::{AdamW, Optimizer};
 use serde_json::Value;
@@ -40,7 +40,9 @@ fn randomize(m: &Llama, seed: u64) {
             mean: if norm { 1.0 } else { 0.0 },
             std: 0.1,
         };
-        let t = init.tensor(p.shape(), 1, 1, p.dtype(), p.device(), &mut g).unwrap();
+        let t = init
+            .tensor(p.shape(), 1, 1, p.dtype(), p.device(), &mut g)
+            .unwrap();
         p.assign(&t).unwrap();
     }
 }
@@ -191,11 +193,19 @@ fn write_exports_for_transformers() {
             }),
             None,
         ),
-        ("gpt2_lora", with(Family::Gpt2, &|_| {}), Some(vec!["c_attn", "c_fc"])),
-        ("qwen2_lora", with(Family::Qwen2, &|_| {}), Some(vec!["q_proj", "v_proj", "up_proj"])),
+        (
+            "gpt2_lora",
+            with(Family::Gpt2, &|_| {}),
+            Some(vec!["c_attn", "c_fc"]),
+        ),
+        (
+            "qwen2_lora",
+            with(Family::Qwen2, &|_| {}),
+            Some(vec!["q_proj", "v_proj", "up_proj"]),
+        ),
     ];
     let rows: Vec<Vec<i32>> = (0..2)
-        .map(|r| (0..20).map(|t| ((7 * t + 3 * r + 1) % 64) as i32).collect())
+        .map(|r| (0..20).map(|t| (7 * t + 3 * r + 1) % 64).collect())
         .collect();
     for (i, (name, cfg, lora)) in cases.into_iter().enumerate() {
         let mut m = Llama::new(cfg, &dev, &mut Generator::new(i as u64)).unwrap();

@@ -178,7 +178,8 @@ impl Attention {
             let wide = [b, hkv, rep, s, hd];
             let k = k.unsqueeze(2)?.broadcast_to(&wide)?;
             let v = v.unsqueeze(2)?.broadcast_to(&wide)?;
-            Var::attention_masked(&q, &k, &v, mask, (true, window), None)?.reshape(&[b, h, t, hd])?
+            Var::attention_masked(&q, &k, &v, mask, (true, window), None)?
+                .reshape(&[b, h, t, hd])?
         };
         let o = o.transpose(1, 2)?.reshape(&[b, t, c.dim])?;
         self.wo.forward(tape, &o)

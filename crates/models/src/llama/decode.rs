@@ -2,8 +2,8 @@
 use super::block::plain;
 use super::cache::KvCache;
 use super::model::Llama;
-use netcl_nn::{Linear, RmsNorm};
 use super::norm::Norm;
+use netcl_nn::{Linear, RmsNorm};
 use netcl_ops::{DType, Error, KvWrite, Result, RmsScale, Tensor, DECODE_MAX_HEAD_DIM};
 
 fn scale(norm: &Norm) -> Result<RmsScale> {
@@ -90,7 +90,9 @@ impl Llama {
             let window = cfg.arch.sliding_window;
             let o = q.decode_attention_window(k_cache, v_cache, pos, pads, cfg.n_heads, window)?;
             h = o.decode_linear(None, &w(&a.wo), Some(&h))?;
-            let up = f.w3.as_ref().ok_or_else(|| Error::invalid(op, "no up projection"))?;
+            let up =
+                f.w3.as_ref()
+                    .ok_or_else(|| Error::invalid(op, "no up projection"))?;
             let s = h.decode_swiglu(Some(&scale(&layer.ffn_norm)?), &w(&f.w1), &w(up))?;
             h = s.decode_linear(None, &w(&f.w2), Some(&h))?;
         }

@@ -134,7 +134,11 @@ impl Llama {
                 let total: usize = parts.iter().filter_map(|p| p.rows).map(|r| r.1).sum();
                 let split_ok = parts[0].rows.is_none()
                     || parts[0].shape(&shape).is_some_and(|_| {
-                        let t = if parts[0].transpose { shape.last() } else { shape.first() };
+                        let t = if parts[0].transpose {
+                            shape.last()
+                        } else {
+                            shape.first()
+                        };
                         t == Some(&total)
                     });
                 if !split_ok {
@@ -187,7 +191,9 @@ impl Llama {
         let params: HashMap<String, Parameter> = model.named_parameters().into_iter().collect();
         for (_, f) in &files {
             for name in f.names()? {
-                if ignored(family, &name) || (name == "lm_head.weight" && model.config.tied_embeddings) {
+                if ignored(family, &name)
+                    || (name == "lm_head.weight" && model.config.tied_embeddings)
+                {
                     continue; // checked above
                 }
                 for piece in pieces(&model.config, &name).unwrap_or_default() {

@@ -45,10 +45,7 @@ pub fn family_of(v: &Value, what: &str) -> Result<Family> {
         );
         Error::format(
             what,
-            format!(
-                "{name} is not supported: netcl reads {}",
-                known.join(", ")
-            ),
+            format!("{name} is not supported: netcl reads {}", known.join(", ")),
         )
     })
 }
@@ -169,11 +166,10 @@ fn dtype(k: &Keys) -> Result<DType> {
 /// `max_window_layers` on (transformers 5 lists them in `layer_types`). netcl runs one window for
 /// every layer or none: mixed layers are an error naming the keys.
 fn qwen2_window(k: &Keys, layers: usize) -> Result<Option<usize>> {
-    let types: Option<Vec<&str>> = k
-        .v
-        .get("layer_types")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).collect());
+    let types: Option<Vec<&str>> =
+        k.v.get("layer_types")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).collect());
     let sliding = match (&types, k.flag("use_sliding_window", false)) {
         (Some(t), _) => t.iter().filter(|x| **x == "sliding_attention").count(),
         (None, false) => 0,
@@ -267,14 +263,20 @@ impl LlamaConfig {
             "torch_dtype": torch_name(self.dtype),
             "hidden_act": "silu",
         });
-        let m = v.as_object_mut().ok_or_else(|| Error::invalid("to_hf", "not an object"))?;
+        let m = v
+            .as_object_mut()
+            .ok_or_else(|| Error::invalid("to_hf", "not an object"))?;
         let w = a.sliding_window;
         match a.family {
             Family::Qwen2 => {
                 m.insert("use_sliding_window".into(), w.is_some().into());
                 m.insert("sliding_window".into(), w.into());
                 m.insert("max_window_layers".into(), 0.into());
-                let kind = if w.is_some() { "sliding_attention" } else { "full_attention" };
+                let kind = if w.is_some() {
+                    "sliding_attention"
+                } else {
+                    "full_attention"
+                };
                 m.insert("layer_types".into(), vec![kind; self.n_layers].into());
             }
             Family::Mistral => {

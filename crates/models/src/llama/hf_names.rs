@@ -37,7 +37,11 @@ impl Piece {
 
     /// The piece of `t`, the file's tensor.
     pub fn take(&self, t: Tensor) -> Result<Tensor> {
-        let t = if self.transpose { t.transpose(0, 1)? } else { t };
+        let t = if self.transpose {
+            t.transpose(0, 1)?
+        } else {
+            t
+        };
         match self.rows {
             Some((start, len)) => t.narrow(0, start, len)?.contiguous(),
             None => t.contiguous(),
@@ -211,7 +215,14 @@ pub(crate) fn exports(
             continue;
         }
         let conv = pieces(cfg, &hf).is_some_and(|p| p[0].transpose);
-        out.push((hf, if conv { t.transpose(0, 1)?.contiguous()? } else { t }));
+        out.push((
+            hf,
+            if conv {
+                t.transpose(0, 1)?.contiguous()?
+            } else {
+                t
+            },
+        ));
     }
     if let Some(h) = qkv.keys().next() {
         return Err(no_name(h));

@@ -275,7 +275,9 @@ impl Module for Llama {
         for b in &mut self.layers {
             let a = &mut b.attention;
             let f = &mut b.feed_forward;
-            for lin in [&mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo, &mut f.w1, &mut f.w2] {
+            for lin in [
+                &mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo, &mut f.w1, &mut f.w2,
+            ] {
                 lin.set_training(on);
             }
             if let Some(w3) = &mut f.w3 {

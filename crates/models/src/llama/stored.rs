@@ -53,7 +53,11 @@ impl LlamaConfig {
             if !a.gelu_mlp {
                 layer.extend(proj("feed_forward.w3", h, d, a.mlp_bias));
             }
-            v.extend(layer.into_iter().map(|(n, s)| (format!("layers.{i}.{n}"), s)));
+            v.extend(
+                layer
+                    .into_iter()
+                    .map(|(n, s)| (format!("layers.{i}.{n}"), s)),
+            );
         }
         v.extend(norm("norm"));
         if !self.tied_embeddings {
