@@ -134,7 +134,9 @@ __kernel void attention_fwd(__global T* o, __global ACC* lse, __global const T* 
         load_kv_tile(ks, vs, k, v, &g, b, hk, j0, lid, BQ);
         barrier(CLK_LOCAL_MEM_FENCE);
         uint jn = mine > j0 ? min((uint)BK, mine - j0) : 0;
-        for (uint jj = lo > j0 ? lo - j0 : 0; jj < jn; jj++) {
+        // Keys of the tile before this query's window (signed: Oclgrind lacks usub.sat).
+        int skip = (int)lo - (int)j0;
+        for (uint jj = skip < 0 ? 0u : (uint)skip; jj < jn; jj++) {
             ACC4 s4 = (ACC4)(0);
             #pragma unroll
             for (uint c = 0; c < D4; c++) s4 = fma(qr[c], ks[jj][c], s4);
@@ -197,7 +199,9 @@ __kernel void attention_bwd_dq(__global T* dq, __global ACC* delta, __global con
         load_kv_tile(ks, vs, k, v, &g, b, hk, j0, lid, BQ);
         barrier(CLK_LOCAL_MEM_FENCE);
         uint jn = mine > j0 ? min((uint)BK, mine - j0) : 0;
-        for (uint jj = lo > j0 ? lo - j0 : 0; jj < jn; jj++) {
+        // Keys of the tile before this query's window (signed: Oclgrind lacks usub.sat).
+        int skip = (int)lo - (int)j0;
+        for (uint jj = skip < 0 ? 0u : (uint)skip; jj < jn; jj++) {
             ACC4 s4 = (ACC4)(0), dp4 = (ACC4)(0);
             #pragma unroll
             for (uint c = 0; c < D4; c++) {

@@ -131,16 +131,27 @@ impl Attention {
             true => Ok(v), // positions were added to the embeddings
             false => v.rope_with_freqs(c.rope_style, positions.clone(), self.freqs.clone()),
         };
-        // [B, T, heads, hd] each. Without a cache and with plain projections, one product over
-        // the three weights stacked per step, its heads split as views: one GEMM each way
-        // instead of three, one input gradient without sums (the views' gradients are gathered
-        // into one by the tape). The values are copied out of the product (attention keeps them
-        // for backward; a view would keep all of it), the queries and keys go through RoPE.
-        let (q, k, v) = if cache.is_none() && [&self.wq, &self.wk, &self.wv].into_iter().all(plain)
-        {
-            let w = [&self.wq, &self.wk, &self.wv].map(|l| tape.param(&l.weight));
+        // [B, T, heads, hd] each. Without a cache and without adapters, one product over the
+        // three weights stacked per step (and their biases, where all three have one: Qwen2,
+        // GPT-2), its heads split as views: one GEMM each way instead of three, one input
+        // gradient without sums (the views' gradients are gathered into one by the tape). The
+        // values are copied out of the product (attention keeps them for backward; a view would
+        // keep all of it), the queries and keys go through RoPE.
+        let qkv = [&self.wq, &self.wk, &self.wv];
+        let biased = qkv.iter().all(|l| l.bias.is_some() && l.lora.is_none());
+        let stacked = biased || qkv.into_iter().all(plain);
+        let (q, k, v) = if cache.is_none() && stacked {
+            let w = qkv.map(|l| tape.param(&l.weight));
             let w = Var::concat(&[&w[0], &w[1], &w[2]], 0)?;
-            let y = x.linear(&w, None, Activation::None)?;
+            let bias = qkv
+                .iter()
+                .filter_map(|l| l.bias.as_ref().map(|b| tape.param(b)))
+                .collect::<Vec<_>>();
+            let bias = match bias.as_slice() {
+                [bq, bk, bv] => Some(Var::concat(&[bq, bk, bv], 0)?),
+                _ => None,
+            };
+            let y = x.linear(&w, bias.as_ref(), Activation::None)?;
             let heads = y.reshape(&[b, t, h + 2 * hkv, hd])?;
             (
                 heads.narrow(2, 0, h)?,
