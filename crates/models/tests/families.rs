@@ -131,6 +131,12 @@ fn each_family_exports_in_its_layout_and_reimports_exactly() {
             assert_eq!(back.config, cfg, "{family:?}");
             let x = ids(&[seq(20, 40, 1), seq(20, 40, 2)], &dev);
             assert_eq!(logits(&m, &x), logits(&back, &x), "{dev} {family:?}");
+            // A netcl checkpoint keeps the family's switches too.
+            let ckpt = dir.join("ckpt");
+            netcl_nn::save_checkpoint(&ckpt, &m, None, 1, Value::Null).unwrap();
+            let (restored, _) = Llama::from_checkpoint(&ckpt, &dev).unwrap();
+            assert_eq!(restored.config, cfg);
+            assert_eq!(logits(&restored, &x), logits(&m, &x), "{dev} {family:?}");
             let _ = std::fs::remove_dir_all(&dir);
         }
     }

@@ -239,7 +239,7 @@ impl LlamaConfig {
                 self.n_heads, self.n_kv_heads
             ));
         }
-        if self.n_heads > 0 && !self.head_dim().is_multiple_of(2) {
+        if self.n_heads > 0 && !self.head_dim().is_multiple_of(2) && !self.arch.learned_positions {
             problems.push(format!(
                 "head dim {} is odd (RoPE rotates pairs)",
                 self.head_dim()
