@@ -427,3 +427,59 @@ fn bad_configs_are_errors_naming_the_key() {
 fn cfg_dtype() -> netcl_ops::DType {
     netcl_ops::DType::F32
 }
+
+/// Every parameter's gradient (biases, LayerNorm's, the learned positions) against central
+/// finite differences in f64, with 16 queries so that the fused attention (windowed for
+/// Mistral) runs forward and backward.
+#[test]
+fn family_gradients_match_finite_differences_in_f64() {
+    for family in FAMILIES {
+        let mut cfg = LlamaConfig {
+            dim: 8,
+            n_heads: 2,
+            n_kv_heads: if family == Family::Gpt2 { 2 } else { 1 },
+            hidden_dim: 12,
+            vocab_size: 11,
+            max_seq_len: 20,
+            dtype: netcl_ops::DType::F64,
+            ..config(family)
+        };
+        cfg.arch.sliding_window = cfg.arch.sliding_window.map(|_| 3);
+        for dev in test_devices().unwrap() {
+            if !dev.info().fp64 {
+                continue;
+            }
+            let m = random_model(&cfg, &dev, 11);
+            let row = seq(17, 11, 4);
+            let x = ids(&[row[..16].to_vec()], &dev);
+            let y = ids(&[row[1..].to_vec()], &dev);
+            let tape = Tape::new();
+            tape.backward(&m.loss(&tape, &x, &y).unwrap()).unwrap();
+            let loss_at = || m.loss(&Tape::no_grad(), &x, &y).unwrap().item().unwrap();
+            for (name, p) in m.named_parameters() {
+                let g = p.grad().unwrap().to_vec_f64().unwrap();
+                let v = p.value().to_vec_f64().unwrap();
+                for i in [0, v.len() / 2, v.len() - 1] {
+                    let set = |d: f64| {
+                        let mut w = v.clone();
+                        w[i] += d;
+                        p.assign(&Tensor::from_vec(w, p.shape(), &dev).unwrap())
+                            .unwrap();
+                    };
+                    let h = 1e-5;
+                    set(h);
+                    let up = loss_at();
+                    set(-h);
+                    let down = loss_at();
+                    set(0.0);
+                    let fd = (up - down) / (2.0 * h);
+                    assert!(
+                        (fd - g[i]).abs() <= 1e-6 + 1e-4 * fd.abs(),
+                        "{dev} {family:?} {name}[{i}]: backward {} vs finite difference {fd}",
+                        g[i]
+                    );
+                }
+            }
+        }
+    }
+}
