@@ -1,4 +1,4 @@
-//! Convert a Hugging Face Llama directory through netcl: import (config.json + safetensors) and export it again, printing the logits' checksum for a few tokens (used to check that transformers loads netcl's export).
+//! Convert a Hugging Face directory (Llama, Qwen2, Mistral or GPT-2) through netcl: import (config.json + safetensors) and export it again, printing the logits' checksum for a few tokens (used to check that transformers loads netcl's export).
 //!
 //! `cargo run --release --example hf_convert -- IN_DIR OUT_DIR [ID ID ...]`
 use netcl::prelude::*;

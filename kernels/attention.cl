@@ -4,7 +4,8 @@
 // unit stride over d; query head h reads key/value head h / (H / Hkv). o is written at the
 // strides the geometry gives; dq (B, H, Tq, D) and dk, dv (B, Hkv, Tk, D) are stored t-major,
 // as dense (B, T, H, D). lse and delta are ACC (B, H, Tq), contiguous. Causal: query i sees keys j <= i + offset (offset = Tk - Tq); a query
-// that sees no key gets output 0, lse -inf and no gradient. Arithmetic in f32 (f64 for f64).
+// that sees no key gets output 0, lse -inf and no gradient. A sliding window W (causal only) hides
+// keys j <= i + offset - W as well: each query sees at most its last W keys (Mistral's window). Arithmetic in f32 (f64 for f64).
 // Built with -DHEAD_DIM=D (a multiple of 4).
 
 // Tile sizes come from the host (ops/src/flash_attention/opencl.rs), which sizes them to the local
@@ -35,6 +36,7 @@ typedef struct {
     uint v_off, v_sb, v_sh, v_st;
     uint o_off, o_sb, o_sh, o_st;  // o (forward), or do (backward)
     uint x_off, x_sb, x_sh, x_st;  // o in the backward
+    int window;  // sliding window W of causal attention (0: none)
 } AttnGeom;
 
 // e^x of the softmax's probabilities: through exp2 in f32 (one multiply and the hardware's 2^x on
@@ -74,6 +76,20 @@ inline uint visible(const AttnGeom* g, uint i) {
     return last < 0 ? 0u : min((uint)(last + 1), g->tk);
 }
 
+// The first key query i may see (0 without a window).
+inline uint first_visible(const AttnGeom* g, uint i) {
+    if (!g->window) return 0;
+    int first = (int)i + g->offset - g->window + 1;
+    return first < 0 ? 0u : (uint)first;
+}
+
+// The queries [0, end) that may see key j end before this (tq without a window).
+inline uint queries_end(const AttnGeom* g, uint j) {
+    if (!g->window) return g->tq;
+    int end = (int)j - g->offset + g->window;
+    return end < 0 ? 0u : min((uint)end, g->tq);
+}
+
 // Loads keys [j0, j0 + BK) of (b, hk) into ks and vs (zeros past tk), by the n work-items.
 inline void load_kv_tile(__local ACC4 (*ks)[D4], __local ACC4 (*vs)[D4], __global const T* k,
                          __global const T* v, const AttnGeom* g, uint b, uint hk, uint j0,
@@ -110,13 +126,17 @@ __kernel void attention_fwd(__global T* o, __global ACC* lse, __global const T* 
     }
     ACC m = (-INFINITY), l = 0;
     uint mine = active ? visible(&g, i) : 0;
+    uint lo = active ? first_visible(&g, i) : 0;
     uint kend = visible(&g, min(qb * BQ + BQ - 1, g.tq - 1));
-    for (uint j0 = 0; j0 < kend; j0 += BK) {
+    uint kstart = first_visible(&g, qb * BQ) / BK * BK;
+    for (uint j0 = kstart; j0 < kend; j0 += BK) {
         barrier(CLK_LOCAL_MEM_FENCE);
         load_kv_tile(ks, vs, k, v, &g, b, hk, j0, lid, BQ);
         barrier(CLK_LOCAL_MEM_FENCE);
         uint jn = mine > j0 ? min((uint)BK, mine - j0) : 0;
-        for (uint jj = 0; jj < jn; jj++) {
+        // Keys of the tile before this query's window (signed: Oclgrind lacks usub.sat).
+        int skip = (int)lo - (int)j0;
+        for (uint jj = skip < 0 ? 0u : (uint)skip; jj < jn; jj++) {
             ACC4 s4 = (ACC4)(0);
             #pragma unroll
             for (uint c = 0; c < D4; c++) s4 = fma(qr[c], ks[jj][c], s4);
@@ -171,13 +191,17 @@ __kernel void attention_bwd_dq(__global T* dq, __global ACC* delta, __global con
     ACC dl = hsum(dl4);
     ACC li = lse[bh * g.tq + iq];
     uint mine = active ? visible(&g, i) : 0;
+    uint lo = active ? first_visible(&g, i) : 0;
     uint kend = visible(&g, min(qb * BQ + BQ - 1, g.tq - 1));
-    for (uint j0 = 0; j0 < kend; j0 += BK) {
+    uint kstart = first_visible(&g, qb * BQ) / BK * BK;
+    for (uint j0 = kstart; j0 < kend; j0 += BK) {
         barrier(CLK_LOCAL_MEM_FENCE);
         load_kv_tile(ks, vs, k, v, &g, b, hk, j0, lid, BQ);
         barrier(CLK_LOCAL_MEM_FENCE);
         uint jn = mine > j0 ? min((uint)BK, mine - j0) : 0;
-        for (uint jj = 0; jj < jn; jj++) {
+        // Keys of the tile before this query's window (signed: Oclgrind lacks usub.sat).
+        int skip = (int)lo - (int)j0;
+        for (uint jj = skip < 0 ? 0u : (uint)skip; jj < jn; jj++) {
             ACC4 s4 = (ACC4)(0), dp4 = (ACC4)(0);
             #pragma unroll
             for (uint c = 0; c < D4; c++) {
@@ -226,9 +250,11 @@ inline void bwd_kv(__global T* out, __global const T* q, __global const T* k,
     int first_blk = g->causal ? (int)(kb * BKV) - g->offset : 0;
     uint i_lo = first_blk < 0 ? 0u : (uint)first_blk;
     uint mine = first_i < 0 ? 0u : (uint)first_i;
+    // With a window, the queries past the last that sees key j (or any key of this block).
+    uint i_end = queries_end(g, j), i_hi = queries_end(g, kb * BKV + BKV - 1);
     for (uint r = 0; r < rep; r++) {
         uint h = hk * rep + r, bh = b * g->heads + h;
-        for (uint i0 = i_lo - i_lo % BQT; i0 < g->tq; i0 += BQT) {
+        for (uint i0 = i_lo - i_lo % BQT; i0 < i_hi; i0 += BQT) {
             barrier(CLK_LOCAL_MEM_FENCE);
             for (uint e = lid; e < BQT * D4; e += BKV) {
                 uint ii = e / D4, c = e % D4, i = i0 + ii;
@@ -248,7 +274,7 @@ inline void bwd_kv(__global T* out, __global const T* q, __global const T* k,
             barrier(CLK_LOCAL_MEM_FENCE);
             if (!active) continue;
             uint ii0 = mine > i0 ? min((uint)BQT, mine - i0) : 0;
-            uint ii1 = min((uint)BQT, g->tq - i0);
+            uint ii1 = i_end > i0 ? min((uint)BQT, i_end - i0) : 0;
             for (uint ii = ii0; ii < ii1; ii++) {
                 ACC4 s4 = (ACC4)(0);
                 #pragma unroll
@@ -364,12 +390,14 @@ inline void rank1_4(ACC4 acc[4], ACC4 p, ACC4 v) {
 
 // Whether query i sees key j (both in range).
 inline bool sees(const AttnGeom* g, uint i, uint j) {
-    return i < g->tq && j < g->tk && (!g->causal || (int)j <= (int)i + g->offset);
+    return i < g->tq && j < g->tk && (!g->causal || (int)j <= (int)i + g->offset) &&
+           (!g->window || (int)j > (int)i + g->offset - g->window);
 }
 
 // Whether every query of [i0, i0 + TB) sees every key of [j0, j0 + TB): such blocks skip `sees`.
 inline bool sees_all(const AttnGeom* g, uint i0, uint j0) {
-    return i0 + TB <= g->tq && j0 + TB <= g->tk && (!g->causal || (int)(j0 + TB - 1) <= (int)i0 + g->offset);
+    return i0 + TB <= g->tq && j0 + TB <= g->tk && (!g->causal || (int)(j0 + TB - 1) <= (int)i0 + g->offset) &&
+           (!g->window || (int)j0 > (int)(i0 + TB - 1) + g->offset - g->window);
 }
 
 // The forward over a block of TB queries (online softmax over blocks of TB keys): the 2 x 4 score
@@ -395,7 +423,7 @@ void attention_fwd_blocked(__global T* o, __global ACC* lse, __global const T* q
     ACC4 acc[4];
     for (uint u = 0; u < 4; u++) { mo[u] = -INFINITY; lo[u] = 0; acc[u] = (ACC4)(0); }
     uint kend = visible(&g, min(i0 + TB - 1, g.tq - 1));
-    for (uint j0 = 0; j0 < kend; j0 += TB) {
+    for (uint j0 = first_visible(&g, i0) / TB * TB; j0 < kend; j0 += TB) {
         barrier(CLK_LOCAL_MEM_FENCE);
         load_kv_rows(ks, vs, k, v, &g, b, hk, j0, lid);
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -595,7 +623,7 @@ void attention_bwd_dq_blocked(__global T* dq, __global ACC* delta, __global cons
     ACC4 adq[4];
     for (uint u = 0; u < 4; u++) adq[u] = (ACC4)(0);
     uint kend = visible(&g, min(i0 + TB - 1, g.tq - 1));
-    for (uint j0 = 0; j0 < kend; j0 += TB) {
+    for (uint j0 = first_visible(&g, i0) / TB * TB; j0 < kend; j0 += TB) {
         barrier(CLK_LOCAL_MEM_FENCE);
         load_kv_rows(ks, vs, k, v, &g, b, hk, j0, lid);
         barrier(CLK_LOCAL_MEM_FENCE);

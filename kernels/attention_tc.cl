@@ -45,6 +45,7 @@ typedef struct {
     uint v_off, v_sb, v_sh, v_st;
     uint o_off, o_sb, o_sh, o_st;  // o (forward), or do (backward)
     uint x_off, x_sb, x_sh, x_st;  // o in the backward
+    int window;  // sliding window (0: none); never set here: the host keeps windows off this file
 } AttnGeom;
 
 inline float shfl_xor(float v, uint m) {

@@ -197,7 +197,7 @@ void decode_attention(__global T* o,            /* (B, H * hd) */
                       __global const int* pads, /* (B) keys before pads[b] are hidden (has_pads) */
                       __global const int* step, /* (1) this token's position: keys 0..pos[0] */
                       __global int* err,        /* (4) the device's error record */
-                      uint8 a,                  /* H, Hkv, hd, smax, has_pads, error code */
+                      uint8 a,                  /* H, Hkv, hd, smax, has_pads, error code, window (0: none) */
                       ACC scale) {
     uint H = a.s0, Hkv = a.s1, hd = a.s2, smax = a.s3, has_pads = a.s4;
     int at = decode_position(step, smax, err, (int)a.s5);
@@ -210,6 +210,8 @@ void decode_attention(__global T* o,            /* (B, H * hd) */
     uint lid = get_local_id(0);
     uint b = get_group_id(0) / H, h = get_group_id(0) % H, kvh = h / (H / Hkv);
     uint start = has_pads ? (uint)pads[b] : 0u;
+    uint window = a.s6;  // sliding window: only keys len - window .. len - 1
+    if (window && len > window) start = max(start, len - window);
     size_t head = ((size_t)b * Hkv + kvh) * smax * hd;
     __global const T* kh = kc + head;
     __global const T* vh = vc + head;

@@ -33,6 +33,7 @@ fn a_non_utf8_argument_is_an_error_not_a_panic() {
         "llama_train",
         "llama_generate",
         "llama_finetune",
+        "hf_finetune",
         "hf_convert",
     ] {
         let out = run(name, std::slice::from_ref(&bad));

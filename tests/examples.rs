@@ -1,7 +1,7 @@
-//! The Llama examples end to end at tiny settings on every device, in bf16 autocast (llama_train also in f16 with loss scaling, with per-block checkpointing): training runs, saves, and what it saved loads back; llama_finetune with LoRA on all linear layers over a bf16 base.
+//! The Llama examples end to end at tiny settings on every device, in bf16 autocast (llama_train also in f16 with loss scaling, with per-block checkpointing): training runs, saves, and what it saved loads back; hf_finetune (llama_finetune's new name) with LoRA on all linear layers over a bf16 base, and on Qwen2, Mistral and GPT-2 directories.
 use netcl::data::ENDOFTEXT;
 use netcl::devices::test_devices;
-use netcl::models::{Llama, LlamaConfig};
+use netcl::models::{Arch, Family, Llama, LlamaConfig};
 use netcl::ops::RopeStyle;
 use netcl::prelude::*;
 use std::path::{Path, PathBuf};
@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 mod llama_train;
 
 #[allow(dead_code)]
-#[path = "../examples/llama_finetune.rs"]
-mod llama_finetune;
+#[path = "../examples/hf_finetune.rs"]
+mod hf_finetune;
 
 /// The shipped text (20 KB): small enough to train a tokenizer on in a moment.
 fn text() -> PathBuf {
@@ -142,7 +142,7 @@ fn llama_finetune_trains_lora_over_a_bf16_base() {
                 ("--out", out.to_str().unwrap()),
             ],
         );
-        llama_finetune::run(run).unwrap_or_else(|e| panic!("{dev}: {e}"));
+        hf_finetune::run(run).unwrap_or_else(|e| panic!("{dev}: {e}"));
         // The adapters were saved in f32 and the merged export keeps the bf16 base.
         let adapters = netcl::nn::load_safetensors(out.join("adapters.safetensors")).unwrap();
         assert_eq!(
@@ -156,5 +156,68 @@ fn llama_finetune_trains_lora_over_a_bf16_base() {
         );
         let merged = Llama::from_hf(&out, &dev, None).unwrap();
         assert_eq!(merged.config.dtype, DType::BF16, "{dev}");
+    }
+}
+
+/// hf_finetune takes a Qwen2 (LoRA by its module names, bf16 base), a Mistral (sliding window,
+/// full fine-tuning) and a GPT-2 directory (LoRA on c_attn and c_fc) and exports each in its
+/// family's layout.
+#[test]
+fn hf_finetune_takes_every_family() {
+    let corpus = TextCorpus::from_path(text()).unwrap();
+    let tok = Tokenizer::train_bpe(corpus.documents(), 300, &[ENDOFTEXT]).unwrap();
+    let cases = [
+        (
+            Family::Qwen2,
+            "--lora 2 --lora-targets q_proj,v_proj --precision bf16",
+            2 * 2 * 2,
+        ),
+        (Family::Mistral, "--precision f32", 0),
+        (
+            Family::Gpt2,
+            "--lora 2 --lora-targets c_attn,c_fc --precision bf16",
+            2 * 4 * 2,
+        ),
+    ];
+    for dev in test_devices().unwrap() {
+        let tag = dev.spec().replace(':', "_");
+        for (family, flags, adapters) in cases {
+            let mut arch = Arch::of(family);
+            if family == Family::Mistral {
+                arch.sliding_window = Some(6);
+            }
+            let cfg = LlamaConfig {
+                rope_style: RopeStyle::Halves,
+                max_seq_len: 64,
+                n_kv_heads: if family == Family::Gpt2 { 4 } else { 2 },
+                arch,
+                ..LlamaConfig::tiny(tok.vocab_size())
+            };
+            let model_dir = scratch(&format!("hf-{family:?}-{tag}"));
+            Llama::new(cfg, &dev, &mut Generator::new(3))
+                .unwrap()
+                .save_hf(&model_dir)
+                .unwrap();
+            tok.save(model_dir.join("tokenizer.json")).unwrap();
+            let out = scratch(&format!("finetune-{family:?}-{tag}"));
+            let spec = dev.spec();
+            let flags = format!("{flags} --steps 2 --batch 2 --context 20");
+            let run = args(
+                &flags,
+                &[
+                    ("--model", model_dir.to_str().unwrap()),
+                    ("--data", text().to_str().unwrap()),
+                    ("--device", &spec),
+                    ("--out", out.to_str().unwrap()),
+                ],
+            );
+            hf_finetune::run(run).unwrap_or_else(|e| panic!("{dev} {family:?}: {e}"));
+            if adapters > 0 {
+                let a = netcl::nn::load_safetensors(out.join("adapters.safetensors")).unwrap();
+                assert_eq!(a.len(), adapters, "{dev} {family:?}");
+            }
+            let merged = Llama::from_hf(&out, &dev, None).unwrap();
+            assert_eq!(merged.config.arch.family, family, "{dev}");
+        }
     }
 }

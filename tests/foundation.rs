@@ -110,9 +110,16 @@ fn paths_named_in_the_docs_exist() {
                 && !p.contains("X.")
                 && exts.iter().any(|x| p.ends_with(x));
             if looks && !bases.iter().any(|b| b.join(p).exists()) {
-                missing.push(format!("{}: {p}", doc.strip_prefix(&root).unwrap().display()));
+                missing.push(format!(
+                    "{}: {p}",
+                    doc.strip_prefix(&root).unwrap().display()
+                ));
             }
         }
     }
-    assert!(missing.is_empty(), "paths that do not exist:\n{}", missing.join("\n"));
+    assert!(
+        missing.is_empty(),
+        "paths that do not exist:\n{}",
+        missing.join("\n")
+    );
 }

@@ -206,8 +206,12 @@ fn attention(dev: &Device) -> Result<Vec<Tensor>> {
     let mut out = grads(dev, &[q.clone(), k.clone(), v.clone()], |x| {
         Var::flash_attention(&x[0], &x[1], &x[2], true, None)
     })?;
-    out.extend(grads(dev, &[q, k, v], |x| {
+    out.extend(grads(dev, &[q.clone(), k.clone(), v.clone()], |x| {
         Var::attention(&x[0], &x[1], &x[2], None, false, None)
+    })?);
+    // A sliding window of 2 keys (Mistral's).
+    out.extend(grads(dev, &[q, k, v], |x| {
+        Var::flash_attention_window(&x[0], &x[1], &x[2], Some(2), None)
     })?);
     Ok(out)
 }
@@ -225,6 +229,7 @@ fn decode(dev: &Device) -> Result<Vec<Tensor>> {
         x.decode_linear(Some(&norm), &w, None)?,
         x.decode_swiglu(None, &w, &up)?,
         x.decode_attention(&cache, &cache, &at, None, 2)?,
+        x.decode_attention_window(&cache, &cache, &at, None, 2, Some(2))?,
     ])
 }
 

@@ -21,6 +21,21 @@ impl Var {
         causal: bool,
         scale: Option<f64>,
     ) -> Result<Var> {
+        Var::attention_masked(q, k, v, mask, (causal, None), scale)
+    }
+
+    /// [`Var::attention`] with its mask as (causal, sliding window): with a window (which needs
+    /// `causal`), query i sees only keys `j > i + Tk - Tq - window` of those before it, fused
+    /// ([`Var::flash_attention_window`]) or composed.
+    #[track_caller]
+    pub fn attention_masked(
+        q: &Var,
+        k: &Var,
+        v: &Var,
+        mask: Option<&Tensor>,
+        (causal, window): (bool, Option<usize>),
+        scale: Option<f64>,
+    ) -> Result<Var> {
         if q.ndim() < 2 || k.ndim() < 2 || v.ndim() < 2 {
             return Err(Error::shape(
                 "attention",
@@ -32,8 +47,16 @@ impl Var {
                 ),
             ));
         }
+        if window.is_some_and(|w| w == 0) || (window.is_some() && !causal) {
+            return Err(Error::invalid(
+                "attention",
+                format!(
+                    "sliding window {window:?} (causal {causal}): needs causal and 1 or more keys"
+                ),
+            ));
+        }
         if Var::attention_is_fused(q, k, v, mask) {
-            return Var::flash_attention(q, k, v, causal, scale);
+            return Var::flash_attention_masked(q, k, v, (causal, window), scale);
         }
         let d = q.shape()[q.ndim() - 1];
         let scale = scale.unwrap_or(1.0 / (d as f64).sqrt());
@@ -53,6 +76,12 @@ impl Var {
             let (tq, tk) = (s.shape()[n - 2], s.shape()[n - 1]);
             let m = Tensor::causal_hidden_mask(tq, tk, s.dtype(), s.device())?;
             s = s.masked_fill(&m, f64::NEG_INFINITY)?;
+            if let Some(w) = window {
+                // Keys j <= i + tk - tq - w are out of the window.
+                let far = tk as i64 - tq as i64 - w as i64;
+                let m = Tensor::tril_mask(tq, tk, far, s.dtype(), s.device())?;
+                s = s.masked_fill(&m, f64::NEG_INFINITY)?;
+            }
         }
         let p = s.softmax(s.ndim() - 1)?;
         let o = p.matmul(v)?;
@@ -86,17 +115,53 @@ impl Var {
         causal: bool,
         scale: Option<f64>,
     ) -> Result<Var> {
+        Var::flash_attention_masked(q, k, v, (causal, None), scale)
+    }
+
+    /// [`Var::flash_attention`] of causal attention where each query sees at most its last
+    /// `window` keys ([`Tensor::flash_attention_window`]; None: all before it).
+    #[track_caller]
+    pub fn flash_attention_window(
+        q: &Var,
+        k: &Var,
+        v: &Var,
+        window: Option<usize>,
+        scale: Option<f64>,
+    ) -> Result<Var> {
+        Var::flash_attention_masked(q, k, v, (true, window), scale)
+    }
+
+    /// The fused attention with its mask as (causal, window).
+    #[track_caller]
+    fn flash_attention_masked(
+        q: &Var,
+        k: &Var,
+        v: &Var,
+        (causal, window): (bool, Option<usize>),
+        scale: Option<f64>,
+    ) -> Result<Var> {
         let all_f32 = [q, k, v].iter().all(|x| x.dtype() == DType::F32);
         let compute = autocast_dtype().filter(|_| all_f32);
         let (qv, kv, vv) = (q.value(), k.value(), v.value());
-        let (out, lse) = Tensor::flash_attention_in(qv, kv, vv, causal, scale, compute)?;
+        let (out, lse) = match window {
+            None => Tensor::flash_attention_in(qv, kv, vv, causal, scale, compute)?,
+            Some(_) => Tensor::flash_attention_window(qv, kv, vv, window, scale, compute)?,
+        };
         if !any_tracked(&[q, k, v]) {
             return Ok(Var::constant(out));
         }
         let (qv, kv, vv, o) = (qv.clone(), kv.clone(), vv.clone(), out.clone());
         record("flash_attention", &[q, k, v], out, move |g, _| {
-            let (dq, dk, dv) = Tensor::flash_attention_backward_in(
-                &qv, &kv, &vv, &o, &lse, g, causal, scale, compute,
+            let (dq, dk, dv) = Tensor::flash_attention_backward_window(
+                &qv,
+                &kv,
+                &vv,
+                &o,
+                &lse,
+                g,
+                (causal, window),
+                scale,
+                compute,
             )?;
             Ok(vec![Some(dq), Some(dk), Some(dv)])
         })

@@ -6,6 +6,6 @@
 pub mod llama;
 
 pub use llama::{
-    generate, generate_until, DecodeGraph, KvCache, Llama, LlamaConfig, LoraSpec, Positions,
-    RopeScaling, Sampler, Sampling, StopStrings,
+    generate, generate_until, Arch, DecodeGraph, Family, KvCache, Llama, LlamaConfig, LoraSpec,
+    Norm, Positions, RopeScaling, Sampler, Sampling, StopStrings,
 };

@@ -498,7 +498,8 @@ fn training_resumed_from_a_checkpoint_follows_the_same_losses() {
             let (a, f) = (&b.attention, &b.feed_forward);
             let qkv = [&a.wq, &a.wk, &a.wv].map(|l| l.weight.value());
             assert!(Tensor::joined(&qkv, 0).is_some(), "{dev}: wq, wk, wv");
-            let gate_up = [&f.w1, &f.w3].map(|l| l.weight.value());
+            let up = f.w3.as_ref().unwrap();
+            let gate_up = [&f.w1, up].map(|l| l.weight.value());
             assert!(Tensor::joined(&gate_up, 0).is_some(), "{dev}: w1, w3");
         }
     }

@@ -45,6 +45,8 @@ pub mod guide {
     pub mod profiling {}
     #[doc = include_str!("../../../docs/guide/llama.md")]
     pub mod llama {}
+    #[doc = include_str!("../../../docs/guide/model-families.md")]
+    pub mod model_families {}
     #[doc = include_str!("../../../docs/guide/performance.md")]
     pub mod performance {}
     #[doc = include_str!("../../../docs/guide/debugging.md")]

@@ -8,7 +8,9 @@ fn filled(shape: &[usize], v: f64, device: &Device) -> Result<Parameter> {
     Parameter::new(Tensor::full(shape, v, DType::F32, device)?)
 }
 
-/// Layer normalisation over the trailing `shape` dims with affine weight (1) and bias (0).
+/// Layer normalisation over the trailing `shape` dims with affine weight (1) and bias (0). A
+/// clone shares the parameters.
+#[derive(Clone)]
 pub struct LayerNorm {
     pub weight: Parameter,
     pub bias: Parameter,

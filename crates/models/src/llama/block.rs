@@ -1,8 +1,9 @@
-//! One Llama block: RMSNorm, grouped-query attention with RoPE and a causal mask (optionally through a KV cache), SwiGLU feed-forward, residuals.
+//! One Llama block: RMSNorm, grouped-query attention with RoPE and a causal mask (optionally through a KV cache), SwiGLU feed-forward, residuals; the config's switches give other families' blocks (biases, a sliding window, LayerNorm, a GELU MLP, no RoPE).
 use super::cache::KvCache;
 use super::config::LlamaConfig;
+use super::norm::Norm;
 use netcl_autograd::{Parameter, Tape, Var};
-use netcl_nn::{Init, Linear, Module, RmsNorm};
+use netcl_nn::{Init, Linear, Module};
 use netcl_ops::{Activation, Device, Generator, Result, RopeFreqs, RopePositions, Tensor};
 
 /// Llama's weight initialisation (llama2.c, Hugging Face): N(0, 0.02).
@@ -12,13 +13,18 @@ const INIT: Init = Init::Normal {
 };
 
 fn proj(
-    inn: usize,
-    out: usize,
+    (inn, out, bias): (usize, usize, bool),
     cfg: &LlamaConfig,
     dev: &Device,
     g: &mut Generator,
 ) -> Result<Linear> {
-    Linear::from_weights(weight(inn, out, cfg, dev, g)?, None)
+    Linear::from_weights(weight(inn, out, cfg, dev, g)?, zeros(out, bias, cfg, dev)?)
+}
+
+/// A bias of `out` zeros where `on` (transformers initialises biases to 0 too).
+fn zeros(out: usize, on: bool, cfg: &LlamaConfig, dev: &Device) -> Result<Option<Tensor>> {
+    on.then(|| Tensor::zeros(&[out], cfg.dtype, dev))
+        .transpose()
 }
 
 /// Projections of one input whose weights are rows of one tensor ([sum of outputs, inn]), from
@@ -35,8 +41,8 @@ impl Joint {
         Ok(Joint(Tensor::concat(weights, 0)?))
     }
 
-    fn proj(&self, start: usize, out: usize) -> Result<Linear> {
-        Linear::from_weights(self.0.narrow(0, start, out)?, None)
+    fn proj(&self, start: usize, out: usize, bias: Option<Tensor>) -> Result<Linear> {
+        Linear::from_weights(self.0.narrow(0, start, out)?, bias)
     }
 }
 
@@ -85,14 +91,10 @@ pub struct Attention {
 impl Attention {
     pub fn new(cfg: &LlamaConfig, dev: &Device, g: &mut Generator) -> Result<Attention> {
         let (d, kv) = (cfg.dim, cfg.n_kv_heads * cfg.head_dim());
-        let freqs = match &cfg.rope_scaling {
+        let freqs = match cfg.rope_table() {
             None => RopeFreqs::Theta(cfg.rope_theta),
-            Some(r) => {
-                let t = Tensor::from_vec(
-                    r.inv_freq(cfg.rope_theta, cfg.head_dim()),
-                    &[cfg.head_dim() / 2],
-                    dev,
-                )?;
+            Some(table) => {
+                let t = Tensor::from_vec(table, &[cfg.head_dim() / 2], dev)?;
                 RopeFreqs::Table(t.to_dtype(netcl_ops::acc_dtype(cfg.dtype))?)
             }
         };
@@ -100,11 +102,12 @@ impl Attention {
         let wk = weight(d, kv, cfg, dev, g)?;
         let wv = weight(d, kv, cfg, dev, g)?;
         let qkv = Joint::of(&[&wq, &wk, &wv])?;
+        let b = |out| zeros(out, cfg.arch.qkv_bias, cfg, dev);
         Ok(Attention {
-            wq: qkv.proj(0, d)?,
-            wk: qkv.proj(d, kv)?,
-            wv: qkv.proj(d + kv, kv)?,
-            wo: proj(d, d, cfg, dev, g)?,
+            wq: qkv.proj(0, d, b(d)?)?,
+            wk: qkv.proj(d, kv, b(kv)?)?,
+            wv: qkv.proj(d + kv, kv, b(kv)?)?,
+            wo: proj((d, d, cfg.arch.out_bias), cfg, dev, g)?,
             cfg: cfg.clone(),
             freqs,
         })
@@ -124,17 +127,31 @@ impl Attention {
         let c = &self.cfg;
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let (h, hkv, hd) = (c.n_heads, c.n_kv_heads, c.head_dim());
-        let rope = |v: Var| v.rope_with_freqs(c.rope_style, positions.clone(), self.freqs.clone());
-        // [B, T, heads, hd] each. Without a cache and with plain projections, one product over
-        // the three weights stacked per step, its heads split as views: one GEMM each way
-        // instead of three, one input gradient without sums (the views' gradients are gathered
-        // into one by the tape). The values are copied out of the product (attention keeps them
-        // for backward; a view would keep all of it), the queries and keys go through RoPE.
-        let (q, k, v) = if cache.is_none() && [&self.wq, &self.wk, &self.wv].into_iter().all(plain)
-        {
-            let w = [&self.wq, &self.wk, &self.wv].map(|l| tape.param(&l.weight));
+        let rope = |v: Var| match c.arch.learned_positions {
+            true => Ok(v), // positions were added to the embeddings
+            false => v.rope_with_freqs(c.rope_style, positions.clone(), self.freqs.clone()),
+        };
+        // [B, T, heads, hd] each. Without a cache and without adapters, one product over the
+        // three weights stacked per step (and their biases, where all three have one: Qwen2,
+        // GPT-2), its heads split as views: one GEMM each way instead of three, one input
+        // gradient without sums (the views' gradients are gathered into one by the tape). The
+        // values are copied out of the product (attention keeps them for backward; a view would
+        // keep all of it), the queries and keys go through RoPE.
+        let qkv = [&self.wq, &self.wk, &self.wv];
+        let biased = qkv.iter().all(|l| l.bias.is_some() && l.lora.is_none());
+        let stacked = biased || qkv.into_iter().all(plain);
+        let (q, k, v) = if cache.is_none() && stacked {
+            let w = qkv.map(|l| tape.param(&l.weight));
             let w = Var::concat(&[&w[0], &w[1], &w[2]], 0)?;
-            let y = x.linear(&w, None, Activation::None)?;
+            let bias = qkv
+                .iter()
+                .filter_map(|l| l.bias.as_ref().map(|b| tape.param(b)))
+                .collect::<Vec<_>>();
+            let bias = match bias.as_slice() {
+                [bq, bk, bv] => Some(Var::concat(&[bq, bk, bv], 0)?),
+                _ => None,
+            };
+            let y = x.linear(&w, bias.as_ref(), Activation::None)?;
             let heads = y.reshape(&[b, t, h + 2 * hkv, hd])?;
             (
                 heads.narrow(2, 0, h)?,
@@ -161,17 +178,19 @@ impl Attention {
         // Queries meet the cache's dtype (under autocast the projections are 16-bit).
         let q = q.transpose(1, 2)?.to_dtype(k.dtype())?;
         let fused = Var::attention_is_fused(&q, &k, &v, mask);
+        let window = c.arch.sliding_window;
         // [B, H, T, hd]: the fused kernel reads the grouped heads as they are; otherwise query
         // head j * rep + r meets key/value head j through a broadcast.
         let o = if fused {
-            Var::flash_attention(&q, &k, &v, true, None)?
+            Var::flash_attention_window(&q, &k, &v, window, None)?
         } else {
             let (s, rep) = (k.shape()[2], h / hkv);
             let q = q.reshape(&[b, hkv, rep, t, hd])?;
             let wide = [b, hkv, rep, s, hd];
             let k = k.unsqueeze(2)?.broadcast_to(&wide)?;
             let v = v.unsqueeze(2)?.broadcast_to(&wide)?;
-            Var::attention(&q, &k, &v, mask, true, None)?.reshape(&[b, h, t, hd])?
+            Var::attention_masked(&q, &k, &v, mask, (true, window), None)?
+                .reshape(&[b, h, t, hd])?
         };
         let o = o.transpose(1, 2)?.reshape(&[b, t, c.dim])?;
         self.wo.forward(tape, &o)
@@ -187,44 +206,66 @@ impl Attention {
     }
 }
 
-/// SwiGLU: `w2(silu(w1 x) * w3 x)`. A clone shares the parameters.
+/// SwiGLU: `w2(silu(w1 x) * w3 x)`; with `gelu_mlp` (no `w3`), `w2(gelu_tanh(w1 x))`. A clone
+/// shares the parameters.
 #[derive(Clone)]
 pub struct FeedForward {
     pub w1: Linear,
     pub w2: Linear,
-    pub w3: Linear,
+    pub w3: Option<Linear>,
 }
 
 impl FeedForward {
     pub fn new(cfg: &LlamaConfig, dev: &Device, g: &mut Generator) -> Result<FeedForward> {
-        let (d, h) = (cfg.dim, cfg.hidden_dim);
+        let (d, h, bias) = (cfg.dim, cfg.hidden_dim, cfg.arch.mlp_bias);
+        if cfg.arch.gelu_mlp {
+            return Ok(FeedForward {
+                w1: proj((d, h, bias), cfg, dev, g)?,
+                w2: proj((h, d, bias), cfg, dev, g)?,
+                w3: None,
+            });
+        }
         let w1 = weight(d, h, cfg, dev, g)?;
-        let w2 = proj(h, d, cfg, dev, g)?;
+        let w2 = proj((h, d, bias), cfg, dev, g)?;
         let w3 = weight(d, h, cfg, dev, g)?;
         let gate_up = Joint::of(&[&w1, &w3])?;
         Ok(FeedForward {
-            w1: gate_up.proj(0, h)?,
+            w1: gate_up.proj(0, h, zeros(h, bias, cfg, dev)?)?,
             w2,
-            w3: gate_up.proj(h, h)?,
+            w3: Some(gate_up.proj(h, h, zeros(h, bias, cfg, dev)?)?),
         })
+    }
+
+    /// The projections: w1, w2 and w3 where there is one.
+    pub fn linears(&self) -> Vec<&Linear> {
+        [Some(&self.w1), Some(&self.w2), self.w3.as_ref()]
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     /// With plain gate and up projections (no bias, no LoRA adapter), both run as one product
     /// over their weights stacked per step, and SwiGLU splits its output: one GEMM each way
     /// instead of two, and one input gradient without a sum.
     pub fn forward(&self, tape: &Tape, x: &Var) -> Result<Var> {
-        let h = if plain(&self.w1) && plain(&self.w3) {
-            let (w1, w3) = (tape.param(&self.w1.weight), tape.param(&self.w3.weight));
-            let w = Var::concat(&[&w1, &w3], 0)?;
-            x.linear(&w, None, Activation::None)?.swiglu_halves()?
-        } else {
-            Var::swiglu(&self.w1.forward(tape, x)?, &self.w3.forward(tape, x)?)?
+        let h = match &self.w3 {
+            None => self.w1.forward(tape, x)?.gelu_tanh()?,
+            Some(w3) if plain(&self.w1) && plain(w3) => {
+                let (w1, w3) = (tape.param(&self.w1.weight), tape.param(&w3.weight));
+                let w = Var::concat(&[&w1, &w3], 0)?;
+                x.linear(&w, None, Activation::None)?.swiglu_halves()?
+            }
+            Some(w3) => Var::swiglu(&self.w1.forward(tape, x)?, &w3.forward(tape, x)?)?,
         };
         self.w2.forward(tape, &h)
     }
 
     pub fn named_parameters(&self) -> Vec<(String, Parameter)> {
-        named(&[("w1", &self.w1), ("w2", &self.w2), ("w3", &self.w3)])
+        let mut parts: Vec<(&str, &dyn Module)> = vec![("w1", &self.w1), ("w2", &self.w2)];
+        if let Some(w3) = &self.w3 {
+            parts.push(("w3", w3));
+        }
+        named(&parts)
     }
 }
 
@@ -232,22 +273,18 @@ impl FeedForward {
 /// (what a checkpointed block's recomputation holds).
 #[derive(Clone)]
 pub struct Block {
-    pub attention_norm: RmsNorm,
+    pub attention_norm: Norm,
     pub attention: Attention,
-    pub ffn_norm: RmsNorm,
+    pub ffn_norm: Norm,
     pub feed_forward: FeedForward,
 }
 
 impl Block {
     pub fn new(cfg: &LlamaConfig, dev: &Device, g: &mut Generator) -> Result<Block> {
-        let norm = || -> Result<RmsNorm> {
-            let w = Tensor::ones(&[cfg.dim], cfg.dtype, dev)?;
-            RmsNorm::from_weight(w, cfg.norm_eps)
-        };
         Ok(Block {
-            attention_norm: norm()?,
+            attention_norm: Norm::new(cfg, dev)?,
             attention: Attention::new(cfg, dev, g)?,
-            ffn_norm: norm()?,
+            ffn_norm: Norm::new(cfg, dev)?,
             feed_forward: FeedForward::new(cfg, dev, g)?,
         })
     }

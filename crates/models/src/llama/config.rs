@@ -1,4 +1,4 @@
-//! LlamaConfig: the shape of a Llama model (llama2.c's and Hugging Face's fields), checked once.
+//! LlamaConfig: the shape of a Llama model (llama2.c's and Hugging Face's fields) and the switches that make it another family's (Qwen2, Mistral, GPT-2), checked once.
 use netcl_ops::{DType, Error, Result, RopeStyle};
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +26,76 @@ pub struct LlamaConfig {
     /// Llama 3's frequency scaling of RoPE (none: plain RoPE).
     #[serde(default)]
     pub rope_scaling: Option<RopeScaling>,
+    /// What sets another family's blocks apart (all off: Llama's).
+    #[serde(default)]
+    pub arch: Arch,
+}
+
+/// The Hugging Face family a model is read as and written back as.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    #[default]
+    Llama,
+    Qwen2,
+    Mistral,
+    Gpt2,
+}
+
+impl Family {
+    /// transformers' `model_type` and architecture (`LlamaForCausalLM`, ...).
+    pub fn names(self) -> (&'static str, &'static str) {
+        match self {
+            Family::Llama => ("llama", "LlamaForCausalLM"),
+            Family::Qwen2 => ("qwen2", "Qwen2ForCausalLM"),
+            Family::Mistral => ("mistral", "MistralForCausalLM"),
+            Family::Gpt2 => ("gpt2", "GPT2LMHeadModel"),
+        }
+    }
+    pub const ALL: [Family; 4] = [Family::Llama, Family::Qwen2, Family::Mistral, Family::Gpt2];
+}
+
+/// The switches of the shared blocks that make a Llama another family's model: Qwen2 is Llama
+/// with `qkv_bias`; Mistral Llama with a `sliding_window`; GPT-2 Llama with every bias,
+/// `layer_norm`, `gelu_mlp` and `learned_positions` (and no RoPE).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Arch {
+    pub family: Family,
+    /// Biases on the query, key and value projections.
+    pub qkv_bias: bool,
+    /// A bias on the attention's output projection.
+    pub out_bias: bool,
+    /// Biases on the feed-forward projections.
+    pub mlp_bias: bool,
+    /// Causal attention over at most this many of the latest keys (each query included).
+    pub sliding_window: Option<usize>,
+    /// LayerNorm with a bias (mean removed) instead of RMSNorm.
+    pub layer_norm: bool,
+    /// A two-projection MLP with GELU's tanh approximation instead of SwiGLU (no `up`).
+    pub gelu_mlp: bool,
+    /// A learned table of `max_seq_len` position embeddings instead of RoPE.
+    pub learned_positions: bool,
+    /// RoPE's "linear" scaling: positions divided by this factor.
+    pub rope_linear: Option<f64>,
+}
+
+impl Arch {
+    /// The switches `family` always has (Qwen2's q/k/v biases; GPT-2's biases, LayerNorm, GELU
+    /// MLP and learned positions); a window, Llama's optional biases and RoPE scaling are left off.
+    pub fn of(family: Family) -> Arch {
+        let gpt2 = family == Family::Gpt2;
+        Arch {
+            family,
+            qkv_bias: gpt2 || family == Family::Qwen2,
+            out_bias: gpt2,
+            mlp_bias: gpt2,
+            layer_norm: gpt2,
+            gelu_mlp: gpt2,
+            learned_positions: gpt2,
+            ..Arch::default()
+        }
+    }
 }
 
 /// Llama 3's RoPE scaling (Hugging Face `rope_type: "llama3"`): long wavelengths are divided by
@@ -107,6 +177,7 @@ impl LlamaConfig {
             tied_embeddings: true,
             dtype: DType::F32,
             rope_scaling: None,
+            arch: Arch::default(),
         }
     }
 
@@ -168,7 +239,7 @@ impl LlamaConfig {
                 self.n_heads, self.n_kv_heads
             ));
         }
-        if self.n_heads > 0 && !self.head_dim().is_multiple_of(2) {
+        if self.n_heads > 0 && !self.head_dim().is_multiple_of(2) && !self.arch.learned_positions {
             problems.push(format!(
                 "head dim {} is odd (RoPE rotates pairs)",
                 self.head_dim()
@@ -189,6 +260,16 @@ impl LlamaConfig {
                 problems.push(format!("rope_scaling {r:?} needs factor > 0 and high_freq_factor > low_freq_factor > 0"));
             }
         }
+        if let Some(f) = self.arch.rope_linear {
+            if !(f.is_finite() && f > 0.0) || self.rope_scaling.is_some() {
+                problems.push(format!(
+                    "linear RoPE factor {f} must be positive, without llama3 scaling"
+                ));
+            }
+        }
+        if self.arch.sliding_window == Some(0) {
+            problems.push("sliding_window is 0".into());
+        }
         if !self.dtype.is_float() {
             problems.push(format!("dtype {} is not a float dtype", self.dtype));
         }
@@ -201,15 +282,24 @@ impl LlamaConfig {
 
     /// Trainable parameters of a model of this shape.
     pub fn num_parameters(&self) -> usize {
-        let (d, hd) = (self.dim, self.head_dim());
-        let attn = d * d * 2 + 2 * d * self.n_kv_heads * hd;
-        let ffn = 3 * d * self.hidden_dim;
-        let per_layer = attn + ffn + 2 * d;
-        let head = if self.tied_embeddings {
-            0
-        } else {
-            self.vocab_size * d
-        };
-        self.vocab_size * d + self.n_layers * per_layer + d + head
+        self.parameter_shapes()
+            .iter()
+            .map(|(_, s)| s.iter().product::<usize>())
+            .sum()
+    }
+
+    /// The pair frequencies of RoPE where they are not plain `theta` powers (llama3 or linear
+    /// scaling), `head_dim / 2` of them.
+    pub fn rope_table(&self) -> Option<Vec<f64>> {
+        let hd = self.head_dim();
+        if let Some(r) = &self.rope_scaling {
+            return Some(r.inv_freq(self.rope_theta, hd));
+        }
+        let f = self.arch.rope_linear?;
+        Some(
+            (0..hd / 2)
+                .map(|i| 1.0 / self.rope_theta.powf((2 * i) as f64 / hd as f64) / f)
+                .collect(),
+        )
     }
 }

@@ -2,14 +2,18 @@
 use super::block::plain;
 use super::cache::KvCache;
 use super::model::Llama;
+use super::norm::Norm;
 use netcl_nn::{Linear, RmsNorm};
 use netcl_ops::{DType, Error, KvWrite, Result, RmsScale, Tensor, DECODE_MAX_HEAD_DIM};
 
-fn scale(norm: &RmsNorm) -> RmsScale {
-    RmsScale {
-        weight: norm.weight.value().clone(),
-        eps: norm.eps,
-    }
+fn scale(norm: &Norm) -> Result<RmsScale> {
+    let n: &RmsNorm = norm
+        .rms()
+        .ok_or_else(|| Error::invalid("Llama::decode", "a LayerNorm model has no fused decode"))?;
+    Ok(RmsScale {
+        weight: n.weight.value().clone(),
+        eps: n.eps,
+    })
 }
 
 /// Error unless `ids` is I32 `[b]`, one token per row of a cache of batch `b`.
@@ -28,18 +32,19 @@ pub(super) fn check_ids(op: &str, ids: &Tensor, b: usize) -> Result<()> {
 }
 
 impl Llama {
-    /// Whether [`Llama::decode`] runs this model: every projection without bias or LoRA
-    /// adapter, an even head dim of at most 256.
+    /// Whether [`Llama::decode`] runs this model: RMSNorm, SwiGLU and RoPE, every projection
+    /// without bias or LoRA adapter, an even head dim of at most 256.
     pub fn decode_supported(&self) -> bool {
-        let hd = self.config.head_dim();
+        let (hd, arch) = (self.config.head_dim(), &self.config.arch);
         let linears = self.layers.iter().all(|l| {
             let (a, f) = (&l.attention, &l.feed_forward);
-            [&a.wq, &a.wk, &a.wv, &a.wo, &f.w1, &f.w2, &f.w3]
-                .iter()
-                .all(|lin| plain(lin))
+            let mut all = vec![&a.wq, &a.wk, &a.wv, &a.wo];
+            all.extend(f.linears());
+            f.w3.is_some() && all.iter().all(|lin| plain(lin))
         });
         let output = self.output.as_ref().is_none_or(plain);
-        linears && output && hd.is_multiple_of(2) && hd <= DECODE_MAX_HEAD_DIM
+        let blocks = !arch.layer_norm && !arch.gelu_mlp && !arch.learned_positions;
+        blocks && linears && output && hd.is_multiple_of(2) && hd <= DECODE_MAX_HEAD_DIM
     }
 
     /// Logits `[B, vocab]` for one new token per row (`ids`: I32 `[B]` on the model's device)
@@ -58,8 +63,9 @@ impl Llama {
             return Err(Error::invalid(
                 op,
                 format!(
-                    "projections with a bias or a LoRA adapter, or head dim {} (odd or above \
-                     {DECODE_MAX_HEAD_DIM}): use Llama::logits",
+                    "projections with a bias or a LoRA adapter, LayerNorm, GELU or learned \
+                     positions, or head dim {} (odd or above {DECODE_MAX_HEAD_DIM}): use \
+                     Llama::logits",
                     cfg.head_dim()
                 ),
             ));
@@ -79,11 +85,15 @@ impl Llama {
                 style: cfg.rope_style,
                 freqs: a.freqs.clone(),
             };
-            let norm = scale(&layer.attention_norm);
+            let norm = scale(&layer.attention_norm)?;
             let q = h.decode_qkv(Some(&norm), &w(&a.wq), &w(&a.wk), &w(&a.wv), &kv)?;
-            let o = q.decode_attention(k_cache, v_cache, pos, pads, cfg.n_heads)?;
+            let window = cfg.arch.sliding_window;
+            let o = q.decode_attention_window(k_cache, v_cache, pos, pads, cfg.n_heads, window)?;
             h = o.decode_linear(None, &w(&a.wo), Some(&h))?;
-            let s = h.decode_swiglu(Some(&scale(&layer.ffn_norm)), &w(&f.w1), &w(&f.w3))?;
+            let up =
+                f.w3.as_ref()
+                    .ok_or_else(|| Error::invalid(op, "no up projection"))?;
+            let s = h.decode_swiglu(Some(&scale(&layer.ffn_norm)?), &w(&f.w1), &w(up))?;
             h = s.decode_linear(None, &w(&f.w2), Some(&h))?;
         }
         cache.advance(1)?;
@@ -91,6 +101,6 @@ impl Llama {
             Some(o) => o.weight.value(),
             None => self.tok_embeddings.weight.value(),
         };
-        h.decode_linear(Some(&scale(&self.norm)), out, None)
+        h.decode_linear(Some(&scale(&self.norm)?), out, None)
     }
 }

@@ -1,227 +1,18 @@
-//! Hugging Face interchange: a `LlamaForCausalLM` directory (config.json + model.safetensors, or shards with model.safetensors.index.json) read into a netcl Llama, and a netcl Llama written back in that layout.
-use super::config::{LlamaConfig, RopeScaling};
+//! Hugging Face interchange: a model directory (config.json + model.safetensors, or shards with model.safetensors.index.json) of a LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM or GPT2LMHeadModel read into a netcl Llama with its family's switches, and written back in that family's layout.
+use super::config::LlamaConfig;
+use super::hf_names::{exports, hf_name, ignored, pieces};
 use super::model::Llama;
 use super::stored::{check_stored, Stored};
 use netcl_autograd::Parameter;
 use netcl_nn::{save_safetensors, Module, SafetensorsFile};
 use netcl_ops::files::read_regular;
-use netcl_ops::{DType, Device, Error, Generator, Result, RopeStyle, Tensor};
-use serde_json::{json, Value};
+use netcl_ops::{DType, Device, Error, Generator, Result, Tensor};
+use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};
 
 fn shown(p: &Path) -> String {
     p.display().to_string()
-}
-
-/// netcl's name of a Hugging Face tensor name (None for names netcl has no tensor for).
-fn netcl_name(hf: &str) -> Option<String> {
-    if hf == "model.embed_tokens.weight" {
-        return Some("tok_embeddings.weight".into());
-    }
-    if hf == "model.norm.weight" {
-        return Some("norm.weight".into());
-    }
-    if hf == "lm_head.weight" {
-        return Some("output.weight".into());
-    }
-    let rest = hf.strip_prefix("model.layers.")?;
-    let (i, tail) = rest.split_once('.')?;
-    i.parse::<usize>().ok()?;
-    let ours = match tail {
-        "input_layernorm.weight" => "attention_norm.weight",
-        "self_attn.q_proj.weight" => "attention.wq.weight",
-        "self_attn.k_proj.weight" => "attention.wk.weight",
-        "self_attn.v_proj.weight" => "attention.wv.weight",
-        "self_attn.o_proj.weight" => "attention.wo.weight",
-        "post_attention_layernorm.weight" => "ffn_norm.weight",
-        "mlp.gate_proj.weight" => "feed_forward.w1.weight",
-        "mlp.down_proj.weight" => "feed_forward.w2.weight",
-        "mlp.up_proj.weight" => "feed_forward.w3.weight",
-        _ => return None,
-    };
-    Some(format!("layers.{i}.{ours}"))
-}
-
-/// The Hugging Face name of a netcl tensor name (the inverse of [`netcl_name`]).
-fn hf_name(ours: &str) -> Option<String> {
-    match ours {
-        "tok_embeddings.weight" => return Some("model.embed_tokens.weight".into()),
-        "norm.weight" => return Some("model.norm.weight".into()),
-        "output.weight" => return Some("lm_head.weight".into()),
-        _ => {}
-    }
-    let rest = ours.strip_prefix("layers.")?;
-    let (i, tail) = rest.split_once('.')?;
-    let hf = match tail {
-        "attention_norm.weight" => "input_layernorm.weight",
-        "attention.wq.weight" => "self_attn.q_proj.weight",
-        "attention.wk.weight" => "self_attn.k_proj.weight",
-        "attention.wv.weight" => "self_attn.v_proj.weight",
-        "attention.wo.weight" => "self_attn.o_proj.weight",
-        "ffn_norm.weight" => "post_attention_layernorm.weight",
-        "feed_forward.w1.weight" => "mlp.gate_proj.weight",
-        "feed_forward.w2.weight" => "mlp.down_proj.weight",
-        "feed_forward.w3.weight" => "mlp.up_proj.weight",
-        _ => return None,
-    };
-    Some(format!("model.layers.{i}.{hf}"))
-}
-
-fn dtype_from_torch(name: &str) -> Option<DType> {
-    match name {
-        "float32" => Some(DType::F32),
-        "float16" => Some(DType::F16),
-        "bfloat16" => Some(DType::BF16),
-        "float64" => Some(DType::F64),
-        _ => None,
-    }
-}
-
-fn torch_name(d: DType) -> &'static str {
-    match d {
-        DType::F16 => "float16",
-        DType::BF16 => "bfloat16",
-        DType::F64 => "float64",
-        _ => "float32",
-    }
-}
-
-impl LlamaConfig {
-    /// The config of a Hugging Face `config.json` (`LlamaConfig` fields; `what` names the file in
-    /// errors). RoPE pairs split halves, as transformers rotates them. `rope_scaling` may be none or
-    /// "llama3"; others are an error naming them.
-    pub fn from_hf(v: &Value, what: &str) -> Result<LlamaConfig> {
-        let err = |msg: String| Error::format(what, msg);
-        let int = |key: &str| -> Result<usize> {
-            v.get(key)
-                .and_then(Value::as_u64)
-                .map(|x| x as usize)
-                .ok_or_else(|| err(format!("missing or non-integer \"{key}\"")))
-        };
-        // transformers 4 writes rope_theta and rope_scaling; 5 writes rope_parameters with a
-        // rope_type ("default": plain RoPE).
-        let params = v.get("rope_parameters").filter(|p| p.is_object());
-        let scaling = v.get("rope_scaling").filter(|s| !s.is_null()).or_else(|| {
-            params.filter(|p| {
-                p.get("rope_type")
-                    .and_then(Value::as_str)
-                    .is_some_and(|t| t != "default")
-            })
-        });
-        let rope_scaling = match scaling {
-            None => None,
-            Some(s) => {
-                let kind = s
-                    .get("rope_type")
-                    .or_else(|| s.get("type"))
-                    .and_then(Value::as_str);
-                if kind != Some("llama3") {
-                    return Err(err(format!(
-                        "rope_scaling {:?} is not supported (none and \"llama3\" are)",
-                        kind.unwrap_or("?")
-                    )));
-                }
-                let f = |k: &str| {
-                    s.get(k)
-                        .and_then(Value::as_f64)
-                        .ok_or_else(|| err(format!("rope_scaling llama3 lacks \"{k}\"")))
-                };
-                Some(RopeScaling {
-                    factor: f("factor")?,
-                    low_freq_factor: f("low_freq_factor")?,
-                    high_freq_factor: f("high_freq_factor")?,
-                    original_max_position_embeddings: f("original_max_position_embeddings")?
-                        as usize,
-                })
-            }
-        };
-        let theta = v
-            .get("rope_theta")
-            .or_else(|| params.and_then(|p| p.get("rope_theta")))
-            .and_then(Value::as_f64)
-            .unwrap_or(10000.0);
-        let heads = int("num_attention_heads")?;
-        let dim = int("hidden_size")?;
-        if let Some(hd) = v.get("head_dim").and_then(Value::as_u64) {
-            if hd as usize * heads != dim {
-                return Err(err(format!(
-                    "head_dim {hd} x {heads} heads != hidden_size {dim}: not supported"
-                )));
-            }
-        }
-        let dtype = match v
-            .get("torch_dtype")
-            .or_else(|| v.get("dtype"))
-            .and_then(Value::as_str)
-        {
-            None => DType::F32,
-            Some(t) => dtype_from_torch(t)
-                .ok_or_else(|| err(format!("torch_dtype {t:?} is not supported")))?,
-        };
-        let cfg = LlamaConfig {
-            dim,
-            n_layers: int("num_hidden_layers")?,
-            n_heads: heads,
-            n_kv_heads: v
-                .get("num_key_value_heads")
-                .and_then(Value::as_u64)
-                .map_or(heads, |x| x as usize),
-            vocab_size: int("vocab_size")?,
-            hidden_dim: int("intermediate_size")?,
-            norm_eps: v
-                .get("rms_norm_eps")
-                .and_then(Value::as_f64)
-                .unwrap_or(1e-6),
-            rope_theta: theta,
-            rope_style: RopeStyle::Halves,
-            max_seq_len: int("max_position_embeddings")?,
-            tied_embeddings: v
-                .get("tie_word_embeddings")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            dtype,
-            rope_scaling,
-        };
-        cfg.validate().map_err(|e| err(e.to_string()))?;
-        Ok(cfg)
-    }
-
-    /// A Hugging Face `config.json` for this config (`LlamaForCausalLM`). Only the split-halves
-    /// RoPE exists there: an interleaved config is an error.
-    pub fn to_hf(&self) -> Result<Value> {
-        if self.rope_style != RopeStyle::Halves {
-            return Err(Error::invalid(
-                "LlamaConfig::to_hf",
-                "Hugging Face Llama rotates split halves; this model uses interleaved pairs",
-            ));
-        }
-        Ok(json!({
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "hidden_size": self.dim,
-            "intermediate_size": self.hidden_dim,
-            "num_hidden_layers": self.n_layers,
-            "num_attention_heads": self.n_heads,
-            "num_key_value_heads": self.n_kv_heads,
-            "vocab_size": self.vocab_size,
-            "rms_norm_eps": self.norm_eps,
-            "rope_theta": self.rope_theta,
-            "rope_scaling": self.rope_scaling.as_ref().map(|r| json!({
-                "rope_type": "llama3",
-                "factor": r.factor,
-                "low_freq_factor": r.low_freq_factor,
-                "high_freq_factor": r.high_freq_factor,
-                "original_max_position_embeddings": r.original_max_position_embeddings,
-            })),
-            "max_position_embeddings": self.max_seq_len,
-            "tie_word_embeddings": self.tied_embeddings,
-            "torch_dtype": torch_name(self.dtype),
-            "hidden_act": "silu",
-            "attention_bias": false,
-            "mlp_bias": false,
-        }))
-    }
 }
 
 /// The safetensors files of a Hugging Face directory: `model.safetensors`, or the shards that
@@ -283,7 +74,8 @@ fn inside(dir: &Path, rel: &str, index: &Path) -> Result<PathBuf> {
 }
 
 impl Llama {
-    /// Reads a Hugging Face Llama directory: `config.json` and `model.safetensors` (or shards
+    /// Reads a Hugging Face directory of a Llama, Qwen2, Mistral or GPT-2 model (by config.json's
+    /// `architectures`; another is an error naming it): `config.json` and `model.safetensors` (or shards
     /// listed in `model.safetensors.index.json`), memory-mapped and moved to `device` tensor by
     /// tensor, kept in their stored dtype unless `dtype` asks for another. Before the model is
     /// built, the files are checked against the config: every tensor present once with its
@@ -312,14 +104,15 @@ impl Llama {
         let v: Value = serde_json::from_slice(&text)
             .map_err(|e| Error::format(shown(&cfg_path), format!("not valid JSON: {e}")))?;
         let mut cfg = LlamaConfig::from_hf(&v, &shown(&cfg_path))?;
+        let family = cfg.arch.family;
         let files = weight_files(dir)?;
         // Every tensor of every file, by netcl's name, before anything is allocated.
         let mut stored: Vec<Stored> = Vec::new();
         let mut seen: HashMap<String, String> = HashMap::new();
         for (file, f) in &files {
             for name in f.names()? {
-                if name.ends_with("rotary_emb.inv_freq") {
-                    continue; // a buffer older exports carry; netcl computes the frequencies
+                if ignored(family, &name) {
+                    continue; // buffers (RoPE's, GPT-2's masks) that netcl computes
                 }
                 if let Some(first) = seen.insert(name.clone(), file.clone()) {
                     return Err(Error::format(
@@ -330,22 +123,49 @@ impl Llama {
                 if name == "lm_head.weight" && cfg.tied_embeddings {
                     continue; // tied: the embedding table is the output projection
                 }
-                let ours = netcl_name(&name).ok_or_else(|| {
+                let parts = pieces(&cfg, &name).ok_or_else(|| {
                     Error::format(
                         file,
-                        format!("unknown tensor '{name}' for this Llama config"),
+                        format!("unknown tensor '{name}' for this {family:?} config"),
                     )
                 })?;
                 let (dtype, shape) = f.info(&name)?;
-                stored.push(Stored {
-                    name: ours,
-                    dtype,
-                    shape,
-                    file: file.clone(),
-                });
+                // A tensor split into pieces (GPT-2's c_attn) must be exactly their rows.
+                let total: usize = parts.iter().filter_map(|p| p.rows).map(|r| r.1).sum();
+                let split_ok = parts[0].rows.is_none()
+                    || parts[0].shape(&shape).is_some_and(|_| {
+                        let t = if parts[0].transpose {
+                            shape.last()
+                        } else {
+                            shape.first()
+                        };
+                        t == Some(&total)
+                    });
+                if !split_ok {
+                    let want = match parts[0].transpose {
+                        true => format!("[{}, {total}]", cfg.dim),
+                        false => format!("[{total}]"),
+                    };
+                    return Err(Error::format(
+                        file,
+                        format!(
+                            "tensor '{name}' is {shape:?}; the config needs {want} (queries, keys \
+                             and values side by side)"
+                        ),
+                    ));
+                }
+                for p in parts {
+                    let shape = p.shape(&shape).unwrap_or_else(|| shape.clone());
+                    stored.push(Stored {
+                        name: p.ours,
+                        dtype,
+                        shape,
+                        file: file.clone(),
+                    });
+                }
             }
         }
-        let hf = |n: &str| hf_name(n).unwrap_or_else(|| n.to_string());
+        let hf = |n: &str| hf_name(family, n).unwrap_or_else(|| n.to_string());
         check_stored(&cfg, &stored, &shown(dir), hf)?;
         let embedding = stored.iter().find(|s| s.name == "tok_embeddings.weight");
         // Keep the stored dtype (of the embedding table), whatever config.json says.
@@ -371,32 +191,35 @@ impl Llama {
         let params: HashMap<String, Parameter> = model.named_parameters().into_iter().collect();
         for (_, f) in &files {
             for name in f.names()? {
-                let Some(p) = netcl_name(&name).and_then(|n| params.get(&n)) else {
-                    continue; // inv_freq, or lm_head of tied embeddings: checked above
-                };
-                if name == "lm_head.weight" && model.config.tied_embeddings {
-                    continue;
+                if ignored(family, &name)
+                    || (name == "lm_head.weight" && model.config.tied_embeddings)
+                {
+                    continue; // checked above
                 }
-                p.assign(&f.tensor(&name, device)?)?;
+                for piece in pieces(&model.config, &name).unwrap_or_default() {
+                    let Some(p) = params.get(&piece.ours) else {
+                        continue;
+                    };
+                    p.assign(&piece.take(f.tensor(&name, device)?)?)?;
+                }
             }
         }
         Ok((model, notes))
     }
 
-    /// Writes the model as a Hugging Face directory that `LlamaForCausalLM.from_pretrained` loads:
-    /// `config.json` and `model.safetensors` (metadata `format: pt`).
+    /// Writes the model as a Hugging Face directory of its family that transformers'
+    /// `from_pretrained` loads (`LlamaForCausalLM`, `Qwen2ForCausalLM`, `MistralForCausalLM`,
+    /// `GPT2LMHeadModel`): `config.json` and `model.safetensors` (metadata `format: pt`).
     pub fn save_hf(&self, dir: impl AsRef<Path>) -> Result<()> {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir).map_err(|e| Error::io(shown(dir), e))?;
         let config = self.config.to_hf()?;
-        let named = self.named_parameters();
-        let mut tensors: Vec<(String, Tensor)> = Vec::with_capacity(named.len());
-        for (n, p) in named {
-            let hf = hf_name(&n).ok_or_else(|| {
-                Error::invalid("Llama::save_hf", format!("no Hugging Face name for '{n}'"))
-            })?;
-            tensors.push((hf, p.value().clone()));
-        }
+        let named = self
+            .named_parameters()
+            .into_iter()
+            .map(|(n, p)| (n, p.value().clone()))
+            .collect();
+        let tensors = exports(&self.config, named)?;
         let refs: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
         let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
         save_safetensors(dir.join("model.safetensors"), &refs, Some(meta))?;

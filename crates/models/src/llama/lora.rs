@@ -1,4 +1,6 @@
-//! LoRA fine-tuning of a Llama: adapters on the chosen projections (q, k, v, o, gate, up, down), added all at once or not at all, saved with their rank, alpha and targets and loaded only into adapters of the same, all or nothing; merged into the weights for export.
+//! LoRA fine-tuning of a Llama (and the families built from its blocks): adapters on the chosen projections (q, k, v, o, gate, up, down, or the family's Hugging Face module names), added all at once or not at all, saved with their rank, alpha and targets and loaded only into adapters of the same, all or nothing; merged into the weights for export.
+use super::block::Block;
+use super::config::Family;
 use super::model::Llama;
 use netcl_autograd::Parameter;
 use netcl_nn::{save_safetensors, Linear, LoraAdapter, LoraConfig, Module, SafetensorsFile};
@@ -37,33 +39,107 @@ impl std::fmt::Display for LoraSpec {
     }
 }
 
-/// The projection of block `b` that `target` names ("q", ..., "down"); `mut` borrows it mutably.
-macro_rules! projection {
-    ($b:expr, $target:expr $(, $m:ident)?) => {
-        match $target {
-            "q" => &$($m)? $b.attention.wq,
-            "k" => &$($m)? $b.attention.wk,
-            "v" => &$($m)? $b.attention.wv,
-            "o" => &$($m)? $b.attention.wo,
-            "gate" => &$($m)? $b.feed_forward.w1,
-            "up" => &$($m)? $b.feed_forward.w3,
-            _ => &$($m)? $b.feed_forward.w2,
-        }
-    };
+/// The netcl targets a Hugging Face module name of `family` stands for (PEFT's
+/// `target_modules`): Llama, Qwen2 and Mistral's `q_proj` ... `down_proj`; GPT-2's `c_attn`
+/// (queries, keys and values: netcl keeps them apart and re-fuses them at export), `c_proj`
+/// (the attention's output and the MLP's down projection, as PEFT matches both) and `c_fc`.
+fn hf_targets(family: Family, name: &str) -> Option<&'static [&'static str]> {
+    Some(match (family, name) {
+        (Family::Gpt2, "c_attn") => &["q", "k", "v"],
+        (Family::Gpt2, "c_proj") => &["o", "down"],
+        (Family::Gpt2, "c_fc") => &["gate"],
+        (Family::Gpt2, _) => return None,
+        (_, "q_proj") => &["q"],
+        (_, "k_proj") => &["k"],
+        (_, "v_proj") => &["v"],
+        (_, "o_proj") => &["o"],
+        (_, "gate_proj") => &["gate"],
+        (_, "up_proj") => &["up"],
+        (_, "down_proj") => &["down"],
+        _ => return None,
+    })
 }
 
 impl Llama {
-    /// The projections of every layer named `target`.
+    /// The projections of every layer named `target` (none for `up` in a GELU MLP).
     fn projections_mut(&mut self, target: &str) -> Vec<&mut Linear> {
+        fn pick<'a>(b: &'a mut Block, target: &str) -> Option<&'a mut Linear> {
+            let (a, f) = (&mut b.attention, &mut b.feed_forward);
+            match target {
+                "q" => Some(&mut a.wq),
+                "k" => Some(&mut a.wk),
+                "v" => Some(&mut a.wv),
+                "o" => Some(&mut a.wo),
+                "gate" => Some(&mut f.w1),
+                "up" => f.w3.as_mut(),
+                _ => Some(&mut f.w2),
+            }
+        }
         self.layers
             .iter_mut()
-            .map(|b| projection!(b, target, mut))
+            .filter_map(|b| pick(b, target))
             .collect()
     }
 
     /// The projections of every layer named `target`, read only.
     fn projections(&self, target: &str) -> Vec<&Linear> {
-        self.layers.iter().map(|b| projection!(b, target)).collect()
+        fn pick<'a>(b: &'a Block, target: &str) -> Option<&'a Linear> {
+            let (a, f) = (&b.attention, &b.feed_forward);
+            match target {
+                "q" => Some(&a.wq),
+                "k" => Some(&a.wk),
+                "v" => Some(&a.wv),
+                "o" => Some(&a.wo),
+                "gate" => Some(&f.w1),
+                "up" => f.w3.as_ref(),
+                _ => Some(&f.w2),
+            }
+        }
+        self.layers.iter().filter_map(|b| pick(b, target)).collect()
+    }
+
+    /// The netcl targets `cfg.targets` names (netcl's short names, `all-linear`, or the
+    /// family's module names), in the order given; unknown or repeated ones are errors.
+    fn lora_targets(&self, cfg: &LoraConfig) -> Result<Vec<&'static str>> {
+        let op = "Llama::add_lora";
+        let family = self.config.arch.family;
+        let mut out: Vec<&'static str> = Vec::new();
+        for t in &cfg.targets {
+            let names: Vec<&'static str> = match TARGETS.iter().find(|x| *x == t) {
+                Some(x) => vec![*x],
+                None if t == ALL_LINEAR => TARGETS
+                    .into_iter()
+                    .filter(|x| !self.projections(x).is_empty())
+                    .collect(),
+                None => hf_targets(family, t)
+                    .ok_or_else(|| {
+                        Error::invalid(
+                            op,
+                            format!(
+                                "unknown target {t:?}; choose among {TARGETS:?}, {ALL_LINEAR:?} \
+                                 or the {family:?} module names"
+                            ),
+                        )
+                    })?
+                    .to_vec(),
+            };
+            for n in names {
+                if out.contains(&n) {
+                    return Err(Error::invalid(
+                        op,
+                        format!("target {n:?} is listed twice (through {t:?})"),
+                    ));
+                }
+                if self.projections(n).is_empty() {
+                    return Err(Error::invalid(
+                        op,
+                        format!("target {n:?}: a {family:?} model has no such projection"),
+                    ));
+                }
+                out.push(n);
+            }
+        }
+        Ok(out)
     }
 
     /// The rank, alpha and targets of the model's adapters; `None` without any. Adapters that
@@ -120,33 +196,15 @@ impl Llama {
     /// Adds LoRA adapters to `cfg.targets` in every layer and freezes every other parameter:
     /// an optimizer over [`Module::trainable_parameters`] then keeps state for the adapters only,
     /// and backward computes no gradient for the frozen weights. The target `all-linear` (as in
-    /// PEFT) names every projection of the blocks (not the output head). All or nothing: every
+    /// PEFT) names every projection of the blocks (not the output head); the family's Hugging
+    /// Face module names (`q_proj`, ..., GPT-2's `c_attn`, `c_proj`, `c_fc`) name theirs. All or nothing: every
     /// adapter is made before any is added (an error leaves the model and `gen` as they were),
     /// and a model that has adapters already is an error (trained adapters are never replaced).
     pub fn add_lora(&mut self, cfg: &LoraConfig, gen: &mut Generator) -> Result<()> {
         let op = "Llama::add_lora";
-        let known = |t: &str| TARGETS.contains(&t) || t == ALL_LINEAR;
-        if let Some(bad) = cfg.targets.iter().find(|t| !known(t)) {
-            return Err(Error::invalid(
-                op,
-                format!("unknown target {bad:?}; choose among {TARGETS:?} or {ALL_LINEAR:?}"),
-            ));
-        }
-        if let Some((i, t)) = cfg
-            .targets
-            .iter()
-            .enumerate()
-            .find(|(i, t)| cfg.targets[..*i].contains(t))
-        {
-            return Err(Error::invalid(
-                op,
-                format!("target {t:?} is listed twice (at {i})"),
-            ));
-        }
-        let targets: Vec<&str> = match cfg.targets.iter().any(|t| t == ALL_LINEAR) {
-            true => TARGETS.to_vec(),
-            false => cfg.targets.iter().map(String::as_str).collect(),
-        };
+        let mut targets = self.lora_targets(cfg)?;
+        // The order of TARGETS, as lora_spec reports them.
+        targets.sort_by_key(|t| TARGETS.iter().position(|x| x == t));
         let has = self
             .named_parameters()
             .iter()

@@ -145,7 +145,7 @@ fn block_memory(blk: &Block, s: &Shape, tracked: bool) -> BlockMemory {
     };
     let keeps_input =
         |lin: &Linear| trains(&lin.weight) || lin.lora.as_ref().is_some_and(|l| l.dropout() == 0.0);
-    let t_a = tracked || trains(&blk.attention_norm.weight);
+    let t_a = tracked || trains(blk.attention_norm.weight());
     if t_a {
         saved.push(n * s.acc); // the norm's statistics
     }
@@ -170,17 +170,20 @@ fn block_memory(blk: &Block, s: &Shape, tracked: bool) -> BlockMemory {
     }
     product(&at.wo, t_o, n * d * a, &mut saved);
     let t_h = tracked || t_o || learns(&at.wo);
-    let t_f = t_h || trains(&blk.ffn_norm.weight);
+    let t_f = t_h || trains(blk.ffn_norm.weight());
     if t_f {
         saved.extend([n * d * r, n * s.acc]); // h, the norm's input, and its statistics
     }
-    let f_kept = keeps_input(&ff.w1) || keeps_input(&ff.w3);
+    // A GELU MLP (no up projection) is counted as SwiGLU's gate twice: an estimate above its
+    // own (the walk mirrors the SwiGLU block).
+    let w3 = ff.w3.as_ref().unwrap_or(&ff.w1);
+    let f_kept = keeps_input(&ff.w1) || keeps_input(w3);
     if f_kept {
         saved.push(n * d * a); // the norm's output
     }
     product(&ff.w1, t_f, n * d * a, &mut saved);
-    product(&ff.w3, t_f, n * d * a, &mut saved);
-    let t_g = t_f || learns(&ff.w1) || learns(&ff.w3);
+    product(w3, t_f, n * d * a, &mut saved);
+    let t_g = t_f || learns(&ff.w1) || learns(w3);
     let (g, sw) = (n * 2 * hid * a, n * hid * a);
     if t_g {
         saved.push(g); // gate and up products, SwiGLU's input
@@ -206,7 +209,7 @@ fn block_memory(blk: &Block, s: &Shape, tracked: bool) -> BlockMemory {
                 &[g, n * d * a][..],
                 &dw2,
                 &s.grad(&ff.w1.weight),
-                &s.grad(&ff.w3.weight),
+                &s.grad(&w3.weight),
             ]
             .concat(),
             vec![sw * usize::from(s_kept), g * usize::from(t_g)],
@@ -349,7 +352,7 @@ impl Llama {
             }
         }
         m.alloc(&s.kept(head_w));
-        m.alloc(&s.kept(&self.norm.weight));
+        m.alloc(&s.kept(self.norm.weight()));
         // The final norm's output and input go; the gradient flows back through the residual
         // stream.
         m.free(&[hf, n * s.acc, n * 4, out]);

@@ -1,9 +1,10 @@
-//! The Llama model: token embedding, blocks, final RMSNorm and the output projection (tied or its own); logits, loss, and the Module impl.
+//! The Llama model: token embedding (and learned positions for GPT-2), blocks, final norm and the output projection (tied or its own); logits, loss, and the Module impl.
 use super::block::{plain, Block};
 use super::cache::KvCache;
 use super::config::LlamaConfig;
+use super::norm::Norm;
 use netcl_autograd::{checkpoint, Parameter, Tape, Var};
-use netcl_nn::{Context, Embedding, Init, Linear, Module, RmsNorm};
+use netcl_nn::{Context, Embedding, Init, Linear, Module};
 use netcl_ops::{Activation, DType, Device, Error, Generator, Result, RopePositions, Tensor};
 use serde_json::Value;
 use std::sync::Arc;
@@ -12,12 +13,15 @@ use std::sync::Arc;
 /// or continuing after a cache's length).
 pub struct Positions(pub RopePositions);
 
-/// A Llama-architecture decoder (llama2.c / Meta / Hugging Face layout).
+/// A Llama-architecture decoder (llama2.c / Meta / Hugging Face layout), and the families built
+/// from the same blocks by the config's [`super::Arch`] (Qwen2, Mistral, GPT-2).
 pub struct Llama {
     pub config: LlamaConfig,
     pub tok_embeddings: Embedding,
+    /// Learned position embeddings [max_seq_len, dim] (GPT-2), added to the tokens'.
+    pub pos_embeddings: Option<Embedding>,
     pub layers: Vec<Block>,
-    pub norm: RmsNorm,
+    pub norm: Norm,
     /// `None` with tied embeddings (the output reuses `tok_embeddings.weight`).
     pub output: Option<Linear>,
     /// Activation checkpointing in training passes: every `checkpoint_every`-th block (blocks
@@ -66,12 +70,22 @@ impl Llama {
                 gen,
             )?)
         };
-        let norm = RmsNorm::from_weight(
-            Tensor::ones(&[config.dim], config.dtype, device)?,
-            config.norm_eps,
-        )?;
+        let norm = Norm::new(&config, device)?;
+        let pos_embeddings = match config.arch.learned_positions {
+            false => None,
+            true => {
+                let init = Init::Normal {
+                    mean: 0.0,
+                    std: 0.02,
+                };
+                let (n, d) = (config.max_seq_len, config.dim);
+                let t = init.tensor(&[n, d], d, n, config.dtype, device, gen)?;
+                Some(Embedding::from_weights(t)?)
+            }
+        };
         Ok(Llama {
             tok_embeddings: Embedding::from_weights(table)?,
+            pos_embeddings,
             layers,
             norm,
             output,
@@ -163,6 +177,16 @@ impl Llama {
         let default = RopePositions::Offset(start);
         let positions = positions.unwrap_or(&default);
         let mut h = tape.param(&self.tok_embeddings.weight).embedding(ids)?;
+        if let Some(pe) = &self.pos_embeddings {
+            let at = match positions {
+                RopePositions::Offset(s) => {
+                    let (s, e) = (*s as f64, (s + t) as f64);
+                    Tensor::arange(s, e, 1.0, DType::I32, ids.device())?
+                }
+                RopePositions::Ids(p) => p.clone(),
+            };
+            h = h.add(&tape.param(&pe.weight).embedding(&at)?)?;
+        }
         for (i, block) in self.layers.iter().enumerate() {
             h = if self.checkpointed(tape, i, cache) {
                 // The recomputation owns handles to the block's parameters and the pass's inputs.
@@ -226,6 +250,9 @@ impl Module for Llama {
             "tok_embeddings.weight".to_string(),
             self.tok_embeddings.weight.clone(),
         )];
+        if let Some(pe) = &self.pos_embeddings {
+            v.push(("pos_embeddings.weight".to_string(), pe.weight.clone()));
+        }
         for (i, b) in self.layers.iter().enumerate() {
             v.extend(
                 b.named_parameters()
@@ -233,7 +260,12 @@ impl Module for Llama {
                     .map(|(n, p)| (format!("layers.{i}.{n}"), p)),
             );
         }
-        v.push(("norm.weight".to_string(), self.norm.weight.clone()));
+        v.extend(
+            self.norm
+                .named_parameters()
+                .into_iter()
+                .map(|(n, p)| (format!("norm.{n}"), p)),
+        );
         if let Some(o) = &self.output {
             v.push(("output.weight".to_string(), o.weight.clone()));
         }
@@ -244,9 +276,12 @@ impl Module for Llama {
             let a = &mut b.attention;
             let f = &mut b.feed_forward;
             for lin in [
-                &mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo, &mut f.w1, &mut f.w2, &mut f.w3,
+                &mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo, &mut f.w1, &mut f.w2,
             ] {
                 lin.set_training(on);
+            }
+            if let Some(w3) = &mut f.w3 {
+                w3.set_training(on);
             }
         }
     }

@@ -16,26 +16,50 @@ impl LlamaConfig {
     pub fn parameter_shapes(&self) -> Vec<(String, Vec<usize>)> {
         let (d, hd) = (self.dim, self.head_dim());
         let kv = self.n_kv_heads * hd;
+        let a = &self.arch;
+        let (q, h) = (self.n_heads * hd, self.hidden_dim);
         let mut v = vec![(
             "tok_embeddings.weight".to_string(),
             vec![self.vocab_size, d],
         )];
-        for i in 0..self.n_layers {
-            for (n, s) in [
-                ("attention_norm.weight", vec![d]),
-                ("attention.wq.weight", vec![self.n_heads * hd, d]),
-                ("attention.wk.weight", vec![kv, d]),
-                ("attention.wv.weight", vec![kv, d]),
-                ("attention.wo.weight", vec![d, self.n_heads * hd]),
-                ("ffn_norm.weight", vec![d]),
-                ("feed_forward.w1.weight", vec![self.hidden_dim, d]),
-                ("feed_forward.w2.weight", vec![d, self.hidden_dim]),
-                ("feed_forward.w3.weight", vec![self.hidden_dim, d]),
-            ] {
-                v.push((format!("layers.{i}.{n}"), s));
-            }
+        if a.learned_positions {
+            v.push(("pos_embeddings.weight".into(), vec![self.max_seq_len, d]));
         }
-        v.push(("norm.weight".to_string(), vec![d]));
+        // A norm's weight, and its bias for LayerNorm.
+        let norm = |name: &str| {
+            let mut n = vec![(format!("{name}.weight"), vec![d])];
+            if a.layer_norm {
+                n.push((format!("{name}.bias"), vec![d]));
+            }
+            n
+        };
+        // A projection's weight [out, inn], and its bias [out] where `bias`.
+        let proj = |name: &str, out: usize, inn: usize, bias: bool| {
+            let mut p = vec![(format!("{name}.weight"), vec![out, inn])];
+            if bias {
+                p.push((format!("{name}.bias"), vec![out]));
+            }
+            p
+        };
+        for i in 0..self.n_layers {
+            let mut layer = norm("attention_norm");
+            layer.extend(proj("attention.wq", q, d, a.qkv_bias));
+            layer.extend(proj("attention.wk", kv, d, a.qkv_bias));
+            layer.extend(proj("attention.wv", kv, d, a.qkv_bias));
+            layer.extend(proj("attention.wo", d, q, a.out_bias));
+            layer.extend(norm("ffn_norm"));
+            layer.extend(proj("feed_forward.w1", h, d, a.mlp_bias));
+            layer.extend(proj("feed_forward.w2", d, h, a.mlp_bias));
+            if !a.gelu_mlp {
+                layer.extend(proj("feed_forward.w3", h, d, a.mlp_bias));
+            }
+            v.extend(
+                layer
+                    .into_iter()
+                    .map(|(n, s)| (format!("layers.{i}.{n}"), s)),
+            );
+        }
+        v.extend(norm("norm"));
         if !self.tied_embeddings {
             v.push(("output.weight".to_string(), vec![self.vocab_size, d]));
         }

@@ -74,6 +74,8 @@ struct DecodeAttention {
     pos: Tensor,
     pads: Option<Tensor>,
     heads: usize,
+    /// Sliding window: only the last `window` keys (None: all).
+    window: Option<usize>,
 }
 
 impl_op!(DecodeAttention, Tensor, "decode_attention", attention);
@@ -295,7 +297,27 @@ impl Tensor {
         pads: Option<&Tensor>,
         heads: usize,
     ) -> Result<Tensor> {
+        self.decode_attention_window(k_cache, v_cache, pos, pads, heads, None)
+    }
+
+    /// [`Tensor::decode_attention`] where the token sees only its last `window` keys (itself
+    /// included; None: every key), as Mistral's sliding window.
+    pub fn decode_attention_window(
+        &self,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        pos: &Tensor,
+        pads: Option<&Tensor>,
+        heads: usize,
+        window: Option<usize>,
+    ) -> Result<Tensor> {
         let op = "decode_attention";
+        if let Some(w) = window.filter(|&w| w == 0 || w > u32::MAX as usize) {
+            return Err(Error::invalid(
+                op,
+                format!("sliding window {w}: need 1 to 2^32 - 1 keys"),
+            ));
+        }
         check_float(op, self, "q")?;
         check_cache(op, self, k_cache, "k_cache")?;
         check_cache(op, self, v_cache, "v_cache")?;
@@ -329,6 +351,7 @@ impl Tensor {
             pos: pos.clone(),
             pads: pads.cloned(),
             heads,
+            window,
         };
         dispatch(&self.device, &desc)
     }

@@ -179,7 +179,7 @@ pub(super) fn attention(desc: &DecodeAttention, device: &Device) -> Result<Tenso
             u32_arg(op, "cache length", s)?,
             pads.is_some() as u32,
             code_of(op) as u32,
-            0,
+            u32_arg(op, "window", desc.window.unwrap_or(0))?,
             0,
         ])?;
     arg_acc(&mut kern, q.dtype, 1.0 / (hd as f64).sqrt())?;

@@ -94,7 +94,8 @@ pub(super) fn attention(desc: &DecodeAttention) -> Result<Tensor> {
         for hi in 0..h {
             let qr = &q[(bi * h + hi) * hd..][..hd];
             let head = (bi * hkv + hi / (h / hkv)) * len * hd;
-            let keys = (pads[bi].max(0) as usize).min(len)..len;
+            let first = (pads[bi].max(0) as usize).min(len);
+            let keys = first.max(len.saturating_sub(desc.window.unwrap_or(len)))..len;
             let scores: Vec<f64> = keys
                 .clone()
                 .map(|j| (0..hd).map(|d| qr[d] * k[head + j * hd + d]).sum::<f64>() * scale)

@@ -6,7 +6,9 @@
 //! the last dim is dense. Outputs are laid out (B, T, H, D) and returned as (B, H, T, D) views,
 //! so the usual transpose back to (B, T, H·D) costs no copy. Causal: query i sees keys
 //! j <= i + Tk - Tq (the queries being the last Tq positions); a query that sees no key gets
-//! output 0 and no gradient (the composed `Tensor::attention` gives NaN there).
+//! output 0 and no gradient (the composed `Tensor::attention` gives NaN there). A sliding window
+//! W (causal) hides keys j <= i + Tk - Tq - W too: each query sees its last W keys at most
+//! (Mistral's `sliding_window`).
 mod opencl;
 mod reference;
 
@@ -30,6 +32,8 @@ struct Dims {
     tk: usize,
     d: usize,
     causal: bool,
+    /// Causal attention over at most this many of the last keys (implies `causal`).
+    window: Option<usize>,
     scale: f64,
     /// The dtype the products run in when not the operands' (bf16 or f16 for f32 operands).
     compute: Option<DType>,
@@ -42,6 +46,14 @@ impl Dims {
             return self.tk;
         }
         (i + 1 + self.tk).saturating_sub(self.tq).min(self.tk)
+    }
+
+    /// The first key query `i` sees (0 without a window): it sees `first(i)..visible(i)`.
+    fn first(&self, i: usize) -> usize {
+        match self.window {
+            Some(w) if self.causal => self.visible(i).saturating_sub(w),
+            _ => 0,
+        }
     }
 }
 
@@ -94,9 +106,28 @@ fn dims(
         tk,
         d,
         causal,
+        window: None,
         scale: scale.unwrap_or(1.0 / (d as f64).sqrt()),
         compute: None,
     })
+}
+
+/// `dims` with a sliding window of `window` keys (None: none); a window needs causal attention
+/// and at least one key.
+fn windowed(op: &str, mut dims: Dims, window: Option<usize>) -> Result<Dims> {
+    if let Some(w) = window {
+        if w == 0 || !dims.causal || w > i32::MAX as usize {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "sliding window {w} (causal {}): a window needs causal attention and 1 to                      2^31 - 1 keys",
+                    dims.causal
+                ),
+            ));
+        }
+    }
+    dims.window = window;
+    Ok(dims)
 }
 
 /// `dims` computing in `compute`: None or the operands' own dtype, or bf16/f16 for f32 operands.
@@ -125,7 +156,10 @@ fn narrowed_forward(desc: &FlashAttention) -> Result<(Tensor, Tensor)> {
         desc.k.to_dtype(c)?,
         desc.v.to_dtype(c)?,
     );
-    let (out, lse) = Tensor::flash_attention(&q, &k, &v, d.causal, Some(d.scale))?;
+    let (out, lse) = match d.window {
+        None => Tensor::flash_attention(&q, &k, &v, d.causal, Some(d.scale))?,
+        w => Tensor::flash_attention_window(&q, &k, &v, w, Some(d.scale), None)?,
+    };
     Ok((out.to_dtype(desc.q.dtype())?, lse))
 }
 
@@ -135,15 +169,16 @@ fn narrowed_backward(desc: &FlashAttentionBackward) -> Result<(Tensor, Tensor, T
     let low = |t: &Tensor| t.to_dtype(c);
     let (q, k, v) = (low(&desc.q)?, low(&desc.k)?, low(&desc.v)?);
     let (out, grad) = (low(&desc.out)?, low(&desc.grad)?);
-    let (dq, dk, dv) = Tensor::flash_attention_backward(
+    let (dq, dk, dv) = Tensor::flash_attention_backward_window(
         &q,
         &k,
         &v,
         &out,
         &desc.lse,
         &grad,
-        d.causal,
+        (d.causal, d.window),
         Some(d.scale),
+        None,
     )?;
     let f = desc.q.dtype();
     Ok((dq.to_dtype(f)?, dk.to_dtype(f)?, dv.to_dtype(f)?))
@@ -223,8 +258,34 @@ impl Tensor {
         scale: Option<f64>,
         compute: Option<DType>,
     ) -> Result<(Tensor, Tensor)> {
+        Tensor::flash_attention_masked(q, k, v, (causal, None), scale, compute)
+    }
+
+    /// [`Tensor::flash_attention_in`] of causal attention where each query sees at most its last
+    /// `window` keys (None: all before it), as Mistral's sliding window.
+    pub fn flash_attention_window(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        window: Option<usize>,
+        scale: Option<f64>,
+        compute: Option<DType>,
+    ) -> Result<(Tensor, Tensor)> {
+        Tensor::flash_attention_masked(q, k, v, (true, window), scale, compute)
+    }
+
+    /// The forward with its mask as (causal, window).
+    fn flash_attention_masked(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        (causal, window): (bool, Option<usize>),
+        scale: Option<f64>,
+        compute: Option<DType>,
+    ) -> Result<(Tensor, Tensor)> {
         let op = "flash_attention";
-        let dims = computing(op, dims(op, q, k, v, causal, scale)?, q.dtype(), compute)?;
+        let dims = windowed(op, dims(op, q, k, v, causal, scale)?, window)?;
+        let dims = computing(op, dims, q.dtype(), compute)?;
         let op = FlashAttention {
             q: q.clone(),
             k: k.clone(),
@@ -266,8 +327,27 @@ impl Tensor {
         scale: Option<f64>,
         compute: Option<DType>,
     ) -> Result<(Tensor, Tensor, Tensor)> {
+        let mask = (causal, None);
+        Tensor::flash_attention_backward_window(q, k, v, out, lse, grad, mask, scale, compute)
+    }
+
+    /// [`Tensor::flash_attention_backward_in`] with the mask as (causal, sliding window), the
+    /// backward of [`Tensor::flash_attention_window`] (`(true, window)`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn flash_attention_backward_window(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        out: &Tensor,
+        lse: &Tensor,
+        grad: &Tensor,
+        (causal, window): (bool, Option<usize>),
+        scale: Option<f64>,
+        compute: Option<DType>,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
         let op = "flash_attention_backward";
-        let dims = computing(op, dims(op, q, k, v, causal, scale)?, q.dtype(), compute)?;
+        let dims = windowed(op, dims(op, q, k, v, causal, scale)?, window)?;
+        let dims = computing(op, dims, q.dtype(), compute)?;
         same_float(op, &[q, out, grad])?;
         need_shape(op, out, "out", q.shape())?;
         need_shape(op, grad, "grad", q.shape())?;

@@ -40,6 +40,8 @@ struct AttnGeom {
     /// Offset and strides over (b, h, t) of q, k, v, o (or the output's gradient), and o in
     /// the backward.
     views: [[u32; 4]; 5],
+    /// The sliding window (0: none).
+    window: i32,
 }
 
 /// Offset and element strides over (b, h, t) of a 4-D tensor: `[offset, sb, sh, st]`; an
@@ -146,6 +148,7 @@ impl Dims {
             causal: self.causal as u32,
             offset: self.tk as i32 - self.tq as i32,
             views,
+            window: self.window.unwrap_or(0) as i32,
         })
     }
 
@@ -163,7 +166,7 @@ impl Dims {
     /// Multiply-adds of one pass over the visible (query, key) pairs, times 2 (flops).
     fn pair_flops(&self) -> u64 {
         let pairs: usize = if self.causal {
-            (0..self.tq).map(|i| self.visible(i)).sum()
+            (0..self.tq).map(|i| self.visible(i) - self.first(i)).sum()
         } else {
             self.tq * self.tk
         };
@@ -223,7 +226,10 @@ pub(super) fn forward(desc: &FlashAttention, device: &Device) -> Result<(Tensor,
     // The output is made dense below, so the operands' views decide the tensor-core path.
     let operands = [view(op, &q)?, view(op, &k)?, view(op, &v)?];
     let compute = d.compute.unwrap_or(dtype);
-    let tc = tensor_core_program(device, dtype, compute, d.d, &operands)?;
+    let tc = match d.window {
+        None => tensor_core_program(device, dtype, compute, d.d, &operands)?,
+        Some(_) => None, // attention_tc.cl has no window
+    };
     if tc.is_none() && d.compute.is_some() {
         return super::narrowed_forward(desc);
     }
@@ -288,7 +294,10 @@ pub(super) fn backward(
         view(op, &grad)?,
         view(op, &out)?,
     ];
-    let tc = tensor_core_program(device, dtype, d.compute.unwrap_or(dtype), d.d, &views)?;
+    let tc = match d.window {
+        None => tensor_core_program(device, dtype, d.compute.unwrap_or(dtype), d.d, &views)?,
+        Some(_) => None,
+    };
     if tc.is_none() && d.compute.is_some() {
         return super::narrowed_backward(desc);
     }

@@ -12,12 +12,12 @@ impl Dims {
         ((b * heads + h) * t + i) * self.d
     }
 
-    /// The softmax row of query `i` of head (b, h) over its visible keys (scaled scores), and
-    /// its log-sum-exp (-inf when it sees no key).
+    /// The softmax row of query `i` of head (b, h) over its visible keys `first(i)..` (scaled
+    /// scores), and its log-sum-exp (-inf when it sees no key).
     fn probs(&self, q: &[f64], k: &[f64], b: usize, h: usize, i: usize) -> (Vec<f64>, f64) {
         let hk = h / (self.h / self.hkv);
         let qi = &q[self.at(self.h, self.tq, b, h, i)..][..self.d];
-        let s: Vec<f64> = (0..self.visible(i))
+        let s: Vec<f64> = (self.first(i)..self.visible(i))
             .map(|j| {
                 let kj = &k[self.at(self.hkv, self.tk, b, hk, j)..][..self.d];
                 self.scale * qi.iter().zip(kj).map(|(x, y)| x * y).sum::<f64>()
@@ -79,7 +79,7 @@ pub(super) fn forward(desc: &FlashAttention) -> Result<(Tensor, Tensor)> {
                 let (p, l) = d.probs(&q, &k, b, h, i);
                 lse[(b * d.h + h) * d.tq + i] = l;
                 let o = d.at(d.h, d.tq, b, h, i);
-                for (j, pj) in p.iter().enumerate() {
+                for (j, pj) in (d.first(i)..).zip(&p) {
                     let vj = d.at(d.hkv, d.tk, b, hk, j);
                     for e in 0..d.d {
                         out[o + e] += pj * v[vj + e];
@@ -116,16 +116,17 @@ pub(super) fn backward(desc: &FlashAttentionBackward) -> Result<(Tensor, Tensor,
                 // Probabilities recomputed from q and k (the reference does not trust lse).
                 let (p, _) = d.probs(&q, &k, b, h, i);
                 let qi = d.at(d.h, d.tq, b, h, i);
-                let dp: Vec<f64> = (0..p.len())
+                let first = d.first(i);
+                let dp: Vec<f64> = (first..first + p.len())
                     .map(|j| {
                         let vj = d.at(d.hkv, d.tk, b, hk, j);
                         (0..d.d).map(|e| g[qi + e] * v[vj + e]).sum()
                     })
                     .collect();
                 let delta: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
-                for (j, pj) in p.iter().enumerate() {
+                for ((j, pj), dpj) in (first..).zip(&p).zip(&dp) {
                     let kj = d.at(d.hkv, d.tk, b, hk, j);
-                    let ds = pj * (dp[j] - delta) * d.scale;
+                    let ds = pj * (dpj - delta) * d.scale;
                     for e in 0..d.d {
                         dv[kj + e] += pj * g[qi + e];
                         dq[qi + e] += ds * k[kj + e];

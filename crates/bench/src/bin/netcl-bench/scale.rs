@@ -37,6 +37,7 @@ pub(crate) fn tiny_llama_1b() -> LlamaConfig {
         tied_embeddings: false,
         dtype: DType::F32,
         rope_scaling: None,
+        arch: Default::default(),
     }
 }
 
