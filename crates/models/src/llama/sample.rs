@@ -187,7 +187,7 @@ pub fn generate_until(
     if let Some(i) = prompts.iter().position(Vec::is_empty) {
         return Err(Error::invalid(
             op,
-            format!("prompt {i} has no tokens; every prompt needs at least one"),
+            format!("prompt {i} has no tokens; every prompt needs at least one token"),
         ));
     }
     if longest > cfg.max_seq_len {
