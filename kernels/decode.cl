@@ -22,6 +22,7 @@ typedef struct {
     uint has_pads, halves, use_table;
     int code;                  // QKV: op code for the error record
     uint w_off[3];             // element offsets of w0, w1, w2
+    uint has_bias;             // bias added to the products (PLAIN: n0; SWIGLU: 2 n0; QKV: n0 + n1 + n2)
 } GemvArgs;
 
 // The cache position of this step's token, read from the device (so a replayed step needs no new
@@ -68,6 +69,7 @@ void decode_gemv(__global T* y,               /* PLAIN, SWIGLU: (B, n0 or N); QK
                  __global const T* w1,        /* (n1, K): SWIGLU's up rows, QKV's key rows */
                  __global const T* w2,        /* (n2, K): QKV's value rows */
                  __global const T* res,       /* (B, n0) added in PLAIN when has_res */
+                 __global const T* bias,      /* (n0 [+ n1 [+ n2]]) biases of w0, w1, w2 in turn (has_bias) */
                  __global T* kc,              /* QKV: (B, n1 / hd, smax, hd) key cache, written at position at */
                  __global T* vc,              /* QKV: (B, n2 / hd, smax, hd) value cache, written at position at */
                  __global const int* pads,    /* (B) left padding: row b's RoPE position is at - pads[b] (has_pads) */
@@ -144,6 +146,13 @@ void decode_gemv(__global T* y,               /* PLAIN, SWIGLU: (B, n0 or N); QK
         ACC rs = (ACC)1 / sqrt(sq / (ACC)K + eps);
         v0 *= rs;
         v1 *= rs;
+    }
+    if (a.has_bias) {
+        // Row r0 of matrix m and row r1 of matrix m (SwiGLU: of w1), in the joined biases.
+        uint off0 = m == 0 ? 0u : (m == 1 ? n0 : n0 + n1);
+        uint off1 = mode == EPI_SWIGLU ? n0 : off0;
+        v0 += LOAD(bias, off0 + r0);
+        v1 += LOAD(bias, off1 + r1);
     }
     uint row = b0 + b;
     if (mode == EPI_PLAIN) {

@@ -230,6 +230,7 @@ fn decode(dev: &Device) -> Result<Vec<Tensor>> {
         x.decode_swiglu(None, &w, &up)?,
         x.decode_attention(&cache, &cache, &at, None, 2)?,
         x.decode_attention_window(&cache, &cache, &at, None, 2, Some(2))?,
+        x.decode_swiglu_biased(Some(&norm), &w, &up, Some(&rnd(dev, &[12], 32)?))?,
     ])
 }
 

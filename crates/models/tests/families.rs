@@ -219,6 +219,9 @@ fn each_family_generates_through_the_cache() {
         let cfg = config(family);
         for dev in test_devices().unwrap() {
             let m = random_model(&cfg, &dev, 7);
+            // The fused decode kernels take Qwen2's q/k/v biases and Mistral's window; GPT-2
+            // (LayerNorm, GELU, learned positions) decodes through the cached forward.
+            assert_eq!(m.decode_supported(), family != Family::Gpt2, "{family:?}");
             let prompt: Vec<u32> = (0..4).map(|i| (5 * i + 2) as u32).collect();
             let mut s = Sampler::new(Sampling::Greedy, 0).unwrap();
             let out = generate(

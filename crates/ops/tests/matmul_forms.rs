@@ -1,4 +1,4 @@
-//! matmul's products off the tiled kernel, on every device against the host: long K split into parts, skinny products (few rows or columns), and A's row sums beside the product.
+//! matmul's products off the tiled kernel, on every device against the host: long K split into parts, skinny products (few rows or columns), A's row sums beside the product, and a bias that is a view into a larger tensor.
 mod matmul_support;
 
 use matmul_support::{check, matmul_on, operand, tiled, FLOATS};
@@ -233,4 +233,40 @@ fn row_sums_beside_the_product_match_the_host() {
         30,
         "batched row sums",
     );
+}
+
+/// A bias that is a piece of a larger tensor (the keys' bias of q/k/v biases joined, as a Qwen2
+/// model holds them): every kernel (tiled, skinny, split) adds the piece, not its buffer's start.
+#[test]
+fn a_bias_view_at_an_offset_is_added_from_its_offset() {
+    let joined = random_tensor(DType::F32, &[40], -1.0, 1.0, 7);
+    let bias = joined.narrow(0, 24, 8).unwrap();
+    for (m, k) in [(3, 16), (64, 32), (1, 4096)] {
+        let x = random_tensor(DType::F32, &[m, k], -1.0, 1.0, 8);
+        let w = random_tensor(DType::F32, &[k, 8], -1.0, 1.0, 9);
+        let want = x
+            .matmul_with(&w, with_bias(&bias))
+            .unwrap()
+            .to_vec_f64()
+            .unwrap();
+        for dev in test_devices().unwrap() {
+            let on = |t: &netcl_ops::Tensor| t.to_device(&dev).unwrap();
+            let b = on(&joined).narrow(0, 24, 8).unwrap();
+            let got = on(&x).matmul_with(&on(&w), with_bias(&b)).unwrap();
+            let got = got.to_vec_f64().unwrap();
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f64::max);
+            assert!(worst < 1e-3, "{dev} m {m} k {k}: {worst}");
+        }
+    }
+}
+
+fn with_bias(b: &netcl_ops::Tensor) -> MatmulOptions<'_> {
+    MatmulOptions {
+        bias: Some(b),
+        ..Default::default()
+    }
 }

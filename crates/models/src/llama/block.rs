@@ -27,6 +27,26 @@ fn zeros(out: usize, on: bool, cfg: &LlamaConfig, dev: &Device) -> Result<Option
         .transpose()
 }
 
+/// Biases of the sizes `outs` where `on`: pieces of one tensor of zeros, side by side (so that
+/// the decode kernels read the stacked projections' biases as one view, `Tensor::joined`).
+fn joint_zeros(
+    outs: &[usize],
+    on: bool,
+    cfg: &LlamaConfig,
+    dev: &Device,
+) -> Result<Vec<Option<Tensor>>> {
+    let Some(all) = zeros(outs.iter().sum(), on, cfg, dev)? else {
+        return Ok(vec![None; outs.len()]);
+    };
+    let mut at = 0;
+    outs.iter()
+        .map(|&n| {
+            at += n;
+            all.narrow(0, at - n, n).map(Some)
+        })
+        .collect()
+}
+
 /// Projections of one input whose weights are rows of one tensor ([sum of outputs, inn]), from
 /// row `start`, `out` rows each: the stacked products below (queries, keys and values; gate and
 /// up) then read the weights where they lie instead of concatenating them every step
@@ -102,11 +122,14 @@ impl Attention {
         let wk = weight(d, kv, cfg, dev, g)?;
         let wv = weight(d, kv, cfg, dev, g)?;
         let qkv = Joint::of(&[&wq, &wk, &wv])?;
-        let b = |out| zeros(out, cfg.arch.qkv_bias, cfg, dev);
+        let [bq, bk, bv]: [Option<Tensor>; 3] =
+            joint_zeros(&[d, kv, kv], cfg.arch.qkv_bias, cfg, dev)?
+                .try_into()
+                .map_err(|_| netcl_ops::Error::invalid("Attention::new", "three biases"))?;
         Ok(Attention {
-            wq: qkv.proj(0, d, b(d)?)?,
-            wk: qkv.proj(d, kv, b(kv)?)?,
-            wv: qkv.proj(d + kv, kv, b(kv)?)?,
+            wq: qkv.proj(0, d, bq)?,
+            wk: qkv.proj(d, kv, bk)?,
+            wv: qkv.proj(d + kv, kv, bv)?,
             wo: proj((d, d, cfg.arch.out_bias), cfg, dev, g)?,
             cfg: cfg.clone(),
             freqs,
@@ -229,10 +252,13 @@ impl FeedForward {
         let w2 = proj((h, d, bias), cfg, dev, g)?;
         let w3 = weight(d, h, cfg, dev, g)?;
         let gate_up = Joint::of(&[&w1, &w3])?;
+        let [b1, b3]: [Option<Tensor>; 2] = joint_zeros(&[h, h], bias, cfg, dev)?
+            .try_into()
+            .map_err(|_| netcl_ops::Error::invalid("FeedForward::new", "two biases"))?;
         Ok(FeedForward {
-            w1: gate_up.proj(0, h, zeros(h, bias, cfg, dev)?)?,
+            w1: gate_up.proj(0, h, b1)?,
             w2,
-            w3: Some(gate_up.proj(h, h, zeros(h, bias, cfg, dev)?)?),
+            w3: Some(gate_up.proj(h, h, b3)?),
         })
     }
 

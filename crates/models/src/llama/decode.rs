@@ -32,15 +32,17 @@ pub(super) fn check_ids(op: &str, ids: &Tensor, b: usize) -> Result<()> {
 }
 
 impl Llama {
-    /// Whether [`Llama::decode`] runs this model: RMSNorm, SwiGLU and RoPE, every projection
-    /// without bias or LoRA adapter, an even head dim of at most 256.
+    /// Whether [`Llama::decode`] runs this model: RMSNorm, SwiGLU and RoPE, no LoRA adapter,
+    /// biases on all or none of q, k and v (and of gate and up), an even head dim of at most 256.
     pub fn decode_supported(&self) -> bool {
         let (hd, arch) = (self.config.head_dim(), &self.config.arch);
+        let alike = |g: &[&Linear]| g.iter().all(|l| l.bias.is_some() == g[0].bias.is_some());
         let linears = self.layers.iter().all(|l| {
             let (a, f) = (&l.attention, &l.feed_forward);
             let mut all = vec![&a.wq, &a.wk, &a.wv, &a.wo];
             all.extend(f.linears());
-            f.w3.is_some() && all.iter().all(|lin| plain(lin))
+            let gate_up = f.w3.as_ref().is_some_and(|w3| alike(&[&f.w1, w3]));
+            gate_up && all.iter().all(|lin| lin.lora.is_none()) && alike(&[&a.wq, &a.wk, &a.wv])
         });
         let output = self.output.as_ref().is_none_or(plain);
         let blocks = !arch.layer_norm && !arch.gelu_mlp && !arch.learned_positions;
@@ -72,6 +74,23 @@ impl Llama {
         }
         cache.check_room(1)?;
         let pos = cache.position();
+        // The biases of stacked projections as one tensor: a view where they lie side by side
+        // (as Llama::new makes them and imports keep them), else joined by a copy.
+        let biases = |lins: &[&Linear]| -> Result<Option<Tensor>> {
+            let b: Vec<&Tensor> = lins
+                .iter()
+                .filter_map(|l| l.bias.as_ref())
+                .map(|p| p.value())
+                .collect();
+            if b.is_empty() {
+                return Ok(None);
+            }
+            match Tensor::joined(&b, 0) {
+                Some(t) => Ok(Some(t)),
+                None => Tensor::concat(&b, 0).map(Some),
+            }
+        };
+        let bias = |lin: &Linear| lin.bias.as_ref().map(|p| p.value().clone());
         let mut h = self.tok_embeddings.weight.value().embedding(ids)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let (a, f) = (&layer.attention, &layer.feed_forward);
@@ -86,15 +105,19 @@ impl Llama {
                 freqs: a.freqs.clone(),
             };
             let norm = scale(&layer.attention_norm)?;
-            let q = h.decode_qkv(Some(&norm), &w(&a.wq), &w(&a.wk), &w(&a.wv), &kv)?;
+            let qkv = [&w(&a.wq), &w(&a.wk), &w(&a.wv)];
+            let qkv_bias = biases(&[&a.wq, &a.wk, &a.wv])?;
+            let q = h.decode_qkv_biased(Some(&norm), qkv, qkv_bias.as_ref(), &kv)?;
             let window = cfg.arch.sliding_window;
             let o = q.decode_attention_window(k_cache, v_cache, pos, pads, cfg.n_heads, window)?;
-            h = o.decode_linear(None, &w(&a.wo), Some(&h))?;
+            h = o.decode_linear_biased(None, &w(&a.wo), bias(&a.wo).as_ref(), Some(&h))?;
             let up =
                 f.w3.as_ref()
                     .ok_or_else(|| Error::invalid(op, "no up projection"))?;
-            let s = h.decode_swiglu(Some(&scale(&layer.ffn_norm)?), &w(&f.w1), &w(up))?;
-            h = s.decode_linear(None, &w(&f.w2), Some(&h))?;
+            let gate_up = biases(&[&f.w1, up])?;
+            let norm = scale(&layer.ffn_norm)?;
+            let s = h.decode_swiglu_biased(Some(&norm), &w(&f.w1), &w(up), gate_up.as_ref())?;
+            h = s.decode_linear_biased(None, &w(&f.w2), bias(&f.w2).as_ref(), Some(&h))?;
         }
         cache.advance(1)?;
         let out = match &self.output {

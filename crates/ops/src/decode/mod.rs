@@ -61,6 +61,8 @@ struct DecodeGemv {
     norm: Option<RmsScale>,
     weights: Vec<Tensor>,
     epilogue: Epilogue,
+    /// The weights' biases joined in their order (sum of N_i), added before the epilogue.
+    bias: Option<Tensor>,
 }
 
 impl_op!(DecodeGemv, Tensor, "decode_gemv", gemv);
@@ -119,18 +121,31 @@ impl DecodeGemv {
         Ok(())
     }
 
-    /// The checked GEMV of `x` by `weights` with `epilogue`, on x's device.
+    /// The checked GEMV of `x` by `weights` with `epilogue` and the weights' joined biases,
+    /// on x's device.
     fn run(
         x: &Tensor,
         norm: Option<&RmsScale>,
-        weights: &[&Tensor],
+        (weights, bias): (&[&Tensor], Option<&Tensor>),
         epilogue: Epilogue,
     ) -> Result<Tensor> {
+        if let Some(b) = bias {
+            let op = "decode_gemv";
+            same_float(op, &[x, b])?;
+            let n: usize = weights.iter().map(|w| w.shape[0]).sum();
+            if b.shape != [n] {
+                return Err(Error::shape(
+                    op,
+                    format!("bias {:?}; need ({n}): the weights' biases joined", b.shape),
+                ));
+            }
+        }
         let desc = DecodeGemv {
             x: x.clone(),
             norm: norm.cloned(),
             weights: weights.iter().map(|&w| w.clone()).collect(),
             epilogue,
+            bias: bias.cloned(),
         };
         dispatch(&x.device, &desc)
     }
@@ -187,6 +202,17 @@ impl Tensor {
         w: &Tensor,
         residual: Option<&Tensor>,
     ) -> Result<Tensor> {
+        self.decode_linear_biased(norm, w, None, residual)
+    }
+
+    /// [`Tensor::decode_linear`] with a bias (N) added to the product.
+    pub fn decode_linear_biased(
+        &self,
+        norm: Option<&RmsScale>,
+        w: &Tensor,
+        bias: Option<&Tensor>,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let op = "decode_linear";
         DecodeGemv::check(op, self, norm, &[w])?;
         if let Some(r) = residual {
@@ -201,7 +227,8 @@ impl Tensor {
                 ));
             }
         }
-        DecodeGemv::run(self, norm, &[w], Epilogue::Plain(residual.cloned()))
+        let epilogue = Epilogue::Plain(residual.cloned());
+        DecodeGemv::run(self, norm, (&[w], bias), epilogue)
     }
 
     /// `silu(norm(x) · gateᵀ) * (norm(x) · upᵀ)` for rows x (B, K), gate and up (N, K): one
@@ -212,6 +239,17 @@ impl Tensor {
         gate: &Tensor,
         up: &Tensor,
     ) -> Result<Tensor> {
+        self.decode_swiglu_biased(norm, gate, up, None)
+    }
+
+    /// [`Tensor::decode_swiglu`] with the gate's and up's biases joined (2N) added to the products.
+    pub fn decode_swiglu_biased(
+        &self,
+        norm: Option<&RmsScale>,
+        gate: &Tensor,
+        up: &Tensor,
+        bias: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let op = "decode_swiglu";
         DecodeGemv::check(op, self, norm, &[gate, up])?;
         if gate.shape != up.shape {
@@ -220,7 +258,7 @@ impl Tensor {
                 format!("gate {:?} and up {:?} differ", gate.shape, up.shape),
             ));
         }
-        DecodeGemv::run(self, norm, &[gate, up], Epilogue::SwiGlu)
+        DecodeGemv::run(self, norm, (&[gate, up], bias), Epilogue::SwiGlu)
     }
 
     /// One token's attention inputs in one kernel: `q = rope(norm(x) · wqᵀ)` is returned (B,
@@ -232,6 +270,18 @@ impl Tensor {
         wq: &Tensor,
         wk: &Tensor,
         wv: &Tensor,
+        kv: &KvWrite,
+    ) -> Result<Tensor> {
+        self.decode_qkv_biased(norm, [wq, wk, wv], None, kv)
+    }
+
+    /// [`Tensor::decode_qkv`] with the q, k and v biases joined (H·hd + 2 Hkv·hd) added to the
+    /// products before RoPE (Qwen2's).
+    pub fn decode_qkv_biased(
+        &self,
+        norm: Option<&RmsScale>,
+        [wq, wk, wv]: [&Tensor; 3],
+        bias: Option<&Tensor>,
         kv: &KvWrite,
     ) -> Result<Tensor> {
         let op = "decode_qkv";
@@ -281,7 +331,7 @@ impl Tensor {
             }
         }
         let epilogue = Epilogue::Qkv(Box::new(kv.clone()));
-        DecodeGemv::run(self, norm, &[wq, wk, wv], epilogue)
+        DecodeGemv::run(self, norm, (&[wq, wk, wv], bias), epilogue)
     }
 
     /// Attention of one query per row over a KV cache: q (B, H·hd) against keys and values

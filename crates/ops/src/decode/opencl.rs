@@ -33,6 +33,7 @@ struct GemvArgs {
     code: i32,
     /// Element offsets of w0, w1, w2 in their buffers.
     w_off: [u32; 3],
+    has_bias: u32,
 }
 
 /// `GEMV_GROUP`, `GEMV_MAXB` and `ATT_GROUP` of decode.cl.
@@ -82,6 +83,8 @@ pub(super) fn gemv(desc: &DecodeGemv, device: &Device) -> Result<Tensor> {
         .arg_mem(any(w.get(1))?)?
         .arg_mem(any(w.get(2))?)?
         .arg_mem(any(res.as_ref())?)?;
+    let bias = desc.bias.as_ref().map(dense).transpose()?;
+    kern.arg_mem(any(bias.as_ref())?)?;
     let mut args = GemvArgs {
         k: u32_arg(op, "K", k)?,
         b: u32_arg(op, "rows", b)?,
@@ -99,6 +102,7 @@ pub(super) fn gemv(desc: &DecodeGemv, device: &Device) -> Result<Tensor> {
         use_table: 0,
         code: code_of("decode_qkv"),
         w_off,
+        has_bias: bias.is_some() as u32,
     };
     let (mut theta, mut table, mut pads, mut step) = (1.0, None, None, None);
     match &desc.epilogue {

@@ -7,28 +7,36 @@ use crate::fused::expr::Expr;
 use crate::rope::RopePositions;
 use netcl_core_devices::{Error, Result};
 
-/// `norm(x) · wᵀ` (B, N).
-fn project(desc: &DecodeGemv, w: &Tensor) -> Result<Tensor> {
+/// `norm(x) · wᵀ` (B, N), plus the biases from `at` of the joined biases where there are some.
+fn project(desc: &DecodeGemv, w: &Tensor, at: usize) -> Result<Tensor> {
     let k = desc.x.shape[1];
     let x = match &desc.norm {
         Some(n) => desc.x.rms_norm_inference(&[k], Some(&n.weight), n.eps)?,
         None => desc.x.clone(),
     };
-    x.matmul(&w.transpose(0, 1)?)
+    let y = x.matmul(&w.transpose(0, 1)?)?;
+    match &desc.bias {
+        None => Ok(y),
+        Some(b) => {
+            let b = b.narrow(0, at, w.shape[0])?;
+            Ok(fused(&[&y, &b], &[Expr::input(0) + Expr::input(1)])?.remove(0))
+        }
+    }
 }
 
 pub(super) fn gemv(desc: &DecodeGemv) -> Result<Tensor> {
     let w = &desc.weights;
     match &desc.epilogue {
         Epilogue::Plain(res) => {
-            let y = project(desc, &w[0])?;
+            let y = project(desc, &w[0], 0)?;
             match res {
                 Some(r) => Ok(fused(&[&y, r], &[Expr::input(0) + Expr::input(1)])?.remove(0)),
                 None => Ok(y),
             }
         }
         Epilogue::SwiGlu => {
-            let (g, u) = (project(desc, &w[0])?, project(desc, &w[1])?);
+            let n0 = w[0].shape[0];
+            let (g, u) = (project(desc, &w[0], 0)?, project(desc, &w[1], n0)?);
             Ok(fused(&[&g, &u], &[Expr::input(0).silu() * Expr::input(1)])?.remove(0))
         }
         Epilogue::Qkv(kv) => {
@@ -48,9 +56,10 @@ pub(super) fn gemv(desc: &DecodeGemv) -> Result<Tensor> {
                 y.reshape(&[b, 1, heads, hd])?
                     .rope_with_freqs(kv.style, &rope_at, &kv.freqs)
             };
-            let q = rotate(project(desc, &w[0])?)?;
-            let k = rotate(project(desc, &w[1])?)?;
-            let v = project(desc, &w[2])?.reshape(&[b, 1, w[2].shape[0] / hd, hd])?;
+            let (n0, n1) = (w[0].shape[0], w[1].shape[0]);
+            let q = rotate(project(desc, &w[0], 0)?)?;
+            let k = rotate(project(desc, &w[1], n0)?)?;
+            let v = project(desc, &w[2], n0 + n1)?.reshape(&[b, 1, w[2].shape[0] / hd, hd])?;
             for (new, cache) in [(&k, &kv.k_cache), (&v, &kv.v_cache)] {
                 let slot = cache.narrow(2, at, 1)?;
                 fused_into(&[&new.transpose(1, 2)?], &[(Expr::input(0), &slot)])?;

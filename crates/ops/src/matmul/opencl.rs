@@ -214,6 +214,10 @@ fn execute(plan: &GemmPlan, desc: &Matmul<'_>, device: &Device) -> Result<Produc
         false => (wanted, None),
     };
     let bias = narrow_bias.as_ref().or(opts.bias);
+    // The kernels read the bias densely from its buffer's start: a view (one projection's piece
+    // of biases joined in one tensor) is copied first.
+    let dense_bias = bias.map(crate::base::host::dense).transpose()?;
+    let bias = dense_bias.as_ref();
     let nd = a.ndim();
     let (a, b, sa, sb) = match plan.copy {
         Some(which) => {
