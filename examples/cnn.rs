@@ -52,14 +52,7 @@ fn run() -> Result<()> {
         .with(Linear::new(128, 10, &dev, &mut gen)?);
     println!("model: {} parameters", model.num_parameters());
     let mut opt = Adam::new(model.parameters(), args.lr);
-    let steps_per_epoch = Batches::new(train.len(), args.batch, None)?.len();
-    let total = steps_per_epoch * args.epochs;
-    let schedule = CosineWithWarmup {
-        base: args.lr,
-        warmup_steps: total / 50,
-        total_steps: total,
-        min_lr: 0.0,
-    };
+    let (steps_per_epoch, schedule) = args.schedule(train.len())?;
 
     let mut log = RunLog::new(&args.out, "Fashion-MNIST CNN", json!({"data": source}));
     let mut step = 0;

@@ -83,14 +83,7 @@ fn train(dev: &Device, comm: Option<&Comm>, args: &TrainArgs) -> Result<()> {
         );
     }
     let mut opt = Adam::new(model.parameters(), args.lr);
-    let steps_per_epoch = Batches::new(train.len(), args.batch, None)?.len();
-    let total = steps_per_epoch * args.epochs;
-    let schedule = CosineWithWarmup {
-        base: args.lr,
-        warmup_steps: total / 50,
-        total_steps: total,
-        min_lr: 0.0,
-    };
+    let (steps_per_epoch, schedule) = args.schedule(train.len())?;
 
     let mut log = RunLog::new(&args.out, "Fashion-MNIST MLP", json!({"data": source}));
     let mut step = 0;

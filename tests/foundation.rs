@@ -6,9 +6,7 @@ fn pocl_with_two_pthread_devices_shows_two_opencl_devices() {
     let pocl_two = std::env::var("POCL_DEVICES")
         .map(|v| v.split_whitespace().count() >= 2)
         .unwrap_or(false);
-    let required = std::env::var("NETCL_REQUIRE_OPENCL")
-        .map(|v| v == "1")
-        .unwrap_or(false);
+    let required = netcl::Config::get().require_opencl;
     let cl = Device::opencl_devices();
     if required {
         assert!(

@@ -1,15 +1,15 @@
 //! The debug mode: `NETCL_DEBUG=nan` (every recorded op's output and every backward gradient is checked for NaN/Inf), `NETCL_DEBUG=sync` (the queue is finished after each kernel launch) and `NETCL_DEBUG=gemm` (each distinct GEMM plan printed once), or a scoped [`DebugGuard`].
 //!
-//! Off (the default), each hook costs one load of a cached environment value and one relaxed
+//! Off (the default), each hook costs one read of the process's [`Config`] and one relaxed
 //! atomic load: the modes of the guards are only looked up while some guard is alive in the
 //! process. The checks themselves live where the work is: `netcl-autograd` checks values when an
 //! op is recorded and when a backward rule returns, `netcl-kernels` finishes the queue after a
 //! launch (and runs the index-error check of `netcl-ops`).
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::Config;
 use std::cell::Cell;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
 
 /// Check op outputs and backward gradients for NaN and infinity.
 const NAN: u8 = 1;
@@ -18,8 +18,33 @@ const SYNC: u8 = 2;
 /// Print each distinct GEMM plan once, on stderr.
 const GEMM: u8 = 4;
 
-/// `NETCL_DEBUG`, parsed once: the modes, or the error naming the bad value.
-static ENV: OnceLock<std::result::Result<u8, String>> = OnceLock::new();
+/// The process-wide debug modes ([`Config::debug`], `NETCL_DEBUG`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DebugModes {
+    /// Check op outputs and backward gradients for NaN and infinity (`nan`).
+    pub nan: bool,
+    /// Finish the device queue after every kernel launch (`sync`).
+    pub sync: bool,
+    /// Print each distinct GEMM plan once, on stderr (`gemm`).
+    pub gemm: bool,
+}
+
+impl DebugModes {
+    /// `NETCL_DEBUG`'s form: `nan`, `sync`, `gemm`, `all` (nan and sync), `off`, or a
+    /// comma-separated list; an unknown word is an error naming the value.
+    pub fn parse(value: &str) -> std::result::Result<DebugModes, String> {
+        let bits = parse(value)?;
+        Ok(DebugModes {
+            nan: bits & NAN != 0,
+            sync: bits & SYNC != 0,
+            gemm: bits & GEMM != 0,
+        })
+    }
+
+    fn bits(self) -> u8 {
+        (self.nan as u8 * NAN) | (self.sync as u8 * SYNC) | (self.gemm as u8 * GEMM)
+    }
+}
 /// Live guards in the process (any thread): while 0, the thread-local modes are not read.
 static GUARDS: AtomicUsize = AtomicUsize::new(0);
 
@@ -49,13 +74,7 @@ fn parse(value: &str) -> std::result::Result<u8, String> {
 }
 
 fn env() -> Result<u8> {
-    let parsed = ENV.get_or_init(|| match std::env::var("NETCL_DEBUG") {
-        Ok(v) => parse(&v),
-        Err(_) => Ok(0),
-    });
-    parsed
-        .clone()
-        .map_err(|msg| Error::invalid("NETCL_DEBUG", msg))
+    Ok(Config::get().debug.get()?.bits())
 }
 
 #[inline]
@@ -106,8 +125,9 @@ impl DebugGuard {
         }
     }
     /// Anomaly detection (`NETCL_DEBUG=nan`): the first op whose output, or backward rule whose
-    /// gradient, holds a NaN or an infinity returns [`Error::NonFinite`] naming the op, its
-    /// inputs' shapes and where the value was created.
+    /// gradient, holds a NaN or an infinity returns
+    /// [`Error::NonFinite`](crate::Error::NonFinite) naming the op, its inputs' shapes and where
+    /// the value was created.
     pub fn anomaly() -> DebugGuard {
         DebugGuard::with(NAN)
     }

@@ -213,7 +213,7 @@ impl Device {
         registry().devices[0].clone()
     }
 
-    /// The best device: `NETCL_DEVICE` if set, else a GPU, else any OpenCL device, else the host.
+    /// The best device: `NETCL_DEVICE` ([`crate::Config::device`]) if set, else a GPU, else any OpenCL device, else the host.
     pub fn best() -> Result<Device> {
         let sel = Device::select_best()?;
         log::info!("netcl: using {} ({})", sel.device, sel.reason);
@@ -222,9 +222,7 @@ impl Device {
 
     /// Like [`Device::best`], also telling why the device was chosen.
     pub fn select_best() -> Result<Selection> {
-        let spec = std::env::var("NETCL_DEVICE")
-            .ok()
-            .filter(|s| !s.trim().is_empty());
+        let spec = crate::Config::get().device.clone();
         select_best_from(
             &registry().devices,
             spec.as_deref(),

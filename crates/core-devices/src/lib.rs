@@ -1,5 +1,6 @@
-//! netcl-core-devices: OpenCL device discovery, capabilities, selection, and netcl's one error type.
+//! netcl-core-devices: OpenCL device discovery, capabilities, selection, netcl's one error type and its settings (`Config`).
 mod args;
+pub mod config;
 pub mod debug;
 mod device;
 mod dtype;
@@ -10,6 +11,7 @@ mod testing;
 
 pub use args::{utf8_args, utf8_args_from};
 pub use cl3;
+pub use config::{parse_bytes, Config, MatmulPrecision, Setting};
 pub use device::{ClDevice, Device, Selection};
 pub use dtype::DType;
 pub use error::{cl_code_name, is_oom_code, ClResultExt, Error, Result};

@@ -1,10 +1,8 @@
 //! Device lists for test suites: every device present, with `NETCL_REQUIRE_OPENCL=1` making a missing OpenCL device an error.
-use crate::{Device, Error, Result};
+use crate::{Config, Device, Error, Result};
 
 fn require_opencl() -> bool {
-    std::env::var("NETCL_REQUIRE_OPENCL")
-        .map(|v| v == "1")
-        .unwrap_or(false)
+    Config::get().require_opencl
 }
 
 /// The OpenCL devices to test on. With none present this says why on stderr and returns an empty

@@ -1,33 +1,27 @@
 //! The host device's memory budget: host tensor bytes counted, capped by NETCL_POOL_LIMIT, allocated fallibly.
-use crate::pool::parse_bytes;
-use netcl_core_devices::{Error, Result};
+use netcl_core_devices::{Config, Error, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 static IN_USE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
 
-/// The cap: `NETCL_POOL_LIMIT` read once (a bad value stays an error on every allocation), or
-/// what [`set_host_limit`] set.
-fn limit_cell() -> &'static Mutex<std::result::Result<Option<usize>, String>> {
-    static LIMIT: OnceLock<Mutex<std::result::Result<Option<usize>, String>>> = OnceLock::new();
-    LIMIT.get_or_init(|| {
-        Mutex::new(match std::env::var("NETCL_POOL_LIMIT") {
-            Ok(v) if !v.trim().is_empty() => parse_bytes(&v).map(Some).map_err(|e| e.to_string()),
-            _ => Ok(None),
-        })
-    })
-}
+/// What [`set_host_limit`] set, over [`Config::pool_limit`].
+static SET_LIMIT: Mutex<Option<Option<usize>>> = Mutex::new(None);
 
+/// The cap: what [`set_host_limit`] set, else [`Config::pool_limit`] (`NETCL_POOL_LIMIT`; a bad
+/// value is an error on every allocation).
 fn limit() -> Result<Option<usize>> {
-    let cell = limit_cell().lock().unwrap_or_else(|p| p.into_inner());
-    cell.clone()
-        .map_err(|msg| Error::invalid("NETCL_POOL_LIMIT", msg))
+    match *SET_LIMIT.lock().unwrap_or_else(|p| p.into_inner()) {
+        Some(set) => Ok(set),
+        None => Config::get().pool_limit.get(),
+    }
 }
 
-/// Cap the bytes live host tensors may hold (`None`: no cap beyond what the system grants).
+/// Cap the bytes live host tensors may hold (`None`: no cap beyond what the system grants),
+/// over [`Config::pool_limit`].
 pub fn set_host_limit(limit: Option<usize>) {
-    *limit_cell().lock().unwrap_or_else(|p| p.into_inner()) = Ok(limit);
+    *SET_LIMIT.lock().unwrap_or_else(|p| p.into_inner()) = Some(limit);
 }
 
 /// Bytes held by live host tensors, and the most held at once.

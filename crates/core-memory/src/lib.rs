@@ -12,7 +12,8 @@ pub use host::{
     host_charge, host_check, host_memory, host_release, host_vec, reset_host_peak, set_host_limit,
     HostBuf,
 };
-pub use pool::{parse_bytes, Block, Pool, PoolStats};
+pub use netcl_core_devices::parse_bytes;
+pub use pool::{Block, Pool, PoolStats};
 pub use size_class::{size_class, SLAB_BYTES, SMALL_MAX};
 pub use transfer::{
     copy, enqueue_read, enqueue_write, read, read_async, write, write_async, Pending, PinnedBuffer,

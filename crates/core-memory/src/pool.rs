@@ -3,7 +3,7 @@ use crate::size_class::{size_class, SLAB_BYTES, SMALL_MAX};
 use netcl_core_devices::opencl3::event::Event;
 use netcl_core_devices::opencl3::memory::{Buffer, ClMem, CL_MEM_READ_WRITE};
 use netcl_core_devices::opencl3::types::{cl_event, cl_mem};
-use netcl_core_devices::{cl3, ClResultExt, Device, Error, Result};
+use netcl_core_devices::{cl3, ClResultExt, Config, Device, Error, Result};
 use std::collections::HashMap;
 use std::fmt;
 use std::ptr;
@@ -290,20 +290,11 @@ impl Shared {
 }
 
 impl Pool {
-    /// A new, empty pool for `device` (an OpenCL device). `NETCL_POOL_LIMIT` (bytes, or with K/M/G)
-    /// caps the bytes it may hold from the driver; `NETCL_POOL_EXACT=1` makes it exact
-    /// ([`Pool::exact`]).
+    /// A new, empty pool for `device` (an OpenCL device). [`Config::pool_limit`]
+    /// (`NETCL_POOL_LIMIT`) caps the bytes it may hold from the driver; [`Config::pool_exact`]
+    /// (`NETCL_POOL_EXACT=1`) makes it exact ([`Pool::exact`]).
     pub fn new(device: &Device) -> Result<Pool> {
-        let exact = match std::env::var("NETCL_POOL_EXACT").as_deref() {
-            Ok("1") => true,
-            Ok("0") | Ok("") | Err(_) => false,
-            Ok(v) => {
-                return Err(Error::invalid(
-                    "NETCL_POOL_EXACT",
-                    format!("{v:?}: 1 (exact-size buffers) or 0"),
-                ))
-            }
-        };
+        let exact = Config::get().pool_exact.get()?;
         Pool::with_mode(device, exact)
     }
 
@@ -317,12 +308,7 @@ impl Pool {
     fn with_mode(device: &Device, exact: bool) -> Result<Pool> {
         let info = device.info();
         device.cl("Pool::new")?;
-        let limit = match std::env::var("NETCL_POOL_LIMIT") {
-            Ok(v) if !v.trim().is_empty() => Some(
-                parse_bytes(&v).map_err(|e| Error::invalid("NETCL_POOL_LIMIT", e.to_string()))?,
-            ),
-            _ => None,
-        };
+        let limit = Config::get().pool_limit.get()?;
         let state = State {
             limit,
             exact,
@@ -616,51 +602,4 @@ fn release_cached(st: &mut State) {
     st.stats.reserved -= freed;
     st.stats.driver_frees += frees;
     st.stats.cached = st.stats.reserved - st.stats.in_use;
-}
-
-/// Parse `1048576`, `512K`, `64M`, `2G` (binary units; `64MiB`, `64MB` and `4096B` are read the
-/// same) into bytes.
-pub fn parse_bytes(s: &str) -> Result<usize> {
-    let t = s.trim();
-    let upper = t.to_ascii_uppercase();
-    let t = &t[..upper
-        .strip_suffix("IB")
-        .or_else(|| upper.strip_suffix('B'))
-        .unwrap_or(&upper)
-        .len()];
-    let (num, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&t[..t.len() - 1], 1usize << 10),
-        Some('M') => (&t[..t.len() - 1], 1 << 20),
-        Some('G') => (&t[..t.len() - 1], 1 << 30),
-        _ => (t, 1),
-    };
-    num.trim()
-        .parse::<usize>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| {
-            Error::invalid(
-                "parse_bytes",
-                format!("'{s}' is not a byte count (e.g. 4096, 512K, 64M, 2G, 64MiB)"),
-            )
-        })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_bytes;
-
-    #[test]
-    fn byte_counts() {
-        assert_eq!(parse_bytes("1024").unwrap(), 1024);
-        assert_eq!(parse_bytes("2k").unwrap(), 2048);
-        assert_eq!(parse_bytes(" 64M ").unwrap(), 64 << 20);
-        assert_eq!(parse_bytes("1G").unwrap(), 1 << 30);
-        assert_eq!(parse_bytes("8MiB").unwrap(), 8 << 20);
-        assert_eq!(parse_bytes("8mb").unwrap(), 8 << 20);
-        assert_eq!(parse_bytes("4096B").unwrap(), 4096);
-        assert!(parse_bytes("lots").is_err());
-        assert!(parse_bytes("MiB").is_err());
-        assert!(parse_bytes("").is_err());
-    }
 }

@@ -133,8 +133,7 @@ impl FashionMnist {
     /// finally the subset embedded in this crate. Files found but corrupt are an error, never
     /// silently skipped.
     pub fn load() -> Result<FashionMnist> {
-        if let Some(dir) = std::env::var_os(ENV_VAR).filter(|v| !v.is_empty()) {
-            let dir = PathBuf::from(dir);
+        if let Some(dir) = netcl_core_devices::Config::get().data_dir.clone() {
             let nested = dir.join("fashion-mnist");
             for d in [&dir, &nested] {
                 if let Some(files) = find_files(d) {

@@ -36,7 +36,7 @@ impl Progress {
     /// Epoch `epoch` (counted from 1) of `epochs`, with `steps` steps: a bar on a terminal,
     /// plain lines on stderr otherwise (CI logs) or when `NETCL_PROGRESS=plain`.
     pub fn new(epoch: usize, epochs: usize, steps: usize) -> Progress {
-        let plain = std::env::var(ENV_VAR).is_ok_and(|v| v == "plain");
+        let plain = netcl_core_devices::Config::get().progress_plain;
         if plain || !std::io::stderr().is_terminal() {
             return Progress::plain(
                 epoch,

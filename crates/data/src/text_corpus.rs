@@ -7,17 +7,12 @@ use std::path::{Path, PathBuf};
 
 /// The most bytes a corpus reads by default (all its files together); `NETCL_CORPUS_LIMIT`
 /// (`512M`, `8G`, ...) raises or lowers it.
-pub const DEFAULT_CORPUS_LIMIT: u64 = 1 << 30;
+pub use netcl_core_devices::config::DEFAULT_CORPUS_LIMIT;
 
-/// The corpus size limit: `NETCL_CORPUS_LIMIT`, else [`DEFAULT_CORPUS_LIMIT`]; a bad value is an
-/// error naming it.
+/// The corpus size limit: [`Config::corpus_limit`](netcl_core_devices::Config::corpus_limit)
+/// (`NETCL_CORPUS_LIMIT`, else [`DEFAULT_CORPUS_LIMIT`]); a bad value is an error naming it.
 pub fn corpus_limit() -> Result<u64> {
-    match std::env::var("NETCL_CORPUS_LIMIT") {
-        Ok(v) if !v.trim().is_empty() => netcl_core_memory::parse_bytes(&v)
-            .map(|n| n as u64)
-            .map_err(|e| Error::invalid("NETCL_CORPUS_LIMIT", e.to_string())),
-        _ => Ok(DEFAULT_CORPUS_LIMIT),
-    }
+    netcl_core_devices::Config::get().corpus_limit.get()
 }
 
 /// Where Debian's `fortunes` package puts its fortune files.

@@ -185,12 +185,17 @@ fn gz(b: &[u8]) -> Vec<u8> {
     e.finish().unwrap()
 }
 
-/// The search order of `load()`. One test, as it sets the process-wide environment variable.
+/// Sets `$NETCL_DATA`'s setting for this process.
+fn set_data_dir(dir: Option<PathBuf>) {
+    netcl_core_devices::Config::update(|c| c.data_dir = dir);
+}
+
+/// The search order of `load()`. One test, as it sets the process-wide `Config::data_dir`.
 #[test]
 fn load_search_order() {
     let dir = TempDir::new("env");
     write_set(&dir, 40, 20, false);
-    std::env::set_var(ENV_VAR, &dir);
+    set_data_dir(Some(dir.to_path_buf()));
     let d = FashionMnist::load().unwrap();
     assert_eq!(d.source, DataSource::Env(dir.to_path_buf()));
     assert_eq!(d.n_train(), 40);
@@ -200,14 +205,14 @@ fn load_search_order() {
     let parent = TempDir::new("env-parent");
     std::fs::create_dir_all(parent.join("fashion-mnist")).unwrap();
     write_set(&parent.join("fashion-mnist"), 11, 5, true);
-    std::env::set_var(ENV_VAR, &parent);
+    set_data_dir(Some(parent.to_path_buf()));
     let d = FashionMnist::load().unwrap();
     assert_eq!(d.source, DataSource::Env(parent.join("fashion-mnist")));
     assert_eq!(d.n_test(), 5);
 
     // Set but without the files: an error, not a silent fallback.
     let empty = TempDir::new("env-empty");
-    std::env::set_var(ENV_VAR, &empty);
+    set_data_dir(Some(empty.to_path_buf()));
     let msg = FashionMnist::load().unwrap_err().to_string();
     assert!(
         msg.contains(&empty.display().to_string()) && msg.contains(ENV_VAR),
@@ -215,7 +220,7 @@ fn load_search_order() {
     );
 
     // Unset: ./data/fashion-mnist (absent in the crate directory), the Debian package, the subset.
-    std::env::remove_var(ENV_VAR);
+    set_data_dir(None);
     let d = FashionMnist::load().unwrap();
     if system_present() {
         assert_eq!(d.source, DataSource::System(PathBuf::from(SYSTEM_DIR)));

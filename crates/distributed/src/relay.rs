@@ -35,24 +35,15 @@ use std::time::{Duration, Instant};
 
 /// Chunks in flight (pinned slots per rank): on two H100s 8 gave 31 GB/s at 256 MiB, 4 gave 24.
 const SLOTS: usize = 8;
-/// Bytes per chunk unless NETCL_RELAY_CHUNK says otherwise (the two-H100 measurements of
-/// docs/performance.md used 4 MiB; other sizes were not compared).
-const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
-
-/// Elements per chunk: NETCL_RELAY_CHUNK (bytes, e.g. `8M`; 4 KiB to 256 MiB), default 4 MiB; a
-/// value that is not a byte count is an error.
+/// Elements per chunk: [`Config::relay_chunk`](netcl_core_devices::Config::relay_chunk)
+/// (`NETCL_RELAY_CHUNK`, bytes, e.g. `8M`; 4 KiB to 256 MiB; default 4 MiB, the size the two-H100
+/// measurements of docs/performance.md used), read once per process; a value that is not a
+/// byte count is an error.
 pub(crate) fn chunk_elems() -> Result<usize> {
-    static CHUNK: std::sync::OnceLock<std::result::Result<usize, String>> =
+    static CHUNK: std::sync::OnceLock<netcl_core_devices::Setting<usize>> =
         std::sync::OnceLock::new();
-    CHUNK
-        .get_or_init(|| match std::env::var("NETCL_RELAY_CHUNK") {
-            Ok(v) if !v.trim().is_empty() => netcl_core_memory::parse_bytes(&v)
-                .map(|b| b.clamp(4096, 256 << 20) / 4)
-                .map_err(|e| e.to_string()),
-            _ => Ok(DEFAULT_CHUNK_BYTES / 4),
-        })
-        .clone()
-        .map_err(|msg| Error::invalid("NETCL_RELAY_CHUNK", msg))
+    let bytes = CHUNK.get_or_init(|| netcl_core_devices::Config::get().relay_chunk.clone());
+    Ok(bytes.get()? / 4)
 }
 
 /// One rank's pinned slots. Its hub keeps them between sessions, and every session of every

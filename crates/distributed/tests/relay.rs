@@ -6,10 +6,10 @@ use netcl_ops::Tensor;
 mod support;
 use support::reference::{bits, data, reference, tensor};
 
-/// Chunks of 1024 f32: the relay reads NETCL_RELAY_CHUNK once per process, and every test of
+/// Chunks of 1024 f32: the relay reads `Config::relay_chunk` once per process, and every test of
 /// this binary sets the same value before its first collective.
 fn small_chunks() {
-    std::env::set_var("NETCL_RELAY_CHUNK", "4096");
+    netcl_core_devices::Config::update(|c| c.relay_chunk = 4096.into());
 }
 
 fn opencl_group() -> Option<Group> {

@@ -127,9 +127,10 @@ fn failed(what: &str, code: cl_int) -> Error {
 
 impl CommandBuffer {
     /// Records `steps` into a command buffer when `device` has cl_khr_command_buffer (and
+    /// [`Config::graph_command_buffer`](netcl_core_devices::Config::graph_command_buffer) is on:
     /// `NETCL_GRAPH_COMMAND_BUFFER` is not 0); None otherwise, and replays enqueue step by step.
     pub(crate) fn record(device: &Device, steps: &mut [Step]) -> Result<Option<CommandBuffer>> {
-        if std::env::var("NETCL_GRAPH_COMMAND_BUFFER").is_ok_and(|v| v == "0") {
+        if !netcl_core_devices::Config::get().graph_command_buffer {
             return Ok(None);
         }
         let Some((major, minor, patch)) = version(device) else {

@@ -572,16 +572,12 @@ impl Drop for Graph {
     }
 }
 
-/// Queues a replay spreads over unless `Graph::use_queues` says otherwise: `NETCL_GRAPH_QUEUES`,
-/// else 1. On NVIDIA's OpenCL an event one queue waits on from another costs more than the
+/// Queues a replay spreads over unless `Graph::use_queues` says otherwise:
+/// [`Config::graph_queues`](netcl_core_devices::Config::graph_queues) (`NETCL_GRAPH_QUEUES`, else 1). On NVIDIA's OpenCL an event one queue waits on from another costs more than the
 /// branches gain (the MLP step replayed 0.204 ms on one queue, 0.21-0.31 ms on two;
 /// docs/performance.md, 2026-11-26).
 fn default_queues() -> usize {
-    std::env::var("NETCL_GRAPH_QUEUES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(1)
+    netcl_core_devices::Config::get().graph_queues
 }
 
 /// What `node` reads and writes, as `cl_mem` numbers (`mem_of` gives a buffer's).

@@ -1,16 +1,16 @@
 //! The seal of a graph file: HMAC-SHA256 of its text under a random key kept by this installation, so `Graph::load` builds and runs only what this netcl (or one given the same key) saved.
 use hmac::{Hmac, Mac};
-use netcl_core_devices::{Error, Result};
+use netcl_core_devices::{Config, Error, Result};
 use sha2::Sha256;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// The file holding the key: `NETCL_GRAPH_KEY`, else `graph.key` in netcl's cache folder
+/// The file holding the key: [`Config::graph_key`] (`NETCL_GRAPH_KEY`), else `graph.key` in netcl's cache folder
 /// (`NETCL_CACHE_DIR`, `$XDG_CACHE_HOME/netcl` or `$HOME/.cache/netcl`).
 pub fn key_path() -> Result<PathBuf> {
-    match std::env::var_os("NETCL_GRAPH_KEY") {
-        Some(p) if !p.is_empty() => Ok(PathBuf::from(p)),
-        _ => netcl_kernels::cache_dir()
+    match Config::get().graph_key.clone() {
+        Some(p) => Ok(p),
+        None => netcl_kernels::cache_dir()
             .map(|d| d.join("graph.key"))
             .ok_or_else(|| {
                 Error::invalid(

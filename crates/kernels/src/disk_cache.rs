@@ -1,20 +1,15 @@
 //! Program binaries on disk, keyed by a hash of source, options, platform, device and driver.
+use netcl_core_devices::Config;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"NETCLBIN";
 const HEADER: usize = 8 + 8 + 8 + 8;
 
-/// `NETCL_CACHE_DIR`, else `$XDG_CACHE_HOME/netcl`, else `$HOME/.cache/netcl`; `off` disables it.
+/// [`Config::cache_dir`]: `NETCL_CACHE_DIR`, else `$XDG_CACHE_HOME/netcl`, else
+/// `$HOME/.cache/netcl`; `off` (`None`) disables it.
 pub fn default_dir() -> Option<PathBuf> {
-    match std::env::var("NETCL_CACHE_DIR") {
-        Ok(v) if v == "off" => None,
-        Ok(v) if !v.trim().is_empty() => Some(PathBuf::from(v)),
-        _ => std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
-            .map(|d| d.join("netcl")),
-    }
+    Config::get().cache_dir.clone()
 }
 
 /// FNV-1a over `bytes`, from the given offset basis.

@@ -1,4 +1,5 @@
 //! The GEMM planner's data per device (a tuning entry's `plan`): the tensor-core tilings with their measured costs, the pipelined f32 GEMM's tiles, the CPU kernels' blocking and the thresholds between paths, with the environment's overrides applied once.
+use netcl_core_devices::Config;
 use serde::{Deserialize, Serialize};
 
 /// matmul_wg.cl's tiling: 128 x `tbn` outputs a work-group, a ring of `stages` K tiles, and
@@ -258,13 +259,13 @@ impl Default for PlanTuning {
 }
 
 impl PlanTuning {
-    /// This data with the environment's overrides, each read once per process and reported on
+    /// This data with the [`Config`]'s overrides, read with the device's tuning and reported on
     /// stderr when malformed: `NETCL_WG_TILE=tbn,stages` (the only wgmma tiling),
     /// `NETCL_GEMM_ASYNC` (`0`: no pipelined f32 GEMM; else `stages[,k step[,registers]]`),
     /// `NETCL_CPU_GEMM` (`0`: CPU devices take the portable kernel; else `rm,nv,rmt,rn,group`),
     /// `NETCL_GEMM_SPLIT=S` (split every product whose K S divides).
     pub fn with_env(mut self) -> PlanTuning {
-        let env = Overrides::get();
+        let env = Overrides::parse(&Config::get());
         if let Some(t) = env.wg {
             let cost = self
                 .wg
@@ -308,7 +309,7 @@ impl PlanTuning {
     }
 }
 
-/// The GEMM planner's environment overrides, parsed once.
+/// The GEMM planner's overrides from the [`Config`], parsed.
 struct Overrides {
     wg: Option<WgTile>,
     /// Some(None): off; Some(Some(fields)): stages, k step, registers (each optional).
@@ -318,15 +319,10 @@ struct Overrides {
 }
 
 impl Overrides {
-    fn get() -> &'static Overrides {
-        static ENV: std::sync::OnceLock<Overrides> = std::sync::OnceLock::new();
-        ENV.get_or_init(|| Overrides::parse(|k| std::env::var(k).ok()))
-    }
-
-    fn parse(var: impl Fn(&str) -> Option<String>) -> Overrides {
+    fn parse(c: &Config) -> Overrides {
         let numbers =
             |v: &str| -> Vec<Option<u32>> { v.split(',').map(|x| x.trim().parse().ok()).collect() };
-        let wg = var("NETCL_WG_TILE").and_then(|v| {
+        let wg = c.wg_tile.clone().and_then(|v| {
             let t = match numbers(&v)[..] {
                 [Some(tbn), Some(stages)] => Some(WgTile {
                     tbn,
@@ -349,11 +345,11 @@ impl Overrides {
             }
             ok
         });
-        let async_f32 = var("NETCL_GEMM_ASYNC").map(|v| match numbers(&v)[..] {
+        let async_f32 = c.gemm_async.clone().map(|v| match numbers(&v)[..] {
             [Some(0)] => None,
             ref f => Some([0, 1, 2].map(|i| f.get(i).copied().flatten())),
         });
-        let cpu = var("NETCL_CPU_GEMM").and_then(|v| match numbers(&v)[..] {
+        let cpu = c.cpu_gemm.clone().and_then(|v| match numbers(&v)[..] {
             [Some(0)] => Some(None),
             [Some(rm), Some(nv), Some(rmt), Some(rn), Some(group)]
                 if rm * nv * rmt * rn * group > 0 =>
@@ -371,12 +367,11 @@ impl Overrides {
                 None
             }
         });
-        let split = var("NETCL_GEMM_SPLIT").and_then(|v| v.trim().parse().ok());
         Overrides {
             wg,
             async_f32,
             cpu,
-            split,
+            split: c.gemm_split,
         }
     }
 }
@@ -388,12 +383,12 @@ mod tests {
     #[test]
     fn overrides_parse_and_bad_values_are_ignored() {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
-            Overrides::parse(move |k| {
+            Overrides::parse(&Config::from_lookup(move |k| {
                 pairs
                     .iter()
                     .find(|(n, _)| *n == k)
                     .map(|(_, v)| v.to_string())
-            })
+            }))
         };
         let o = env(&[
             ("NETCL_WG_TILE", "128, 4"),

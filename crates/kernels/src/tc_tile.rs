@@ -1,5 +1,5 @@
 //! The tensor-core GEMM's tiling (kernels/matmul_tc.cl): its fields, the `-D` options, the checks that it builds on a device, and `NETCL_TC_TILE`.
-use netcl_core_devices::{Device, Error, Result};
+use netcl_core_devices::{Config, Device, Error, Result};
 use serde::{Deserialize, Serialize};
 
 /// matmul_tc.cl's tiling: a warp grid of `warps_m` x `warps_n`, each warp `mi` x `nj` mma tiles
@@ -138,10 +138,11 @@ impl TcTile {
         Ok(())
     }
 
-    /// `NETCL_TC_TILE=warps_m,warps_n,mi,nj,kw,stages` (`kw` for every product; `stages` 1, the
-    /// old "cp.async on", means 2), if set and well formed (else reported on stderr and ignored).
-    pub fn from_env() -> Option<TcTile> {
-        let v = std::env::var("NETCL_TC_TILE").ok()?;
+    /// [`Config::tc_tile`]: `NETCL_TC_TILE=warps_m,warps_n,mi,nj,kw,stages` (`kw` for every
+    /// product; `stages` 1, the old "cp.async on", means 2), if set and well formed (else
+    /// reported on stderr and ignored).
+    pub fn from_config() -> Option<TcTile> {
+        let v = Config::get().tc_tile.clone()?;
         let f: Vec<u32> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
         match f[..] {
             [warps_m, warps_n, mi, nj, kw, stages] => {

@@ -1,7 +1,7 @@
 //! Tuning data per device (GEMM tile sizes, the tensor-core tiling, the GEMM planner's costs and thresholds): the user's autotuned file first, then kernels/tuning.json, then defaults by device kind.
 use crate::gemm_tuning::PlanTuning;
 use crate::tc_tile::TcTile;
-use netcl_core_devices::{Device, DeviceKind, Error, Result};
+use netcl_core_devices::{Config, Device, DeviceKind, Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -175,10 +175,12 @@ pub fn builtin_table() -> TuningTable {
     .expect("kernels/tuning.json is valid (checked by a test)")
 }
 
-/// Where the autotuner writes: `NETCL_TUNING`, else `tuning.json` in the kernel cache directory.
+/// Where the autotuner writes: [`Config::tuning`] (`NETCL_TUNING`), else `tuning.json` in the
+/// kernel cache directory.
 pub fn user_table_path() -> Option<PathBuf> {
-    std::env::var_os("NETCL_TUNING")
-        .map(PathBuf::from)
+    Config::get()
+        .tuning
+        .clone()
         .or_else(|| crate::cache_dir().map(|d| d.join("tuning.json")))
 }
 
@@ -258,11 +260,9 @@ fn choose(device: &Device) -> Choice {
                 wn: 8,
             },
         });
-    static ENV: OnceLock<Option<TcTile>> = OnceLock::new();
-    let env = ENV
-        .get_or_init(TcTile::from_env)
-        .iter()
-        .map(|t| ("NETCL_TC_TILE", *t));
+    let env = TcTile::from_config()
+        .into_iter()
+        .map(|t| ("NETCL_TC_TILE", t));
     let table = (entries.iter().flatten()).filter_map(|e| e.tc.map(|t| ("the tuning table", t)));
     let tc = env
         .chain(table)

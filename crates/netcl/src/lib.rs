@@ -21,7 +21,7 @@ pub mod train;
 /// `--precision f32|bf16|f16` of training scripts (in the prelude).
 pub mod precision;
 
-pub use netcl_core_devices::{DType, Device, DeviceInfo, DeviceKind, Error, Result};
+pub use netcl_core_devices::{Config, DType, Device, DeviceInfo, DeviceKind, Error, Result};
 pub use netcl_core_memory::{Pool, PoolStats};
 pub use netcl_ops::{Generator, Tensor};
 

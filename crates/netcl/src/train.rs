@@ -6,7 +6,7 @@ use netcl_data::{
 };
 use netcl_nn::{cross_entropy, save_checkpoint, Module};
 use netcl_ops::{fused_into, Expr, Tensor};
-use netcl_optim::Optimizer;
+use netcl_optim::{CosineWithWarmup, Optimizer};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
@@ -130,6 +130,20 @@ impl TrainArgs {
             }
         }
         Ok(a)
+    }
+
+    /// Batches per epoch over `rows` training rows, and the examples' schedule: cosine from
+    /// `lr` to 0 over every step of every epoch, after a linear warmup over the first 2%.
+    pub fn schedule(&self, rows: usize) -> Result<(usize, CosineWithWarmup)> {
+        let steps_per_epoch = Batches::new(rows, self.batch, None)?.len();
+        let total = steps_per_epoch * self.epochs;
+        let schedule = CosineWithWarmup {
+            base: self.lr,
+            warmup_steps: total / 50,
+            total_steps: total,
+            min_lr: 0.0,
+        };
+        Ok((steps_per_epoch, schedule))
     }
 }
 

@@ -1,37 +1,48 @@
-//! Crash-safe file replacement: write a temporary file beside the target, fsync it, rename it over the target; plus a fault-injection hook that kills a save before a chosen file-system step.
+//! Crash-safe file replacement: write a temporary file beside the target, fsync it, rename it over the target; plus, with feature `test-hooks`, a fault-injection hook that kills a save before a chosen file-system step.
 use netcl_ops::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 
-/// The environment variable of the fault-injection hook: `NETCL_CHECKPOINT_CRASH_AT=k` makes
-/// every checkpoint save of the process abort it right before its k-th file-system step (each
-/// write, fsync, rename or removal; counted from 1 in each save). Read once. For crash tests only.
+/// The environment variable of the fault-injection hook (feature `test-hooks` only):
+/// `NETCL_CHECKPOINT_CRASH_AT=k` makes every checkpoint save of the process abort it right before
+/// its k-th file-system step (each write, fsync, rename or removal; counted from 1 in each save).
+/// Read once. For crash tests only.
+#[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 pub const CRASH_AT_ENV: &str = "NETCL_CHECKPOINT_CRASH_AT";
 
+#[cfg(feature = "test-hooks")]
 fn crash_at() -> Option<u64> {
-    static AT: OnceLock<Option<u64>> = OnceLock::new();
+    static AT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
     *AT.get_or_init(|| std::env::var(CRASH_AT_ENV).ok()?.trim().parse().ok())
 }
 
-/// Counts one save's file-system steps and applies the [`CRASH_AT_ENV`] hook.
+/// Counts one save's file-system steps and (feature `test-hooks`) applies the crash hook.
 pub(crate) struct FsSteps {
+    #[cfg(feature = "test-hooks")]
     done: u64,
 }
 
 impl FsSteps {
     pub(crate) fn new() -> FsSteps {
-        FsSteps { done: 0 }
+        FsSteps {
+            #[cfg(feature = "test-hooks")]
+            done: 0,
+        }
     }
 
-    /// Called right before each file-system step; aborts the process when the hook names it.
+    /// Called right before each file-system step; with feature `test-hooks`, aborts the process
+    /// when the hook names the step.
+    #[inline]
     pub(crate) fn step(&mut self) {
-        self.done += 1;
-        if crash_at() == Some(self.done) {
-            std::process::abort();
+        #[cfg(feature = "test-hooks")]
+        {
+            self.done += 1;
+            if crash_at() == Some(self.done) {
+                std::process::abort();
+            }
         }
     }
 }

@@ -19,6 +19,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 #[doc(hidden)]
+#[cfg(feature = "test-hooks")]
 pub use crate::atomic_file::CRASH_AT_ENV;
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsString;

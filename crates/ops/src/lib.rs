@@ -55,7 +55,7 @@ pub use matmul::precision::{
     set_float32_matmul_precision, MatmulPrecision, TensorCoreKind,
 };
 pub use matmul::{MatmulOptions, MatmulVectors};
-pub use netcl_core_devices::{files, DType, Device, Error, Result};
+pub use netcl_core_devices::{files, Config, DType, Device, Error, Result};
 pub use netcl_kernels::{GemmTile, TcTile};
 pub use pool::Pool2dParams;
 pub use reduce::ReduceOp;

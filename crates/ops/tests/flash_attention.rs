@@ -1,5 +1,5 @@
 //! Fused attention (forward, lse, backward; causal or not, grouped heads, strided inputs, every float dtype) against a naive f64 attention with the full probability matrix, and finite differences, on every device.
-use netcl_core_devices::test_devices;
+use netcl_core_devices::{test_devices, Config};
 use netcl_ops::testing::{random_tensor, Cases};
 use netcl_ops::{DType, Device, Tensor};
 
@@ -40,11 +40,18 @@ fn flash_attention_matches_naive_attention_on_every_device() {
 }
 
 /// Head dim 64, the Llama shapes' (the register-blocked forward and backward on devices whose local
-/// memory holds their tiles; dq from the scores' gradients and a GEMM, see also
-/// flash_attention_dq_kernel.rs).
+/// memory holds their tiles): dq from the scores' gradients and a GEMM, then from its own kernel
+/// (`Config::attention_ds` off, the path of shapes whose scores' gradients exceed their budget).
+/// While the switch is off, other tests of this binary running meanwhile take that path too;
+/// both paths are checked against the naive attention.
 #[test]
-fn head_dim_64_blocks_match_naive_attention() {
-    head_dim_64_cases(&test_devices().unwrap());
+fn head_dim_64_blocks_match_naive_attention_with_either_dq() {
+    let devices = test_devices().unwrap();
+    head_dim_64_cases(&devices);
+    let before = Config::get().attention_ds;
+    Config::update(|c| c.attention_ds = false);
+    head_dim_64_cases(&devices);
+    Config::update(|c| c.attention_ds = before);
 }
 
 /// The shapes the tensor-core kernels take on GPUs that have them (16-bit, head dims 16 to 64 in

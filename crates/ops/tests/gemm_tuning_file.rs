@@ -25,10 +25,11 @@ fn a_tile_and_a_threshold_changed_in_the_file_change_the_plan() {
             name = dev.info().name
         );
         std::fs::write(&path, table).unwrap();
-        std::env::set_var("NETCL_TUNING", &path);
+        let before = netcl_core_devices::Config::get().tuning.clone();
+        netcl_core_devices::Config::update(|c| c.tuning = Some(path.clone()));
         netcl_kernels::tuning::reset_tuning();
         let after = a.matmul_plan(&b, Default::default()).unwrap();
-        std::env::remove_var("NETCL_TUNING");
+        netcl_core_devices::Config::update(|c| c.tuning = before);
         netcl_kernels::tuning::reset_tuning();
         // No tensor cores for bf16 here (PoCL), else their plan: the file's tile shows where the
         // portable kernel runs.

@@ -23,14 +23,13 @@ pub(crate) fn arm() {
     }
 }
 
-/// Where the env-mode trace goes: `$NETCL_PROFILE_DIR/trace.json`, default
-/// `./netcl-profile/trace.json`.
+/// Where the env-mode trace goes: `trace.json` in
+/// [`Config::profile_dir`](netcl_core_devices::Config::profile_dir) (`$NETCL_PROFILE_DIR`,
+/// default `./netcl-profile`).
 pub fn env_trace_path() -> PathBuf {
-    let dir = std::env::var_os("NETCL_PROFILE_DIR")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("netcl-profile"));
-    dir.join("trace.json")
+    netcl_core_devices::Config::get()
+        .profile_dir
+        .join("trace.json")
 }
 
 extern "C" fn at_exit() {

@@ -12,13 +12,10 @@ static STATE: AtomicU8 = AtomicU8::new(UNREAD);
 static SESSIONS: Mutex<usize> = Mutex::new(0);
 static ENV: OnceLock<bool> = OnceLock::new();
 
-/// Whether `NETCL_PROFILE=1` is set (read once per process).
+/// Whether [`Config::profile`](netcl_core_devices::Config::profile) is on (`NETCL_PROFILE=1`;
+/// read once per process).
 pub fn env_enabled() -> bool {
-    *ENV.get_or_init(|| {
-        std::env::var("NETCL_PROFILE")
-            .map(|v| v.trim() == "1")
-            .unwrap_or(false)
-    })
+    *ENV.get_or_init(|| netcl_core_devices::Config::get().profile)
 }
 
 /// Whether the profiler records now. Costs one relaxed atomic load once initialised.

@@ -235,9 +235,9 @@ pub fn generate_until(
         .then(|| Tensor::from_vec(pads.iter().map(|&p| p as i32).collect(), &[b], dev))
         .transpose()?;
     // On an OpenCL device the first decode step is captured and the later ones replay it
-    // (`DecodeGraph`); NETCL_DECODE_REPLAY=0 runs every step eagerly (for comparison).
-    let replay =
-        fast && dev.is_opencl() && std::env::var("NETCL_DECODE_REPLAY").as_deref() != Ok("0");
+    // (`DecodeGraph`); `Config::decode_replay` off (NETCL_DECODE_REPLAY=0) runs every step
+    // eagerly (for comparison).
+    let replay = fast && dev.is_opencl() && netcl_ops::Config::get().decode_replay;
     let mut graph: Option<DecodeGraph> = None;
     // The last position's logits [B, vocab] after `input` ([B, T] ids on the device). A replayed
     // step's logits live in the graph's output, which the next step overwrites: everything that

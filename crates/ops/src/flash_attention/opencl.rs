@@ -94,7 +94,7 @@ fn attention_program(device: &Device, dtype: DType, d: usize) -> Result<Arc<Prog
 /// The tensor-core program (kernels/attention_tc.cl) where it takes this problem: products in
 /// bf16 or f16 (`compute`) on a device whose tensor-core probe passed, over operands of that dtype
 /// or f32 (`io`: read and written as f32), head dims 16 to 64 in steps of 16, every view's offset
-/// and strides multiples of 8 elements. `NETCL_ATTENTION_TC=0` turns it off.
+/// and strides multiples of 8 elements. [`Config::attention_tc`](netcl_core_devices::Config::attention_tc) (`NETCL_ATTENTION_TC=0`) turns it off.
 fn tensor_core_program(
     device: &Device,
     io: DType,
@@ -102,8 +102,7 @@ fn tensor_core_program(
     d: usize,
     views: &[[u32; 4]],
 ) -> Result<Option<Arc<Program>>> {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("NETCL_ATTENTION_TC").map_or(true, |v| v != "0"));
+    let on = netcl_core_devices::Config::get().attention_tc;
     let tc = match compute {
         DType::BF16 => "-DTC_BF16",
         DType::F16 => "-DTC_F16",
@@ -125,11 +124,10 @@ fn tensor_core_program(
 /// Whether the register-blocked backward takes dq from the scores' gradients (B, H, Tq, Tk),
 /// written by the dk/dv kernel and multiplied by k as one GEMM: f32 and f64 (the gradients in
 /// the operands' dtype) up to 512 MiB of them (the Llama-110M shape, B 16, H 12, T 512: 192 MiB;
-/// on the H100 the dq kernel took 0.54 ms a layer there). `NETCL_ATTENTION_DS=0` (read once)
-/// turns it off.
+/// on the H100 the dq kernel took 0.54 ms a layer there). [`Config::attention_ds`](netcl_core_devices::Config::attention_ds)
+/// (`NETCL_ATTENTION_DS=0`) turns it off.
 fn scores_fit(d: &Dims, dtype: DType) -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("NETCL_ATTENTION_DS").map_or(true, |v| v != "0"));
+    let on = netcl_core_devices::Config::get().attention_ds;
     let bytes = d.b * d.h * d.tq * d.tk * dtype.size();
     on && matches!(dtype, DType::F32 | DType::F64) && bytes <= 512 << 20
 }

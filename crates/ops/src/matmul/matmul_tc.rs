@@ -13,13 +13,11 @@ use netcl_kernels::{program, tc_tile, TcTile};
 use std::sync::OnceLock;
 
 /// Whether `device` runs matmul_tc.cl for `kind` with exact results: probed once per device and
-/// kind (NVIDIA OpenCL devices only, as the kernel is PTX; `NETCL_TENSOR_CORES=0`, read once,
-/// turns it off).
+/// kind (NVIDIA OpenCL devices only, as the kernel is PTX; [`Config::tensor_cores`](netcl_core_devices::Config::tensor_cores),
+/// `NETCL_TENSOR_CORES=0`, turns it off).
 pub fn has_tensor_cores(device: &Device, kind: TensorCoreKind) -> bool {
     static PROBES: Probes<(usize, TensorCoreKind)> = OnceLock::new();
-    static ENABLED: OnceLock<bool> = OnceLock::new();
-    let enabled =
-        *ENABLED.get_or_init(|| std::env::var("NETCL_TENSOR_CORES").map_or(true, |v| v != "0"));
+    let enabled = netcl_core_devices::Config::get().tensor_cores;
     probed(&PROBES, (device.ordinal(), kind), device, enabled, || {
         probe(device, kind)
             .map_err(|e| format!("tensor cores ({kind:?}) unavailable on {device}: {e}"))

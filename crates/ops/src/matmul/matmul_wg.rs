@@ -15,12 +15,11 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 /// Whether `device` runs matmul_wg.cl for `kind` in `tile` with exact results: probed once per
-/// device, kind and tiling on NVIDIA OpenCL devices whose PTX targets sm_90 (`NETCL_WGMMA=0`,
-/// read once, turns it off).
+/// device, kind and tiling on NVIDIA OpenCL devices whose PTX targets sm_90 ([`Config::wgmma`](netcl_core_devices::Config::wgmma),
+/// `NETCL_WGMMA=0`, turns it off).
 pub(crate) fn runs(device: &Device, kind: TensorCoreKind, tile: WgTile) -> bool {
     static PROBES: Probes<(usize, TensorCoreKind, WgTile)> = OnceLock::new();
-    static ENABLED: OnceLock<bool> = OnceLock::new();
-    let enabled = *ENABLED.get_or_init(|| std::env::var("NETCL_WGMMA").map_or(true, |v| v != "0"));
+    let enabled = netcl_core_devices::Config::get().wgmma;
     probed(
         &PROBES,
         (device.ordinal(), kind, tile),

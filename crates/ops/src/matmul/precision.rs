@@ -1,73 +1,26 @@
 //! The f32 matmul precision policy (PyTorch's `set_float32_matmul_precision`: exact f32 or TF32 tensor cores), per process and per device, and the tensor-core kinds.
-use netcl_core_devices::{DType, Device, Error, Result};
+use netcl_core_devices::{Config, DType, Device};
 use std::collections::HashMap;
-use std::str::FromStr;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-/// How f32 matrix products may be computed (PyTorch's `set_float32_matmul_precision`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum MatmulPrecision {
-    /// Exact f32 multiply-adds (the default).
-    Highest,
-    /// TF32 tensor cores where the device has them (inputs cut to 10 mantissa bits: rounded to
-    /// nearest through mma.sync, truncated by Hopper's wgmma; f32 accumulation: about 1e-3
-    /// relative error); exact f32 elsewhere.
-    High,
-}
-
-impl FromStr for MatmulPrecision {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "highest" => Ok(MatmulPrecision::Highest),
-            "high" => Ok(MatmulPrecision::High),
-            _ => Err(Error::invalid(
-                "matmul precision",
-                format!("{s:?} is not `highest` or `high`"),
-            )),
-        }
-    }
-}
-
-const UNSET: u8 = 0;
-static GLOBAL: AtomicU8 = AtomicU8::new(UNSET);
-
-fn encode(p: MatmulPrecision) -> u8 {
-    match p {
-        MatmulPrecision::Highest => 1,
-        MatmulPrecision::High => 2,
-    }
-}
+pub use netcl_core_devices::MatmulPrecision;
 
 fn per_device() -> &'static Mutex<HashMap<usize, MatmulPrecision>> {
     static MAP: OnceLock<Mutex<HashMap<usize, MatmulPrecision>>> = OnceLock::new();
     MAP.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// Sets the process-wide f32 matmul precision (the default is `NETCL_MATMUL_PRECISION`, else
-/// `Highest`). A device's own setting, if any, takes precedence.
+/// Sets the process-wide f32 matmul precision: [`Config::matmul_precision`], whose default is
+/// `NETCL_MATMUL_PRECISION`, else `Highest`. A device's own setting, if any, takes precedence.
 pub fn set_float32_matmul_precision(p: MatmulPrecision) {
-    GLOBAL.store(encode(p), Ordering::Relaxed);
+    Config::update(|c| c.matmul_precision = p);
 }
 
-/// The process-wide f32 matmul precision: as set, else `NETCL_MATMUL_PRECISION` (`highest` or
-/// `high`; anything else is reported once on stderr and ignored), else `Highest`.
+/// The process-wide f32 matmul precision: [`Config::matmul_precision`] (as set, else
+/// `NETCL_MATMUL_PRECISION`: `highest` or `high`, anything else reported on stderr and ignored,
+/// else `Highest`).
 pub fn float32_matmul_precision() -> MatmulPrecision {
-    match GLOBAL.load(Ordering::Relaxed) {
-        1 => MatmulPrecision::Highest,
-        2 => MatmulPrecision::High,
-        _ => {
-            static ENV: OnceLock<MatmulPrecision> = OnceLock::new();
-            *ENV.get_or_init(|| match std::env::var("NETCL_MATMUL_PRECISION") {
-                Ok(v) => v.parse().unwrap_or_else(|e| {
-                    eprintln!("netcl: NETCL_MATMUL_PRECISION ignored: {e}");
-                    MatmulPrecision::Highest
-                }),
-                Err(_) => MatmulPrecision::Highest,
-            })
-        }
-    }
+    Config::get().matmul_precision
 }
 
 /// Sets (or with `None` clears) `device`'s own f32 matmul precision.

@@ -70,12 +70,14 @@ pub(crate) fn probed<K: Copy + Eq + std::hash::Hash>(
     enabled: bool,
     probe: impl FnOnce() -> std::result::Result<bool, String>,
 ) -> bool {
+    if !enabled {
+        return false;
+    }
     let map = cache.get_or_init(|| Mutex::new(HashMap::new()));
     if let Some(&ok) = map.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return ok;
     }
-    let eligible = enabled
-        && device.is_opencl()
+    let eligible = device.is_opencl()
         && device
             .info()
             .extensions

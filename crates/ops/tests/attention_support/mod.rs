@@ -1,4 +1,4 @@
-//! The naive attention and the cases shared by the fused-attention tests (flash_attention.rs, flash_attention_dq_kernel.rs).
+//! The naive attention and the cases shared by the fused-attention tests (flash_attention.rs).
 #![allow(dead_code)] // each test file uses its own part
 use netcl_ops::testing::{check_close, random_tensor, tolerance};
 use netcl_ops::{DType, Device, Tensor};

@@ -168,7 +168,7 @@ impl Runner {
         let mut kernels = (netcl_kernels::thread_launches_total() - k0) / (3 * 256);
         // Replayed decode steps (generate's default on OpenCL) enqueue their kernels without
         // `Kernel::launch`: add the captured step's count.
-        let replay = std::env::var("NETCL_DECODE_REPLAY").as_deref() != Ok("0");
+        let replay = netcl_core_devices::Config::get().decode_replay;
         if replay && self.dev.is_opencl() && model.decode_supported() {
             let cache = netcl_models::KvCache::new(&model.config, 1, &self.dev)?;
             let one = netcl_ops::Tensor::from_vec(vec![1i32], &[1], &self.dev)?;
