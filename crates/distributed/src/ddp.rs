@@ -233,9 +233,22 @@ impl<'c> DataParallel<'c> {
         &self.grads
     }
 
-    /// The rows of a batch of `n` each rank takes, in rank order (proportional to the weights).
+    /// The rows of a batch of `n` each rank takes, in rank order (proportional to the weights;
+    /// every rank at least one row when `n` allows, since a rank without rows has no loss).
     pub fn split(&self, n: usize) -> Vec<usize> {
-        proportional_split(n, &self.weights)
+        let mut parts = proportional_split(n, &self.weights);
+        if n >= parts.len() {
+            while let Some(empty) = parts.iter().position(|&p| p == 0) {
+                let Some((most, _)) =
+                    (parts.iter().enumerate()).max_by_key(|(i, &p)| (p, std::cmp::Reverse(*i)))
+                else {
+                    break;
+                };
+                parts[most] -= 1;
+                parts[empty] += 1;
+            }
+        }
+        parts
     }
 
     /// The current shares of the batch per rank.

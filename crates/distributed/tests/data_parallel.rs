@@ -76,7 +76,16 @@ fn calibrated_weights_are_shared() -> Result<()> {
         }
         let rows = ddp.split(BATCH)[comm.rank()] * 3;
         let w = ddp.calibrate(rows)?;
-        Ok((w, ddp.split(BATCH)))
+        let split = ddp.split(BATCH);
+        // A rank a thousand times slower still gets a row (a rank without rows has no loss).
+        let mut skewed = vec![1.0; comm.size()];
+        skewed[0] = 1e6;
+        ddp.set_weights(skewed)?;
+        let lopsided = ddp.split(BATCH);
+        assert!(lopsided.iter().all(|&r| r >= 1), "{lopsided:?}");
+        assert_eq!(lopsided.iter().sum::<usize>(), BATCH);
+        ddp.set_weights(w.clone())?;
+        Ok((w, split))
     })?;
     for (w, split) in &got {
         assert_eq!(w, &got[0].0, "every rank holds the same weights");
