@@ -22,13 +22,16 @@ fn main() {
 }
 
 fn run() -> Result<()> {
-    let args = TrainArgs::parse(TrainArgs {
+    let Some(args) = TrainArgs::parse(TrainArgs {
         epochs: 10,
         batch: 128,
         lr: 1e-3,
         seed: 1,
         out: "runs/cnn".into(),
-    })?;
+    })?
+    else {
+        return Ok(());
+    };
     let dev = Device::best()?;
     println!("device: {dev} ({})", dev.info().name);
     let (train, test, source) = fashion_mnist_on(&dev, ImageLayout::Nchw)?;

@@ -1,7 +1,8 @@
 //! Data-parallel training in one file: an MLP on a synthetic regression, one replica per device.
 //!
 //! `cargo run --release --example data_parallel -- [--devices all|N|list]` (default: all).
-use netcl::distributed::{parse_devices, take_devices_flag};
+use netcl::cli::{parse, Parser};
+use netcl::distributed::parse_devices;
 use netcl::prelude::*;
 use std::time::Instant;
 
@@ -15,10 +16,20 @@ fn main() {
     }
 }
 
+/// The example's command line.
+#[derive(Parser)]
+struct Args {
+    /// `all` devices (of the best kind), the first `N`, or a list of specs (`opencl:0:0,host`).
+    #[arg(long, default_value = "all")]
+    devices: String,
+}
+
 fn run() -> Result<()> {
-    let mut args = netcl::devices::utf8_args("data_parallel")?;
-    let spec = take_devices_flag(&mut args)?.unwrap_or_else(|| "all".into());
-    let group = Group::new(parse_devices(&spec)?)?;
+    let argv = netcl::devices::utf8_args("data_parallel")?;
+    let Some(args) = parse::<Args>("data_parallel", argv)? else {
+        return Ok(());
+    };
+    let group = Group::new(parse_devices(&args.devices)?)?;
 
     // One thread per device; each runs this closure as one rank.
     let losses = group.run(|comm| {

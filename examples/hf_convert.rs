@@ -1,6 +1,7 @@
 //! Convert a Hugging Face directory (Llama, Qwen2, Mistral or GPT-2) through netcl: import (config.json + safetensors) and export it again, printing the logits' checksum for a few tokens (used to check that transformers loads netcl's export).
 //!
 //! `cargo run --release --example hf_convert -- IN_DIR OUT_DIR [ID ID ...]`
+use netcl::cli::{parse, Parser};
 use netcl::prelude::*;
 
 fn main() {
@@ -10,30 +11,32 @@ fn main() {
     }
 }
 
+/// The converter's command line.
+#[derive(Parser)]
+#[command(about = "Import a Hugging Face directory and export it again through netcl.")]
+struct Args {
+    /// The Hugging Face directory to read.
+    input: String,
+    /// Where to write the export.
+    output: String,
+    /// Token ids whose logits' checksum is printed.
+    ids: Vec<i32>,
+}
+
 fn run() -> Result<()> {
-    let args = netcl::devices::utf8_args("hf_convert")?;
-    let [input, output, ids @ ..] = args.as_slice() else {
-        return Err(Error::invalid(
-            "hf_convert",
-            "usage: hf_convert IN_DIR OUT_DIR [ID ...]",
-        ));
+    let argv = netcl::devices::utf8_args("hf_convert")?;
+    let Some(Args { input, output, ids }) = parse::<Args>("hf_convert", argv)? else {
+        return Ok(());
     };
     let dev = Device::best()?;
-    let model = Llama::from_hf(input, &dev, None)?;
+    let model = Llama::from_hf(&input, &dev, None)?;
     println!(
         "imported {input}: {} parameters on {dev}",
         model.num_parameters()
     );
-    model.save_hf(output)?;
+    model.save_hf(&output)?;
     println!("exported {output}");
     if !ids.is_empty() {
-        let ids: Vec<i32> = ids
-            .iter()
-            .map(|s| {
-                s.parse()
-                    .map_err(|_| Error::invalid("hf_convert", format!("id {s:?}")))
-            })
-            .collect::<Result<_>>()?;
         let t = Tensor::from_vec(ids.clone(), &[1, ids.len()], &dev)?;
         let logits = model.logits(&Tape::no_grad(), &t, None, None, None)?;
         let v = logits.value().to_vec_f64()?;

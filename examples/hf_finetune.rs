@@ -2,17 +2,8 @@
 //!
 //! `cargo run --release --example hf_finetune -- --model DIR [--data PATH] [--lora RANK] [--steps N] [--out DIR]`
 //! (`--example llama_finetune`, its former name, runs the same.)
-//! Flags: --model DIR (a LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM or GPT2LMHeadModel
-//! directory with tokenizer.json), --data PATH (text file or folder; default the fortunes corpus,
-//! else the shipped text), --lora RANK (LoRA with alpha = 2 * rank; without it every weight
-//! trains), --lora-targets LIST (q,v; or any of q,k,v,o,gate,up,down, all-linear, or the family's
-//! module names: q_proj,...,down_proj; GPT-2's c_attn,c_proj,c_fc), --steps N (100), --batch N
-//! (8), --context N (128), --lr X (1e-4 full,
-//! 1e-3 LoRA), --prompt TEXT, --out DIR (runs/finetune), --device SPEC (the best device),
-//! --precision f32|bf16|f16 (f32; bf16/f16 run the products under autocast, f16 with loss
-//! scaling; full fine-tuning keeps f32 master weights, LoRA keeps the frozen base in that
-//! dtype and its adapters and their AdamW state in f32), --checkpoint K (0; recompute every
-//! K-th block in backward). The last line is `final train_loss=X.XXXX`.
+//! Flags: `--help` lists them with their defaults. The last line is `final train_loss=X.XXXX`.
+use netcl::cli::{parse, Parser};
 use netcl::data::encode_documents;
 use netcl::nn::LoraConfig;
 use netcl::prelude::*;
@@ -47,43 +38,75 @@ fn sample(model: &Llama, tok: &Tokenizer, prompt: &str) -> Result<String> {
     Ok(format!("{prompt}{}", tok.decode(&out[0])?))
 }
 
+/// The fine-tuning run's command line.
+#[derive(Parser)]
+#[command(about = "Fine-tune a Hugging Face Llama, Qwen2, Mistral or GPT-2 on a text file.")]
+struct Args {
+    /// A LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM or GPT2LMHeadModel directory
+    /// with tokenizer.json.
+    #[arg(long = "model")]
+    model_dir: PathBuf,
+    /// Text file or folder (default: the fortunes corpus, else the shipped text).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Where the fine-tuned model is written.
+    #[arg(long, default_value = "runs/finetune")]
+    out: PathBuf,
+    /// LoRA of this rank (alpha = 2 x rank); without it every weight trains.
+    #[arg(long)]
+    lora: Option<usize>,
+    /// LoRA targets: q,k,v,o,gate,up,down, all-linear, or the family's module names
+    /// (q_proj,...,down_proj; GPT-2's c_attn,c_proj,c_fc).
+    #[arg(long = "lora-targets", default_value = "q,v")]
+    targets: String,
+    /// Optimizer steps.
+    #[arg(long, default_value_t = 100)]
+    steps: usize,
+    /// Sequences per step.
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    /// Tokens per sequence (at most the model's max_seq_len).
+    #[arg(long, default_value_t = 128)]
+    context: usize,
+    /// Learning rate (default 1e-4 full, 1e-3 LoRA).
+    #[arg(long)]
+    lr: Option<f64>,
+    /// The prompt of the generations before and after.
+    #[arg(long, default_value = "What's Oxygen?")]
+    prompt: String,
+    /// Device spec (default: the best device).
+    #[arg(long)]
+    device: Option<String>,
+    /// f32, or bf16/f16 products under autocast (f16 with loss scaling); LoRA keeps the frozen
+    /// base in that dtype and its adapters and their state in f32.
+    #[arg(long, default_value = "f32")]
+    precision: Precision,
+    /// Recompute every K-th block in backward instead of keeping its activations (0: none).
+    #[arg(long, default_value_t = 0)]
+    checkpoint: usize,
+}
+
 /// The whole run with command-line `args` (without the program name).
 pub fn run(args: Vec<String>) -> Result<()> {
-    let (mut model_dir, mut data, mut out) = (None, None, PathBuf::from("runs/finetune"));
-    let (mut lora, mut steps, mut batch, mut context, mut lr) =
-        (None, 100usize, 8usize, 128usize, None);
-    let mut prompt = "What's Oxygen?".to_string();
-    let (mut targets, mut device, mut precision, mut checkpoint) =
-        ("q,v".to_string(), None, Precision::F32, 0usize);
-    let mut it = args.into_iter();
-    let bad = |f: &str, v: &str| Error::invalid("hf_finetune", format!("{f} {v:?} is not valid"));
-    while let Some(flag) = it.next() {
-        let v = it.next().ok_or_else(|| bad(&flag, "<missing>"))?;
-        let n = || v.parse::<usize>().map_err(|_| bad(&flag, &v));
-        match flag.as_str() {
-            "--model" => model_dir = Some(PathBuf::from(&v)),
-            "--data" => data = Some(PathBuf::from(&v)),
-            "--out" => out = PathBuf::from(&v),
-            "--lora" => lora = Some(n()?),
-            "--steps" => steps = n()?,
-            "--batch" => batch = n()?,
-            "--context" => context = n()?,
-            "--lr" => lr = Some(v.parse::<f64>().map_err(|_| bad(&flag, &v))?),
-            "--prompt" => prompt = v.clone(),
-            "--lora-targets" => targets = v.clone(),
-            "--device" => device = Some(Device::parse(&v)?),
-            "--precision" => precision = Precision::parse(&v)?,
-            "--checkpoint" => checkpoint = n()?,
-            _ => {
-                return Err(Error::invalid(
-                    "hf_finetune",
-                    format!("unknown flag {flag}"),
-                ))
-            }
-        }
-    }
-    let model_dir =
-        model_dir.ok_or_else(|| Error::invalid("hf_finetune", "--model DIR is required"))?;
+    let Some(Args {
+        model_dir,
+        data,
+        out,
+        lora,
+        targets,
+        steps,
+        batch,
+        context,
+        lr,
+        prompt,
+        device,
+        precision,
+        checkpoint,
+    }) = parse::<Args>("hf_finetune", args)?
+    else {
+        return Ok(());
+    };
+    let device = device.map(|d| Device::parse(&d)).transpose()?;
     let dev = match device {
         Some(d) => d,
         None => Device::best()?,

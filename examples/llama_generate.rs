@@ -1,11 +1,9 @@
 //! Generate text with a trained Llama: prefill of the prompt in one pass, then one token per step through the device KV cache, streamed to stdout.
 //!
 //! `cargo run --release --example llama_generate -- -p "What's Oxygen?" -n 32`
-//! Flags: -p TEXT (repeat for a batch of prompts), -n N (new tokens, 32), --checkpoint DIR
-//! (runs/llama: its checkpoint and tokenizer.json, as llama_train writes them), --temperature X
-//! (0.8; 0 is greedy), --top-k N (40; 0 is all), --top-p X (0.95), --seed N (1), --stop TEXT
-//! (repeatable: a row ends at the first stop string, which is not printed; rows also end at the
-//! tokenizer's end-of-text). `-n 0` prints the prompts alone; an empty prompt is an error.
+//! Flags: `--help` lists them with their defaults. `-n 0` prints the prompts alone; an empty
+//! prompt is an error.
+use netcl::cli::{parse, Parser};
 use netcl::prelude::*;
 use std::io::Write;
 use std::path::PathBuf;
@@ -18,32 +16,52 @@ fn main() {
     }
 }
 
+/// The generator's command line.
+#[derive(Parser)]
+#[command(about = "Generate text with a Llama trained by llama_train.")]
+struct Args {
+    /// A prompt (repeat for a batch of prompts; default "What's Oxygen?").
+    #[arg(short = 'p', long = "prompt")]
+    prompts: Vec<String>,
+    /// New tokens per prompt (0 prints the prompts alone).
+    #[arg(short = 'n', default_value_t = 32)]
+    n: usize,
+    /// The run directory: its checkpoint and tokenizer.json, as llama_train writes them.
+    #[arg(long = "checkpoint", default_value = "runs/llama")]
+    dir: PathBuf,
+    /// Sampling temperature (0 is greedy).
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f64,
+    /// Sample among the k most likely tokens (0: all).
+    #[arg(long = "top-k", default_value_t = 40)]
+    top_k: usize,
+    /// Sample within the smallest set of this probability.
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    top_p: f64,
+    /// Seed of the sampling.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// A stop string (repeatable): a row ends at the first, which is not printed; rows also end
+    /// at the tokenizer's end-of-text.
+    #[arg(long = "stop")]
+    stops: Vec<String>,
+}
+
 fn run() -> Result<()> {
-    let (mut prompts, mut n, mut dir) = (Vec::new(), 32usize, PathBuf::from("runs/llama"));
-    let (mut temperature, mut top_k, mut top_p, mut seed) = (0.8f64, 40usize, 0.95f64, 1u64);
-    let mut stops = Vec::new();
-    let mut it = netcl::devices::utf8_args("llama_generate")?.into_iter();
-    let bad =
-        |f: &str, v: &str| Error::invalid("llama_generate", format!("{f} {v:?} is not valid"));
-    while let Some(flag) = it.next() {
-        let v = it.next().ok_or_else(|| bad(&flag, "<missing>"))?;
-        match flag.as_str() {
-            "-p" | "--prompt" => prompts.push(v),
-            "-n" => n = v.parse().map_err(|_| bad(&flag, &v))?,
-            "--checkpoint" => dir = v.into(),
-            "--temperature" => temperature = v.parse().map_err(|_| bad(&flag, &v))?,
-            "--top-k" => top_k = v.parse().map_err(|_| bad(&flag, &v))?,
-            "--top-p" => top_p = v.parse().map_err(|_| bad(&flag, &v))?,
-            "--seed" => seed = v.parse().map_err(|_| bad(&flag, &v))?,
-            "--stop" => stops.push(v),
-            _ => {
-                return Err(Error::invalid(
-                    "llama_generate",
-                    format!("unknown flag {flag}"),
-                ))
-            }
-        }
-    }
+    let argv = netcl::devices::utf8_args("llama_generate")?;
+    let Some(Args {
+        mut prompts,
+        n,
+        dir,
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        stops,
+    }) = parse::<Args>("llama_generate", argv)?
+    else {
+        return Ok(());
+    };
     if prompts.is_empty() {
         prompts.push("What's Oxygen?".into());
     }

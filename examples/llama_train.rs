@@ -1,31 +1,19 @@
 //! Train a Llama on a text corpus: byte-level BPE trained on the corpus, AdamW (no decay on norms), warmup + cosine, gradient clipping and accumulation, validation loss and bits per byte against a bigram baseline, a sample at each evaluation, checkpoint + exact resume, PNG of train/val loss.
 //!
 //! `cargo run --release --example llama_train -- [--data PATH] [--steps N] [--resume]`
-//! Flags: --data PATH (text file or folder; default /usr/share/games/fortunes, else the shipped
-//! text), --vocab N (512), --dim N (384), --layers N (8), --heads N (8), --kv-heads N (heads),
-//! --hidden N (1024), --context N (256), --batch N (32), --accum N (1), --steps N (800),
-//! --lr X (1e-3), --eval-every N (100), --seed N (1), --out DIR (runs/llama), --resume,
-//! --devices all|N|list (data parallel: a replica per device, each step's batch split between
-//! them, every rank drawing its own windows; rank 0 evaluates, samples, saves and prints; `all`
-//! and `N` take GPUs when there are any; a list of devices that differ is split by their speed
-//! measured over steps 2-4 unless --weights gives the shares), --weights W,W,... (shares of
-//! each batch per device), --grad-comm f32|bf16 (the dtype gradients travel in between
-//! devices; f32),
-//! --precision f32|bf16|f16 (f32; bf16/f16: autocast with f32 master weights, f16 with loss
-//! scaling), --checkpoint K (0; K > 0 recomputes every K-th block in backward instead of keeping
-//! its activations).
+//! Flags: `--help` lists them with their defaults (data parallel with `--devices all|N|list`,
+//! `--precision f32|bf16|f16`, `--checkpoint K`, ...).
 //! The last line is `final val_loss=X.XXXX`.
 //!
 //! Defaults: a 14.4M-parameter model (dim 384, 8 layers, 8 heads, SwiGLU 1024, BPE vocabulary 512,
-//! context 256, batch 32). On the fortunes corpus (2.5 MB; 1.2M train / 136k validation tokens)
-//! it reaches val loss 2.683 nats/token = 2.043 bits/byte against the bigram baseline's 2.939
-//! (30.5% better), in 800 steps and 37 s on an NVIDIA H100 (OpenCL, 177k tokens/s; measured
-//! 2026-11-26; 2.679 nats in 46 s on 2026-11-23, before later kernel changes). A larger vocabulary or longer runs overfit this small corpus: with vocabulary
-//! 4096 the best was 15% better than its bigram, at step 800 of 2000.
+//! context 256, batch 32), sized for the fortunes corpus (2.5 MB): it beats the bigram baseline by
+//! about 30% in bits per byte; larger vocabularies or longer runs overfit it. Today's numbers:
+//! docs/performance.md (llama_train).
 //!
 //! Data path (post-mortem 004): the token stream stays on the host, each step uploads only its
 //! B*T*8 bytes of ids through pinned buffers queued one batch ahead, the embedding runs on the
 //! device, and the step reads back nothing but the loss every 50 steps and at evaluations.
+use netcl::cli::{parse as parse_cli, Parser};
 use netcl::data::{
     bigram_baseline, encode_documents, encode_documents_with_progress, plot_history, utf8_bytes,
     History, Progress, ENDOFTEXT,
@@ -62,85 +50,114 @@ struct Args {
     ranks: Vec<String>,
 }
 
-fn parse(args: Vec<String>) -> Result<Args> {
-    let mut a = Args {
-        devices: None,
-        data: None,
-        vocab: 512,
+/// llama_train's command line.
+#[derive(Parser)]
+#[command(about = "Train a Llama on a text corpus (BPE, AdamW, cosine schedule, checkpoints).")]
+struct Cli {
+    /// Text file or folder (default: /usr/share/games/fortunes, else the shipped text).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// BPE vocabulary trained on the corpus.
+    #[arg(long, default_value_t = 512)]
+    vocab: usize,
+    /// Model width.
+    #[arg(long, default_value_t = 384)]
+    dim: usize,
+    /// Transformer blocks.
+    #[arg(long, default_value_t = 8)]
+    layers: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 8)]
+    heads: usize,
+    /// Key/value heads (grouped-query attention; default: as many as heads).
+    #[arg(long = "kv-heads")]
+    kv_heads: Option<usize>,
+    /// SwiGLU hidden width.
+    #[arg(long, default_value_t = 1024)]
+    hidden: usize,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 256)]
+    context: usize,
+    /// Sequences per step (split between devices with --devices).
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// Micro-batches accumulated per step.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    accum: u64,
+    /// Optimizer steps.
+    #[arg(long, default_value_t = 800)]
+    steps: usize,
+    /// Peak learning rate (warmup over 5%, cosine to a tenth).
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f64,
+    /// Steps between evaluations, samples and checkpoints.
+    #[arg(long = "eval-every", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    eval_every: u64,
+    /// Seed of the model, the tokenizer's data order and the batches.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Directory for the tokenizer, checkpoint and plot.
+    #[arg(long, default_value = "runs/llama")]
+    out: PathBuf,
+    /// Continue from the checkpoint in --out.
+    #[arg(long)]
+    resume: bool,
+    /// Data parallel: `all` devices (GPUs when there are any), the first `N`, or a list of specs;
+    /// rank 0 evaluates, samples, saves and prints; a list of devices that differ is split by
+    /// their speed measured over steps 2-4 unless --weights gives the shares.
+    #[arg(long)]
+    devices: Option<String>,
+    /// Shares of each batch per device (`3,1`).
+    #[arg(long, value_delimiter = ',')]
+    weights: Option<Vec<f64>>,
+    /// The dtype gradients travel in between devices: f32 or bf16.
+    #[arg(long = "grad-comm", default_value = "f32", value_parser = ["f32", "bf16"])]
+    grad_comm: String,
+    /// f32, or bf16/f16 autocast with f32 master weights (f16 with loss scaling).
+    #[arg(long, default_value = "f32")]
+    precision: Precision,
+    /// Recompute every K-th block in backward instead of keeping its activations (0: none).
+    #[arg(long, default_value_t = 0)]
+    checkpoint: usize,
+}
+
+/// The run's settings from `args` (without the program name); `None` after `--help`.
+fn parse(args: Vec<String>) -> Result<Option<Args>> {
+    let Some(c) = parse_cli::<Cli>("llama_train", args)? else {
+        return Ok(None);
+    };
+    Ok(Some(Args {
+        devices: c.devices,
+        data: c.data,
+        vocab: c.vocab,
         cfg: LlamaConfig {
-            dim: 384,
-            n_layers: 8,
-            n_heads: 8,
-            n_kv_heads: 0,
-            hidden_dim: 1024,
+            dim: c.dim,
+            n_layers: c.layers,
+            n_heads: c.heads,
+            n_kv_heads: c.kv_heads.unwrap_or(c.heads),
+            hidden_dim: c.hidden,
+            max_seq_len: c.context,
             ..LlamaConfig::llama_15m(0)
         },
-        batch: 32,
-        accum: 1,
-        steps: 800,
-        lr: 1e-3,
-        eval_every: 100,
-        seed: 1,
-        out: "runs/llama".into(),
-        resume: false,
-        precision: Precision::F32,
-        checkpoint: 0,
-        weights: None,
-        grad_comm: DType::F32,
+        batch: c.batch,
+        accum: c.accum as usize,
+        steps: c.steps,
+        lr: c.lr,
+        eval_every: c.eval_every as usize,
+        seed: c.seed,
+        out: c.out,
+        resume: c.resume,
+        precision: c.precision,
+        checkpoint: c.checkpoint,
+        weights: c.weights,
+        grad_comm: if c.grad_comm == "bf16" {
+            DType::BF16
+        } else {
+            DType::F32
+        },
         calibrate: false,
         ranks: Vec::new(),
-    };
-    let mut it = args.into_iter();
-    let bad = |f: &str, v: &str| Error::invalid("llama_train", format!("{f} {v:?} is not valid"));
-    while let Some(flag) = it.next() {
-        if flag == "--resume" {
-            a.resume = true;
-            continue;
-        }
-        let v = it.next().ok_or_else(|| bad(&flag, "<missing>"))?;
-        let n = || v.parse::<usize>().map_err(|_| bad(&flag, &v));
-        match flag.as_str() {
-            "--data" => a.data = Some(v.clone().into()),
-            "--devices" => a.devices = Some(v.clone()),
-            "--vocab" => a.vocab = n()?,
-            "--dim" => a.cfg.dim = n()?,
-            "--layers" => a.cfg.n_layers = n()?,
-            "--heads" => a.cfg.n_heads = n()?,
-            "--kv-heads" => a.cfg.n_kv_heads = n()?,
-            "--hidden" => a.cfg.hidden_dim = n()?,
-            "--context" => a.cfg.max_seq_len = n()?,
-            "--batch" => a.batch = n()?,
-            "--accum" => a.accum = n()?.max(1),
-            "--steps" => a.steps = n()?,
-            "--eval-every" => a.eval_every = n()?.max(1),
-            "--seed" => a.seed = n()? as u64,
-            "--lr" => a.lr = v.parse().map_err(|_| bad(&flag, &v))?,
-            "--out" => a.out = v.clone().into(),
-            "--precision" => a.precision = Precision::parse(&v)?,
-            "--checkpoint" => a.checkpoint = n()?,
-            "--weights" => {
-                let w: std::result::Result<Vec<f64>, _> = v.split(',').map(str::parse).collect();
-                a.weights = Some(w.map_err(|_| bad(&flag, &v))?);
-            }
-            "--grad-comm" => {
-                a.grad_comm = match v.as_str() {
-                    "f32" => DType::F32,
-                    "bf16" => DType::BF16,
-                    _ => return Err(bad(&flag, &v)),
-                }
-            }
-            _ => {
-                return Err(Error::invalid(
-                    "llama_train",
-                    format!("unknown flag {flag}"),
-                ))
-            }
-        }
-    }
-    if a.cfg.n_kv_heads == 0 {
-        a.cfg.n_kv_heads = a.cfg.n_heads;
-    }
-    Ok(a)
+    }))
 }
 
 fn main() {
@@ -152,7 +169,9 @@ fn main() {
 
 /// The whole run with command-line `args` (without the program name).
 pub fn run(args: Vec<String>) -> Result<()> {
-    let mut args = parse(args)?;
+    let Some(mut args) = parse(args)? else {
+        return Ok(());
+    };
     match args.devices.as_deref().map(parse_devices).transpose()? {
         Some(devices) if devices.len() > 1 => {
             println!(

@@ -13,8 +13,9 @@
 //! `--devices all|N|list` (e.g. `--devices 2`, `--devices opencl:0:0,opencl:0:1`) trains data
 //! parallel: one replica per device, each batch split between them (netcl-distributed's
 //! `DataParallel`); rank 0 evaluates, logs and saves. Without it: the best device.
+use netcl::cli::{parse_with, Parser};
 use netcl::data::{Batches, ImageLayout, Progress};
-use netcl::distributed::{parse_devices, take_devices_flag, Comm, DataParallel, DdpOptions, Group};
+use netcl::distributed::{parse_devices, Comm, DataParallel, DdpOptions, Group};
 use netcl::prelude::*;
 use netcl::train::{evaluate, fashion_mnist_on, Meter, RunLog, TrainArgs};
 use serde_json::json;
@@ -26,19 +27,34 @@ fn main() {
     }
 }
 
+/// The MLP's command line: the shared training flags and the devices.
+#[derive(Parser)]
+#[command(about = "Fashion-MNIST with a multi-layer perceptron (784-1024-1024-10).")]
+struct Args {
+    #[command(flatten)]
+    train: TrainArgs,
+    /// Data parallel over `all` devices (of the best kind), the first `N`, or a list of specs
+    /// (`opencl:0:0,opencl:0:1`); without it, the best device.
+    #[arg(long)]
+    devices: Option<String>,
+}
+
 fn run() -> Result<()> {
-    let mut argv = netcl::devices::utf8_args("mlp")?;
-    let devices = take_devices_flag(&mut argv)?;
-    let args = TrainArgs::parse_from(
-        argv,
-        TrainArgs {
-            epochs: 10,
-            batch: 128,
-            lr: 1e-3,
-            seed: 1,
-            out: "runs/mlp".into(),
-        },
-    )?;
+    let defaults = TrainArgs {
+        epochs: 10,
+        batch: 128,
+        lr: 1e-3,
+        seed: 1,
+        out: "runs/mlp".into(),
+    };
+    let argv = netcl::devices::utf8_args("mlp")?;
+    let Some(Args {
+        train: args,
+        devices,
+    }) = parse_with("mlp", argv, |c| defaults.as_defaults(c))?
+    else {
+        return Ok(());
+    };
     match devices.map(|d| parse_devices(&d)).transpose()? {
         Some(devices) if devices.len() > 1 => {
             Group::new(devices)?.run(|comm| train(comm.device(), Some(comm), &args))?;

@@ -97,3 +97,36 @@ fn llama_train_with_zero_steps_reports_the_untrained_loss() {
     assert!((4.0..8.0).contains(&loss), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--help` prints every example's flags with their defaults and exits 0; a bad value is an
+/// error naming the flag.
+#[test]
+fn every_example_answers_help_and_names_a_bad_flag() {
+    let help = OsString::from("--help");
+    for (name, flag, default) in [
+        ("mlp", "--epochs", "10"),
+        ("cnn", "--batch", "128"),
+        ("data_parallel", "--devices", "all"),
+        ("llama_train", "--steps", "800"),
+        ("llama_generate", "--top-k", "40"),
+        ("hf_finetune", "--lora-targets", "q,v"),
+        ("llama_finetune", "--steps", "100"),
+        ("hf_convert", "<INPUT>", ""),
+    ] {
+        let out = run(name, std::slice::from_ref(&help));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{name}: {text}");
+        assert!(text.contains(flag), "{name} --help lacks {flag}: {text}");
+        assert!(
+            text.contains(&format!("[default: {default}]")) || default.is_empty(),
+            "{name} --help lacks the default {default}: {text}"
+        );
+    }
+    let out = run(
+        "llama_train",
+        &[OsString::from("--steps"), OsString::from("many")],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("--steps") && err.contains("many"), "{err}");
+}

@@ -16,6 +16,7 @@ pub use netcl_optim as optim;
 pub use netcl_profiling as profiling;
 
 /// Helpers the Fashion-MNIST examples share (data loading, metering, the per-epoch record); not in the prelude.
+pub mod cli;
 pub mod train;
 
 /// `--precision f32|bf16|f16` of training scripts (in the prelude).

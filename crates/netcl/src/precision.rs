@@ -72,6 +72,14 @@ impl std::fmt::Display for Precision {
     }
 }
 
+/// Lets command lines take `--precision f32|bf16|f16` directly.
+impl std::str::FromStr for Precision {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Precision> {
+        Precision::parse(s)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -82,54 +82,63 @@ pub fn evaluate(model: &dyn Module, data: &DeviceData, batch: usize) -> Result<(
     meter.read()
 }
 
-/// The command-line settings the training examples share: `--epochs N --batch N --lr X
-/// --seed N --out DIR` (each optional).
-#[derive(Clone, Debug)]
+/// The command-line settings the training examples share (each optional; the defaults are the
+/// example's, shown by `--help`).
+#[derive(Clone, Debug, clap::Parser)]
 pub struct TrainArgs {
+    /// Passes over the training set (0 trains nothing and saves nothing).
+    #[arg(long)]
     pub epochs: usize,
+    /// Rows per batch.
+    #[arg(long)]
     pub batch: usize,
+    /// Peak learning rate (cosine schedule after a 2% warmup).
+    #[arg(long)]
     pub lr: f64,
+    /// Seed of the initialisation, dropout and the shuffles.
+    #[arg(long)]
     pub seed: u64,
+    /// Directory for the checkpoint, the run log and the plot.
+    #[arg(long)]
     pub out: std::path::PathBuf,
 }
 
 impl TrainArgs {
     /// Parse the process's arguments over `defaults`; an unknown flag, a bad value or an
-    /// argument that is not UTF-8 is an error.
-    pub fn parse(defaults: TrainArgs) -> Result<TrainArgs> {
+    /// argument that is not UTF-8 is an error; `Ok(None)` after printing `--help`.
+    pub fn parse(defaults: TrainArgs) -> Result<Option<TrainArgs>> {
         let program = std::env::args_os()
             .next()
             .map(PathBuf::from)
             .and_then(|p| Some(p.file_stem()?.to_string_lossy().into_owned()))
             .unwrap_or_else(|| "train".into());
-        TrainArgs::parse_from(netcl_core_devices::utf8_args(&program)?, defaults)
+        let args = netcl_core_devices::utf8_args(&program)?;
+        TrainArgs::parse_from(&program, args, defaults)
     }
 
     /// [`TrainArgs::parse`] over given arguments (the program name left out).
-    pub fn parse_from(args: Vec<String>, defaults: TrainArgs) -> Result<TrainArgs> {
-        let mut a = defaults;
-        let bad =
-            |flag: &str, v: &str| Error::invalid("arguments", format!("{flag} {v:?} is not valid"));
-        let mut it = args.iter();
-        while let Some(flag) = it.next() {
-            let v = it
-                .next()
-                .ok_or_else(|| Error::invalid("arguments", format!("{flag} needs a value")))?;
-            match flag.as_str() {
-                "--epochs" => a.epochs = v.parse().map_err(|_| bad(flag, v))?,
-                "--batch" => a.batch = v.parse().map_err(|_| bad(flag, v))?,
-                "--lr" => a.lr = v.parse().map_err(|_| bad(flag, v))?,
-                "--seed" => a.seed = v.parse().map_err(|_| bad(flag, v))?,
-                "--out" => a.out = v.into(),
-                _ => {
-                    return Err(Error::invalid(
-                        "arguments",
-                        format!("unknown flag {flag}; use --epochs, --batch, --lr, --seed, --out"),
-                    ))
-                }
-            }
+    pub fn parse_from(
+        program: &str,
+        args: Vec<String>,
+        defaults: TrainArgs,
+    ) -> Result<Option<TrainArgs>> {
+        crate::cli::parse_with(program, args, |c| defaults.as_defaults(c))
+    }
+
+    /// `command` (of `TrainArgs` or of a parser that flattens it) with these values as the
+    /// defaults of the shared flags.
+    pub fn as_defaults(&self, mut command: clap::Command) -> clap::Command {
+        let pairs = [
+            ("epochs", self.epochs.to_string()),
+            ("batch", self.batch.to_string()),
+            ("lr", self.lr.to_string()),
+            ("seed", self.seed.to_string()),
+            ("out", self.out.display().to_string()),
+        ];
+        for (name, value) in pairs {
+            command = command.mut_arg(name, |a| a.default_value(value).required(false));
         }
-        Ok(a)
+        command
     }
 
     /// Batches per epoch over `rows` training rows, and the examples' schedule: cosine from
