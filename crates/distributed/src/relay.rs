@@ -33,11 +33,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Chunks in flight (pinned slots per rank): on two H100s 8 gave 31 GB/s at 256 MiB, 4 gave 24.
+/// Chunks in flight (pinned slots per rank): enough to keep both bus directions busy while
+/// chunks wait for folds (fewer lost bandwidth; `cargo bench --bench all_reduce`).
 const SLOTS: usize = 8;
 /// Elements per chunk: [`Config::relay_chunk`](netcl_core_devices::Config::relay_chunk)
-/// (`NETCL_RELAY_CHUNK`, bytes, e.g. `8M`; 4 KiB to 256 MiB; default 4 MiB, the size the two-H100
-/// measurements of docs/performance.md used), read once per process; a value that is not a
+/// (`NETCL_RELAY_CHUNK`, bytes, e.g. `8M`; 4 KiB to 256 MiB; default 4 MiB, the size the
+/// measurements of docs/performance.md use), read once per process; a value that is not a
 /// byte count is an error.
 pub(crate) fn chunk_elems() -> Result<usize> {
     static CHUNK: std::sync::OnceLock<netcl_core_devices::Setting<usize>> =

@@ -573,9 +573,9 @@ impl Drop for Graph {
 }
 
 /// Queues a replay spreads over unless `Graph::use_queues` says otherwise:
-/// [`Config::graph_queues`](netcl_core_devices::Config::graph_queues) (`NETCL_GRAPH_QUEUES`, else 1). On NVIDIA's OpenCL an event one queue waits on from another costs more than the
-/// branches gain (the MLP step replayed 0.204 ms on one queue, 0.21-0.31 ms on two;
-/// docs/performance.md, 2026-11-26).
+/// [`Config::graph_queues`](netcl_core_devices::Config::graph_queues) (`NETCL_GRAPH_QUEUES`, else
+/// 1). On NVIDIA's OpenCL an event one queue waits on from another costs more than the branches
+/// gain (the replayed MLP step is slower on two queues; docs/performance.md, Training steps).
 fn default_queues() -> usize {
     netcl_core_devices::Config::get().graph_queues
 }

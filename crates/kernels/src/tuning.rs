@@ -58,9 +58,9 @@ impl GemmTile {
     /// This tile, shrunk while an `m` x `n` x `batch` GEMM would leave compute units idle, so
     /// that small GEMMs (a 256-row batch through a 1024-wide layer) fill the device. Where both
     /// sides fill a tile, first one side at a time (the wider, columns on a tie) with the
-    /// per-item block halved only down to 4 and the work-group kept at 128 items or more: the
-    /// MLP's 256 x 1024 x 784 product ran at 28 us in 64 x 32 tiles of 4 x 4 against 37 us in
-    /// 32 x 32 tiles of 2 x 2 on the H100. Then tile and per-item block halved together (the
+    /// per-item block halved only down to 4 and the work-group kept at 128 items or more (larger
+    /// per-item blocks keep the MLP's 256 x 1024 x 784 product faster; netcl-bench's train
+    /// suite). Then tile and per-item block halved together (the
     /// work-group keeps its size). Seven eighths of a wave counts as a full one. A side at most
     /// half a tile long halves the tile along it first where the device is full anyway.
     pub fn fit(self, m: usize, n: usize, batch: usize, compute_units: usize) -> GemmTile {

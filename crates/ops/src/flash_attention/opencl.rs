@@ -123,8 +123,8 @@ fn tensor_core_program(
 
 /// Whether the register-blocked backward takes dq from the scores' gradients (B, H, Tq, Tk),
 /// written by the dk/dv kernel and multiplied by k as one GEMM: f32 and f64 (the gradients in
-/// the operands' dtype) up to 512 MiB of them (the Llama-110M shape, B 16, H 12, T 512: 192 MiB;
-/// on the H100 the dq kernel took 0.54 ms a layer there). [`Config::attention_ds`](netcl_core_devices::Config::attention_ds)
+/// the operands' dtype) up to 512 MiB of them (the Llama-110M shape, B 16, H 12, T 512: 192 MiB,
+/// where the GEMM beats the dq kernel; netcl-bench's attention suite). [`Config::attention_ds`](netcl_core_devices::Config::attention_ds)
 /// (`NETCL_ATTENTION_DS=0`) turns it off.
 fn scores_fit(d: &Dims, dtype: DType) -> bool {
     let on = netcl_core_devices::Config::get().attention_ds;
@@ -235,8 +235,8 @@ pub(super) fn forward(desc: &FlashAttention, device: &Device) -> Result<(Tensor,
     let lse = Tensor::alloc(&[d.b, d.h, d.tq], acc_dtype(dtype), device)?;
     let [qv, kv, vv] = operands;
     let views = [qv, kv, vv, view(op, &out)?, [0; 4]];
-    // The blocked forward's output tile leaves a quarter of its work-items idle at head dim 48
-    // (0.156 against the streaming kernel's 0.137 ms at the 15M shape on the H100): only at 64.
+    // The blocked forward's output tile leaves a quarter of its work-items idle at head dim 48,
+    // where the streaming kernel is faster (netcl-bench's attention suite): only at 64.
     let (program, name, block) = match tc {
         Some(p) => (p, "attention_fwd_tc", TC_BLOCK),
         None if d.d == 64 && blocked_fits(device, dtype, d.d) => (
