@@ -11,7 +11,7 @@ impl Var {
     /// Without a mask, 4-D operands that [`Tensor::flash_attention_supports`] and at least
     /// [`FLASH_MIN_QUERIES`] queries go to the fused kernel ([`Var::flash_attention`]); other
     /// calls record the composed ops. With `causal`, a query that sees no key (Tq > Tk) gives 0
-    /// on the fused path and NaN on the composed one.
+    /// and no gradient on both paths ([`Tensor::causal_empty_rows`]).
     #[track_caller]
     pub fn attention(
         q: &Var,
@@ -71,10 +71,16 @@ impl Var {
         if let Some(m) = mask {
             s = s.add(&Var::constant(m.clone()))?;
         }
+        let mut empty = None;
         if causal {
             let n = s.ndim();
             let (tq, tk) = (s.shape()[n - 2], s.shape()[n - 1]);
-            let m = Tensor::causal_hidden_mask(tq, tk, s.dtype(), s.device())?;
+            let mut m = Tensor::causal_hidden_mask(tq, tk, s.dtype(), s.device())?;
+            empty = Tensor::causal_empty_rows(tq, tk, s.dtype(), s.device())?;
+            if let Some(rows) = &empty {
+                // Rows that see no key keep finite scores; their probabilities become 0 below.
+                m = m.masked_fill(rows, 0.0)?;
+            }
             s = s.masked_fill(&m, f64::NEG_INFINITY)?;
             if let Some(w) = window {
                 // Keys j <= i + tk - tq - w are out of the window.
@@ -83,7 +89,10 @@ impl Var {
                 s = s.masked_fill(&m, f64::NEG_INFINITY)?;
             }
         }
-        let p = s.softmax(s.ndim() - 1)?;
+        let mut p = s.softmax(s.ndim() - 1)?;
+        if let Some(rows) = &empty {
+            p = p.masked_fill(rows, 0.0)?;
+        }
         let o = p.matmul(v)?;
         match autocast && o.dtype() != q.dtype() {
             true => o.to_dtype(q.dtype()),

@@ -551,6 +551,24 @@ fn rope_attention_dropout() {
             |v| Var::attention(&v[0], &v[1], &v[2], None, causal, None),
         );
     }
+    // Composed, causal, fewer keys than queries: the first two queries see no key and give 0
+    // with no gradient, as on the fused path (not NaN).
+    check(
+        "attention, queries that see no key",
+        |d| {
+            vec![
+                signed(d, &[2, 5, 4], 108),
+                signed(d, &[2, 3, 4], 109),
+                signed(d, &[2, 3, 4], 110),
+            ]
+        },
+        |v| {
+            let o = Var::attention(&v[0], &v[1], &v[2], None, true, None)?;
+            let rows = o.value().narrow(1, 0, 2)?.to_vec_f64()?;
+            assert!(rows.iter().all(|&x| x == 0.0), "{rows:?}");
+            Ok(o)
+        },
+    );
     // 4-D with at least FLASH_MIN_QUERIES queries: the fused kernel and its backward, with
     // grouped heads (4 query heads over 2 key/value heads) and fewer keys than queries.
     for causal in [false, true] {

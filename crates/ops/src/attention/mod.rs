@@ -26,6 +26,25 @@ impl Tensor {
     ) -> Result<Tensor> {
         Tensor::triu_mask(tq, tk, 1 + tk as i64 - tq as i64, dtype, device)
     }
+
+    /// The queries of causal attention that see no key (`tq > tk`: the first `tq - tk`) as a
+    /// (tq, 1) mask of 1s, or `None` when every query sees one. Both composed paths give such
+    /// rows output 0 and no gradient, as the fused kernels do: their scores stay unmasked (so
+    /// softmax and its backward stay finite) and their probabilities are set to 0.
+    pub fn causal_empty_rows(
+        tq: usize,
+        tk: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Option<Tensor>> {
+        if tq <= tk {
+            return Ok(None);
+        }
+        let rows: Vec<f32> = (0..tq).map(|i| f32::from(u8::from(i < tq - tk))).collect();
+        Tensor::from_vec(rows, &[tq, 1], device)?
+            .to_dtype(dtype)
+            .map(Some)
+    }
 }
 
 impl Tensor {
@@ -67,11 +86,21 @@ impl Tensor {
             inputs.push(m);
             e = e + Expr::input(inputs.len() - 1);
         }
-        let hidden;
+        let (hidden, empty);
         if causal {
             hidden = Tensor::causal_hidden_mask(tq, tk, q.dtype, &q.device)?;
             inputs.push(&hidden);
-            e = Expr::select(Expr::input(inputs.len() - 1), f64::NEG_INFINITY, e);
+            let masked = Expr::select(Expr::input(inputs.len() - 1), f64::NEG_INFINITY, e.clone());
+            empty = Tensor::causal_empty_rows(tq, tk, q.dtype, &q.device)?;
+            e = match &empty {
+                Some(rows) => {
+                    inputs.push(rows);
+                    Expr::select(Expr::input(inputs.len() - 1), e, masked)
+                }
+                None => masked,
+            };
+        } else {
+            empty = None;
         }
         let masked = map(op, &inputs, e)?;
         if masked.shape != scores.shape {
@@ -84,7 +113,10 @@ impl Tensor {
                 ),
             ));
         }
-        let probs = masked.softmax(masked.ndim() - 1)?;
+        let mut probs = masked.softmax(masked.ndim() - 1)?;
+        if let Some(rows) = &empty {
+            probs = probs.masked_fill(rows, 0.0)?;
+        }
         let out = probs.matmul(v)?;
         Ok(Attention { out, probs })
     }
