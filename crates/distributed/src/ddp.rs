@@ -425,6 +425,15 @@ impl<'c> DataParallel<'c> {
         step: u64,
         extra: serde_json::Value,
     ) -> Result<()> {
+        // A sharded optimizer's state lives on every rank: rank 0's file would hold a part.
+        if optimizer.is_some_and(|o| !o.hyper_params()["sharded"].is_null()) && self.comm.size() > 1
+        {
+            return Err(Error::invalid(
+                "DataParallel::save_checkpoint",
+                "the optimizer is sharded (ZeRO-1) and rank 0 holds only its shard of the state: \
+                 save each rank's optimizer (hyper_params and state_tensors) on that rank",
+            ));
+        }
         self.comm.barrier()?;
         let saved = if self.comm.rank() == 0 {
             netcl_nn::save_checkpoint(path, module, optimizer, step, extra).map(|_| ())

@@ -22,9 +22,11 @@ use std::ops::Range;
 /// Every rank must call `step` (collective). Equal to the unsharded optimizer: the update of
 /// each element is the same kernel on the same values.
 ///
-/// Checkpoints: `state_tensors` names this rank's state by the parameter's position among
-/// all parameters and `hyper_params` records which positions the rank owns; each rank saves
-/// and loads its own shard.
+/// Checkpoints: `state_tensors` names this rank's state by the parameter's position among all
+/// (in the gradient buffer's order, whatever order `make` gave the inner optimizer) and
+/// `hyper_params` records the shard; each rank saves and loads its own shard
+/// ([`DataParallel::save_checkpoint`], which writes rank 0's file only, refuses a sharded
+/// optimizer rather than save a part of its state).
 pub struct ShardedOptimizer<'c, O: Optimizer> {
     comm: &'c Comm,
     inner: O,
@@ -33,6 +35,9 @@ pub struct ShardedOptimizer<'c, O: Optimizer> {
     all: Vec<Parameter>,
     /// Positions in `layout` this rank owns.
     owned: Range<usize>,
+    /// The layout position of each of the inner optimizer's parameters (its own order, which
+    /// `make` chose: parameter groups may reorder them).
+    global_of: Vec<usize>,
     flat: Tensor,
 }
 
@@ -87,6 +92,13 @@ impl<'c> DataParallel<'c> {
                 ),
             ));
         }
+        let global_of = (inner.params().iter())
+            .map(|p| {
+                (owned.clone())
+                    .find(|&g| layout[g].0.id() == p.id())
+                    .unwrap_or(owned.start)
+            })
+            .collect();
         let all = layout.iter().map(|(p, _)| p.clone()).collect();
         Ok(ShardedOptimizer {
             comm: self.comm(),
@@ -94,6 +106,7 @@ impl<'c> DataParallel<'c> {
             layout,
             all,
             owned,
+            global_of,
             flat: self.flat().clone(),
         })
     }
@@ -160,12 +173,14 @@ impl<O: Optimizer> ShardedOptimizer<'_, O> {
         copy(self.views(others)?, false)
     }
 
-    /// `inner`'s state name `"<opt>.<kind>.<local>"` with the local position made global.
+    /// `inner`'s state name `"<opt>.<kind>.<local>"` with the local position made global (the
+    /// parameter's position in the gradient buffer's order).
     fn global_name(&self, name: &str) -> String {
+        let global = |i: &str| i.parse::<usize>().ok().and_then(|i| self.global_of.get(i));
         match name.rsplit_once('.') {
-            Some((head, i)) => match i.parse::<usize>() {
-                Ok(i) => format!("{head}.{}", i + self.owned.start),
-                Err(_) => name.to_string(),
+            Some((head, i)) => match global(i) {
+                Some(g) => format!("{head}.{g}"),
+                None => name.to_string(),
             },
             None => name.to_string(),
         }
@@ -231,8 +246,9 @@ impl<O: Optimizer> Optimizer for ShardedOptimizer<'_, O> {
         let local: Vec<(String, Tensor)> = tensors
             .iter()
             .filter_map(|(n, t)| {
-                let (head, i) = n.rsplit_once('.')?;
-                let i = i.parse::<usize>().ok()?.checked_sub(self.owned.start)?;
+                let (head, g) = n.rsplit_once('.')?;
+                let g = g.parse::<usize>().ok()?;
+                let i = self.global_of.iter().position(|&x| x == g)?;
                 Some((format!("{head}.{i}"), t.clone()))
             })
             .collect();

@@ -64,6 +64,24 @@ fn train_adamw(comm: &Comm, sharded: bool) -> Result<Vec<Vec<f32>>> {
         opt.step()?;
         opt.zero_grad();
     }
+    if sharded && comm.size() > 1 {
+        // State names give the parameter's position among all (groups reorder the inner
+        // optimizer's): each names a parameter of its shape.
+        for (name, t) in opt.state_tensors() {
+            let g: usize = name.rsplit_once('.').unwrap().1.parse().unwrap();
+            assert_eq!(t.shape(), opt.params()[g].shape(), "{name}");
+        }
+        // rank 0 alone cannot save a sharded optimizer's state.
+        let dir = std::env::temp_dir().join(format!("netcl-zero-{}", std::process::id()));
+        let err = ddp.save_checkpoint(
+            dir.join("c"),
+            &model,
+            Some(opt.as_ref()),
+            8,
+            serde_json::json!({}),
+        );
+        assert!(err.unwrap_err().to_string().contains("sharded"));
+    }
     // The moments are sharded: this rank holds state for its parameters only.
     let held: usize = opt.state_tensors().iter().map(|(_, t)| t.numel()).sum();
     let all: usize = model.parameters().iter().map(|p| p.numel()).sum();
