@@ -4,7 +4,9 @@ mod base;
 mod fused;
 
 // Op families: each on the base tier (and the fused tier where it builds on expressions); no
-// family imports from another.
+// family imports from another, with one exception: flash_attention asks matmul which tensor-core
+// kind a device runs exactly (matmul's probe, the one place that knows). Vocabulary two families
+// share lives in base (base::rope_types for rope and decode).
 mod attention;
 mod batch_norm;
 mod conv;

@@ -17,6 +17,7 @@ pub(crate) mod launch;
 pub mod layout;
 pub(crate) mod norm_params;
 pub(crate) mod read_async;
+pub(crate) mod rope_types;
 pub(crate) mod rows;
 pub(crate) mod tensor;
 pub(crate) mod transpose;

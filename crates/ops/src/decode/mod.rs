@@ -10,8 +10,8 @@ mod reference;
 
 use crate::base::checks::{check_dtype, check_float, same_float};
 use crate::base::dispatch::dispatch;
+use crate::base::rope_types::{RopeFreqs, RopeStyle};
 use crate::base::tensor::Tensor;
-use crate::rope::{RopeFreqs, RopeStyle};
 use netcl_core_devices::{DType, Error, Result};
 
 /// Largest head dim [`Tensor::decode_attention`] takes (two dims per work-item).

@@ -1,10 +1,10 @@
 //! The host reference of the decode ops, composed of the general ops (RMSNorm, matmul, RoPE, elementwise) and a plain softmax loop for attention.
 use super::{DecodeAttention, DecodeGemv, Epilogue};
 use crate::base::element::HostData;
+use crate::base::rope_types::RopePositions;
 use crate::base::tensor::Tensor;
 use crate::fused::eval::{fused, fused_into};
 use crate::fused::expr::Expr;
-use crate::rope::RopePositions;
 use netcl_core_devices::{Error, Result};
 
 /// `norm(x) · wᵀ` (B, N), plus the biases from `at` of the joined biases where there are some.
