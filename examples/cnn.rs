@@ -35,6 +35,11 @@ fn run() -> Result<()> {
     let dev = Device::best()?;
     println!("device: {dev} ({})", dev.info().name);
     let (train, test, source) = fashion_mnist_on(&dev, ImageLayout::Nchw)?;
+    println!(
+        "data: {source} ({} train, {} test images)",
+        train.len(),
+        test.len()
+    );
 
     let mut gen = Generator::new(args.seed);
     let same = Conv2dParams {

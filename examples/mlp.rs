@@ -15,7 +15,9 @@
 //! `DataParallel`); rank 0 evaluates, logs and saves. Without it: the best device.
 use netcl::cli::{parse_with, Parser};
 use netcl::data::{Batches, ImageLayout, Progress};
-use netcl::distributed::{parse_devices, Comm, DataParallel, DdpOptions, Group};
+use netcl::distributed::{
+    describe_devices, mixed_devices, parse_devices, Comm, DataParallel, DdpOptions, Group,
+};
 use netcl::prelude::*;
 use netcl::train::{evaluate, fashion_mnist_on, Meter, RunLog, TrainArgs};
 use serde_json::json;
@@ -55,24 +57,39 @@ fn run() -> Result<()> {
     else {
         return Ok(());
     };
-    match devices.map(|d| parse_devices(&d)).transpose()? {
+    let spec = devices;
+    match spec.as_deref().map(parse_devices).transpose()? {
         Some(devices) if devices.len() > 1 => {
-            Group::new(devices)?.run(|comm| train(comm.device(), Some(comm), &args))?;
+            println!(
+                "{}",
+                describe_devices(spec.as_deref().unwrap_or(""), &devices)
+            );
+            // Devices that differ split each batch by their measured speed.
+            let calibrate = mixed_devices(&devices);
+            Group::new(devices)?.run(|comm| train(comm.device(), Some(comm), &args, calibrate))?;
             Ok(())
         }
-        Some(devices) => train(&devices[0], None, &args),
-        None => train(&Device::best()?, None, &args),
+        Some(devices) => train(&devices[0], None, &args, false),
+        None => train(&Device::best()?, None, &args, false),
     }
 }
 
 /// The training run on `dev`; with `comm`, as one rank of a data-parallel group (rank 0 prints,
-/// evaluates and saves).
-fn train(dev: &Device, comm: Option<&Comm>, args: &TrainArgs) -> Result<()> {
+/// evaluates and saves; with `calibrate`, batches are split by the speed each rank showed over
+/// steps 2-4).
+fn train(dev: &Device, comm: Option<&Comm>, args: &TrainArgs, calibrate: bool) -> Result<()> {
     let lead = comm.is_none_or(|c| c.rank() == 0);
     if lead {
         println!("device: {dev} ({})", dev.info().name);
     }
     let (train, test, source) = fashion_mnist_on(dev, ImageLayout::Flat)?;
+    if lead {
+        println!(
+            "data: {source} ({} train, {} test images)",
+            train.len(),
+            test.len()
+        );
+    }
 
     let mut gen = Generator::new(args.seed);
     let mut model = Sequential::new()
@@ -89,14 +106,15 @@ fn train(dev: &Device, comm: Option<&Comm>, args: &TrainArgs) -> Result<()> {
     let mut ddp = comm
         .map(|c| DataParallel::new(c, &model, DdpOptions::default()))
         .transpose()?;
-    if let (Some(d), Some(c)) = (&ddp, comm) {
-        let rows = d.split(args.batch);
-        println!(
-            "rank {} on {dev}: {} of each batch's {} rows",
-            c.rank(),
-            rows[c.rank()],
-            args.batch
-        );
+    let split_line = |d: &DataParallel<'_>| {
+        format!(
+            "each batch's {} rows split {:?} by rank",
+            args.batch,
+            d.split(args.batch)
+        )
+    };
+    if let (Some(d), true) = (&ddp, lead) {
+        println!("{}", split_line(d));
     }
     let mut opt = Adam::new(model.parameters(), args.lr);
     let (steps_per_epoch, schedule) = args.schedule(train.len())?;
@@ -132,6 +150,14 @@ fn train(dev: &Device, comm: Option<&Comm>, args: &TrainArgs) -> Result<()> {
             opt.zero_grad();
             meter.add(&loss, &logits, &y)?;
             step += 1;
+            if let (Some(d), Some(c), true, 1 | 4) = (&mut ddp, comm, calibrate, step) {
+                // Step 1 builds kernels: its time is dropped; steps 2-4 set the weights.
+                let rows = d.split(args.batch)[c.rank()] * if step == 1 { 1 } else { 3 };
+                d.calibrate(rows)?;
+                if step == 4 && lead {
+                    println!("calibrated: {}", split_line(d));
+                }
+            }
             if lead && (i % 50 == 49 || i + 1 == steps_per_epoch) {
                 let (l, a) = meter.read()?;
                 progress.update(i + 1, l, a);

@@ -157,19 +157,13 @@ impl TrainArgs {
 }
 
 /// Fashion-MNIST's training and test sets (see [`FashionMnist::load`] for where it looks) in
-/// `layout`, uploaded to `device` once; prints where the data came from. Also returns that
-/// source's description.
+/// `layout`, uploaded to `device` once, and where the data came from (printed by the caller, once
+/// per run: data-parallel ranks each load it).
 pub fn fashion_mnist_on(
     device: &Device,
     layout: ImageLayout,
 ) -> Result<(DeviceData, DeviceData, String)> {
     let data = FashionMnist::load()?;
-    println!(
-        "data: {} ({} train, {} test images)",
-        data.source,
-        data.n_train(),
-        data.n_test()
-    );
     let builder = BatchBuilder::new(layout);
     let train = DeviceData::upload(&builder, &data.train_images, &data.train_labels, device)?;
     let test = DeviceData::upload(&builder, &data.test_images, &data.test_labels, device)?;
