@@ -317,7 +317,6 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
             args.seed * 1_000_003 + block as u64 + rank * 7_919,
             dev,
         )?;
-        let mut calibrated_at = None;
         let block_end = ((block + 1) * args.eval_every).min(args.steps);
         let mut progress = Progress::new(
             block + 1,
@@ -372,9 +371,8 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
                 if done == 1 || done == 4 {
                     d.calibrate(rows * (done - 1).max(1) * args.accum)?;
                 }
-                if done == 4 && calibrated_at.is_none() {
+                if done == 4 {
                     rows = d.shard_range(args.batch).len();
-                    calibrated_at = Some(step);
                     batches = TokenBatcher::new(
                         train.clone(),
                         rows,

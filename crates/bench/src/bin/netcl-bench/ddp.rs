@@ -233,7 +233,10 @@ fn rank_step(comm: &netcl_distributed::Comm, mode: &Mode, sync: bool) -> Result<
 
 /// `f`'s result and the peak bytes the device's pool held above what it held before.
 fn peak_of<T>(dev: &Device, f: impl FnOnce() -> Result<T>) -> Result<(T, usize)> {
-    netcl_core_memory::Pool::of(dev)?.empty_cache();
+    // The host counts its live tensors instead of a pool.
+    if !dev.is_host() {
+        netcl_core_memory::Pool::of(dev)?.empty_cache();
+    }
     netcl_core_memory::reset_held_peak(dev)?;
     let base = netcl_core_memory::held(dev)?.0;
     let out = f()?;
