@@ -2,7 +2,7 @@
 //
 // A decode step reads every weight once and does little else, so what it costs is kernel launches:
 // with these two kernels a Llama layer takes five (norm+QKV+RoPE+cache, attention, wo+residual,
-// norm+w1/w3+SwiGLU, w2+residual).
+// norm+w1/w3+SwiGLU, w2+residual); decode_block.cl runs the same tiles as stages of one launch.
 
 #if !defined(DT_I32) && !defined(DT_U32)  // float dtypes only (decode/mod.rs rejects the others)
 
@@ -26,12 +26,11 @@ typedef struct {
 } GemvArgs;
 
 // The cache position of this step's token, read from the device (so a replayed step needs no new
-// arguments): pos[0] when in [0, smax), else reported in the error record (once, by the first
-// work-item) and -1.
+// arguments): pos[0] when in [0, smax), else reported in the error record and -1.
 inline int decode_position(__global const int* pos, uint smax, __global int* err, int code) {
     int at = pos[0];
     if (at >= 0 && (uint)at < smax) return at;
-    if (get_global_id(0) == 0 && get_global_id(1) == 0) report_index(err, code, 0, at, smax);
+    report_index(err, code, 0, at, smax);  // the first report is kept
     return -1;
 }
 
@@ -61,29 +60,22 @@ inline void gemv_rows(uint u, uint mode, uint n0, uint n1, uint hd, uint halves,
 // (the host picks `team` so that each work-item makes about four vector loads per row: enough
 // loads in flight to keep the memory busy). The RMSNorm's sum of squares comes from the same
 // loads of x: y = (W · (x * g)) * rstd. Team sums: a tree in local memory, in a fixed order.
-__kernel __attribute__((reqd_work_group_size(GEMV_GROUP, 1, 1)))
-void decode_gemv(__global T* y,               /* PLAIN, SWIGLU: (B, n0 or N); QKV: (B, n0) rotated queries */
-                 __global const T* x,         /* (B, K) */
-                 __global const T* g,         /* (K) RMSNorm weight, read when has_norm */
-                 __global const T* w0,        /* (n0, K) */
-                 __global const T* w1,        /* (n1, K): SWIGLU's up rows, QKV's key rows */
-                 __global const T* w2,        /* (n2, K): QKV's value rows */
-                 __global const T* res,       /* (B, n0) added in PLAIN when has_res */
-                 __global const T* bias,      /* (n0 [+ n1 [+ n2]]) biases of w0, w1, w2 in turn (has_bias) */
-                 __global T* kc,              /* QKV: (B, n1 / hd, smax, hd) key cache, written at position at */
-                 __global T* vc,              /* QKV: (B, n2 / hd, smax, hd) value cache, written at position at */
-                 __global const int* pads,    /* (B) left padding: row b's RoPE position is at - pads[b] (has_pads) */
-                 __global const ACC* inv_freq,/* (hd / 2) pair frequencies when use_table */
-                 __global const int* step,    /* QKV: (1) the cache position written */
-                 __global int* err,           /* QKV: (4) the device's error record */
-                 GemvArgs a, ACC eps, ACC theta) {
-    __local ACC part[3 * GEMV_MAXB * GEMV_GROUP];
+#define GEMV_ARGS_DECL                                                                             \
+    __global T *y, __global const T *x, __global const T *g, __global const T *w0,               \
+        __global const T *w1, __global const T *w2, __global const T *res, __global const T *bias, \
+        __global T *kc, __global T *vc, __global const int *pads, __global const ACC *inv_freq,    \
+        __global const int *step, __global int *err, GemvArgs a, ACC eps, ACC theta
+#define GEMV_ARGS y, x, g, w0, w1, w2, res, bias, kc, vc, pads, inv_freq, step, err, a, eps, theta
+#define GEMV_LOCAL (3 * GEMV_MAXB * GEMV_GROUP)  // ACC elements of local memory a tile uses
+
+// Tile (g0, g1) of decode_gemv: its work-group g0 of grid dim 0 and batch group g1.
+inline void gemv_tile(uint g0, uint g1, __local ACC* part, GEMV_ARGS_DECL) {
     uint K = a.K, B = a.B, n0 = a.n0, n1 = a.n1, units = a.units, team = a.team, hd = a.hd;
     uint smax = a.smax, mode = a.mode, halves = a.halves;
     uint has_norm = a.has_norm, has_res = a.has_res, has_pads = a.has_pads, use_table = a.use_table;
     uint lid = get_local_id(0), t = lid % team, base = lid - t;
-    uint u = (get_group_id(0) * GEMV_GROUP + lid) / team;
-    uint b0 = get_group_id(1) * GEMV_MAXB;
+    uint u = (g0 * GEMV_GROUP + lid) / team;
+    uint b0 = g1 * GEMV_MAXB;
     uint nb = min((uint)GEMV_MAXB, B - b0);
     uint m = 0, r0 = 0, r1 = 0, second = 0;
     bool active = u < units;
@@ -190,6 +182,26 @@ void decode_gemv(__global T* y,               /* PLAIN, SWIGLU: (B, n0 or N); QK
     }
 }
 
+__kernel __attribute__((reqd_work_group_size(GEMV_GROUP, 1, 1)))
+void decode_gemv(__global T* y,               /* PLAIN, SWIGLU: (B, n0 or N); QKV: (B, n0) rotated queries */
+                 __global const T* x,         /* (B, K) */
+                 __global const T* g,         /* (K) RMSNorm weight, read when has_norm */
+                 __global const T* w0,        /* (n0, K) */
+                 __global const T* w1,        /* (n1, K): SWIGLU's up rows, QKV's key rows */
+                 __global const T* w2,        /* (n2, K): QKV's value rows */
+                 __global const T* res,       /* (B, n0) added in PLAIN when has_res */
+                 __global const T* bias,      /* (n0 [+ n1 [+ n2]]) biases of w0, w1, w2 in turn (has_bias) */
+                 __global T* kc,              /* QKV: (B, n1 / hd, smax, hd) key cache, written at position at */
+                 __global T* vc,              /* QKV: (B, n2 / hd, smax, hd) value cache, written at position at */
+                 __global const int* pads,    /* (B) left padding: row b's RoPE position is at - pads[b] (has_pads) */
+                 __global const ACC* inv_freq,/* (hd / 2) pair frequencies when use_table */
+                 __global const int* step,    /* QKV: (1) the cache position written */
+                 __global int* err,           /* QKV: (4) the device's error record */
+                 GemvArgs a, ACC eps, ACC theta) {
+    __local ACC part[GEMV_LOCAL];
+    gemv_tile(get_group_id(0), get_group_id(1), part, GEMV_ARGS);
+}
+
 #define ATT_GROUP 256
 #define ATT_MAX_HD 256
 
@@ -198,29 +210,38 @@ void decode_gemv(__global T* y,               /* PLAIN, SWIGLU: (B, n0 or N); QK
 // work-items (hd when hd is not a multiple of 4) each take every group-th key of the chunk and
 // accumulate four dims of its value row per work-item (online softmax across chunks); the
 // groups' sums are added at the end in group order.
-__kernel __attribute__((reqd_work_group_size(ATT_GROUP, 1, 1)))
-void decode_attention(__global T* o,            /* (B, H * hd) */
-                      __global const T* q,      /* (B, H * hd) */
-                      __global const T* kc,     /* (B, Hkv, smax, hd) */
-                      __global const T* vc,     /* (B, Hkv, smax, hd) */
-                      __global const int* pads, /* (B) keys before pads[b] are hidden (has_pads) */
-                      __global const int* step, /* (1) this token's position: keys 0..pos[0] */
-                      __global int* err,        /* (4) the device's error record */
-                      uint8 a,                  /* H, Hkv, hd, smax, has_pads, error code, window (0: none) */
-                      ACC scale) {
-    uint H = a.s0, Hkv = a.s1, hd = a.s2, smax = a.s3, has_pads = a.s4;
-    int at = decode_position(step, smax, err, (int)a.s5);
+#define ATT_ARGS_DECL                                                                        \
+    __global T *o, __global const T *q, __global const T *kc, __global const T *vc,         \
+        __global const int *pads, __global const int *step, __global int *err, const uint *a, \
+        ACC scale
+#define ATT_PART_STRIDE(hd) (((hd) + 2 + 31) / 32 * 32)  // ACC words of a split's record, whole lines
+#define ATT_LOCAL (7 * ATT_GROUP + ATT_MAX_HD)  // ACC elements of local memory a tile uses
+
+// Tile `wg` (batch row wg / H, head wg % H) of decode_attention; `a`: its eight sizes. With
+// nsplit > 1 the tile takes split `split` of the row's keys (nsplit about equal parts) and writes
+// its running max, sum and unnormalized values into its record of `part` instead of o. A tile
+// with `active` 0 passes the same barriers and writes nothing.
+inline void attention_tile(uint wg, uint split, uint nsplit, bool active, __global ACC* part,
+                           __local ACC* lm, ATT_ARGS_DECL) {
+    uint H = a[0], Hkv = a[1], hd = a[2], smax = a[3], has_pads = a[4];
+    int at = decode_position(step, smax, err, (int)a[5]);
     uint len = at < 0 ? 0u : (uint)at + 1;
-    __local ACC qs[ATT_MAX_HD];
-    __local ACC p[ATT_GROUP];
-    __local ACC red[ATT_GROUP];
-    __local ACC4 sums[ATT_GROUP];
-    __local ACC ls[ATT_GROUP];
+    __local ACC4* sums = (__local ACC4*)lm;  // (ATT_GROUP)
+    __local ACC* p = lm + 4 * ATT_GROUP;     // (ATT_GROUP)
+    __local ACC* red = p + ATT_GROUP;        // (ATT_GROUP)
+    __local ACC* ls = red + ATT_GROUP;       // (ATT_GROUP)
+    __local ACC* qs = ls + ATT_GROUP;        // (ATT_MAX_HD)
     uint lid = get_local_id(0);
-    uint b = get_group_id(0) / H, h = get_group_id(0) % H, kvh = h / (H / Hkv);
+    uint b = wg / H, h = wg % H, kvh = h / (H / Hkv);
     uint start = has_pads ? (uint)pads[b] : 0u;
-    uint window = a.s6;  // sliding window: only keys len - window .. len - 1
+    uint window = a[6];  // sliding window: only keys len - window .. len - 1
     if (window && len > window) start = max(start, len - window);
+    if (nsplit > 1 && start < len) {
+        uint each = (len - start + nsplit - 1) / nsplit;
+        start = min(len, start + split * each);
+        len = min(len, start + each);
+    }
+    if (!active) start = len;
     size_t head = ((size_t)b * Hkv + kvh) * smax * hd;
     __global const T* kh = kc + head;
     __global const T* vh = vc + head;
@@ -277,17 +298,59 @@ void decode_attention(__global T* o,            /* (B, H * hd) */
     sums[lid] = acc;
     if (out && col == 0) ls[grp] = l;
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (grp != 0) return;
+    if (grp != 0 || !active) return;
     ACC total = 0;
     ACC4 v = (ACC4)((ACC)0);
     for (uint gi = 0; gi < groups; gi++) {
         total += ls[gi];
         v += sums[gi * per_row + col];
     }
+    if (nsplit > 1) {
+        __global ACC* r = part + ((size_t)wg * nsplit + split) * ATT_PART_STRIDE(hd);
+        if (col == 0) { r[0] = mx; r[1] = total; }
+        uint w = vec ? 4 : 1;
+        for (uint e = 0; e < w; e++) r[2 + col * w + e] = e == 0 ? v.x : (e == 1 ? v.y : (e == 2 ? v.z : v.w));
+        return;
+    }
     v = total > (ACC)0 ? v / total : (ACC4)((ACC)0);
     size_t oi = ((size_t)b * H + h) * hd;
     if (vec) STORE4(o + oi, col, v);
     else STORE(o, oi + col, v.x);
+}
+
+// Row and head wg's output from its nsplit records: each split's sums rescaled to the largest max.
+// Read through volatile pointers: other work-groups wrote them during this launch.
+inline void attention_combine(uint wg, uint nsplit, uint hd, __global const ACC* part, __global T* o) {
+    __global const volatile ACC* r = part + (size_t)wg * nsplit * ATT_PART_STRIDE(hd);
+    for (uint d = get_local_id(0); d < hd; d += ATT_GROUP) {
+        ACC m = -INFINITY, total = 0, v = 0;
+        for (uint c = 0; c < nsplit; c++) m = fmax(m, r[c * ATT_PART_STRIDE(hd)]);
+        for (uint c = 0; c < nsplit; c++) {
+            __global const volatile ACC* rc = r + c * ATT_PART_STRIDE(hd);
+            ACC mc = rc[0];
+            if (mc == -INFINITY) continue;  // a split without keys
+            ACC w = exp(mc - m);
+            total += w * rc[1];
+            v += w * rc[2 + d];
+        }
+        STORE(o, (size_t)wg * hd + d, total > (ACC)0 ? v / total : (ACC)0);
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(ATT_GROUP, 1, 1)))
+void decode_attention(__global T* o,            /* (B, H * hd) */
+                      __global const T* q,      /* (B, H * hd) */
+                      __global const T* kc,     /* (B, Hkv, smax, hd) */
+                      __global const T* vc,     /* (B, Hkv, smax, hd) */
+                      __global const int* pads, /* (B) keys before pads[b] are hidden (has_pads) */
+                      __global const int* step, /* (1) this token's position: keys 0..pos[0] */
+                      __global int* err,        /* (4) the device's error record */
+                      uint8 sizes,              /* H, Hkv, hd, smax, has_pads, error code, window (0: none) */
+                      ACC scale) {
+    __local ACC4 lm[ATT_LOCAL / 4];
+    uint a[8] = {sizes.s0, sizes.s1, sizes.s2, sizes.s3, sizes.s4, sizes.s5, sizes.s6, sizes.s7};
+    attention_tile(get_group_id(0), 0, 1, true, 0, (__local ACC*)lm, o, q, kc, vc, pads, step, err, a,
+                   scale);
 }
 
 #endif

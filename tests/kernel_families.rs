@@ -1,7 +1,9 @@
 //! One tiny case of every kernel family (every kernels/*.cl file a device without tensor cores runs, and the generated fused kernels), forward and backward, on every OpenCL device against the host. Small enough to run under Oclgrind's memory and race checks (.ci/oclgrind), which is what it is for; on PoCL it is one more cross-device check.
 use netcl::autograd::{Tape, Var};
 use netcl::ops::testing::random_tensor;
-use netcl::ops::{Conv2dParams, Pool2dParams, RmsScale, RopeFreqs, RopePositions, RopeStyle};
+use netcl::ops::{
+    Conv2dParams, DecodeBlock, KvWrite, Pool2dParams, RmsScale, RopeFreqs, RopePositions, RopeStyle,
+};
 use netcl::prelude::*;
 use netcl_core_devices::opencl_test_devices;
 
@@ -231,7 +233,44 @@ fn decode(dev: &Device) -> Result<Vec<Tensor>> {
         x.decode_attention(&cache, &cache, &at, None, 2)?,
         x.decode_attention_window(&cache, &cache, &at, None, 2, Some(2))?,
         x.decode_swiglu_biased(Some(&norm), &w, &up, Some(&rnd(dev, &[12], 32)?))?,
+        decode_block(dev)?,
     ])
+}
+
+/// A whole block in one persistent kernel (GQA: 2 heads over 1 kv head of 4 dims; MLP of 12).
+fn decode_block(dev: &Device) -> Result<Tensor> {
+    let norm = |seed| -> Result<RmsScale> {
+        Ok(RmsScale {
+            weight: rnd(dev, &[8], seed)?,
+            eps: 1e-6,
+        })
+    };
+    let block = DecodeBlock {
+        attention_norm: norm(33)?,
+        wq: rnd(dev, &[8, 8], 34)?,
+        wk: rnd(dev, &[4, 8], 35)?,
+        wv: rnd(dev, &[4, 8], 36)?,
+        qkv_bias: None,
+        kv: KvWrite {
+            k_cache: rnd(dev, &[2, 1, 6, 4], 37)?,
+            v_cache: rnd(dev, &[2, 1, 6, 4], 38)?,
+            pos: ids(dev, vec![3], &[1])?,
+            pads: None,
+            style: RopeStyle::Halves,
+            freqs: RopeFreqs::Theta(10000.0),
+        },
+        heads: 2,
+        window: None,
+        wo: rnd(dev, &[8, 8], 39)?,
+        wo_bias: Some(rnd(dev, &[8], 40)?),
+        ffn_norm: norm(41)?,
+        gate: rnd(dev, &[12, 8], 42)?,
+        up: rnd(dev, &[12, 8], 43)?,
+        gate_up_bias: None,
+        down: rnd(dev, &[8, 12], 44)?,
+        down_bias: None,
+    };
+    rnd(dev, &[2, 8], 45)?.decode_block(&block)
 }
 
 #[test]

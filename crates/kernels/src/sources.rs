@@ -45,6 +45,15 @@ source!(ATTENTION, "attention.cl");
 // Fused attention on tensor cores (inline NVIDIA PTX): built only where the GEMM's probe passed.
 source!(ATTENTION_TC, "attention_tc.cl");
 source!(DECODE, "decode.cl");
+/// The persistent decode block: decode_block.cl after decode.cl (whose tiles it runs); built only
+/// where ops/src/decode allows it, so not in `ALL`.
+pub const DECODE_BLOCK: Source = Source {
+    name: "decode_block.cl",
+    text: concat!(
+        include_str!("../../../kernels/decode.cl"),
+        include_str!("../../../kernels/decode_block.cl")
+    ),
+};
 
 /// Every op-family source (not the common header).
 pub static ALL: [Source; 16] = [
@@ -66,10 +75,16 @@ pub static ALL: [Source; 16] = [
     DECODE,
 ];
 
-/// The device-specific sources: PTX kernels built only where their probes pass, and the CPU
-/// devices' GEMM.
-pub static DEVICE_SPECIFIC: [Source; 5] =
-    [MATMUL_TC, MATMUL_WG, MATMUL_ASYNC, MATMUL_CPU, ATTENTION_TC];
+/// The device-specific sources: PTX kernels built only where their probes pass, the CPU
+/// devices' GEMM and the persistent decode block.
+pub static DEVICE_SPECIFIC: [Source; 6] = [
+    MATMUL_TC,
+    MATMUL_WG,
+    MATMUL_ASYNC,
+    MATMUL_CPU,
+    ATTENTION_TC,
+    DECODE_BLOCK,
+];
 
 /// Every file under kernels/: the common header, the op families and the device-specific ones.
 pub fn every() -> impl Iterator<Item = &'static Source> {

@@ -169,7 +169,15 @@ fn a_replayed_decode_step_gives_the_eager_steps_logits() {
         let (mut graph, first) = model
             .capture_decode(&step(2), &caches[1], Some(&pads))
             .unwrap();
-        assert_eq!(graph.graph().stats().kernels, 5 * cfg.n_layers + 3);
+        // A layer is one persistent decode_block kernel, or its five kernels where the device
+        // takes them instead (PoCL 5).
+        let kernels = graph.graph().stats().kernels;
+        let per_layer = (kernels - 3) / cfg.n_layers;
+        assert!(
+            kernels == per_layer * cfg.n_layers + 3 && [1, 5].contains(&per_layer),
+            "{kernels} kernels for {} layers",
+            cfg.n_layers
+        );
         let same = |a: &Tensor, b: &Tensor, p: usize| {
             assert_eq!(
                 a.to_vec::<f32>().unwrap(),

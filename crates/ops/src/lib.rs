@@ -42,7 +42,7 @@ pub use base::read_async::TensorRead;
 pub use base::tensor::{Storage, Tensor, VersionWatch};
 pub use batch_norm::BatchNorm;
 pub use conv::Conv2dParams;
-pub use decode::{KvWrite, RmsScale, DECODE_MAX_HEAD_DIM};
+pub use decode::{DecodeBlock, KvWrite, RmsScale, DECODE_MAX_HEAD_DIM};
 pub use flash_attention::FLASH_ATTENTION_MAX_HEAD_DIM;
 pub use fused::activation::Activation;
 pub use fused::eval::{fused, fused_into};

@@ -121,6 +121,7 @@ pub(super) fn parse(env: &mut Env) -> Config {
             .text_or_empty_path("NETCL_PROFILE_DIR")
             .unwrap_or_else(|| PathBuf::from("netcl-profile")),
         decode_replay: env.on_unless_0("NETCL_DECODE_REPLAY"),
+        decode_block: env.on_unless_0("NETCL_DECODE_BLOCK"),
         relay_chunk: env.setting("NETCL_RELAY_CHUNK", |v| {
             bytes(v, DEFAULT_RELAY_CHUNK).map(|b| b.clamp(4096, 256 << 20))
         }),
@@ -156,7 +157,7 @@ mod tests {
     fn defaults_without_variables() {
         let c = with(&[]);
         assert!(c.tensor_cores && c.wgmma && c.attention_tc && c.attention_ds);
-        assert!(c.decode_replay && c.graph_command_buffer && !c.profile);
+        assert!(c.decode_replay && c.decode_block && c.graph_command_buffer && !c.profile);
         assert_eq!(c.graph_queues, 1);
         assert_eq!(c.pool_limit.get().unwrap(), None);
         assert_eq!(c.relay_chunk.get().unwrap(), 4 << 20);

@@ -93,6 +93,9 @@ pub struct Config {
     /// `NETCL_DECODE_REPLAY=0` (`false`): Llama decoding runs every step eagerly instead of
     /// replaying the first step's capture.
     pub decode_replay: bool,
+    /// `NETCL_DECODE_BLOCK=0` (`false`): Llama decoding runs each block as five kernels instead
+    /// of one persistent `decode_block` kernel.
+    pub decode_block: bool,
     /// `NETCL_RELAY_CHUNK` (bytes, 4 KiB to 256 MiB; default 4M): chunk size of the collectives'
     /// device relay between OpenCL ranks (the same on every rank; read once per process).
     pub relay_chunk: Setting<usize>,

@@ -1,10 +1,12 @@
-//! One-token decoding through the fused decode ops: the embedding lookup, five kernels per layer, and the final RMSNorm folded into the output projection.
+//! One-token decoding through the fused decode ops: the embedding lookup, one decode_block per layer, and the final RMSNorm folded into the output projection.
 use super::block::plain;
 use super::cache::KvCache;
 use super::model::Llama;
 use super::norm::Norm;
 use netcl_nn::{Linear, RmsNorm};
-use netcl_ops::{DType, Error, KvWrite, Result, RmsScale, Tensor, DECODE_MAX_HEAD_DIM};
+use netcl_ops::{
+    DType, DecodeBlock, Error, KvWrite, Result, RmsScale, Tensor, DECODE_MAX_HEAD_DIM,
+};
 
 fn scale(norm: &Norm) -> Result<RmsScale> {
     let n: &RmsNorm = norm
@@ -53,9 +55,9 @@ impl Llama {
     /// after everything `cache` holds: the tokens' keys and values are written at `cache.len()`
     /// and the cache advances by one. `pads` (I32 `[B]`): how many leading cache positions of
     /// each row are padding (batched prompts of different lengths); row b then sits at position
-    /// `cache.len() - pads[b]` and attends to the positions from `pads[b]` on. Five kernels per
-    /// layer plus three (embedding; the cache position's advance; final norm with the output
-    /// projection); the same logits as
+    /// `cache.len() - pads[b]` and attends to the positions from `pads[b]` on. One kernel per
+    /// layer on OpenCL ([`Tensor::decode_block`]) plus three (embedding; the cache position's
+    /// advance; final norm with the output projection); the same logits as
     /// [`Llama::logits`] with the cache, up to rounding.
     pub fn decode(&self, ids: &Tensor, cache: &KvCache, pads: Option<&Tensor>) -> Result<Tensor> {
         let op = "Llama::decode";
@@ -104,20 +106,28 @@ impl Llama {
                 style: cfg.rope_style,
                 freqs: a.freqs.clone(),
             };
-            let norm = scale(&layer.attention_norm)?;
-            let qkv = [&w(&a.wq), &w(&a.wk), &w(&a.wv)];
-            let qkv_bias = biases(&[&a.wq, &a.wk, &a.wv])?;
-            let q = h.decode_qkv_biased(Some(&norm), qkv, qkv_bias.as_ref(), &kv)?;
-            let window = cfg.arch.sliding_window;
-            let o = q.decode_attention_window(k_cache, v_cache, pos, pads, cfg.n_heads, window)?;
-            h = o.decode_linear_biased(None, &w(&a.wo), bias(&a.wo).as_ref(), Some(&h))?;
             let up =
                 f.w3.as_ref()
                     .ok_or_else(|| Error::invalid(op, "no up projection"))?;
-            let gate_up = biases(&[&f.w1, up])?;
-            let norm = scale(&layer.ffn_norm)?;
-            let s = h.decode_swiglu_biased(Some(&norm), &w(&f.w1), &w(up), gate_up.as_ref())?;
-            h = s.decode_linear_biased(None, &w(&f.w2), bias(&f.w2).as_ref(), Some(&h))?;
+            let block = DecodeBlock {
+                attention_norm: scale(&layer.attention_norm)?,
+                wq: w(&a.wq),
+                wk: w(&a.wk),
+                wv: w(&a.wv),
+                qkv_bias: biases(&[&a.wq, &a.wk, &a.wv])?,
+                kv,
+                heads: cfg.n_heads,
+                window: cfg.arch.sliding_window,
+                wo: w(&a.wo),
+                wo_bias: bias(&a.wo),
+                ffn_norm: scale(&layer.ffn_norm)?,
+                gate: w(&f.w1),
+                up: w(up),
+                gate_up_bias: biases(&[&f.w1, up])?,
+                down: w(&f.w2),
+                down_bias: bias(&f.w2),
+            };
+            h = h.decode_block(&block)?;
         }
         cache.advance(1)?;
         let out = match &self.output {

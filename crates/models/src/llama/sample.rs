@@ -225,7 +225,7 @@ pub fn generate_until(
     let steps = max_new.min(cfg.max_seq_len - longest);
     let mut out = vec![Vec::new(); b];
     let mut done = vec![false; b];
-    // After the prefill, one token per row goes through `Llama::decode` (five kernels a layer)
+    // After the prefill, one token per row goes through `Llama::decode` (one decode_block a layer)
     // where the model allows it. Greedy picks on the device and the next step is queued before
     // the picked ids are read back, so the device never waits for the host between tokens.
     let fast = model.decode_supported();

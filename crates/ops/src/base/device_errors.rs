@@ -79,8 +79,13 @@ pub(crate) fn code_of(op: &str) -> i32 {
         .map_or(0, |i| i as i32 + 1)
 }
 
-/// The error record of `device` as a kernel argument (`__global int* err`, 4 ints), made and
-/// zeroed on the thread's first use; marks it to be checked at the thread's next read.
+/// Bytes of a record's buffer: the record's 4 words, then 8 words of counters that persistent
+/// kernels (decode_block) share, one launch after another on the thread's queue, and leave at 0.
+const RECORD_BYTES: usize = 48;
+
+/// The error record of `device` as a kernel argument (`__global int* err`, 4 ints, then the
+/// counters), made and zeroed on the thread's first use; marks it to be checked at the thread's
+/// next read.
 pub(crate) fn record_arg(device: &Device) -> Result<cl_mem> {
     netcl_kernels::set_after_sync_check(check_after_launch);
     drop(std::mem::take(
@@ -90,8 +95,8 @@ pub(crate) fn record_arg(device: &Device) -> Result<cl_mem> {
         let r = match records.entry(device.ordinal()) {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(e) => {
-                let block = Pool::of(device)?.alloc(16)?;
-                write(&block, 0, &[0u8; 16])?;
+                let block = Pool::of(device)?.alloc(RECORD_BYTES)?;
+                write(&block, 0, &[0u8; RECORD_BYTES])?;
                 e.insert(Record {
                     block,
                     armed: false,

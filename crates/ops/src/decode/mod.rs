@@ -1,4 +1,4 @@
-//! One-token decoding ops (a Llama layer in five kernels): GEMV with a fused RMSNorm and a residual, SwiGLU or RoPE-and-KV-cache epilogue, and single-query attention over a KV cache.
+//! One-token decoding ops (a Llama layer in five kernels, or all five in one): GEMV with a fused RMSNorm and a residual, SwiGLU or RoPE-and-KV-cache epilogue, single-query attention over a KV cache, and the whole block.
 //!
 //! A decode step reads each weight once for a handful of rows, so its cost is the number of
 //! kernels it launches; these ops fold a layer's norms, projections, rotations, cache writes,
@@ -82,27 +82,75 @@ struct DecodeAttention {
 
 impl_op!(DecodeAttention, Tensor, "decode_attention", attention);
 
+/// The weights, cache and sizes of one Llama block for [`Tensor::decode_block`]: what its five
+/// decode ops take, in their order.
+#[derive(Clone, Debug)]
+pub struct DecodeBlock {
+    pub attention_norm: RmsScale,
+    /// (H·hd, d), (Hkv·hd, d), (Hkv·hd, d).
+    pub wq: Tensor,
+    pub wk: Tensor,
+    pub wv: Tensor,
+    /// The q, k and v biases joined (H·hd + 2 Hkv·hd).
+    pub qkv_bias: Option<Tensor>,
+    pub kv: KvWrite,
+    pub heads: usize,
+    /// Sliding window of the attention (None: every key).
+    pub window: Option<usize>,
+    /// (d, H·hd) and its bias (d).
+    pub wo: Tensor,
+    pub wo_bias: Option<Tensor>,
+    pub ffn_norm: RmsScale,
+    /// (F, d) each, and their biases joined (2F).
+    pub gate: Tensor,
+    pub up: Tensor,
+    pub gate_up_bias: Option<Tensor>,
+    /// (d, F) and its bias (d).
+    pub down: Tensor,
+    pub down_bias: Option<Tensor>,
+}
+
+/// A checked decode block: x (B, d).
+#[derive(Clone, Debug)]
+struct DecodeBlockOp {
+    x: Tensor,
+    block: DecodeBlock,
+}
+
+impl_op!(DecodeBlockOp, Tensor, "decode_block", block);
+
 impl DecodeGemv {
     /// Error unless x (B, K), the norm's weight (K) and the weights (N_i, K) fit `op`.
     fn check(op: &str, x: &Tensor, norm: Option<&RmsScale>, weights: &[&Tensor]) -> Result<()> {
-        let mut all = vec![x];
-        all.extend(weights);
-        all.extend(norm.map(|n| &n.weight));
-        same_float(op, &all)?;
         if x.ndim() != 2 || x.shape[0] == 0 || x.shape[1] == 0 {
             return Err(Error::shape(
                 op,
                 format!("x is {:?}; need non-empty rows (B, K)", x.shape),
             ));
         }
-        let k = x.shape[1];
+        Self::check_weights(op, x, x.shape[1], norm, weights)
+    }
+
+    /// Error unless the norm's weight (K) and the weights (N_i, K) have x's float dtype and
+    /// device (x's K may be another's: a later stage's input in decode_block).
+    fn check_weights(
+        op: &str,
+        x: &Tensor,
+        k: usize,
+        norm: Option<&RmsScale>,
+        weights: &[&Tensor],
+    ) -> Result<()> {
+        let mut all = vec![x];
+        all.extend(weights);
+        all.extend(norm.map(|n| &n.weight));
+        same_float(op, &all)?;
         for (i, w) in weights.iter().enumerate() {
             if w.ndim() != 2 || w.shape[1] != k || w.shape[0] == 0 {
                 return Err(Error::shape(
                     op,
                     format!(
-                        "weight {i} is {:?}; need (N, {k}) for x {:?}",
-                        w.shape, x.shape
+                        "weight {i} is {:?}; need (N, {k}) for inputs of {k} columns",
+                        w.shape
                     ),
                 ));
             }
@@ -121,16 +169,9 @@ impl DecodeGemv {
         Ok(())
     }
 
-    /// The checked GEMV of `x` by `weights` with `epilogue` and the weights' joined biases,
-    /// on x's device.
-    fn run(
-        x: &Tensor,
-        norm: Option<&RmsScale>,
-        (weights, bias): (&[&Tensor], Option<&Tensor>),
-        epilogue: Epilogue,
-    ) -> Result<Tensor> {
+    /// Error unless `bias` (where given) is the weights' biases joined, of x's dtype.
+    fn check_bias(op: &str, x: &Tensor, weights: &[&Tensor], bias: Option<&Tensor>) -> Result<()> {
         if let Some(b) = bias {
-            let op = "decode_gemv";
             same_float(op, &[x, b])?;
             let n: usize = weights.iter().map(|w| w.shape[0]).sum();
             if b.shape != [n] {
@@ -140,6 +181,18 @@ impl DecodeGemv {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// The checked GEMV of `x` by `weights` with `epilogue` and the weights' joined biases,
+    /// on x's device.
+    fn run(
+        x: &Tensor,
+        norm: Option<&RmsScale>,
+        (weights, bias): (&[&Tensor], Option<&Tensor>),
+        epilogue: Epilogue,
+    ) -> Result<Tensor> {
+        Self::check_bias("decode_gemv", x, weights, bias)?;
         let desc = DecodeGemv {
             x: x.clone(),
             norm: norm.cloned(),
@@ -191,6 +244,101 @@ fn check_position(op: &str, x: &Tensor, pos: &Tensor) -> Result<()> {
             format!("the position is {:?}; need (1)", pos.shape),
         ));
     }
+    Ok(())
+}
+
+/// Error unless the caches, pads, position and frequencies of `kv` fit x (B, K) projected by wq
+/// (H·hd, K), wk and wv (Hkv·hd, K).
+fn check_qkv(op: &str, x: &Tensor, [wq, wk, wv]: [&Tensor; 3], kv: &KvWrite) -> Result<()> {
+    check_cache(op, x, &kv.k_cache, "k_cache")?;
+    check_cache(op, x, &kv.v_cache, "v_cache")?;
+    let cs = &kv.k_cache.shape;
+    let (b, hkv, hd) = (cs[0], cs[1], cs[3]);
+    let fits = kv.v_cache.shape == *cs
+        && b == x.shape[0]
+        && hd.is_multiple_of(2)
+        && wq.shape[0].is_multiple_of(hd)
+        && wk.shape[0] == hkv * hd
+        && wv.shape[0] == hkv * hd;
+    if !fits {
+        return Err(Error::shape(
+            op,
+            format!(
+                "x {:?}, wq {:?}, wk {:?}, wv {:?}, caches {:?} and {:?}: need caches \
+                     (B, Hkv, S, hd) with an even hd, wq (H·hd, K), wk and wv (Hkv·hd, K)",
+                x.shape, wq.shape, wk.shape, wv.shape, cs, kv.v_cache.shape
+            ),
+        ));
+    }
+    check_pads(op, x, kv.pads.as_ref(), b)?;
+    check_position(op, x, &kv.pos)?;
+    if let RopeFreqs::Theta(theta) = kv.freqs {
+        if !(theta.is_finite() && theta > 0.0) {
+            return Err(Error::invalid(
+                op,
+                format!("theta {theta} must be finite and positive"),
+            ));
+        }
+    }
+    if let RopeFreqs::Table(t) = &kv.freqs {
+        crate::base::checks::check_device(op, x, t, "frequency table")?;
+        check_dtype(op, t, "frequency table", crate::acc_dtype(x.dtype))?;
+        if t.shape != [hd / 2] || !t.is_contiguous() {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "frequency table {:?}; need contiguous ({})",
+                    t.shape,
+                    hd / 2
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Error unless queries of `q_shape` (B, H·hd) and x's dtype fit the caches (B, Hkv, S, hd), the
+/// position, pads, head count and window of a decode attention.
+fn check_attention(
+    op: &str,
+    x: &Tensor,
+    q_shape: &[usize],
+    (k_cache, v_cache): (&Tensor, &Tensor),
+    (pos, pads): (&Tensor, Option<&Tensor>),
+    (heads, window): (usize, Option<usize>),
+) -> Result<()> {
+    if let Some(w) = window.filter(|&w| w == 0 || w > u32::MAX as usize) {
+        return Err(Error::invalid(
+            op,
+            format!("sliding window {w}: need 1 to 2^32 - 1 keys"),
+        ));
+    }
+    check_float(op, x, "q")?;
+    check_cache(op, x, k_cache, "k_cache")?;
+    check_cache(op, x, v_cache, "v_cache")?;
+    let cs = &k_cache.shape;
+    let (b, hkv, s, hd) = (cs[0], cs[1], cs[2], cs[3]);
+    let fits = q_shape.len() == 2
+        && v_cache.shape == *cs
+        && q_shape[0] == b
+        && heads > 0
+        && hkv > 0
+        && heads.is_multiple_of(hkv)
+        && q_shape[1] == heads * hd
+        && (1..=DECODE_MAX_HEAD_DIM).contains(&hd);
+    if !fits || s == 0 {
+        return Err(Error::shape(
+            op,
+            format!(
+                "q {:?} with {heads} heads over caches {cs:?} and {:?}: need q (B, H·hd), \
+                     caches (B, Hkv, S, hd) with S > 0, H a multiple of Hkv and hd <= \
+                     {DECODE_MAX_HEAD_DIM}",
+                q_shape, v_cache.shape
+            ),
+        ));
+    }
+    check_pads(op, x, pads, b)?;
+    check_position(op, x, pos)?;
     Ok(())
 }
 
@@ -286,50 +434,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         let op = "decode_qkv";
         DecodeGemv::check(op, self, norm, &[wq, wk, wv])?;
-        check_cache(op, self, &kv.k_cache, "k_cache")?;
-        check_cache(op, self, &kv.v_cache, "v_cache")?;
-        let cs = &kv.k_cache.shape;
-        let (b, hkv, hd) = (cs[0], cs[1], cs[3]);
-        let fits = kv.v_cache.shape == *cs
-            && b == self.shape[0]
-            && hd.is_multiple_of(2)
-            && wq.shape[0].is_multiple_of(hd)
-            && wk.shape[0] == hkv * hd
-            && wv.shape[0] == hkv * hd;
-        if !fits {
-            return Err(Error::shape(
-                op,
-                format!(
-                    "x {:?}, wq {:?}, wk {:?}, wv {:?}, caches {:?} and {:?}: need caches \
-                     (B, Hkv, S, hd) with an even hd, wq (H·hd, K), wk and wv (Hkv·hd, K)",
-                    self.shape, wq.shape, wk.shape, wv.shape, cs, kv.v_cache.shape
-                ),
-            ));
-        }
-        check_pads(op, self, kv.pads.as_ref(), b)?;
-        check_position(op, self, &kv.pos)?;
-        if let RopeFreqs::Theta(theta) = kv.freqs {
-            if !(theta.is_finite() && theta > 0.0) {
-                return Err(Error::invalid(
-                    op,
-                    format!("theta {theta} must be finite and positive"),
-                ));
-            }
-        }
-        if let RopeFreqs::Table(t) = &kv.freqs {
-            crate::base::checks::check_device(op, self, t, "frequency table")?;
-            check_dtype(op, t, "frequency table", crate::acc_dtype(self.dtype))?;
-            if t.shape != [hd / 2] || !t.is_contiguous() {
-                return Err(Error::shape(
-                    op,
-                    format!(
-                        "frequency table {:?}; need contiguous ({})",
-                        t.shape,
-                        hd / 2
-                    ),
-                ));
-            }
-        }
+        check_qkv(op, self, [wq, wk, wv], kv)?;
         let epilogue = Epilogue::Qkv(Box::new(kv.clone()));
         DecodeGemv::run(self, norm, (&[wq, wk, wv], bias), epilogue)
     }
@@ -362,38 +467,14 @@ impl Tensor {
         window: Option<usize>,
     ) -> Result<Tensor> {
         let op = "decode_attention";
-        if let Some(w) = window.filter(|&w| w == 0 || w > u32::MAX as usize) {
-            return Err(Error::invalid(
-                op,
-                format!("sliding window {w}: need 1 to 2^32 - 1 keys"),
-            ));
-        }
-        check_float(op, self, "q")?;
-        check_cache(op, self, k_cache, "k_cache")?;
-        check_cache(op, self, v_cache, "v_cache")?;
-        let cs = &k_cache.shape;
-        let (b, hkv, s, hd) = (cs[0], cs[1], cs[2], cs[3]);
-        let fits = self.ndim() == 2
-            && v_cache.shape == *cs
-            && self.shape[0] == b
-            && heads > 0
-            && hkv > 0
-            && heads.is_multiple_of(hkv)
-            && self.shape[1] == heads * hd
-            && (1..=DECODE_MAX_HEAD_DIM).contains(&hd);
-        if !fits || s == 0 {
-            return Err(Error::shape(
-                op,
-                format!(
-                    "q {:?} with {heads} heads over caches {cs:?} and {:?}: need q (B, H·hd), \
-                     caches (B, Hkv, S, hd) with S > 0, H a multiple of Hkv and hd <= \
-                     {DECODE_MAX_HEAD_DIM}",
-                    self.shape, v_cache.shape
-                ),
-            ));
-        }
-        check_pads(op, self, pads, b)?;
-        check_position(op, self, pos)?;
+        check_attention(
+            op,
+            self,
+            &self.shape,
+            (k_cache, v_cache),
+            (pos, pads),
+            (heads, window),
+        )?;
         let desc = DecodeAttention {
             q: self.clone(),
             k_cache: k_cache.clone(),
@@ -402,6 +483,51 @@ impl Tensor {
             pads: pads.cloned(),
             heads,
             window,
+        };
+        dispatch(&self.device, &desc)
+    }
+
+    /// One token per row through a whole Llama block: `h = x + wo · attention(q)` with `q =
+    /// rope(norm(x) · wqᵀ)` (keys and values written into the caches as in
+    /// [`Tensor::decode_qkv`]), then `h + down · swiglu(norm(h))`. x (B, d); (B, d). The same
+    /// values as the five ops in turn; on an OpenCL device one persistent kernel.
+    pub fn decode_block(&self, block: &DecodeBlock) -> Result<Tensor> {
+        let op = "decode_block";
+        let blk = block;
+        let qkv = [&blk.wq, &blk.wk, &blk.wv];
+        DecodeGemv::check(op, self, Some(&blk.attention_norm), &qkv)?;
+        DecodeGemv::check_bias(op, self, &qkv, blk.qkv_bias.as_ref())?;
+        check_qkv(op, self, qkv, &blk.kv)?;
+        let (b, d, qd) = (self.shape[0], self.shape[1], blk.wq.shape[0]);
+        let kv = &blk.kv;
+        let at = (&kv.pos, kv.pads.as_ref());
+        let caches = (&kv.k_cache, &kv.v_cache);
+        check_attention(op, self, &[b, qd], caches, at, (blk.heads, blk.window))?;
+        let f = blk.gate.shape[0];
+        // The later GEMVs: their inputs' columns, norm, weights and joined biases.
+        let gate_up = [&blk.gate, &blk.up];
+        let later = [
+            (qd, None, &[&blk.wo][..], &blk.wo_bias),
+            (d, Some(&blk.ffn_norm), &gate_up[..], &blk.gate_up_bias),
+            (f, None, &[&blk.down][..], &blk.down_bias),
+        ];
+        for (k, norm, w, bias) in later {
+            DecodeGemv::check_weights(op, self, k, norm, w)?;
+            DecodeGemv::check_bias(op, self, w, bias.as_ref())?;
+        }
+        if blk.wo.shape[0] != d || blk.up.shape != blk.gate.shape || blk.down.shape[0] != d {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "wo {:?}, gate {:?}, up {:?}, down {:?} for x {:?}: need wo (d, H·hd), gate \
+                     and up (F, d), down (d, F)",
+                    blk.wo.shape, blk.gate.shape, blk.up.shape, blk.down.shape, self.shape
+                ),
+            ));
+        }
+        let desc = DecodeBlockOp {
+            x: self.clone(),
+            block: block.clone(),
         };
         dispatch(&self.device, &desc)
     }

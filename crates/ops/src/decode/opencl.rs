@@ -1,5 +1,5 @@
 //! The decode kernels of kernels/decode.cl: argument order, grid shapes and the bytes each launch reads.
-use super::{DecodeAttention, DecodeGemv, Epilogue};
+use super::{DecodeAttention, DecodeBlockOp, DecodeGemv, Epilogue, KvWrite};
 use crate::base::acc::arg_acc;
 use crate::base::checks::u32_arg;
 use crate::base::device_errors::{code_of, record_arg};
@@ -8,7 +8,7 @@ use crate::base::launch::program_for;
 use crate::base::rope_types::{RopeFreqs, RopeStyle};
 use crate::base::tensor::Tensor;
 use netcl_core_devices::{Device, Result};
-use netcl_kernels::sources::DECODE;
+use netcl_kernels::sources::{DECODE, DECODE_BLOCK};
 use netcl_kernels::Kernel;
 
 /// `GemvArgs` of decode.cl: sizes and switches in one kernel argument (each argument set costs
@@ -41,16 +41,77 @@ const GEMV_GROUP: usize = 256;
 const GEMV_MAXB: usize = 4;
 const ATT_GROUP: usize = 256;
 
-pub(super) fn gemv(desc: &DecodeGemv, device: &Device) -> Result<Tensor> {
-    let op = "decode_gemv";
-    let x = dense(&desc.x)?;
-    // Contiguous weights as they lie (rows of a stacked weight, say) where their rows' 4-element
-    // loads stay aligned or the rows are loaded one element at a time (K not a multiple of 4);
-    // other layouts copied dense.
-    let k4 = desc.x.shape[1].is_multiple_of(4);
-    let w: Vec<Tensor> = (desc.weights.iter())
+/// A decode_gemv launch's sizes: its `GemvArgs` and its grid (work-groups along the units, batch
+/// groups of `GEMV_MAXB` rows).
+struct GemvLaunch {
+    args: GemvArgs,
+    groups: usize,
+    batch_groups: usize,
+}
+
+/// What a decode GEMV's launch depends on beyond x's rows (B, K) and the weights' rows.
+struct GemvShape {
+    mode: u32,
+    has_norm: bool,
+    has_res: bool,
+    has_bias: bool,
+    w_off: [u32; 3],
+    /// QKV: the caches' (S, hd), whether RoPE pairs halves, pads given, a frequency table given.
+    qkv: Option<(usize, usize, bool, bool, bool)>,
+}
+
+fn gemv_launch(
+    op: &str,
+    (b, k): (usize, usize),
+    ns: [usize; 3],
+    s: GemvShape,
+) -> Result<GemvLaunch> {
+    let [n0, n1, n2] = ns;
+    let units = match s.mode {
+        0 => n0.div_ceil(2),
+        1 => n0,
+        _ => (n0 + n1 + n2) / 2,
+    };
+    // Work-items per unit: about four (vector) loads of each row per work-item, 32 to 256, so
+    // that short and long rows alike keep enough loads in flight.
+    let per_row = if k % 4 == 0 { k / 4 } else { k };
+    let team = (per_row / 4).next_power_of_two().clamp(32, GEMV_GROUP);
+    let (smax, hd, halves, has_pads, use_table) = s.qkv.unwrap_or((1, 2, false, false, false));
+    u32_arg(op, "elements", b * (n0 + n1 + n2).max(k))?;
+    let args = GemvArgs {
+        k: u32_arg(op, "K", k)?,
+        b: u32_arg(op, "rows", b)?,
+        n0: u32_arg(op, "N", n0)?,
+        n1: u32_arg(op, "N", n1)?,
+        units: u32_arg(op, "units", units)?,
+        mode: s.mode,
+        team: team as u32,
+        has_norm: s.has_norm as u32,
+        has_res: s.has_res as u32,
+        hd: u32_arg(op, "head dim", hd)?,
+        smax: u32_arg(op, "cache length", smax)?,
+        has_pads: has_pads as u32,
+        halves: halves as u32,
+        use_table: use_table as u32,
+        code: code_of("decode_qkv"),
+        w_off: s.w_off,
+        has_bias: s.has_bias as u32,
+    };
+    Ok(GemvLaunch {
+        args,
+        groups: units.div_ceil(GEMV_GROUP / team),
+        batch_groups: b.div_ceil(GEMV_MAXB),
+    })
+}
+
+/// Weights as the kernels read them: contiguous as they lie (rows of a stacked weight, say) where
+/// their rows' 4-element loads stay aligned or the rows are loaded one element at a time (K not a
+/// multiple of 4); other layouts copied dense. With their element offsets.
+fn kernel_weights(op: &str, k: usize, weights: &[&Tensor]) -> Result<(Vec<Tensor>, [u32; 3])> {
+    let k4 = k.is_multiple_of(4);
+    let w: Vec<Tensor> = (weights.iter())
         .map(|t| match t.is_contiguous() && (t.offset % 4 == 0 || !k4) {
-            true => Ok(t.clone()),
+            true => Ok((*t).clone()),
             false => dense(t),
         })
         .collect::<Result<_>>()?;
@@ -58,21 +119,70 @@ pub(super) fn gemv(desc: &DecodeGemv, device: &Device) -> Result<Tensor> {
     for (o, t) in w_off.iter_mut().zip(&w) {
         *o = u32_arg(op, "weight offset", t.offset)?;
     }
+    Ok((w, w_off))
+}
+
+/// The QKV epilogue's sizes and buffers: (S, hd, halves, pads, table) for `GemvShape::qkv`, the
+/// dense position, pads and frequency table, and theta.
+#[allow(clippy::type_complexity)]
+fn qkv_parts(
+    kv: &KvWrite,
+) -> Result<(
+    (usize, usize, bool, bool, bool),
+    Tensor,
+    Option<Tensor>,
+    Option<Tensor>,
+    f64,
+)> {
+    let cs = &kv.k_cache.shape;
+    let (theta, table) = match &kv.freqs {
+        RopeFreqs::Theta(t) => (*t, None),
+        RopeFreqs::Table(t) => (1.0, Some(dense(t)?)),
+    };
+    let pads = kv.pads.as_ref().map(dense).transpose()?;
+    let sizes = (
+        cs[2],
+        cs[3],
+        kv.style == RopeStyle::Halves,
+        pads.is_some(),
+        table.is_some(),
+    );
+    Ok((sizes, dense(&kv.pos)?, pads, table, theta))
+}
+
+pub(super) fn gemv(desc: &DecodeGemv, device: &Device) -> Result<Tensor> {
+    let op = "decode_gemv";
+    let x = dense(&desc.x)?;
     let (b, k) = (x.shape[0], x.shape[1]);
+    let (w, w_off) = kernel_weights(op, k, &desc.weights.iter().collect::<Vec<_>>())?;
     let (n0, n1) = (w[0].shape[0], w.get(1).map_or(0, |t| t.shape[0]));
     let n2 = w.get(2).map_or(0, |t| t.shape[0]);
     let g = desc.norm.as_ref().map(|n| dense(&n.weight)).transpose()?;
-    // Mode, units and the QKV-only arguments: caches, pads, frequencies, hd, S, at, style.
-    let (mode, units, out_cols) = match &desc.epilogue {
-        Epilogue::Plain(_) => (0u32, n0.div_ceil(2), n0),
-        Epilogue::SwiGlu => (1, n0, n0),
-        Epilogue::Qkv(_) => (2, (n0 + n1 + n2) / 2, n0),
-    };
-    let y = Tensor::alloc(&[b, out_cols], x.dtype, device)?;
     let res = match &desc.epilogue {
         Epilogue::Plain(Some(r)) => Some(dense(r)?),
         _ => None,
     };
+    let bias = desc.bias.as_ref().map(dense).transpose()?;
+    let qkv = match &desc.epilogue {
+        Epilogue::Qkv(kv) => Some(qkv_parts(kv)?),
+        _ => None,
+    };
+    let mode = match &desc.epilogue {
+        Epilogue::Plain(_) => 0,
+        Epilogue::SwiGlu => 1,
+        Epilogue::Qkv(_) => 2,
+    };
+    let shape = GemvShape {
+        mode,
+        has_norm: g.is_some(),
+        has_res: res.is_some(),
+        has_bias: bias.is_some(),
+        w_off,
+        qkv: qkv.as_ref().map(|q| q.0),
+    };
+    let launch = gemv_launch(op, (b, k), [n0, n1, n2], shape)?;
+    let out_cols = n0;
+    let y = Tensor::alloc(&[b, out_cols], x.dtype, device)?;
     let program = program_for(device, &DECODE, x.dtype)?;
     let mut kern = Kernel::new(&program, "decode_gemv")?;
     let any = |t: Option<&Tensor>| t.unwrap_or(&x).mem();
@@ -82,62 +192,26 @@ pub(super) fn gemv(desc: &DecodeGemv, device: &Device) -> Result<Tensor> {
         .arg_mem(w[0].mem()?)?
         .arg_mem(any(w.get(1))?)?
         .arg_mem(any(w.get(2))?)?
-        .arg_mem(any(res.as_ref())?)?;
-    let bias = desc.bias.as_ref().map(dense).transpose()?;
-    kern.arg_mem(any(bias.as_ref())?)?;
-    let mut args = GemvArgs {
-        k: u32_arg(op, "K", k)?,
-        b: u32_arg(op, "rows", b)?,
-        n0: u32_arg(op, "N", n0)?,
-        n1: u32_arg(op, "N", n1)?,
-        units: u32_arg(op, "units", units)?,
-        mode,
-        team: 0,
-        has_norm: g.is_some() as u32,
-        has_res: res.is_some() as u32,
-        hd: 2,
-        smax: 1,
-        has_pads: 0,
-        halves: 0,
-        use_table: 0,
-        code: code_of("decode_qkv"),
-        w_off,
-        has_bias: bias.is_some() as u32,
-    };
-    let (mut theta, mut table, mut pads, mut step) = (1.0, None, None, None);
-    match &desc.epilogue {
-        Epilogue::Qkv(kv) => {
-            let cs = &kv.k_cache.shape;
-            args.hd = u32_arg(op, "head dim", cs[3])?;
-            args.smax = u32_arg(op, "cache length", cs[2])?;
-            step = Some(dense(&kv.pos)?);
-            args.halves = (kv.style == RopeStyle::Halves) as u32;
-            match &kv.freqs {
-                RopeFreqs::Theta(t) => theta = *t,
-                RopeFreqs::Table(t) => table = Some(dense(t)?),
-            }
-            pads = kv.pads.as_ref().map(dense).transpose()?;
+        .arg_mem(any(res.as_ref())?)?
+        .arg_mem(any(bias.as_ref())?)?;
+    let mut theta = 1.0;
+    match (&desc.epilogue, &qkv) {
+        (Epilogue::Qkv(kv), Some((_, pos, pads, table, t))) => {
+            theta = *t;
             kern.arg_mem(kv.k_cache.mem()?)?
-                .arg_mem(kv.v_cache.mem()?)?;
+                .arg_mem(kv.v_cache.mem()?)?
+                .arg_mem(any(pads.as_ref())?)?
+                .arg_mem(any(table.as_ref())?)?
+                .arg_mem(pos.mem()?)?
+                .arg_mem(record_arg(device)?)?;
         }
         _ => {
-            kern.arg_mem(y.mem()?)?.arg_mem(y.mem()?)?;
+            for _ in 0..6 {
+                kern.arg_mem(y.mem()?)?;
+            }
         }
     }
-    args.has_pads = pads.is_some() as u32;
-    args.use_table = table.is_some() as u32;
-    // Work-items per unit: about four (vector) loads of each row per work-item, 32 to 256, so
-    // that short and long rows alike keep enough loads in flight.
-    let per_row = if k % 4 == 0 { k / 4 } else { k };
-    let team = (per_row / 4).next_power_of_two().clamp(32, GEMV_GROUP);
-    args.team = team as u32;
-    kern.arg_mem(any(pads.as_ref())?)?
-        .arg_mem(any(table.as_ref())?)?;
-    match &step {
-        Some(p) => kern.arg_mem(p.mem()?)?.arg_mem(record_arg(device)?)?,
-        None => kern.arg_mem(y.mem()?)?.arg_mem(y.mem()?)?,
-    };
-    kern.arg(&args)?;
+    kern.arg(&launch.args)?;
     arg_acc(
         &mut kern,
         x.dtype,
@@ -148,10 +222,8 @@ pub(super) fn gemv(desc: &DecodeGemv, device: &Device) -> Result<Tensor> {
     let es = x.dtype.size();
     let bytes = ((n0 + n1 + n2) * k + 2 * b * out_cols) * es;
     kern.declare(bytes as u64, (2 * b * (n0 + n1 + n2) * k) as u64);
-    let groups = units.div_ceil(GEMV_GROUP / team);
-    u32_arg(op, "elements", b * (n0 + n1 + n2).max(k))?;
     kern.launch(
-        &[groups * GEMV_GROUP, b.div_ceil(GEMV_MAXB)],
+        &[launch.groups * GEMV_GROUP, launch.batch_groups],
         &[GEMV_GROUP, 1],
     )?;
     Ok(y)
@@ -176,16 +248,7 @@ pub(super) fn attention(desc: &DecodeAttention, device: &Device) -> Result<Tenso
         .arg_mem(pads.as_ref().unwrap_or(&q).mem()?)?
         .arg_mem(pos.mem()?)?
         .arg_mem(record_arg(device)?)?
-        .arg(&[
-            u32_arg(op, "heads", h)?,
-            u32_arg(op, "kv heads", hkv)?,
-            u32_arg(op, "head dim", hd)?,
-            u32_arg(op, "cache length", s)?,
-            pads.is_some() as u32,
-            code_of(op) as u32,
-            u32_arg(op, "window", desc.window.unwrap_or(0))?,
-            0,
-        ])?;
+        .arg(&attention_sizes(desc, pads.is_some())?)?;
     arg_acc(&mut kern, q.dtype, 1.0 / (hd as f64).sqrt())?;
     // Each query head reads its keys and values (grouped heads share them through the cache);
     // the profiler counts the whole cache, as the host does not know the position.
@@ -196,4 +259,199 @@ pub(super) fn attention(desc: &DecodeAttention, device: &Device) -> Result<Tenso
     );
     kern.launch(&[b * h * ATT_GROUP], &[ATT_GROUP])?;
     Ok(o)
+}
+
+/// decode_attention's eight sizes: H, Hkv, hd, S, pads given, error code, window (0: none), 0.
+fn attention_sizes(desc: &DecodeAttention, has_pads: bool) -> Result<[u32; 8]> {
+    let op = "decode_attention";
+    let cs = &desc.k_cache.shape;
+    Ok([
+        u32_arg(op, "heads", desc.heads)?,
+        u32_arg(op, "kv heads", cs[1])?,
+        u32_arg(op, "head dim", cs[3])?,
+        u32_arg(op, "cache length", cs[2])?,
+        has_pads as u32,
+        code_of(op) as u32,
+        u32_arg(op, "window", desc.window.unwrap_or(0))?,
+        0,
+    ])
+}
+
+/// `BlockArgs` of decode.cl.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct BlockArgs {
+    st: [GemvArgs; 4],
+    att: [u32; 8],
+    tiles: [u32; 5],
+    groups: [u32; 5],
+    off: [u32; 4],
+    nsplit: u32,
+    off_part: u32,
+}
+
+/// Keys of a row and head per attention part in decode_block at the longest cache (the parts
+/// split the keys present at each step evenly), and the most parts.
+const KEYS_PER_PART: usize = 64;
+const MAX_PARTS: usize = 16;
+
+/// ACC words of one part's record in decode_block (decode.cl's ATT_PART_STRIDE): its max, sum
+/// and hd values, in whole 128-byte lines.
+fn part_stride(hd: usize) -> usize {
+    (hd + 2).next_multiple_of(32)
+}
+
+/// Elements each part of decode_block's scratch buffer is rounded up to, so that no two parts
+/// share a cache line (a stage's reads of one part never fetch a line another stage writes).
+const SCRATCH_ALIGN: usize = 64;
+
+/// Whether decode_block runs as one persistent kernel on `device` (else as its five kernels):
+/// on by `Config::decode_block`, except on PoCL releases other than 3.x, whose compilers abort on
+/// the kernel (PoCL 5.0: an assertion in its work-group compiler).
+fn persistent_block(device: &Device) -> bool {
+    let info = device.info();
+    let pocl = info.platform.contains("Portable Computing Language");
+    crate::Config::get().decode_block && (!pocl || info.platform_version.contains("PoCL 3."))
+}
+
+pub(super) fn block(desc: &DecodeBlockOp, device: &Device) -> Result<Tensor> {
+    if !persistent_block(device) {
+        return super::reference::block(desc);
+    }
+    let op = "decode_block";
+    let blk = &desc.block;
+    let x = dense(&desc.x)?;
+    let (b, d) = (x.shape[0], x.shape[1]);
+    let (qd, kvd) = (blk.wq.shape[0], blk.wk.shape[0]);
+    let f = blk.gate.shape[0];
+    let (wqkv, qkv_off) = kernel_weights(op, d, &[&blk.wq, &blk.wk, &blk.wv])?;
+    let (wo, o_off) = kernel_weights(op, qd, &[&blk.wo])?;
+    let (w13, ffn_off) = kernel_weights(op, d, &[&blk.gate, &blk.up])?;
+    let (w2, down_off) = kernel_weights(op, f, &[&blk.down])?;
+    let kv = &blk.kv;
+    let (sizes, pos, pads, table, theta) = qkv_parts(kv)?;
+    let bias = |t: &Option<Tensor>| t.as_ref().map(dense).transpose();
+    let biases = [
+        bias(&blk.qkv_bias)?,
+        bias(&blk.wo_bias)?,
+        bias(&blk.gate_up_bias)?,
+        bias(&blk.down_bias)?,
+    ];
+    let shape = |i: usize, mode, has_norm, has_res, w_off| GemvShape {
+        mode,
+        has_norm,
+        has_res,
+        has_bias: biases[i].is_some(),
+        w_off,
+        qkv: (mode == 2).then_some(sizes),
+    };
+    let stages = [
+        gemv_launch(
+            op,
+            (b, d),
+            [qd, kvd, kvd],
+            shape(0, 2, true, false, qkv_off),
+        )?,
+        gemv_launch(op, (b, qd), [d, 0, 0], shape(1, 0, false, true, o_off))?,
+        gemv_launch(op, (b, d), [f, f, 0], shape(2, 1, true, false, ffn_off))?,
+        gemv_launch(op, (b, f), [d, 0, 0], shape(3, 0, false, true, down_off))?,
+    ];
+    let att_desc = DecodeAttention {
+        q: x.clone(),
+        k_cache: kv.k_cache.clone(),
+        v_cache: kv.v_cache.clone(),
+        pos: pos.clone(),
+        pads: pads.clone(),
+        heads: blk.heads,
+        window: blk.window,
+    };
+    let tiles_of = |l: &GemvLaunch| l.groups * l.batch_groups;
+    let (s, hd) = (kv.k_cache.shape[2], kv.k_cache.shape[3]);
+    let nsplit = s.div_ceil(KEYS_PER_PART).clamp(1, MAX_PARTS);
+    let tiles = [
+        tiles_of(&stages[0]),
+        b * blk.heads * nsplit,
+        tiles_of(&stages[1]),
+        tiles_of(&stages[2]),
+        tiles_of(&stages[3]),
+    ];
+    let groups = [
+        stages[0].groups,
+        1,
+        stages[1].groups,
+        stages[2].groups,
+        stages[3].groups,
+    ];
+    let part = |n: usize| (b * n).next_multiple_of(SCRATCH_ALIGN);
+    let off = [0, part(qd), 2 * part(qd), 2 * part(qd) + part(d)];
+    let scratch = Tensor::alloc(&[off[3] + part(f)], x.dtype, device)?;
+    let args = BlockArgs {
+        st: stages.each_ref().map(|l| l.args),
+        att: attention_sizes(&att_desc, pads.is_some())?,
+        tiles: tiles.map(|t| t as u32),
+        groups: groups.map(|g| g as u32),
+        off: off.map(|o| o as u32),
+        nsplit: nsplit as u32,
+        off_part: u32_arg(op, "heads", (b * blk.heads).next_multiple_of(32))?,
+    };
+    let work = Tensor::alloc(
+        &[args.off_part as usize + b * blk.heads * nsplit * part_stride(hd)],
+        crate::acc_dtype(x.dtype),
+        device,
+    )?;
+    u32_arg(op, "attention records", work.numel())?;
+    u32_arg(op, "tiles", tiles.iter().sum::<usize>())?;
+    u32_arg(op, "scratch elements", scratch.numel())?;
+    let out = Tensor::alloc(&[b, d], x.dtype, device)?;
+    let norms = [
+        dense(&blk.attention_norm.weight)?,
+        dense(&blk.ffn_norm.weight)?,
+    ];
+    let program = program_for(device, &DECODE_BLOCK, x.dtype)?;
+    let mut kern = Kernel::new(&program, "decode_block")?;
+    let any = |t: Option<&Tensor>| t.unwrap_or(&x).mem();
+    kern.arg_mem(out.mem()?)?
+        .arg_mem(scratch.mem()?)?
+        .arg_mem(work.mem()?)?
+        .arg_mem(x.mem()?)?
+        .arg_mem(norms[0].mem()?)?
+        .arg_mem(wqkv[0].mem()?)?
+        .arg_mem(wqkv[1].mem()?)?
+        .arg_mem(wqkv[2].mem()?)?
+        .arg_mem(any(biases[0].as_ref())?)?
+        .arg_mem(wo[0].mem()?)?
+        .arg_mem(any(biases[1].as_ref())?)?
+        .arg_mem(norms[1].mem()?)?
+        .arg_mem(w13[0].mem()?)?
+        .arg_mem(w13[1].mem()?)?
+        .arg_mem(any(biases[2].as_ref())?)?
+        .arg_mem(w2[0].mem()?)?
+        .arg_mem(any(biases[3].as_ref())?)?
+        .arg_mem(kv.k_cache.mem()?)?
+        .arg_mem(kv.v_cache.mem()?)?
+        .arg_mem(any(pads.as_ref())?)?
+        .arg_mem(any(table.as_ref())?)?
+        .arg_mem(pos.mem()?)?
+        .arg_mem(record_arg(device)?)?
+        .arg(&args)?;
+    for v in [
+        blk.attention_norm.eps,
+        blk.ffn_norm.eps,
+        theta,
+        1.0 / (hd as f64).sqrt(),
+    ] {
+        arg_acc(&mut kern, x.dtype, v)?;
+    }
+    let es = x.dtype.size();
+    let weights = (qd + 2 * kvd) * d + 2 * qd * d + 3 * f * d;
+    let cache = 2 * b * kv.k_cache.shape[1] * kv.k_cache.shape[2] * kv.k_cache.shape[3];
+    kern.declare(
+        ((weights + cache + 4 * b * d) * es) as u64,
+        (2 * b * weights) as u64,
+    );
+    // As many work-groups as stay resident (a few per compute unit), never more than tiles.
+    let resident = 4 * device.info().compute_units.max(1) as usize;
+    let launched = resident.min(tiles.iter().sum::<usize>()).max(1);
+    kern.launch(&[launched * GEMV_GROUP], &[GEMV_GROUP])?;
+    Ok(out)
 }

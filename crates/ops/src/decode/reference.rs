@@ -1,5 +1,5 @@
 //! The host reference of the decode ops, composed of the general ops (RMSNorm, matmul, RoPE, elementwise) and a plain softmax loop for attention.
-use super::{DecodeAttention, DecodeGemv, Epilogue};
+use super::{DecodeAttention, DecodeBlockOp, DecodeGemv, Epilogue};
 use crate::base::element::HostData;
 use crate::base::rope_types::RopePositions;
 use crate::base::tensor::Tensor;
@@ -122,4 +122,18 @@ pub(super) fn attention(desc: &DecodeAttention) -> Result<Tensor> {
     }
     let data = HostData::try_from_fn(desc.q.dtype, out.len(), |i| out[i])?;
     Ok(Tensor::from_host_data(data, &[b, h * hd]))
+}
+
+/// The block as its five ops in turn.
+pub(super) fn block(desc: &DecodeBlockOp) -> Result<Tensor> {
+    let (x, b) = (&desc.x, &desc.block);
+    let kv = &b.kv;
+    let norm = Some(&b.attention_norm);
+    let q = x.decode_qkv_biased(norm, [&b.wq, &b.wk, &b.wv], b.qkv_bias.as_ref(), kv)?;
+    let (pads, w) = (kv.pads.as_ref(), b.window);
+    let o = q.decode_attention_window(&kv.k_cache, &kv.v_cache, &kv.pos, pads, b.heads, w)?;
+    let h = o.decode_linear_biased(None, &b.wo, b.wo_bias.as_ref(), Some(x))?;
+    let ffn = Some(&b.ffn_norm);
+    let s = h.decode_swiglu_biased(ffn, &b.gate, &b.up, b.gate_up_bias.as_ref())?;
+    s.decode_linear_biased(None, &b.down, b.down_bias.as_ref(), Some(&h))
 }

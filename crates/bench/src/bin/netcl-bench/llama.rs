@@ -172,8 +172,37 @@ impl Runner {
         if replay && self.dev.is_opencl() && model.decode_supported() {
             let cache = netcl_models::KvCache::new(&model.config, 1, &self.dev)?;
             let one = netcl_ops::Tensor::from_vec(vec![1i32], &[1], &self.dev)?;
-            let (graph, _) = model.capture_decode(&one, &cache, None)?;
+            let (mut graph, _) = model.capture_decode(&one, &cache, None)?;
             kernels += graph.graph().stats().kernels as u64;
+            // Steps queued back to back with nothing read: the host's time to queue a step
+            // against the device's time to run one (whichever is longer bounds generation).
+            let n = 200;
+            self.dev.synchronize()?;
+            let t0 = Instant::now();
+            for _ in 0..n {
+                graph.step(&one, &cache)?;
+            }
+            let host = t0.elapsed().as_secs_f64() / n as f64;
+            self.dev.synchronize()?;
+            let all = t0.elapsed().as_secs_f64() / n as f64;
+            let dev = self
+                .device_secs(|| (0..3).try_for_each(|_| graph.step(&one, &cache).map(|_| ())))?
+                / 3.0;
+            println!(
+                "{:<12} {:<28} {:.1} us a step on the device alone",
+                "",
+                "llama110m_decode_device",
+                dev * 1e6
+            );
+            println!(
+                "{:<12} {:<28} decode steps back to back: {:.1} us a step ({:.0} tokens/s), \
+                 host {:.1} us to queue one",
+                "",
+                "llama110m_decode_steady",
+                all * 1e6,
+                1.0 / all,
+                host * 1e6
+            );
         }
         runs.sort_by(f64::total_cmp);
         let secs = runs[1];
@@ -253,6 +282,29 @@ impl Runner {
         Ok(())
     }
 
+    /// Seconds `f`'s work takes on the device alone: queued behind a 4096^3 f32 product (long
+    /// enough for the host to queue all of `f` meanwhile), less that product's time; median of 5.
+    fn device_secs(&mut self, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+        let a = self.randn(&[4096, 4096])?;
+        let time = |with: bool, f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+            let mut v = Vec::new();
+            for _ in 0..5 {
+                self.dev.synchronize()?;
+                let t0 = Instant::now();
+                a.matmul(&a)?;
+                if with {
+                    f()?;
+                }
+                self.dev.synchronize()?;
+                v.push(t0.elapsed().as_secs_f64());
+            }
+            v.sort_by(f64::total_cmp);
+            Ok(v[2])
+        };
+        let base = time(false, &mut f)?;
+        Ok(time(true, &mut f)? - base)
+    }
+
     /// The one-token decode ops at the Llama-110M shape (batch 1, f32): each GEMV with its
     /// epilogue (bytes: the weights read once), and attention over 256 cached positions.
     pub(crate) fn decode(&mut self) -> Result<()> {
@@ -314,6 +366,29 @@ impl Runner {
         self.measure("decode", "decode_floor_fill1".into(), (0.0, 0.0, 1), || {
             one.fill_(0.0)
         })?;
+        if self.dev.is_opencl() {
+            // Back to back: 64 kernels captured and replayed, time per kernel (the device's
+            // floor per launch, and a 768 x 768 GEMV's when nothing waits between them).
+            let w = self.randn(&[d, d])?;
+            let (mut fills, ()) = netcl_graph::Graph::capture(&self.dev, |_| {
+                (0..64).try_for_each(|_| one.fill_(0.0))
+            })?;
+            let (mut gemvs, _) = netcl_graph::Graph::capture(&self.dev, |_| {
+                (0..64).try_fold(x.clone(), |h, _| h.decode_linear(None, &w, Some(&h)))
+            })?;
+            for (name, g) in [
+                ("decode_graph64_fill1", &mut fills),
+                ("decode_graph64_linear768", &mut gemvs),
+            ] {
+                self.measure("decode", name.into(), (0.0, 0.0, 64), || g.replay())?;
+                let per = self.records.last().map_or(f64::NAN, |r| r.ms) * 1e3 / 64.0;
+                let dev = self.device_secs(|| g.replay())? * 1e6 / 64.0;
+                println!(
+                    "{:<12} {name:<28} {per:.2} us a kernel; {dev:.2} us on the device alone",
+                    ""
+                );
+            }
+        }
         let bytes = (4 * (2 * heads * s * hd + 2 * d)) as f64;
         let (kc, vc) = (kv.k_cache.clone(), kv.v_cache.clone());
         self.measure(
