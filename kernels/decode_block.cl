@@ -7,7 +7,9 @@
 typedef struct {
     GemvArgs st[4];   // q/k/v (norm, RoPE, cache write), wo (+ x), gate/up (norm, SwiGLU), down (+ h)
     uint att[8];      // decode_attention's sizes
-    uint tiles[5];    // tiles of the five stages in order
+    uint tiles[5];    // tickets of the five stages in order: runs of `per` consecutive tiles
+    uint per[5];      // tiles a ticket runs (attention: 1)
+    uint count[5];    // tiles of each stage (the work-groups of its own launch)
     uint groups[5];   // grid dim 0 of each GEMV stage (tile i: group i % groups, batch group i / groups)
     uint off_q, off_att, off_h, off_act;  // element offsets in scratch
     uint nsplit;      // attention splits per row and head
@@ -31,10 +33,11 @@ inline uint next_tile(__global int* sync, const uint* tiles, uint total) {
 
 // A Llama block for one token per batch row, the five launches of decode_gemv and decode_attention
 // as stages of one: out = h + down(swiglu(norm(h))), h = x + wo(attention(rope(qkv(norm(x))))).
-// Work-groups (as many as stay resident) take tiles in order from the counter sync[0]; a tile of
-// stage s first waits until every tile of stage s - 1 is done (sync[s] counts them). A tile only
-// waits on tiles handed out before it, whose work-groups are running, so any number of
-// work-groups and any device (one group at a time included) finishes. The last work-group out
+// Work-groups (as many as stay resident) take tickets in order from the counter sync[0], each a
+// run of tiles of one stage; a ticket of stage s first waits until every ticket of stage s - 1 is
+// done (sync[s] counts them). A ticket only waits on tickets handed out before it, whose
+// work-groups are running, so any number of work-groups and any device (one group at a time
+// included) finishes. The last work-group out
 // sets the counters back to 0 for the next launch (launches on one queue run one after another).
 // Attention runs in nsplit parts per row and head; the last part done (counted in work) combines
 // them.
@@ -98,9 +101,9 @@ void decode_block(__global T* out,            /* (B, d) */
                 barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
                 if (shared[1]) attention_combine(wg, nsplit, hd, records, att);
             }
-        } else {
+        } else for (uint j = t * a.per[s]; j < min((t + 1) * a.per[s], a.count[s]); j++) {
             GemvArgs ga = a.st[s == 0 ? 0 : s - 1];
-            uint g0 = t % a.groups[s], g1 = t / a.groups[s];
+            uint g0 = j % a.groups[s], g1 = j / a.groups[s];
             if (s == 0)
                 gemv_tile(g0, g1, part, q, x, g_att, wq, wk, wv, x, b_qkv, kc, vc, pads, inv_freq, step,
                           err, ga, eps_att, theta);
@@ -113,6 +116,7 @@ void decode_block(__global T* out,            /* (B, d) */
             else
                 gemv_tile(g0, g1, part, out, act, g_ffn, w2, w2, w2, h, b_2, kc, vc, pads, inv_freq,
                           step, err, ga, eps_ffn, theta);
+            barrier(CLK_LOCAL_MEM_FENCE);  // the tile's last reads of part before the next's writes
         }
         // Every work-item's stores out to the device before the tile counts as done.
         mem_fence(CLK_GLOBAL_MEM_FENCE);

@@ -323,6 +323,41 @@ def main():
         secs = time.perf_counter() - t0
         rec("llama", "llama110m_generate_per_token", secs * 1e3 / 256)
         print(f"torch llama110m_generate (transformers {__import__('transformers').__version__}): {256 / secs:.0f} tokens/s")
+    gens = [g for g in ("generate_bf16", "generate_b32", "generate_1b") if g in a.suite.split(",")]
+    for g in gens:
+        # The twins of netcl-bench --llama generate_bf16, generate_b32, generate_1b: transformers'
+        # greedy generate (dynamic KV cache), bf16 weights; 32 prompts of 4 to 32 tokens left-padded.
+        import time
+        from transformers import LlamaConfig, LlamaForCausalLM
+        torch.manual_seed(0)
+        if g == "generate_1b":
+            cfg = LlamaConfig(vocab_size=32000, hidden_size=2048, num_hidden_layers=22, num_attention_heads=32,
+                              num_key_value_heads=4, intermediate_size=5632, max_position_embeddings=512)
+            prompts, n = [[1, 50, 300, 7]], 128
+        else:
+            cfg = LlamaConfig(vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                              num_key_value_heads=12, intermediate_size=2048, max_position_embeddings=512)
+            prompts, n = [[1, 50, 300, 7]], 256
+            if g == "generate_b32":
+                prompts = [[(1 + 37 * i + 11 * j) % 32000 for j in range(4 + (i * 7) % 29)] for i in range(32)]
+        cfg.pad_token_id = 0
+        model = LlamaForCausalLM(cfg).to(dev, dtype=torch.bfloat16).eval()
+        longest = max(len(p) for p in prompts)
+        ids = torch.tensor([[0] * (longest - len(p)) + p for p in prompts], device=dev)
+        mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts], device=dev)
+        def gen():
+            with torch.no_grad():
+                model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            torch.cuda.synchronize()
+        gen()
+        t0 = time.perf_counter()
+        gen()
+        secs = time.perf_counter() - t0
+        tokens = len(prompts) * n
+        name = {"generate_bf16": "llama110m_bf16_generate", "generate_b32": "llama110m_bf16_generate_b32",
+                "generate_1b": "llama1b_bf16_generate"}[g]
+        rec("llama", name + "_per_token", secs * 1e3 / tokens)
+        print(f"torch {name} (transformers): {tokens / secs:.0f} tokens/s")
     if "llama_scale" in a.suite.split(","):
         from torch_scale import run_scale
         run_scale(a.scale.split(","), a.batch, dev, rec)

@@ -1,6 +1,6 @@
 //! Building programs: from an on-disk binary when one matches, else from source; cached per device in memory.
 use crate::disk_cache::{self, Key};
-use crate::sources::{Source, COMMON};
+use crate::sources::{prelude, Source, COMMON};
 use netcl_core_devices::opencl3::program::Program as ClProgram;
 use netcl_core_devices::{ClResultExt, Device, Error, Result};
 use std::collections::HashMap;
@@ -47,6 +47,14 @@ fn check_options(device: &Device, source: &Source, options: &str) -> Result<()> 
     Ok(())
 }
 
+/// The text a program of `source` is built from: kernels/common.cl, its prelude (if any), its own.
+fn program_text(source: &Source) -> String {
+    match prelude(source) {
+        "" => format!("{}\n{}", COMMON.text, source.text),
+        p => format!("{}\n{p}\n{}", COMMON.text, source.text),
+    }
+}
+
 /// Build `source` (with kernels/common.cl in front) for `device` with `options`, through the
 /// disk cache in `cache_dir` when given. A missing, corrupt or rejected binary rebuilds from source.
 pub fn build(
@@ -58,7 +66,7 @@ pub fn build(
     check_options(device, source, options)?;
     let cl = device.cl(source.name)?;
     let info = device.info();
-    let text = format!("{}\n{}", COMMON.text, source.text);
+    let text = program_text(source);
     let key = Key::new(&[
         "netcl-program-v1",
         source.name,
@@ -236,7 +244,7 @@ mod tests {
                 .unwrap()
                 .path();
             // A well-formed cache file around bytes that are no program binary.
-            let text = format!("{}\n{}", COMMON.text, COPY.text);
+            let text = program_text(&COPY);
             let info = dev.info();
             let key = Key::new(&[
                 "netcl-program-v1",

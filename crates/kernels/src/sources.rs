@@ -45,15 +45,18 @@ source!(ATTENTION, "attention.cl");
 // Fused attention on tensor cores (inline NVIDIA PTX): built only where the GEMM's probe passed.
 source!(ATTENTION_TC, "attention_tc.cl");
 source!(DECODE, "decode.cl");
-/// The persistent decode block: decode_block.cl after decode.cl (whose tiles it runs); built only
-/// where ops/src/decode allows it, so not in `ALL`.
-pub const DECODE_BLOCK: Source = Source {
-    name: "decode_block.cl",
-    text: concat!(
-        include_str!("../../../kernels/decode.cl"),
-        include_str!("../../../kernels/decode_block.cl")
-    ),
-};
+// The persistent decode block, built after decode.cl's text (`prelude`); built only where
+// ops/src/decode allows it, so not in `ALL`.
+source!(DECODE_BLOCK, "decode_block.cl");
+
+/// The text a program of `source` is built with after common.cl and before its own: decode.cl for
+/// decode_block.cl (whose tiles it runs), nothing for the others.
+pub fn prelude(source: &Source) -> &'static str {
+    match source.name {
+        "decode_block.cl" => DECODE.text,
+        _ => "",
+    }
+}
 
 /// Every op-family source (not the common header).
 pub static ALL: [Source; 16] = [

@@ -150,9 +150,9 @@ const CASES: [Case; 4] = [
         table: false,
         at: 3,
     },
-    // Qwen2/Mistral-like: biases, pads, a window, two batch groups, a RoPE table.
+    // Qwen2/Mistral-like: biases, pads, a window, two batch groups (of 8 rows), a RoPE table.
     Case {
-        b: 5,
+        b: 9,
         d: 24,
         heads: 6,
         hkv: 3,

@@ -284,6 +284,8 @@ struct BlockArgs {
     st: [GemvArgs; 4],
     att: [u32; 8],
     tiles: [u32; 5],
+    per: [u32; 5],
+    count: [u32; 5],
     groups: [u32; 5],
     off: [u32; 4],
     nsplit: u32,
@@ -305,17 +307,28 @@ fn part_stride(hd: usize) -> usize {
 /// share a cache line (a stage's reads of one part never fetch a line another stage writes).
 const SCRATCH_ALIGN: usize = 64;
 
-/// Whether decode_block runs as one persistent kernel on `device` (else as its five kernels):
-/// on by `Config::decode_block`, except on PoCL releases other than 3.x, whose compilers abort on
-/// the kernel (PoCL 5.0: an assertion in its work-group compiler).
-fn persistent_block(device: &Device) -> bool {
+/// The largest block (weight bytes) decode_block runs as one persistent kernel: past it the five
+/// kernels' full grids read the weights faster than the persistent tiles (docs/performance.md).
+const PERSISTENT_MAX_BYTES: usize = 32 << 20;
+
+/// Whether `desc` runs as one persistent kernel on `device` (else as its five kernels): on by
+/// `Config::decode_block` for one batch group (at most `GEMV_MAXB` rows) and blocks of at most
+/// `PERSISTENT_MAX_BYTES`, except on PoCL releases other than 3.x, whose compilers abort on the
+/// kernel (PoCL 5.0: an assertion in its work-group compiler).
+fn persistent_block(desc: &DecodeBlockOp, device: &Device) -> bool {
     let info = device.info();
     let pocl = info.platform.contains("Portable Computing Language");
-    crate::Config::get().decode_block && (!pocl || info.platform_version.contains("PoCL 3."))
+    let b = &desc.block;
+    let weights = [&b.wq, &b.wk, &b.wv, &b.wo, &b.gate, &b.up, &b.down];
+    let bytes: usize = weights.iter().map(|w| w.numel() * w.dtype.size()).sum();
+    let small = desc.x.shape[0] <= GEMV_MAXB && bytes <= PERSISTENT_MAX_BYTES;
+    crate::Config::get().decode_block
+        && small
+        && (!pocl || info.platform_version.contains("PoCL 3."))
 }
 
 pub(super) fn block(desc: &DecodeBlockOp, device: &Device) -> Result<Tensor> {
-    if !persistent_block(device) {
+    if !persistent_block(desc, device) {
         return super::reference::block(desc);
     }
     let op = "decode_block";
@@ -368,7 +381,7 @@ pub(super) fn block(desc: &DecodeBlockOp, device: &Device) -> Result<Tensor> {
     let tiles_of = |l: &GemvLaunch| l.groups * l.batch_groups;
     let (s, hd) = (kv.k_cache.shape[2], kv.k_cache.shape[3]);
     let nsplit = s.div_ceil(KEYS_PER_PART).clamp(1, MAX_PARTS);
-    let tiles = [
+    let count = [
         tiles_of(&stages[0]),
         b * blk.heads * nsplit,
         tiles_of(&stages[1]),
@@ -382,13 +395,23 @@ pub(super) fn block(desc: &DecodeBlockOp, device: &Device) -> Result<Tensor> {
         stages[2].groups,
         stages[3].groups,
     ];
+    // As many work-groups as stay resident (a few per compute unit); a GEMV stage's tiles in
+    // runs that give each about one ticket (the attention's parts one a ticket).
+    let resident = 4 * device.info().compute_units.max(1) as usize;
+    let per = std::array::from_fn(|s| match s {
+        1 => 1,
+        _ => count[s].div_ceil(resident).max(1),
+    });
+    let tickets: [usize; 5] = std::array::from_fn(|s| count[s].div_ceil(per[s]));
     let part = |n: usize| (b * n).next_multiple_of(SCRATCH_ALIGN);
     let off = [0, part(qd), 2 * part(qd), 2 * part(qd) + part(d)];
     let scratch = Tensor::alloc(&[off[3] + part(f)], x.dtype, device)?;
     let args = BlockArgs {
         st: stages.each_ref().map(|l| l.args),
         att: attention_sizes(&att_desc, pads.is_some())?,
-        tiles: tiles.map(|t| t as u32),
+        tiles: tickets.map(|t| t as u32),
+        per: per.map(|p| p as u32),
+        count: count.map(|c| c as u32),
         groups: groups.map(|g| g as u32),
         off: off.map(|o| o as u32),
         nsplit: nsplit as u32,
@@ -400,7 +423,7 @@ pub(super) fn block(desc: &DecodeBlockOp, device: &Device) -> Result<Tensor> {
         device,
     )?;
     u32_arg(op, "attention records", work.numel())?;
-    u32_arg(op, "tiles", tiles.iter().sum::<usize>())?;
+    u32_arg(op, "tiles", count.iter().sum::<usize>())?;
     u32_arg(op, "scratch elements", scratch.numel())?;
     let out = Tensor::alloc(&[b, d], x.dtype, device)?;
     let norms = [
@@ -449,9 +472,13 @@ pub(super) fn block(desc: &DecodeBlockOp, device: &Device) -> Result<Tensor> {
         ((weights + cache + 4 * b * d) * es) as u64,
         (2 * b * weights) as u64,
     );
-    // As many work-groups as stay resident (a few per compute unit), never more than tiles.
-    let resident = 4 * device.info().compute_units.max(1) as usize;
-    let launched = resident.min(tiles.iter().sum::<usize>()).max(1);
+    // Oclgrind's race check does not follow the counters' ordering between work-groups: there
+    // one work-group runs every ticket.
+    let checker = device.info().platform.contains("Oclgrind");
+    let launched = match checker {
+        true => 1,
+        false => resident.min(tickets.iter().sum::<usize>()).max(1),
+    };
     kern.launch(&[launched * GEMV_GROUP], &[GEMV_GROUP])?;
     Ok(out)
 }

@@ -282,6 +282,55 @@ impl Runner {
         Ok(())
     }
 
+    /// A Llama-110M block's decode step (batch 1, f32, position 255 of 256) as one persistent
+    /// `decode_block` and as its five kernels: 16 steps captured and replayed back to back, the
+    /// time a block and its device time alone.
+    fn decode_blocks(&mut self, norm: &netcl_ops::RmsScale, kv: &netcl_ops::KvWrite) -> Result<()> {
+        let (d, hidden, heads) = (768, 2048, 12);
+        let block = netcl_ops::DecodeBlock {
+            attention_norm: norm.clone(),
+            wq: self.randn(&[d, d])?,
+            wk: self.randn(&[d, d])?,
+            wv: self.randn(&[d, d])?,
+            qkv_bias: None,
+            kv: kv.clone(),
+            heads,
+            window: None,
+            wo: self.randn(&[d, d])?,
+            wo_bias: None,
+            ffn_norm: norm.clone(),
+            gate: self.randn(&[hidden, d])?,
+            up: self.randn(&[hidden, d])?,
+            gate_up_bias: None,
+            down: self.randn(&[d, hidden])?,
+            down_bias: None,
+        };
+        let x = self.randn(&[1, d])?;
+        let bytes = (4 * (4 * d * d + 3 * hidden * d)) as f64;
+        let was = netcl_core_devices::Config::get().decode_block;
+        for (name, fused) in [
+            ("decode_graph16_block", true),
+            ("decode_graph16_five", false),
+        ] {
+            netcl_core_devices::Config::update(|c| c.decode_block = fused);
+            let (mut g, _) = netcl_graph::Graph::capture(&self.dev, |_| {
+                (0..16).try_fold(x.clone(), |h, _| h.decode_block(&block))
+            })?;
+            self.measure("decode", name.into(), (16.0 * bytes, 0.0, 16), || {
+                g.replay()
+            })?;
+            let per = self.records.last().map_or(f64::NAN, |r| r.ms) * 1e3 / 16.0;
+            let dev = self.device_secs(|| g.replay())? * 1e6 / 16.0;
+            println!(
+                "{:<12} {name:<28} {per:.2} us a block; {dev:.2} us on the device alone ({:.0} GB/s)",
+                "",
+                bytes / dev / 1e3
+            );
+        }
+        netcl_core_devices::Config::update(|c| c.decode_block = was);
+        Ok(())
+    }
+
     /// Seconds `f`'s work takes on the device alone: queued behind a 4096^3 f32 product (long
     /// enough for the host to queue all of `f` meanwhile), less that product's time; median of 5.
     fn device_secs(&mut self, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
@@ -388,6 +437,9 @@ impl Runner {
                     ""
                 );
             }
+        }
+        if self.dev.is_opencl() {
+            self.decode_blocks(&norm, &kv)?;
         }
         let bytes = (4 * (2 * heads * s * hd + 2 * d)) as f64;
         let (kc, vc) = (kv.k_cache.clone(), kv.v_cache.clone());
