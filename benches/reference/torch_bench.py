@@ -323,6 +323,32 @@ def main():
         secs = time.perf_counter() - t0
         rec("llama", "llama110m_generate_per_token", secs * 1e3 / 256)
         print(f"torch llama110m_generate (transformers {__import__('transformers').__version__}): {256 / secs:.0f} tokens/s")
+    if "generate_static" in a.suite.split(","):
+        # The same with transformers' static cache and torch.compile (only when named: compiling
+        # takes minutes); reports the error where it fails.
+        import time
+        from transformers import LlamaConfig, LlamaForCausalLM
+        torch.manual_seed(0)
+        cfg = LlamaConfig(vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                          num_key_value_heads=12, intermediate_size=2048, max_position_embeddings=512)
+        model = LlamaForCausalLM(cfg).to(dev).eval()
+        model.generation_config.cache_implementation = "static"
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        prompt = torch.tensor([[1, 50, 300, 7]], device=dev)
+        def gen():
+            with torch.no_grad():
+                model.generate(prompt, max_new_tokens=256, min_new_tokens=256, do_sample=False)
+            torch.cuda.synchronize()
+        try:
+            gen()
+            gen()
+            t0 = time.perf_counter()
+            gen()
+            secs = time.perf_counter() - t0
+            rec("llama", "llama110m_generate_static_per_token", secs * 1e3 / 256)
+            print(f"torch llama110m_generate static cache + torch.compile: {256 / secs:.0f} tokens/s")
+        except Exception as e:
+            print(f"torch llama110m_generate static cache + torch.compile failed: {type(e).__name__}: {str(e)[:300]}")
     gens = [g for g in ("generate_bf16", "generate_b32", "generate_1b") if g in a.suite.split(",")]
     for g in gens:
         # The twins of netcl-bench --llama generate_bf16, generate_b32, generate_1b: transformers'
