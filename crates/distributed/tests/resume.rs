@@ -84,13 +84,19 @@ fn a_group_checkpoint_resumes_on_fewer_devices() -> Result<()> {
     steps(&model, &mut opt, None, from, 2 * HALF)?;
     let d = max_diff(&whole, &params(&model)?);
     eprintln!("{} ranks -> 1 device: max difference {d:e}", devices.len());
-    assert!(d <= TOL, "resumed on one device: max difference {d} > {TOL}");
+    assert!(
+        d <= TOL,
+        "resumed on one device: max difference {d} > {TOL}"
+    );
 
     // Two devices, and the same group again.
     let two = group_run(&Group::new(devices[1..3].to_vec())?, Some(&path), None)?;
     let d = max_diff(&whole, &two);
     eprintln!("{} ranks -> 2 devices: max difference {d:e}", devices.len());
-    assert!(d <= TOL, "resumed on two devices: max difference {d} > {TOL}");
+    assert!(
+        d <= TOL,
+        "resumed on two devices: max difference {d} > {TOL}"
+    );
     let again = group_run(&all, Some(&path), None)?;
     assert!(max_diff(&whole, &again) <= TOL);
     // Without the checkpoint's momentum the trajectory is another one: the test can tell.

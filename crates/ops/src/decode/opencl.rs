@@ -379,8 +379,8 @@ pub(super) fn block(desc: &DecodeBlockOp, device: &Device) -> Result<Tensor> {
         window: blk.window,
     };
     let tiles_of = |l: &GemvLaunch| l.groups * l.batch_groups;
-    let (s, hd) = (kv.k_cache.shape[2], kv.k_cache.shape[3]);
-    let nsplit = s.div_ceil(KEYS_PER_PART).clamp(1, MAX_PARTS);
+    let (smax, hd) = (kv.k_cache.shape[2], kv.k_cache.shape[3]);
+    let nsplit = smax.div_ceil(KEYS_PER_PART).clamp(1, MAX_PARTS);
     let count = [
         tiles_of(&stages[0]),
         b * blk.heads * nsplit,
@@ -398,11 +398,11 @@ pub(super) fn block(desc: &DecodeBlockOp, device: &Device) -> Result<Tensor> {
     // As many work-groups as stay resident (a few per compute unit); a GEMV stage's tiles in
     // runs that give each about one ticket (the attention's parts one a ticket).
     let resident = 4 * device.info().compute_units.max(1) as usize;
-    let per = std::array::from_fn(|s| match s {
+    let per = std::array::from_fn(|stage| match stage {
         1 => 1,
-        _ => count[s].div_ceil(resident).max(1),
+        _ => count[stage].div_ceil(resident).max(1),
     });
-    let tickets: [usize; 5] = std::array::from_fn(|s| count[s].div_ceil(per[s]));
+    let tickets: [usize; 5] = std::array::from_fn(|stage| count[stage].div_ceil(per[stage]));
     let part = |n: usize| (b * n).next_multiple_of(SCRATCH_ALIGN);
     let off = [0, part(qd), 2 * part(qd), 2 * part(qd) + part(d)];
     let scratch = Tensor::alloc(&[off[3] + part(f)], x.dtype, device)?;
