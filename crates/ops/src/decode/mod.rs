@@ -5,14 +5,20 @@
 //! activations and residual adds into five. Inputs are rows `x` (B, K) with small B; weights
 //! (N, K) as `Linear` stores them; every tensor on one device and (but for the I32 `pads`) of
 //! one float dtype.
+mod block;
+mod block_opencl;
+mod checks;
 mod opencl;
 mod reference;
 
-use crate::base::checks::{check_dtype, check_float, same_float};
+pub use block::DecodeBlock;
+
+use crate::base::checks::same_float;
 use crate::base::dispatch::dispatch;
 use crate::base::rope_types::{RopeFreqs, RopeStyle};
 use crate::base::tensor::Tensor;
-use netcl_core_devices::{DType, Error, Result};
+use checks::{check_attention, check_qkv};
+use netcl_core_devices::{Error, Result};
 
 /// Largest head dim [`Tensor::decode_attention`] takes (two dims per work-item).
 pub const DECODE_MAX_HEAD_DIM: usize = 256;
@@ -81,43 +87,6 @@ struct DecodeAttention {
 }
 
 impl_op!(DecodeAttention, Tensor, "decode_attention", attention);
-
-/// The weights, cache and sizes of one Llama block for [`Tensor::decode_block`]: what its five
-/// decode ops take, in their order.
-#[derive(Clone, Debug)]
-pub struct DecodeBlock {
-    pub attention_norm: RmsScale,
-    /// (H·hd, d), (Hkv·hd, d), (Hkv·hd, d).
-    pub wq: Tensor,
-    pub wk: Tensor,
-    pub wv: Tensor,
-    /// The q, k and v biases joined (H·hd + 2 Hkv·hd).
-    pub qkv_bias: Option<Tensor>,
-    pub kv: KvWrite,
-    pub heads: usize,
-    /// Sliding window of the attention (None: every key).
-    pub window: Option<usize>,
-    /// (d, H·hd) and its bias (d).
-    pub wo: Tensor,
-    pub wo_bias: Option<Tensor>,
-    pub ffn_norm: RmsScale,
-    /// (F, d) each, and their biases joined (2F).
-    pub gate: Tensor,
-    pub up: Tensor,
-    pub gate_up_bias: Option<Tensor>,
-    /// (d, F) and its bias (d).
-    pub down: Tensor,
-    pub down_bias: Option<Tensor>,
-}
-
-/// A checked decode block: x (B, d).
-#[derive(Clone, Debug)]
-struct DecodeBlockOp {
-    x: Tensor,
-    block: DecodeBlock,
-}
-
-impl_op!(DecodeBlockOp, Tensor, "decode_block", block);
 
 impl DecodeGemv {
     /// Error unless x (B, K), the norm's weight (K) and the weights (N_i, K) fit `op`.
@@ -202,144 +171,6 @@ impl DecodeGemv {
         };
         dispatch(&x.device, &desc)
     }
-}
-
-/// Error unless `t` is (B, Hkv, S, hd) and contiguous with x's dtype and device.
-fn check_cache(op: &str, x: &Tensor, t: &Tensor, what: &str) -> Result<()> {
-    same_float(op, &[x, t])?;
-    if t.ndim() != 4 || !t.is_contiguous() || t.offset != 0 {
-        return Err(Error::shape(
-            op,
-            format!(
-                "{what} is {:?} (strides {:?}, offset {}); need a whole contiguous (B, Hkv, S, hd)",
-                t.shape, t.strides, t.offset
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Error unless `pads` is an I32 (B) tensor on x's device.
-fn check_pads(op: &str, x: &Tensor, pads: Option<&Tensor>, b: usize) -> Result<()> {
-    if let Some(p) = pads {
-        check_dtype(op, p, "pads", DType::I32)?;
-        crate::base::checks::check_device(op, x, p, "pads")?;
-        if p.shape != [b] {
-            return Err(Error::shape(
-                op,
-                format!("pads are {:?}; need ({b}) for x {:?}", p.shape, x.shape),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Error unless `pos` is an I32 (1) tensor on x's device.
-fn check_position(op: &str, x: &Tensor, pos: &Tensor) -> Result<()> {
-    check_dtype(op, pos, "position", DType::I32)?;
-    crate::base::checks::check_device(op, x, pos, "position")?;
-    if pos.shape != [1] {
-        return Err(Error::shape(
-            op,
-            format!("the position is {:?}; need (1)", pos.shape),
-        ));
-    }
-    Ok(())
-}
-
-/// Error unless the caches, pads, position and frequencies of `kv` fit x (B, K) projected by wq
-/// (H·hd, K), wk and wv (Hkv·hd, K).
-fn check_qkv(op: &str, x: &Tensor, [wq, wk, wv]: [&Tensor; 3], kv: &KvWrite) -> Result<()> {
-    check_cache(op, x, &kv.k_cache, "k_cache")?;
-    check_cache(op, x, &kv.v_cache, "v_cache")?;
-    let cs = &kv.k_cache.shape;
-    let (b, hkv, hd) = (cs[0], cs[1], cs[3]);
-    let fits = kv.v_cache.shape == *cs
-        && b == x.shape[0]
-        && hd.is_multiple_of(2)
-        && wq.shape[0].is_multiple_of(hd)
-        && wk.shape[0] == hkv * hd
-        && wv.shape[0] == hkv * hd;
-    if !fits {
-        return Err(Error::shape(
-            op,
-            format!(
-                "x {:?}, wq {:?}, wk {:?}, wv {:?}, caches {:?} and {:?}: need caches \
-                     (B, Hkv, S, hd) with an even hd, wq (H·hd, K), wk and wv (Hkv·hd, K)",
-                x.shape, wq.shape, wk.shape, wv.shape, cs, kv.v_cache.shape
-            ),
-        ));
-    }
-    check_pads(op, x, kv.pads.as_ref(), b)?;
-    check_position(op, x, &kv.pos)?;
-    if let RopeFreqs::Theta(theta) = kv.freqs {
-        if !(theta.is_finite() && theta > 0.0) {
-            return Err(Error::invalid(
-                op,
-                format!("theta {theta} must be finite and positive"),
-            ));
-        }
-    }
-    if let RopeFreqs::Table(t) = &kv.freqs {
-        crate::base::checks::check_device(op, x, t, "frequency table")?;
-        check_dtype(op, t, "frequency table", crate::acc_dtype(x.dtype))?;
-        if t.shape != [hd / 2] || !t.is_contiguous() {
-            return Err(Error::shape(
-                op,
-                format!(
-                    "frequency table {:?}; need contiguous ({})",
-                    t.shape,
-                    hd / 2
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Error unless queries of `q_shape` (B, H·hd) and x's dtype fit the caches (B, Hkv, S, hd), the
-/// position, pads, head count and window of a decode attention.
-fn check_attention(
-    op: &str,
-    x: &Tensor,
-    q_shape: &[usize],
-    (k_cache, v_cache): (&Tensor, &Tensor),
-    (pos, pads): (&Tensor, Option<&Tensor>),
-    (heads, window): (usize, Option<usize>),
-) -> Result<()> {
-    if let Some(w) = window.filter(|&w| w == 0 || w > u32::MAX as usize) {
-        return Err(Error::invalid(
-            op,
-            format!("sliding window {w}: need 1 to 2^32 - 1 keys"),
-        ));
-    }
-    check_float(op, x, "q")?;
-    check_cache(op, x, k_cache, "k_cache")?;
-    check_cache(op, x, v_cache, "v_cache")?;
-    let cs = &k_cache.shape;
-    let (b, hkv, s, hd) = (cs[0], cs[1], cs[2], cs[3]);
-    let fits = q_shape.len() == 2
-        && v_cache.shape == *cs
-        && q_shape[0] == b
-        && heads > 0
-        && hkv > 0
-        && heads.is_multiple_of(hkv)
-        && q_shape[1] == heads * hd
-        && (1..=DECODE_MAX_HEAD_DIM).contains(&hd);
-    if !fits || s == 0 {
-        return Err(Error::shape(
-            op,
-            format!(
-                "q {:?} with {heads} heads over caches {cs:?} and {:?}: need q (B, H·hd), \
-                     caches (B, Hkv, S, hd) with S > 0, H a multiple of Hkv and hd <= \
-                     {DECODE_MAX_HEAD_DIM}",
-                q_shape, v_cache.shape
-            ),
-        ));
-    }
-    check_pads(op, x, pads, b)?;
-    check_position(op, x, pos)?;
-    Ok(())
 }
 
 impl Tensor {
@@ -483,51 +314,6 @@ impl Tensor {
             pads: pads.cloned(),
             heads,
             window,
-        };
-        dispatch(&self.device, &desc)
-    }
-
-    /// One token per row through a whole Llama block: `h = x + wo · attention(q)` with `q =
-    /// rope(norm(x) · wqᵀ)` (keys and values written into the caches as in
-    /// [`Tensor::decode_qkv`]), then `h + down · swiglu(norm(h))`. x (B, d); (B, d). The same
-    /// values as the five ops in turn; on an OpenCL device one persistent kernel.
-    pub fn decode_block(&self, block: &DecodeBlock) -> Result<Tensor> {
-        let op = "decode_block";
-        let blk = block;
-        let qkv = [&blk.wq, &blk.wk, &blk.wv];
-        DecodeGemv::check(op, self, Some(&blk.attention_norm), &qkv)?;
-        DecodeGemv::check_bias(op, self, &qkv, blk.qkv_bias.as_ref())?;
-        check_qkv(op, self, qkv, &blk.kv)?;
-        let (b, d, qd) = (self.shape[0], self.shape[1], blk.wq.shape[0]);
-        let kv = &blk.kv;
-        let at = (&kv.pos, kv.pads.as_ref());
-        let caches = (&kv.k_cache, &kv.v_cache);
-        check_attention(op, self, &[b, qd], caches, at, (blk.heads, blk.window))?;
-        let f = blk.gate.shape[0];
-        // The later GEMVs: their inputs' columns, norm, weights and joined biases.
-        let gate_up = [&blk.gate, &blk.up];
-        let later = [
-            (qd, None, &[&blk.wo][..], &blk.wo_bias),
-            (d, Some(&blk.ffn_norm), &gate_up[..], &blk.gate_up_bias),
-            (f, None, &[&blk.down][..], &blk.down_bias),
-        ];
-        for (k, norm, w, bias) in later {
-            DecodeGemv::check_weights(op, self, k, norm, w)?;
-            DecodeGemv::check_bias(op, self, w, bias.as_ref())?;
-        }
-        if blk.wo.shape[0] != d || blk.up.shape != blk.gate.shape || blk.down.shape[0] != d {
-            return Err(Error::shape(
-                op,
-                format!(
-                    "wo {:?}, gate {:?}, up {:?}, down {:?} for x {:?}: need wo (d, H·hd), gate \
-                     and up (F, d), down (d, F)",
-                    blk.wo.shape, blk.gate.shape, blk.up.shape, blk.down.shape, self.shape
-                ),
-            ));
-        }
-        let desc = DecodeBlockOp {
-            x: self.clone(),
-            block: block.clone(),
         };
         dispatch(&self.device, &desc)
     }

@@ -1,5 +1,6 @@
 //! The host reference of the decode ops, composed of the general ops (RMSNorm, matmul, RoPE, elementwise) and a plain softmax loop for attention.
-use super::{DecodeAttention, DecodeBlockOp, DecodeGemv, Epilogue};
+use super::block::DecodeBlockOp;
+use super::{DecodeAttention, DecodeGemv, Epilogue};
 use crate::base::element::HostData;
 use crate::base::rope_types::RopePositions;
 use crate::base::tensor::Tensor;
