@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 fn main() {
-    if let Err(e) = run() {
+    let argv = netcl::devices::utf8_args("llama_generate");
+    if let Err(e) = argv.and_then(|a| run(a).map(|_| ())) {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
@@ -45,10 +46,14 @@ struct Args {
     /// at the tokenizer's end-of-text.
     #[arg(long = "stop")]
     stops: Vec<String>,
+    /// The weights' dtype while generating: f32, bf16 or f16 (default: the checkpoint's).
+    #[arg(long)]
+    dtype: Option<String>,
 }
 
-fn run() -> Result<()> {
-    let argv = netcl::devices::utf8_args("llama_generate")?;
+/// Generates for the command line `argv` (without the program name); the new tokens of each
+/// prompt (empty for `--help`).
+pub fn run(argv: Vec<String>) -> Result<Vec<Vec<u32>>> {
     let Some(Args {
         mut prompts,
         n,
@@ -58,9 +63,10 @@ fn run() -> Result<()> {
         top_p,
         seed,
         stops,
+        dtype,
     }) = parse::<Args>("llama_generate", argv)?
     else {
-        return Ok(());
+        return Ok(Vec::new());
     };
     if prompts.is_empty() {
         prompts.push("What's Oxygen?".into());
@@ -68,7 +74,19 @@ fn run() -> Result<()> {
     let dev = Device::best()?;
     let ckpt = dir.join("checkpoint");
     // The config is checked against the checkpoint's tensors before the model is built.
-    let (model, meta) = Llama::from_checkpoint(&ckpt, &dev)?;
+    let (mut model, meta) = Llama::from_checkpoint(&ckpt, &dev)?;
+    if let Some(d) = dtype {
+        let d = DType::parse(&d)
+            .ok()
+            .filter(|d| [DType::F32, DType::BF16, DType::F16].contains(d))
+            .ok_or_else(|| {
+                Error::invalid(
+                    "llama_generate",
+                    format!("--dtype {d}: use f32, bf16 or f16"),
+                )
+            })?;
+        model = model.to_dtype(d)?;
+    }
     let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))?;
     let ids: Vec<Vec<u32>> = prompts
         .iter()
@@ -86,8 +104,9 @@ fn run() -> Result<()> {
     // Ids past the tokenizer's vocabulary (a padded embedding) are never chosen.
     let mut sampler = Sampler::new(sampling, seed)?.restricted_to(tokenizer.vocab_size())?;
     eprintln!(
-        "{dev}: {} parameters, step {}",
+        "{dev}: {} parameters in {}, step {}",
         model.num_parameters(),
+        model.config.dtype,
         meta.step
     );
     // With stop strings a row's text is printed once it is cut, not streamed.
@@ -125,5 +144,5 @@ fn run() -> Result<()> {
         "{count} tokens in {secs:.2}s ({:.1} tokens/s, prefill included)",
         count as f64 / secs
     );
-    Ok(())
+    Ok(out)
 }

@@ -1,4 +1,4 @@
-//! The Llama examples end to end at tiny settings on every device, in bf16 autocast (llama_train also in f16 with loss scaling, with per-block checkpointing): training runs, saves, and what it saved loads back; hf_finetune (llama_finetune's new name) with LoRA on all linear layers over a bf16 base, and on Qwen2, Mistral and GPT-2 directories.
+//! The Llama examples end to end at tiny settings on every device, in bf16 autocast (llama_train also in f16 with loss scaling, with per-block checkpointing): training runs, saves, and what it saved loads back (llama_generate with bf16 weights); hf_finetune (llama_finetune's new name) with LoRA on all linear layers over a bf16 base, and on Qwen2, Mistral and GPT-2 directories.
 use netcl::data::ENDOFTEXT;
 use netcl::devices::test_devices;
 use netcl::models::{Arch, Family, Llama, LlamaConfig};
@@ -13,6 +13,10 @@ mod llama_train;
 #[allow(dead_code)]
 #[path = "../examples/hf_finetune.rs"]
 mod hf_finetune;
+
+#[allow(dead_code)]
+#[path = "../examples/llama_generate.rs"]
+mod llama_generate;
 
 /// The shipped text (20 KB): small enough to train a tokenizer on in a moment.
 fn text() -> PathBuf {
@@ -76,6 +80,22 @@ fn llama_train_runs_in_bf16_and_f16() {
                 precision == "f16",
                 "{dev} {precision}: {extra}"
             );
+            if precision == "bf16" && dev.is_host() {
+                // The trained f32 weights generate in bf16 (on the best device), greedy.
+                let gen = args(
+                    "-n 4 --temperature 0 --dtype bf16",
+                    &[("--checkpoint", out.to_str().unwrap()), ("-p", "The ")],
+                );
+                let new = llama_generate::run(gen).unwrap();
+                assert_eq!(new.len(), 1);
+                assert!(new[0].len() <= 4 && !new[0].is_empty(), "{new:?}");
+                let bad = args(
+                    "-n 1 --dtype i32",
+                    &[("--checkpoint", out.to_str().unwrap())],
+                );
+                let e = llama_generate::run(bad).unwrap_err().to_string();
+                assert!(e.contains("--dtype i32"), "{e}");
+            }
         }
     }
 }

@@ -5,6 +5,7 @@ mod checkpoint;
 mod config;
 mod decode;
 mod decode_graph;
+mod dtype;
 mod hf;
 mod hf_config;
 mod hf_names;
