@@ -303,71 +303,23 @@ def main():
         kc, vc = torch.randn(1, heads, s, hd, device=dev), torch.randn(1, heads, s, hd, device=dev)
         rec("decode", "decode_attention_H12_D64_S256", timed(lambda: F.scaled_dot_product_attention(q, kc, vc)),
             bytes_=4 * (2 * heads * s * hd + 2 * d), flops=4 * heads * s * hd)
-    if want("generate"):
-        # Hugging Face transformers' greedy generate with its KV cache, the 110M shape in f32:
-        # 256 new tokens after a 4-token prompt, batch 1 (netcl-bench --llama generate).
+    def hf_generate(prompts, n, dtype, big=False, static=False, warm=1):
+        # transformers' greedy generate of n new tokens after each prompt (left-padded, one
+        # batch), the 110M shape or (big) the 1B-class one: the seconds of one timed run.
         import time
         from transformers import LlamaConfig, LlamaForCausalLM
         torch.manual_seed(0)
-        cfg = LlamaConfig(vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                          num_key_value_heads=12, intermediate_size=2048, max_position_embeddings=512)
-        model = LlamaForCausalLM(cfg).to(dev).eval()
-        prompt = torch.tensor([[1, 50, 300, 7]], device=dev)
-        def gen():
-            with torch.no_grad():
-                model.generate(prompt, max_new_tokens=256, min_new_tokens=256, do_sample=False)
-            torch.cuda.synchronize()
-        gen()
-        t0 = time.perf_counter()
-        gen()
-        secs = time.perf_counter() - t0
-        rec("llama", "llama110m_generate_per_token", secs * 1e3 / 256)
-        print(f"torch llama110m_generate (transformers {__import__('transformers').__version__}): {256 / secs:.0f} tokens/s")
-    if "generate_static" in a.suite.split(","):
-        # The same with transformers' static cache and torch.compile (only when named: compiling
-        # takes minutes); reports the error where it fails.
-        import time
-        from transformers import LlamaConfig, LlamaForCausalLM
-        torch.manual_seed(0)
-        cfg = LlamaConfig(vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                          num_key_value_heads=12, intermediate_size=2048, max_position_embeddings=512)
-        model = LlamaForCausalLM(cfg).to(dev).eval()
-        model.generation_config.cache_implementation = "static"
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-        prompt = torch.tensor([[1, 50, 300, 7]], device=dev)
-        def gen():
-            with torch.no_grad():
-                model.generate(prompt, max_new_tokens=256, min_new_tokens=256, do_sample=False)
-            torch.cuda.synchronize()
-        try:
-            gen()
-            gen()
-            t0 = time.perf_counter()
-            gen()
-            secs = time.perf_counter() - t0
-            rec("llama", "llama110m_generate_static_per_token", secs * 1e3 / 256)
-            print(f"torch llama110m_generate static cache + torch.compile: {256 / secs:.0f} tokens/s")
-        except Exception as e:
-            print(f"torch llama110m_generate static cache + torch.compile failed: {type(e).__name__}: {str(e)[:300]}")
-    gens = [g for g in ("generate_bf16", "generate_b32", "generate_1b") if g in a.suite.split(",")]
-    for g in gens:
-        # The twins of netcl-bench --llama generate_bf16, generate_b32, generate_1b: transformers'
-        # greedy generate (dynamic KV cache), bf16 weights; 32 prompts of 4 to 32 tokens left-padded.
-        import time
-        from transformers import LlamaConfig, LlamaForCausalLM
-        torch.manual_seed(0)
-        if g == "generate_1b":
+        if big:
             cfg = LlamaConfig(vocab_size=32000, hidden_size=2048, num_hidden_layers=22, num_attention_heads=32,
                               num_key_value_heads=4, intermediate_size=5632, max_position_embeddings=512)
-            prompts, n = [[1, 50, 300, 7]], 128
         else:
             cfg = LlamaConfig(vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                               num_key_value_heads=12, intermediate_size=2048, max_position_embeddings=512)
-            prompts, n = [[1, 50, 300, 7]], 256
-            if g == "generate_b32":
-                prompts = [[(1 + 37 * i + 11 * j) % 32000 for j in range(4 + (i * 7) % 29)] for i in range(32)]
         cfg.pad_token_id = 0
-        model = LlamaForCausalLM(cfg).to(dev, dtype=torch.bfloat16).eval()
+        model = LlamaForCausalLM(cfg).to(dev, dtype=dtype).eval()
+        if static:
+            model.generation_config.cache_implementation = "static"
+            model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
         longest = max(len(p) for p in prompts)
         ids = torch.tensor([[0] * (longest - len(p)) + p for p in prompts], device=dev)
         mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts], device=dev)
@@ -375,13 +327,39 @@ def main():
             with torch.no_grad():
                 model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False)
             torch.cuda.synchronize()
-        gen()
+        for _ in range(warm):
+            gen()
         t0 = time.perf_counter()
         gen()
-        secs = time.perf_counter() - t0
+        return time.perf_counter() - t0
+
+    prompt = [[1, 50, 300, 7]]
+    if want("generate"):
+        # The 110M shape in f32: 256 new tokens after a 4-token prompt, batch 1 (netcl-bench
+        # --llama generate).
+        secs = hf_generate(prompt, 256, torch.float32)
+        rec("llama", "llama110m_generate_per_token", secs * 1e3 / 256)
+        print(f"torch llama110m_generate (transformers {__import__('transformers').__version__}): {256 / secs:.0f} tokens/s")
+    if "generate_static" in a.suite.split(","):
+        # The same with transformers' static cache and torch.compile (only when named: compiling
+        # takes minutes); reports the error where it fails.
+        try:
+            secs = hf_generate(prompt, 256, torch.float32, static=True, warm=2)
+            rec("llama", "llama110m_generate_static_per_token", secs * 1e3 / 256)
+            print(f"torch llama110m_generate static cache + torch.compile: {256 / secs:.0f} tokens/s")
+        except Exception as e:
+            print(f"torch llama110m_generate static cache + torch.compile failed: {type(e).__name__}: {str(e)[:300]}")
+    # The twins of netcl-bench --llama generate_bf16, generate_b32, generate_1b: bf16 weights;
+    # 32 prompts of 4 to 32 tokens.
+    b32 = [[(1 + 37 * i + 11 * j) % 32000 for j in range(4 + (i * 7) % 29)] for i in range(32)]
+    twins = {"generate_bf16": ("llama110m_bf16_generate", prompt, 256, False),
+             "generate_b32": ("llama110m_bf16_generate_b32", b32, 256, False),
+             "generate_1b": ("llama1b_bf16_generate", prompt, 128, True)}
+    for g, (name, prompts, n, big) in twins.items():
+        if g not in a.suite.split(","):
+            continue
+        secs = hf_generate(prompts, n, torch.bfloat16, big=big)
         tokens = len(prompts) * n
-        name = {"generate_bf16": "llama110m_bf16_generate", "generate_b32": "llama110m_bf16_generate_b32",
-                "generate_1b": "llama1b_bf16_generate"}[g]
         rec("llama", name + "_per_token", secs * 1e3 / tokens)
         print(f"torch {name} (transformers): {tokens / secs:.0f} tokens/s")
     if "llama_scale" in a.suite.split(","):

@@ -4,7 +4,6 @@ use super::opencl::{
     attention_sizes, gemv_launch, kernel_weights, qkv_parts, GemvArgs, GemvLaunch, GemvShape,
     GEMV_GROUP, GEMV_MAXB,
 };
-use super::DecodeAttention;
 use crate::base::acc::arg_acc;
 use crate::base::checks::u32_arg;
 use crate::base::device_errors::record_arg;
@@ -107,15 +106,6 @@ pub(super) fn block(desc: &DecodeBlockOp, device: &Device) -> Result<Tensor> {
         gemv_launch(op, (b, d), [f, f, 0], shape(2, 1, true, false, ffn_off))?,
         gemv_launch(op, (b, f), [d, 0, 0], shape(3, 0, false, true, down_off))?,
     ];
-    let att_desc = DecodeAttention {
-        q: x.clone(),
-        k_cache: kv.k_cache.clone(),
-        v_cache: kv.v_cache.clone(),
-        pos: pos.clone(),
-        pads: pads.clone(),
-        heads: blk.heads,
-        window: blk.window,
-    };
     let tiles_of = |l: &GemvLaunch| l.groups * l.batch_groups;
     let (smax, hd) = (kv.k_cache.shape[2], kv.k_cache.shape[3]);
     let nsplit = smax.div_ceil(KEYS_PER_PART).clamp(1, MAX_PARTS);
@@ -146,7 +136,7 @@ pub(super) fn block(desc: &DecodeBlockOp, device: &Device) -> Result<Tensor> {
     let scratch = Tensor::alloc(&[off[3] + part(f)], x.dtype, device)?;
     let args = BlockArgs {
         st: stages.each_ref().map(|l| l.args),
-        att: attention_sizes(&att_desc, pads.is_some())?,
+        att: attention_sizes(&kv.k_cache.shape, blk.heads, blk.window, pads.is_some())?,
         tiles: tickets.map(|t| t as u32),
         per: per.map(|p| p as u32),
         count: count.map(|c| c as u32),

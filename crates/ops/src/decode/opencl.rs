@@ -252,7 +252,7 @@ pub(super) fn attention(desc: &DecodeAttention, device: &Device) -> Result<Tenso
         .arg_mem(pads.as_ref().unwrap_or(&q).mem()?)?
         .arg_mem(pos.mem()?)?
         .arg_mem(record_arg(device)?)?
-        .arg(&attention_sizes(desc, pads.is_some())?)?;
+        .arg(&attention_sizes(cs, h, desc.window, pads.is_some())?)?;
     arg_acc(&mut kern, q.dtype, 1.0 / (hd as f64).sqrt())?;
     // Each query head reads its keys and values (grouped heads share them through the cache);
     // the profiler counts the whole cache, as the host does not know the position.
@@ -266,17 +266,21 @@ pub(super) fn attention(desc: &DecodeAttention, device: &Device) -> Result<Tenso
 }
 
 /// decode_attention's eight sizes: H, Hkv, hd, S, pads given, error code, window (0: none), 0.
-pub(super) fn attention_sizes(desc: &DecodeAttention, has_pads: bool) -> Result<[u32; 8]> {
+pub(super) fn attention_sizes(
+    cache: &[usize],
+    heads: usize,
+    window: Option<usize>,
+    has_pads: bool,
+) -> Result<[u32; 8]> {
     let op = "decode_attention";
-    let cs = &desc.k_cache.shape;
     Ok([
-        u32_arg(op, "heads", desc.heads)?,
-        u32_arg(op, "kv heads", cs[1])?,
-        u32_arg(op, "head dim", cs[3])?,
-        u32_arg(op, "cache length", cs[2])?,
+        u32_arg(op, "heads", heads)?,
+        u32_arg(op, "kv heads", cache[1])?,
+        u32_arg(op, "head dim", cache[3])?,
+        u32_arg(op, "cache length", cache[2])?,
         has_pads as u32,
         code_of(op) as u32,
-        u32_arg(op, "window", desc.window.unwrap_or(0))?,
+        u32_arg(op, "window", window.unwrap_or(0))?,
         0,
     ])
 }
