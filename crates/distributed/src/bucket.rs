@@ -7,6 +7,7 @@ use netcl_core_devices::opencl3::event::Event;
 use netcl_core_devices::{ClResultExt, Error, Result};
 use netcl_core_memory::PinnedBuffer;
 use netcl_ops::Tensor;
+use std::ops::Range;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -48,6 +49,7 @@ enum Msg {
         step: u64,
         share: f32,
         buckets: usize,
+        keep: Option<Range<usize>>,
     },
     Bucket {
         step: u64,
@@ -125,13 +127,21 @@ impl BucketWorker {
             .ok_or_else(|| Error::invalid("DataParallel", "the communication thread has stopped"))
     }
 
-    /// Start a step whose gradients weigh `share` in the mean; returns its number.
-    pub(crate) fn begin(&mut self, share: f32, buckets: usize) -> Result<u64> {
+    /// Start a step whose gradients weigh `share` in the mean; returns its number. With `keep`,
+    /// the device relay copies back only that range of the flat buffer reduced (a
+    /// reduce-scatter); the other paths reduce everything.
+    pub(crate) fn begin(
+        &mut self,
+        share: f32,
+        buckets: usize,
+        keep: Option<Range<usize>>,
+    ) -> Result<u64> {
         self.step += 1;
         self.post(Msg::Begin {
             step: self.step,
             share,
             buckets,
+            keep,
         })?;
         Ok(self.step)
     }
@@ -179,11 +189,12 @@ impl Worker {
                 step,
                 share,
                 buckets,
+                keep,
             } = msg
             else {
                 continue;
             };
-            let out = self.step(&jobs, step, share, buckets);
+            let out = self.step(&jobs, step, share, buckets, keep);
             if let Err(e) = &out {
                 self.comm.abort(&e.to_string());
             }
@@ -196,7 +207,14 @@ impl Worker {
     /// One step: reduce its `buckets` in bucket order (the same on every rank) as backward
     /// hands them over. Where every rank is an OpenCL device, the buckets stream through one
     /// relay session (relay.rs), which copies while this thread waits for the next bucket.
-    fn step(&self, jobs: &Receiver<Msg>, step: u64, share: f32, buckets: usize) -> Result<Done> {
+    fn step(
+        &self,
+        jobs: &Receiver<Msg>,
+        step: u64,
+        share: f32,
+        buckets: usize,
+        keep: Option<Range<usize>>,
+    ) -> Result<Done> {
         let stopped = || Error::invalid("DataParallel", "the step's sender has stopped");
         let mut relay = if self.comm.hub.relay && self.flat.device().is_opencl() {
             Some(Relay::begin(
@@ -237,7 +255,7 @@ impl Worker {
             }
             while let Some(job) = waiting.get_mut(next).and_then(Option::take) {
                 match (relay.as_mut(), job) {
-                    (Some(r), Job::Device(produced)) => self.push(r, next, produced)?,
+                    (Some(r), Job::Device(produced)) => self.push(r, next, produced, &keep)?,
                     (_, job) => self.reduce(next, job, share, &mut done)?,
                 }
                 next += 1;
@@ -253,19 +271,41 @@ impl Worker {
         Ok(done)
     }
 
-    /// Hand bucket `index` to the relay, in chunks; the first waits for `produced`.
-    fn push(&self, relay: &mut Relay<'_>, index: usize, produced: Event) -> Result<()> {
+    /// Hand bucket `index` to the relay, in chunks; the first waits for `produced`. With
+    /// `keep`, each chunk takes back only its part of that range of the flat buffer.
+    fn push(
+        &self,
+        relay: &mut Relay<'_>,
+        index: usize,
+        produced: Event,
+        keep: &Option<Range<usize>>,
+    ) -> Result<()> {
         let b = &self.buckets[index];
         let e = self.wire.dtype().size();
         let (mem, at) = (self.wire.mem()?, (self.wire.offset() + b.start) * e);
         let mut after = Some(produced);
         for s in (0..b.len).step_by(relay.chunk()) {
+            let len = relay.chunk().min(b.len - s);
+            let parts = match keep {
+                None => Vec::new(),
+                Some(k) => {
+                    let first = b.start + s;
+                    let (a, z) = (
+                        k.start.clamp(first, first + len),
+                        k.end.clamp(first, first + len),
+                    );
+                    let mut parts = vec![0..0; self.comm.size()];
+                    parts[self.comm.rank()] = a - first..z - first;
+                    parts
+                }
+            };
             relay.push(Chunk {
                 mem,
                 offset: at + s * e,
-                len: relay.chunk().min(b.len - s),
+                len,
                 after: after.take(),
                 tag: index,
+                parts,
             })?;
         }
         Ok(())

@@ -18,6 +18,7 @@ use netcl_core_devices::opencl3::event::Event;
 use netcl_core_devices::{ClResultExt, Error, Result};
 use netcl_core_memory::PinnedBuffer;
 use netcl_ops::Tensor;
+use std::ops::Range;
 
 /// Elements per pipelined chunk of all_reduce (4 MiB of f32).
 pub const CHUNK_ELEMS: usize = 1 << 20;
@@ -179,6 +180,84 @@ impl Comm {
                 len: step.min(n - s),
                 after: ready.take(),
                 tag: 0,
+                parts: Vec::new(),
+            })?;
+        }
+        relay.finish().map(drop)
+    }
+
+    /// Gather in place: `runs[s]` is the range of `t`'s elements rank `s` holds (ranges that do
+    /// not overlap, the same on every rank); afterwards every rank's `t` holds every rank's run
+    /// (elements in no run are unspecified). Between OpenCL ranks a relay gather (each rank
+    /// copies its run down and the others' up, nothing is folded); elsewhere an all-reduce of
+    /// `t` with zeros outside this rank's run (exact: one rank holds each value).
+    pub fn all_gather_runs(&self, t: &Tensor, runs: &[Range<usize>]) -> Result<()> {
+        let name = "all_gather_runs";
+        check_f32(name, t)?;
+        let n = t.numel();
+        let mut sorted: Vec<&Range<usize>> = runs.iter().filter(|r| !r.is_empty()).collect();
+        sorted.sort_by_key(|r| r.start);
+        let overlap = sorted.windows(2).any(|w| w[0].end > w[1].start);
+        if runs.len() != self.size || overlap || runs.iter().any(|r| r.start > r.end || r.end > n) {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "runs {runs:?} must be one range per rank ({}), within the {n} elements and apart",
+                    self.size
+                ),
+            ));
+        }
+        #[cfg(feature = "mpi")]
+        let mpi = self.mpi.is_some();
+        #[cfg(not(feature = "mpi"))]
+        let mpi = false;
+        if !self.hub.relay || mpi || !t.is_contiguous() {
+            let (own, flat) = (&runs[self.rank], t.reshape(&[n])?);
+            for (from, len) in [(0, own.start), (own.end, n - own.end)] {
+                if len > 0 {
+                    flat.narrow(0, from, len)?.fill_(0.0)?;
+                }
+            }
+            return self.all_reduce(t, ReduceOp::Sum);
+        }
+        self.agree(name, t)?;
+        let done = self.all_gather_relay(name, t, runs);
+        if let Err(e) = done {
+            self.abort(&e.to_string());
+            return Err(e);
+        }
+        t.mark_modified();
+        Ok(())
+    }
+
+    fn all_gather_relay(
+        &self,
+        name: &'static str,
+        t: &Tensor,
+        runs: &[Range<usize>],
+    ) -> Result<()> {
+        let n = t.numel();
+        if n == 0 {
+            return Ok(());
+        }
+        let mut relay = Relay::begin_gather(self, name, n)?;
+        let (mem, base, step) = (t.mem()?, t.offset() * 4, relay.chunk());
+        let mut ready = Some(compute_done(&self.device)?);
+        for s in (0..n).step_by(step) {
+            let len = step.min(n - s);
+            let parts = (runs.iter())
+                .map(|r| {
+                    let (a, b) = (r.start.clamp(s, s + len), r.end.clamp(s, s + len));
+                    a - s..b - s
+                })
+                .collect();
+            relay.push(Chunk {
+                mem,
+                offset: base + s * 4,
+                len,
+                after: ready.take(),
+                tag: 0,
+                parts,
             })?;
         }
         relay.finish().map(drop)

@@ -81,6 +81,10 @@ pub struct DataParallel<'c> {
     /// When this step's work began: its first `shard_range`, else the start of `backward`.
     step_start: Option<Instant>,
     copies: Vec<CopyRecord>,
+    /// Set by [`DataParallel::shard_optimizer`]: this rank's run of `flat` (the only gradients
+    /// its optimizer reads, so the relay reduce-scatters) and the parameters outside it (whose
+    /// unreduced gradients backward drops).
+    pub(crate) sharded: Option<(Range<usize>, Vec<Parameter>)>,
 }
 
 impl<'c> DataParallel<'c> {
@@ -210,6 +214,7 @@ impl<'c> DataParallel<'c> {
             last_compute_s: 0.0,
             step_start: None,
             copies: Vec::new(),
+            sharded: None,
         })
     }
 
@@ -319,7 +324,8 @@ impl<'c> DataParallel<'c> {
         let mut pending: Vec<usize> = self.buckets.iter().map(|b| b.params).collect();
         let mut sent = vec![false; self.buckets.len()];
         let share = self.share;
-        let step = self.worker.begin(share, self.buckets.len())?;
+        let keep = self.sharded.as_ref().map(|(run, _)| run.clone());
+        let step = self.worker.begin(share, self.buckets.len(), keep)?;
         {
             let (worker, flat, buckets, bucket_of, wire) = (
                 &self.worker,
@@ -371,6 +377,12 @@ impl<'c> DataParallel<'c> {
         }
         self.flat.mark_modified();
         self.copies = done.copies;
+        // Only this rank's run was reduced: no other gradient may be read.
+        if let Some((_, others)) = &self.sharded {
+            for p in others {
+                p.zero_grad();
+            }
+        }
         Ok(())
     }
 

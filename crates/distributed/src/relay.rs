@@ -29,6 +29,7 @@ use netcl_core_devices::opencl3::event::Event;
 use netcl_core_devices::opencl3::types::cl_mem;
 use netcl_core_devices::{ClResultExt, Error, Result};
 use netcl_core_memory::PinnedBuffer;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -68,16 +69,19 @@ impl RelayBuffers {
     }
 }
 
-/// A range of a device buffer to reduce in place: `len` elements (f32, or bf16 in a bf16
-/// session) at byte `offset` of `mem`, readable
-/// once `after` (if any) has completed and once the chunks before it are. `tag` names it in the
-/// copy records.
+/// A range of a device buffer to reduce (or gather) in place: `len` elements (f32, or bf16 in a
+/// bf16 session) at byte `offset` of `mem`, readable once `after` (if any) has completed and
+/// once the chunks before it are. `tag` names it in the copy records. In a gather session
+/// `parts[s]` is the range of the chunk's elements rank `s` holds (the same on every rank). A
+/// reduction may give one range per rank too: this rank then takes back only its own range
+/// of the reduced chunk (a reduce-scatter); empty takes back the whole chunk.
 pub(crate) struct Chunk {
     pub mem: cl_mem,
     pub offset: usize,
     pub len: usize,
     pub after: Option<Event>,
     pub tag: usize,
+    pub parts: Vec<Range<usize>>,
 }
 
 /// Device times (raw device clock, ns) of one chunk's copies: its down copy and its gather.
@@ -112,6 +116,9 @@ pub(crate) struct Relay<'c> {
     op: ReduceOp,
     /// Whether elements travel as bf16 (else f32): bytes per element 2 or 4.
     bf16: bool,
+    /// A gather session: each rank sends its part of a chunk and takes the others' parts from
+    /// their slots, nothing is folded.
+    gather: bool,
     /// Chunks relayed on this hub before this session.
     base: u64,
     chunks: Vec<InFlight>,
@@ -161,7 +168,7 @@ fn span(events: &[Event]) -> (u64, u64) {
 }
 
 impl<'c> Relay<'c> {
-    /// Start a session: every rank calls it, about to relay `total` elements (an exchange of
+    /// Start a reduction: every rank calls it, about to relay `total` elements (an exchange of
     /// the lengths, the chunk size and the weights). `scale` is this rank's weight for
     /// [`ReduceOp::WeightedSum`]. With `bf16`, the chunks' elements are bf16 (the tensors hold
     /// bf16; the fold sums in f32 and rounds once).
@@ -172,6 +179,30 @@ impl<'c> Relay<'c> {
         scale: f32,
         total: usize,
         bf16: bool,
+    ) -> Result<Relay<'c>> {
+        Self::start(comm, name, op, scale, total, bf16, false)
+    }
+
+    /// Start a gather of `total` f32 elements: each chunk's `parts` say which rank holds which
+    /// of its elements; afterwards every rank's tensor holds every part. A rank copies its own
+    /// part down and the others' parts up (n - 1 parts), nothing is folded: a quarter of an
+    /// all-reduce's copies on four ranks.
+    pub(crate) fn begin_gather(
+        comm: &'c Comm,
+        name: &'static str,
+        total: usize,
+    ) -> Result<Relay<'c>> {
+        Self::start(comm, name, ReduceOp::Sum, 1.0, total, false, true)
+    }
+
+    fn start(
+        comm: &'c Comm,
+        name: &'static str,
+        op: ReduceOp,
+        scale: f32,
+        total: usize,
+        bf16: bool,
+        gather: bool,
     ) -> Result<Relay<'c>> {
         let chunk = chunk_elems()?;
         let mine = {
@@ -191,7 +222,7 @@ impl<'c> Relay<'c> {
                 ptr: mine.addr,
                 len: total,
                 scale,
-                shape: vec![chunk, usize::from(bf16)],
+                shape: vec![chunk, usize::from(bf16), usize::from(gather)],
             },
         )?;
         if slots.iter().any(|s| s.len != total) {
@@ -201,12 +232,15 @@ impl<'c> Relay<'c> {
                 format!("ranks hold different lengths {lens:?}"),
             ));
         }
-        if slots.iter().any(|s| s.shape != [chunk, usize::from(bf16)]) {
+        if slots
+            .iter()
+            .any(|s| s.shape != [chunk, usize::from(bf16), usize::from(gather)])
+        {
             return Err(Error::invalid(
                 name,
                 format!(
-                    "ranks relay chunks of different sizes or element types {:?} (bytes, bf16; NETCL_RELAY_CHUNK and the communication dtype must be the same on every rank)",
-                    slots.iter().map(|s| (s.shape[0] * 4, s.shape[1] == 1)).collect::<Vec<_>>()
+                    "ranks relay chunks of different sizes, element types or kinds {:?} (bytes, bf16, gather; NETCL_RELAY_CHUNK and the communication dtype must be the same on every rank)",
+                    slots.iter().map(|s| (s.shape[0] * 4, s.shape[1] == 1, s.shape[2] == 1)).collect::<Vec<_>>()
                 ),
             ));
         }
@@ -226,6 +260,7 @@ impl<'c> Relay<'c> {
             scales: slots.iter().map(|s| s.scale).collect(),
             op,
             bf16,
+            gather,
             base: comm.hub.own(comm.rank, Stage::Freed),
             chunks: Vec::new(),
             down_issued: 0,
@@ -250,6 +285,23 @@ impl<'c> Relay<'c> {
             return Err(Error::invalid(
                 self.name,
                 format!("relay chunk of {} > {} elements", chunk.len, self.chunk()),
+            ));
+        }
+        let parts_fit = chunk.parts.len() == self.comm.size
+            && chunk
+                .parts
+                .iter()
+                .all(|p| p.start <= p.end && p.end <= chunk.len);
+        if !(parts_fit || !self.gather && chunk.parts.is_empty()) {
+            return Err(Error::invalid(
+                self.name,
+                format!(
+                    "a chunk of {} elements with parts {:?} in a {} session of {} ranks",
+                    chunk.len,
+                    chunk.parts,
+                    if self.gather { "gather" } else { "reduction" },
+                    self.comm.size
+                ),
             ));
         }
         self.chunks.push(InFlight {
@@ -277,7 +329,14 @@ impl<'c> Relay<'c> {
     }
 
     fn issue_down(&mut self, i: usize) -> Result<()> {
-        let c = &self.chunks[i].chunk;
+        let (c, e) = (&self.chunks[i].chunk, self.esize());
+        let part = match self.gather {
+            true => c.parts[self.comm.rank].clone(),
+            false => 0..c.len,
+        };
+        if part.is_empty() {
+            return Ok(());
+        }
         // SAFETY: the slot is this rank's and free (every rank is past its previous chunk); the
         // session holds it (`peers`) and waits for the copy before letting go.
         let ev = unsafe {
@@ -285,9 +344,9 @@ impl<'c> Relay<'c> {
                 &self.comm.device,
                 Queue::Copy,
                 c.mem,
-                c.offset,
-                self.slot(self.comm.rank, i) as *mut u8,
-                c.len * self.esize(),
+                c.offset + part.start * e,
+                (self.slot(self.comm.rank, i) + part.start * e) as *mut u8,
+                part.len() * e,
                 &[],
             )?
         };
@@ -299,6 +358,10 @@ impl<'c> Relay<'c> {
     /// fold pool: this thread goes on issuing copies meanwhile. The fold sets the chunk's
     /// `folded` flag and wakes the hub's waiters when done.
     fn start_fold(&self, i: usize) {
+        if self.gather {
+            self.chunks[i].folded.store(true, Ordering::Release);
+            return;
+        }
         let (n, r) = (self.comm.size, self.comm.rank);
         let own = split_range(self.chunks[i].chunk.len, n, r);
         let e = self.esize();
@@ -338,12 +401,20 @@ impl<'c> Relay<'c> {
         let c = &self.chunks[i].chunk;
         let mut events = Vec::new();
         for s in 0..n {
-            let seg = split_range(c.len, n, s);
+            let seg = match (self.gather, c.parts.get(self.comm.rank)) {
+                (true, _) if s == self.comm.rank => continue,
+                (true, _) => c.parts[s].clone(),
+                (false, None) => split_range(c.len, n, s),
+                (false, Some(keep)) => {
+                    let seg = split_range(c.len, n, s);
+                    seg.start.max(keep.start)..seg.end.min(keep.end)
+                }
+            };
             if seg.is_empty() {
                 continue;
             }
-            // SAFETY: rank s's slot holds its reduced segment (every rank passed Reduced) until
-            // this rank passes Freed.
+            // SAFETY: rank s's slot holds its reduced segment, or its part of a gather (every
+            // rank passed Reduced) until this rank passes Freed.
             events.push(unsafe {
                 write(
                     &self.comm.device,

@@ -16,11 +16,19 @@ use std::ops::Range;
 /// parameter) of its run only.
 ///
 /// `step` runs the inner optimizer on this rank's parameters, then every rank receives the
-/// others' updated parameters: the rank writes its own into the (no longer needed) gradient
-/// buffer with zeros elsewhere and the buffer is summed across ranks (exact: one rank holds
-/// each value), so no memory beyond the gradients is used. Gradients are cleared by `step`.
+/// others' updated parameters: the rank writes its own into its run of the (no longer needed)
+/// gradient buffer and the runs are gathered ([`Comm::all_gather_runs`]), so no memory beyond
+/// the gradients is used. Gradients are cleared by `step`.
 /// Every rank must call `step` (collective). Equal to the unsharded optimizer: the update of
 /// each element is the same kernel on the same values.
+///
+/// Gradients: once a `DataParallel` has a sharded optimizer, its backward reduce-scatters
+/// (between OpenCL ranks the relay copies back only this rank's run of the reduced gradients;
+/// the other paths reduce everything) and drops the gradients of the parameters this rank does
+/// not own, which were not reduced. So clip with
+/// [`clip_grad_norm_of`](netcl_optim::clip_grad_norm_of)`(&opt, max)` (the norm over every
+/// rank's shard), not with `clip_grad_norm` over the parameters; `GradScaler` agrees on
+/// overflows across ranks by itself.
 ///
 /// Checkpoints: `state_tensors` names this rank's state by the parameter's position among all
 /// (in the gradient buffer's order, whatever order `make` gave the inner optimizer) and
@@ -35,6 +43,8 @@ pub struct ShardedOptimizer<'c, O: Optimizer> {
     all: Vec<Parameter>,
     /// Positions in `layout` this rank owns.
     owned: Range<usize>,
+    /// The elements of `flat` each rank's parameters fill.
+    runs: Vec<Range<usize>>,
     /// The layout position of each of the inner optimizer's parameters (its own order, which
     /// `make` chose: parameter groups may reorder them).
     global_of: Vec<usize>,
@@ -66,7 +76,7 @@ impl<'c> DataParallel<'c> {
     /// over the parameters it owns (forming parameter groups as it likes). Collective in use:
     /// every rank calls `step`. See [`ShardedOptimizer`].
     pub fn shard_optimizer<O: Optimizer>(
-        &self,
+        &mut self,
         make: impl FnOnce(Vec<Parameter>) -> Result<O>,
     ) -> Result<ShardedOptimizer<'c, O>> {
         let layout = self.layout().to_vec();
@@ -100,12 +110,27 @@ impl<'c> DataParallel<'c> {
             })
             .collect();
         let all = layout.iter().map(|(p, _)| p.clone()).collect();
+        let runs: Vec<Range<usize>> = (owners.iter())
+            .map(|o| match o.is_empty() {
+                true => 0..0,
+                false => {
+                    let (p, at) = &layout[o.end - 1];
+                    layout[o.start].1..at + p.numel()
+                }
+            })
+            .collect();
+        let others = (layout.iter().enumerate())
+            .filter(|(i, _)| !owned.contains(i))
+            .map(|(_, (p, _))| p.clone())
+            .collect();
+        self.sharded = Some((runs[self.comm().rank()].clone(), others));
         Ok(ShardedOptimizer {
             comm: self.comm(),
             inner,
             layout,
             all,
             owned,
+            runs,
             global_of,
             flat: self.flat().clone(),
         })
@@ -133,21 +158,10 @@ impl<O: Optimizer> ShardedOptimizer<'_, O> {
             .collect()
     }
 
-    /// Every rank's updated parameters to every rank, through the gradient buffer.
+    /// Every rank's updated parameters to every rank, through the gradient buffer: each rank
+    /// writes its own into its run of the buffer, the runs are gathered, and each rank copies
+    /// the others' out.
     fn exchange_parameters(&self) -> Result<()> {
-        let n = self.flat.numel();
-        let (first, end) = match self.owned.is_empty() {
-            true => (0, 0),
-            false => {
-                let (p, at) = &self.layout[self.owned.end - 1];
-                (self.layout[self.owned.start].1, at + p.numel())
-            }
-        };
-        for (from, len) in [(0, first), (end, n - end)] {
-            if len > 0 {
-                self.flat.narrow(0, from, len)?.fill_(0.0)?;
-            }
-        }
         let copy = |pairs: Vec<(Tensor, Tensor)>, to_flat: bool| -> Result<()> {
             let groups: Vec<FusedGroup> = pairs
                 .iter()
@@ -168,7 +182,7 @@ impl<O: Optimizer> ShardedOptimizer<'_, O> {
             fused_into_groups(&[Expr::input(0)], &groups)
         };
         copy(self.views(self.owned.clone())?, true)?;
-        self.comm.all_reduce(&self.flat, ReduceOp::Sum)?;
+        self.comm.all_gather_runs(&self.flat, &self.runs)?;
         let others = (0..self.layout.len()).filter(|i| !self.owned.contains(i));
         copy(self.views(others)?, false)
     }
@@ -204,6 +218,14 @@ impl<O: Optimizer> Optimizer for ShardedOptimizer<'_, O> {
     }
     fn lr(&self) -> f64 {
         self.inner.lr()
+    }
+    fn sum_over_ranks(&self, values: &mut [f64]) -> Result<()> {
+        let mut v: Vec<f32> = values.iter().map(|&x| x as f32).collect();
+        self.comm.all_reduce_host(&mut v, ReduceOp::Sum, 1.0)?;
+        for (x, y) in values.iter_mut().zip(v) {
+            *x = f64::from(y);
+        }
+        Ok(())
     }
     fn set_lr(&mut self, lr: f64) {
         self.inner.set_lr(lr)

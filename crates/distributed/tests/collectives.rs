@@ -162,6 +162,48 @@ fn scatter_gather_all_gather_reduce_scatter() -> Result<()> {
 }
 
 #[test]
+fn all_gather_runs_gives_every_rank_every_run() -> Result<()> {
+    for group in groups() {
+        let size = group.size();
+        // Runs with gaps between them, an empty one, and runs across chunk boundaries.
+        for n in SIZES {
+            let runs: Vec<std::ops::Range<usize>> = (0..size)
+                .map(|r| {
+                    let (a, b) = (n * r / size, n * (r + 1) / size);
+                    match r {
+                        1 => a..a,
+                        _ => (a + usize::from(b > a + 2))..b,
+                    }
+                })
+                .collect();
+            let got = group.run(|comm| {
+                let t = tensor(comm, n)?;
+                comm.all_gather_runs(&t, &runs)?;
+                t.to_vec::<f32>()
+            })?;
+            for (rank, v) in got.iter().enumerate() {
+                for (owner, run) in runs.iter().enumerate() {
+                    assert_eq!(
+                        bits(&v[run.clone()]),
+                        bits(&data(owner, n)[run.clone()]),
+                        "n {n} rank {rank}: run {run:?} of rank {owner} on {:?}",
+                        group.devices()
+                    );
+                }
+            }
+        }
+        // Runs that overlap or leave the tensor are an error on every rank.
+        let bad = group.run(|comm| {
+            let t = tensor(comm, 10)?;
+            let runs: Vec<_> = (0..comm.size()).map(|r| r * 4..r * 4 + 5).collect();
+            Ok(comm.all_gather_runs(&t, &runs).is_err())
+        })?;
+        assert!(bad.iter().all(|&e| e), "{bad:?}");
+    }
+    Ok(())
+}
+
+#[test]
 fn mismatched_shapes_are_an_error_on_every_rank() -> Result<()> {
     for group in groups() {
         let outcomes = std::sync::Mutex::new(Vec::new());

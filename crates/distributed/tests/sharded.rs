@@ -1,8 +1,9 @@
-//! ZeRO-1 and bf16 gradient communication: a sharded AdamW equals the unsharded one on 2 and 3 ranks (OpenCL relay, host path); bf16 all-reduced gradients equal the host rounding of the f32 sum of each rank's bf16 gradient, bit for bit.
+//! ZeRO-1 and bf16 gradient communication: a sharded AdamW equals the unsharded one on 2 and 3 ranks (OpenCL relay, host path), with clipping and a gradient scaler that overflows on one rank only; bf16 all-reduced gradients equal the host rounding of the f32 sum of each rank's bf16 gradient, bit for bit.
 use netcl_core_devices::{opencl_test_devices, DType, Device, Result};
 use netcl_distributed::{Comm, DataParallel, DdpOptions, Group};
 use netcl_nn::Module;
-use netcl_optim::{AdamW, Optimizer, ParamGroup};
+use netcl_ops::Tensor;
+use netcl_optim::{clip_grad_norm_of, AdamW, GradScaler, Optimizer, ParamGroup};
 use std::sync::Mutex;
 
 mod support;
@@ -31,8 +32,9 @@ fn groups() -> Result<Vec<(String, Group)>> {
     Ok(out)
 }
 
-/// Eight AdamW steps (weight decay on matrices only), sharded or not: the parameters after.
-fn train_adamw(comm: &Comm, sharded: bool) -> Result<Vec<Vec<f32>>> {
+/// Eight AdamW steps (weight decay on matrices only), sharded or not, with `clip` the gradients
+/// clipped to that norm: the parameters after.
+fn train_adamw(comm: &Comm, sharded: bool, clip: Option<f64>) -> Result<Vec<Vec<f32>>> {
     let model = mlp(comm.device(), 7 + comm.rank() as u64)?;
     let options = DdpOptions {
         bucket_bytes: 512,
@@ -61,6 +63,15 @@ fn train_adamw(comm: &Comm, sharded: bool) -> Result<Vec<Vec<f32>>> {
     for s in 0..8 {
         let (x, y) = batch(s, BATCH)?;
         ddp_step(&mut ddp, &model, (&x, &y), 1.0)?;
+        if sharded && comm.size() > 1 {
+            // Only the owned parameters keep a (reduced) gradient.
+            let with: usize = opt.params().iter().filter(|p| p.grad().is_some()).count();
+            assert!(with < opt.params().len(), "rank {}: {with}", comm.rank());
+        }
+        if let Some(max) = clip {
+            let norm = clip_grad_norm_of(opt.as_ref(), max)?;
+            assert!(norm > max, "step {s}: norm {norm} is not clipped to {max}");
+        }
         opt.step()?;
         opt.zero_grad();
     }
@@ -101,14 +112,66 @@ fn train_adamw(comm: &Comm, sharded: bool) -> Result<Vec<Vec<f32>>> {
 fn sharded_adamw_equals_unsharded() -> Result<()> {
     let _turn = serial();
     for (name, group) in groups()? {
-        let plain = group.run(|c| train_adamw(c, false))?;
-        let sharded = group.run(|c| train_adamw(c, true))?;
+        let plain = group.run(|c| train_adamw(c, false, None))?;
+        let sharded = group.run(|c| train_adamw(c, true, None))?;
         for (r, p) in sharded.iter().enumerate() {
             assert!(p == &sharded[0], "{name}: rank {r} differs from rank 0");
         }
         let d = max_diff(&plain[0], &sharded[0]);
         eprintln!("{name}: max |sharded - unsharded| = {d:e}");
         assert!(d == 0.0, "{name}: sharded differs from unsharded by {d}");
+        // Clipped: the norm over every rank's shard (summed in another order than one
+        // device's, so within rounding).
+        let plain = group.run(|c| train_adamw(c, false, Some(0.05)))?;
+        let sharded = group.run(|c| train_adamw(c, true, Some(0.05)))?;
+        for (r, p) in sharded.iter().enumerate() {
+            assert!(
+                p == &sharded[0],
+                "{name}: clipped, rank {r} differs from rank 0"
+            );
+        }
+        let d = max_diff(&plain[0], &sharded[0]);
+        eprintln!("{name}: clipped, max |sharded - unsharded| = {d:e}");
+        assert!(
+            d < TOL,
+            "{name}: clipped, sharded differs from unsharded by {d}"
+        );
+    }
+    Ok(())
+}
+
+/// One sharded step under a gradient scaler where the last rank's first owned gradient is made
+/// infinite: whether each rank stepped, and whether its parameters changed.
+fn overflow_on_one_rank(comm: &Comm) -> Result<(bool, bool)> {
+    let model = mlp(comm.device(), 7)?;
+    let options = DdpOptions {
+        bucket_bytes: 512,
+        ..Default::default()
+    };
+    let mut ddp = DataParallel::new(comm, &model, options)?;
+    let mut opt = ddp.shard_optimizer(|ps| Ok(AdamW::new(ps, 3e-3)))?;
+    let mut scaler = GradScaler::new(1024.0)?;
+    let before = params(&model)?;
+    let (x, y) = batch(0, BATCH)?;
+    ddp_step(&mut ddp, &model, (&x, &y), 1024.0)?;
+    if comm.rank() + 1 == comm.size() {
+        let p = opt.params()[opt.owned().start].clone();
+        let inf = Tensor::full(p.shape(), f64::INFINITY, p.dtype(), p.device())?;
+        p.set_grad(Some(inf))?;
+    }
+    let stepped = scaler.step(&mut opt)?;
+    Ok((stepped, params(&model)? != before))
+}
+
+#[test]
+fn a_sharded_overflow_skips_the_step_on_every_rank() -> Result<()> {
+    let _turn = serial();
+    for (name, group) in groups()? {
+        let got = group.run(overflow_on_one_rank)?;
+        assert!(
+            got.iter().all(|&(stepped, changed)| !stepped && !changed),
+            "{name}: (stepped, changed) per rank {got:?}"
+        );
     }
     Ok(())
 }

@@ -1,4 +1,5 @@
 //! Gradient clipping by total L2 norm (PyTorch's `clip_grad_norm_`): norms reduced on the devices, one fused scaling kernel per gradient.
+use crate::Optimizer;
 use netcl_autograd::Parameter;
 use netcl_ops::{fused, DType, Device, Error, Expr, Result, Tensor};
 
@@ -98,16 +99,16 @@ fn sum_terms(terms: &[Tensor], acc: DType, finish: Option<fn(Expr) -> Expr>) -> 
 /// once per device.
 pub fn grad_norm(params: &[Parameter]) -> Result<f64> {
     let (_, groups) = squared_sums(params)?;
-    total_from_groups(&groups)
+    Ok(squared_total(&groups)?.sqrt())
 }
 
-fn total_from_groups(groups: &[DeviceSums]) -> Result<f64> {
+fn squared_total(groups: &[DeviceSums]) -> Result<f64> {
     let mut total_sq = 0.0;
     for g in groups {
         let t = sum_terms(&g.sums, g.acc, None)?;
         total_sq += t.to_vec_f64()?.first().copied().unwrap_or(0.0);
     }
-    Ok(total_sq.sqrt())
+    Ok(total_sq)
 }
 
 /// Scale all gradients by `min(1, max_norm / (total_norm + 1e-6))` when that factor is below 1
@@ -118,9 +119,30 @@ fn total_from_groups(groups: &[DeviceSums]) -> Result<f64> {
 /// tensors may be shared between parameters or with the caller, so they are never scaled in
 /// place. Parameters without a gradient are skipped.
 pub fn clip_grad_norm(params: &[Parameter], max_norm: f64) -> Result<f64> {
-    check_max_norm("clip_grad_norm", max_norm)?;
+    clip_over_ranks("clip_grad_norm", params, max_norm, |_| Ok(()))
+}
+
+/// [`clip_grad_norm`] of an optimizer's parameters, the norm taken over every rank that steps
+/// it together ([`Optimizer::sum_over_ranks`]): a sharded optimizer's ranks each hold the
+/// gradients of their shard only, so clip those with this, not with `clip_grad_norm`. Collective
+/// for a sharded optimizer.
+pub fn clip_grad_norm_of(optimizer: &dyn Optimizer, max_norm: f64) -> Result<f64> {
+    clip_over_ranks("clip_grad_norm_of", optimizer.params(), max_norm, |v| {
+        optimizer.sum_over_ranks(v)
+    })
+}
+
+fn clip_over_ranks(
+    op: &str,
+    params: &[Parameter],
+    max_norm: f64,
+    sum_over_ranks: impl FnOnce(&mut [f64]) -> Result<()>,
+) -> Result<f64> {
+    check_max_norm(op, max_norm)?;
     let (grads, groups) = squared_sums(params)?;
-    let total = total_from_groups(&groups)?;
+    let mut total_sq = [squared_total(&groups)?];
+    sum_over_ranks(&mut total_sq)?;
+    let total = total_sq[0].sqrt();
     let coef = max_norm / (total + CLIP_EPS);
     // A NaN factor (NaN norm) scales too, making the gradients NaN as in PyTorch.
     if coef < 1.0 || coef.is_nan() {

@@ -64,7 +64,8 @@ impl GradScaler {
 
     /// Unscales every gradient of `optimizer`'s parameters and steps it, unless a gradient holds
     /// an inf or NaN: then the gradients are dropped, nothing is updated and the scale shrinks.
-    /// Returns whether the optimizer stepped. One read from each device per call.
+    /// Returns whether the optimizer stepped. One read from each device per call; a sharded
+    /// optimizer's ranks agree on the overflow ([`Optimizer::sum_over_ranks`]).
     pub fn step(&mut self, optimizer: &mut dyn Optimizer) -> Result<bool> {
         let inv = 1.0 / self.scale;
         let mut unscaled = Vec::new();
@@ -93,7 +94,10 @@ impl GradScaler {
         for t in &probes {
             finite &= t.to_vec_f64()?.iter().all(|v| v.is_finite());
         }
-        if !finite {
+        // Every rank of a sharded optimizer must take the same decision.
+        let mut overflowed = [f64::from(u8::from(!finite))];
+        optimizer.sum_over_ranks(&mut overflowed)?;
+        if overflowed[0] != 0.0 {
             optimizer.zero_grad();
             self.scale *= self.backoff_factor;
             self.good_steps = 0;

@@ -10,7 +10,7 @@ mod sgd;
 mod state;
 
 pub use adam::{Adam, AdamW};
-pub use clip::{clip_grad_norm, clip_grad_norm_on_device, grad_norm};
+pub use clip::{clip_grad_norm, clip_grad_norm_of, clip_grad_norm_on_device, grad_norm};
 pub use grad_scaler::GradScaler;
 pub use groups::ParamGroup;
 pub use optimizer::Optimizer;

@@ -35,6 +35,13 @@ pub trait Optimizer {
     fn step_tensors(&self) -> Vec<(String, Tensor)> {
         self.state_tensors()
     }
+    /// Sum `values` over the ranks that step this optimizer together: a sharded optimizer's
+    /// ranks each hold the gradients of their shard only, so the gradient scaler's overflow
+    /// check and [`clip_grad_norm_of`](crate::clip_grad_norm_of) add up what each rank found
+    /// (collective there). An optimizer alone leaves them as they are.
+    fn sum_over_ranks(&self, _values: &mut [f64]) -> Result<()> {
+        Ok(())
+    }
     /// Name, hyper-parameters and step counts as JSON (see each optimizer for the keys).
     fn hyper_params(&self) -> serde_json::Value;
     /// Restore what `hyper_params` and `state_tensors` saved. Names, indices, shapes and the
