@@ -119,7 +119,15 @@ fn sharded_adamw_equals_unsharded() -> Result<()> {
         }
         let d = max_diff(&plain[0], &sharded[0]);
         eprintln!("{name}: max |sharded - unsharded| = {d:e}");
-        assert!(d == 0.0, "{name}: sharded differs from unsharded by {d}");
+        // The same kernel on the same values where every rank is the same kind of device; with
+        // the host beside GPUs each shard steps on its own rank's device (rounding may differ
+        // from rank 0's, which stepped everything unsharded).
+        let ds = group.devices();
+        let exact = ds.iter().all(|d| d.info().name == ds[0].info().name);
+        assert!(
+            d == 0.0 || !exact && d < TOL,
+            "{name}: sharded differs from unsharded by {d}"
+        );
         // Clipped: the norm over every rank's shard (summed in another order than one
         // device's, so within rounding).
         let plain = group.run(|c| train_adamw(c, false, Some(0.05)))?;
