@@ -5,6 +5,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use netcl::devices::opencl3::command_queue::{CommandQueue, CL_QUEUE_PROFILING_ENABLE};
 use netcl::devices::opencl3::types::{cl_command_queue, cl_event, cl_kernel};
+use netcl::kernels::decl::Use::{In, Out, Value};
 use netcl::kernels::{program, Kernel, Source};
 use netcl::ops::Conv2dParams;
 use netcl::prelude::*;
@@ -22,6 +23,7 @@ const ADD_SOURCE: Source = Source {
                uint i = get_global_id(0);
                if (i < n) o[i] = a[i] + b[i];
            }",
+    kernels: netcl::kernels::kernels![bench_add(o: Out, a: In, b: In, n: Value("uint"))],
 };
 
 /// Elements of the small op whose host cost is measured (4 work-groups of 256).

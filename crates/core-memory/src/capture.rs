@@ -34,6 +34,8 @@ pub struct LaunchRecord {
     /// the input only in the work-item that writes the same element of the output, before
     /// writing it (elementwise kernels over dense operands at equal offsets).
     pub in_place: Vec<(usize, usize)>,
+    /// Per argument: whether the kernel may write it (its declaration).
+    pub writes: Vec<bool>,
 }
 
 /// What happened on the capturing device, in queue order.

@@ -36,6 +36,10 @@ pub enum Node {
         /// Work-items per dim (a multiple of `local`).
         global: Vec<usize>,
         local: Vec<usize>,
+        /// Per argument: whether the kernel may write it (its declaration); empty counts every
+        /// buffer as written.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        writes: Vec<bool>,
     },
     /// Constant bytes the step wrote from the host (replayed from a device copy of them).
     Write {

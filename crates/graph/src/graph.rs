@@ -322,7 +322,7 @@ impl Graph {
         let mut access = Vec::with_capacity(desc.nodes.len());
         let mut writes = at.into_iter();
         for n in &desc.nodes {
-            access.push(node_access(&desc, n, &mem_of));
+            access.push(node_access(n, &mem_of));
             steps.push(match n {
                 Node::Launch {
                     program,
@@ -330,6 +330,7 @@ impl Graph {
                     args,
                     global,
                     local,
+                    ..
                 } => {
                     let p = programs.get(*program).ok_or_else(|| {
                         Error::invalid("Graph", format!("node names program {program}"))
@@ -581,8 +582,8 @@ fn default_queues() -> usize {
 }
 
 /// What `node` reads and writes, as `cl_mem` numbers (`mem_of` gives a buffer's).
-fn node_access(desc: &GraphDesc, node: &Node, mem_of: &dyn Fn(BufRef) -> cl_mem) -> Access {
-    let (writes, reads) = crate::access::node_buffers(node, &desc.programs);
+fn node_access(node: &Node, mem_of: &dyn Fn(BufRef) -> cl_mem) -> Access {
+    let (writes, reads) = crate::access::node_buffers(node);
     let mems = |v: Vec<BufRef>| v.into_iter().map(|b| mem_of(b) as usize).collect();
     Access {
         reads: mems(reads),

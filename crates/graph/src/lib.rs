@@ -29,7 +29,6 @@ mod replay;
 mod save;
 mod schedule;
 mod seal;
-mod signature;
 mod validate;
 
 pub use desc::{GraphDesc, SCHEMA_VERSION};

@@ -11,13 +11,10 @@ pub(crate) fn prune(r: &mut Resolved) -> usize {
     let mut needed: HashSet<usize> = HashSet::new();
     let mut live = vec![false; r.nodes.len()];
     for (i, node) in r.nodes.iter().enumerate().rev() {
-        live[i] = node_buffers(node, &r.program_descs)
-            .0
-            .iter()
-            .any(|b| match b {
-                BufRef::External(_) => true,
-                BufRef::Internal(x) => needed.contains(x),
-            });
+        live[i] = node_buffers(node).0.iter().any(|b| match b {
+            BufRef::External(_) => true,
+            BufRef::Internal(x) => needed.contains(x),
+        });
         if live[i] {
             // Written buffers too: a partial write leaves the earlier writers' elements in use.
             needed.extend(node.buffers().into_iter().filter_map(|b| match b {

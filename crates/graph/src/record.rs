@@ -206,6 +206,7 @@ pub(crate) fn resolve(rec: Recording, bytes_of: impl Fn(Mem) -> usize) -> Result
                     args,
                     global: l.global,
                     local: l.local,
+                    writes: l.writes,
                 }
             }
             Event::Write { mem, offset, data } => Node::Write {

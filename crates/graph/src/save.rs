@@ -184,6 +184,8 @@ impl Graph {
                     None => Source {
                         name: Box::leak(p.name.clone().into_boxed_str()),
                         text: Box::leak(p.text.clone().into_boxed_str()),
+                        // Replayed through bound kernels only: never launched eagerly.
+                        kernels: &[],
                     },
                 };
                 netcl_kernels::program(device, &source, &p.options)

@@ -1,7 +1,7 @@
 //! Checks of a loaded graph description before anything is compiled or allocated: every index in range, every copy and tensor inside its buffer, each launch's arguments against its kernel's signature, work sizes within the device's limits, netcl's own programs unchanged.
 use crate::desc::{BufRef, GraphDesc, Node, NodeArg, Slot};
-use crate::signature::{param, signatures, Param};
 use netcl_core_devices::{DType, Device, Error, Result};
+use netcl_kernels::signature::{param, signatures, ParamKind as Param};
 use netcl_kernels::sources;
 
 /// Work-items of one launch at most: netcl's kernels index with 32 bits.
@@ -167,6 +167,7 @@ fn launch(
         args,
         global,
         local,
+        writes,
     } = n
     else {
         return Ok(());
@@ -214,6 +215,24 @@ fn launch(
             args.len(),
             found[0].join(",")
         )));
+    }
+    // What the node says it writes orders a replay over several queues: one per argument, and
+    // for netcl's own kernels what their declarations say.
+    if !writes.is_empty() && writes.len() != args.len() {
+        return Err(bad(format!(
+            "{k}: {} write flags for {} arguments",
+            writes.len(),
+            args.len()
+        )));
+    }
+    let own = sources::every().find(|s| s.name == p.name);
+    if let Some(d) = own.and_then(|s| s.declaration(kernel)) {
+        if !writes.is_empty() && *writes != d.writes() {
+            return Err(bad(format!(
+                "{k}: write flags {writes:?} differ from the kernel's declaration {:?}",
+                d.writes()
+            )));
+        }
     }
     work_sizes(global, local, device).map_err(|msg| bad(format!("{k}: {msg}")))
 }

@@ -135,6 +135,29 @@ fn edited_or_foreign_graph_files_are_refused_before_anything_runs() {
                 }),
             ),
             (
+                "write flags for",
+                Box::new(|d| {
+                    if let Node::Launch { writes, .. } = fused(d) {
+                        writes.push(true);
+                    }
+                }),
+            ),
+            (
+                "differ from the kernel's declaration",
+                Box::new(|d| {
+                    let own: Vec<usize> = (d.programs.iter().enumerate())
+                        .filter(|(_, p)| !p.name.starts_with("fused_"))
+                        .map(|(i, _)| i)
+                        .collect();
+                    let node = d.nodes.iter_mut().find(
+                        |n| matches!(n, Node::Launch { program, .. } if own.contains(program)),
+                    );
+                    if let Some(Node::Launch { writes, .. }) = node {
+                        writes.iter_mut().for_each(|w| *w = !*w);
+                    }
+                }),
+            ),
+            (
                 "touches bytes",
                 Box::new(|d| {
                     for n in &mut d.nodes {

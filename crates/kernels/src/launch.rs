@@ -1,4 +1,5 @@
 //! Checked kernel launches: per-thread kernel objects, arguments, work-group and local-memory checks.
+use crate::decl::{value_bytes, KernelDecl, Use};
 use crate::program::Program;
 use netcl_core_devices::opencl3::kernel::Kernel as ClKernel;
 use netcl_core_devices::opencl3::types::{cl_command_queue, cl_event, cl_kernel, cl_mem};
@@ -13,6 +14,8 @@ use std::sync::{Arc, Mutex};
 struct Entry {
     kernel: ClKernel,
     name: String,
+    /// How the kernel uses each argument (its source's declaration).
+    decl: &'static KernelDecl,
     num_args: u32,
     work_group_size: usize,
     local_mem: u64,
@@ -122,6 +125,13 @@ impl Kernel {
                 format!("kernel name {name:?} contains a NUL byte"),
             ));
         }
+        let decl = program.source.declaration(name).ok_or_else(|| Error::Launch {
+            kernel: name.to_string(),
+            msg: format!(
+                "{} declares no such kernel (each kernel is declared once: crates/kernels/src/decls.rs for kernels/*.cl)",
+                program.source.name
+            ),
+        })?;
         let key = (program.id, name.to_string());
         release_retired();
         let cached = KERNELS.with(|k| k.borrow_mut().remove(&key));
@@ -138,8 +148,20 @@ impl Kernel {
                     ),
                 })?;
                 let dev = cl.id.id();
+                let num_args = kernel.num_args().cl("clGetKernelInfo")?;
+                if num_args as usize != decl.params.len() {
+                    return Err(Error::Launch {
+                        kernel: name.to_string(),
+                        msg: format!(
+                            "declared with {} arguments, but kernels/{} defines it with {num_args}",
+                            decl.params.len(),
+                            program.source.name
+                        ),
+                    });
+                }
                 Entry {
-                    num_args: kernel.num_args().cl("clGetKernelInfo")?,
+                    decl,
+                    num_args,
                     work_group_size: kernel
                         .get_work_group_size(dev)
                         .cl("CL_KERNEL_WORK_GROUP_SIZE")?,
@@ -181,20 +203,40 @@ impl Kernel {
             .min(self.program.device.info().max_work_group_size)
     }
 
-    fn next_index(&mut self) -> Result<u32> {
-        if self.next_arg >= self.entry().num_args {
+    /// The index of the next argument, once its declaration takes what is being set (`what`,
+    /// for the error: "a buffer", "a value of 4 bytes", "local memory").
+    fn next_index(&mut self, what: &str, fits: impl FnOnce(Use) -> bool) -> Result<u32> {
+        let i = self.next_arg;
+        let Some(param) = self.entry().decl.params.get(i as usize) else {
             return Err(Error::Launch {
                 kernel: self.entry().name.clone(),
                 msg: format!("more than its {} arguments given", self.entry().num_args),
             });
+        };
+        if !fits(param.usage) {
+            return Err(Error::Launch {
+                kernel: self.entry().name.clone(),
+                msg: format!(
+                    "argument {i} ({}) is declared {:?}, but {what} was given",
+                    param.name, param.usage
+                ),
+            });
         }
         self.next_arg += 1;
-        Ok(self.next_arg - 1)
+        Ok(i)
+    }
+
+    /// The next argument is a value of `bytes` bytes.
+    fn next_value(&mut self, bytes: usize) -> Result<u32> {
+        self.next_index(&format!("a value of {bytes} bytes"), |u| match u {
+            Use::Value(ty) => value_bytes(ty).is_none_or(|b| b == bytes),
+            _ => false,
+        })
     }
 
     /// Set the next argument to a plain value (a scalar, or a `#[repr(C)]` struct matching the kernel's).
     pub fn arg<T: Copy>(&mut self, value: &T) -> Result<&mut Self> {
-        let i = self.next_index()?;
+        let i = self.next_value(size_of::<T>())?;
         // SAFETY: the index is within num_args and the value is plain data of the size passed.
         unsafe { self.entry().kernel.set_arg(i, value) }.map_err(|e| self.arg_error(i, e.0))?;
         if let Some(r) = &mut self.recorded {
@@ -210,7 +252,7 @@ impl Kernel {
     /// Set the next argument to raw bytes (a struct whose size is only known at run time, e.g. a
     /// generated kernel's layout; the bytes must match the kernel's struct layout).
     pub fn arg_bytes(&mut self, bytes: &[u8]) -> Result<&mut Self> {
-        let i = self.next_index()?;
+        let i = self.next_value(bytes.len())?;
         // SAFETY: the index is within num_args; the pointer and size describe `bytes`.
         unsafe {
             cl3::kernel::set_kernel_arg(
@@ -229,7 +271,7 @@ impl Kernel {
 
     /// Set the next argument to a buffer.
     pub fn arg_mem(&mut self, mem: cl_mem) -> Result<&mut Self> {
-        let i = self.next_index()?;
+        let i = self.next_index("a buffer", |u| matches!(u, Use::In | Use::Out))?;
         // SAFETY: the index is within num_args and a cl_mem is what a buffer argument takes.
         unsafe { self.entry().kernel.set_arg(i, &mem) }.map_err(|e| self.arg_error(i, e.0))?;
         if let Some(r) = &mut self.recorded {
@@ -240,7 +282,7 @@ impl Kernel {
 
     /// Set the next argument to `bytes` of dynamic local memory (checked at launch).
     pub fn arg_local(&mut self, bytes: usize) -> Result<&mut Self> {
-        let i = self.next_index()?;
+        let i = self.next_index("local memory", |u| u == Use::Local)?;
         // SAFETY: a local-memory argument takes a size and no value.
         unsafe { self.entry().kernel.set_arg_local_buffer(i, bytes) }
             .map_err(|e| self.arg_error(i, e.0))?;
@@ -397,6 +439,7 @@ impl Kernel {
                     local: local.to_vec(),
                     work: work.map(|w| (w.bytes, w.flops)),
                     in_place,
+                    writes: self.entry().decl.writes(),
                 })
             });
         }

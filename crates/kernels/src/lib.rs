@@ -1,14 +1,18 @@
-//! netcl-kernels: OpenCL C from kernels/*.cl, built per device with -D options, cached in memory and on disk, launched with checks.
+//! netcl-kernels: OpenCL C from kernels/*.cl and each kernel's declaration, built per device with -D options, cached in memory and on disk, launched with checks against the declarations.
 mod bound;
+pub mod decl;
+mod decls;
 mod disk_cache;
 pub mod gemm_tuning;
 mod launch;
 mod program;
+pub mod signature;
 pub mod sources;
 mod tc_tile;
 pub mod tuning;
 
 pub use bound::{BoundArg, BoundKernel};
+pub use decl::{KernelDecl, Param, Use};
 pub use disk_cache::default_dir as cache_dir;
 pub use gemm_tuning::{
     AsyncTile, AsyncTuning, CpuBlocking, PlanTuning, TileCost, WgChoice, WgTile,

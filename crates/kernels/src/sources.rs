@@ -1,23 +1,34 @@
-//! The OpenCL C sources in the top-level kernels/ folder, embedded at compile time.
+//! The OpenCL C sources in the top-level kernels/ folder, embedded at compile time, with their kernels' declarations.
+use crate::decl::KernelDecl;
 
-/// One kernels/*.cl file. `kernels/common.cl` is prepended to every program.
+/// One kernels/*.cl file (or a generated program). `kernels/common.cl` is prepended to every
+/// program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Source {
     /// File name under kernels/, e.g. `copy.cl`.
     pub name: &'static str,
     pub text: &'static str,
+    /// Its kernels' declarations (decls.rs for the files): `Kernel::new` launches only declared
+    /// kernels and checks their arguments against the declaration.
+    pub kernels: &'static [KernelDecl],
 }
 
+/// A kernels/*.cl file with its declarations, the list of the same name in decls.rs.
 macro_rules! source {
     ($ident:ident, $file:literal) => {
         pub const $ident: Source = Source {
             name: $file,
             text: include_str!(concat!("../../../kernels/", $file)),
+            kernels: crate::decls::$ident,
         };
     };
 }
 
-source!(COMMON, "common.cl");
+pub const COMMON: Source = Source {
+    name: "common.cl",
+    text: include_str!("../../../kernels/common.cl"),
+    kernels: &[],
+};
 source!(COPY, "copy.cl");
 source!(RANDOM, "random.cl");
 // The GEMMs (ops/src/matmul/): the portable tiled kernel, skinny products, split-K sums.
@@ -88,6 +99,19 @@ pub static DEVICE_SPECIFIC: [Source; 6] = [
     ATTENTION_TC,
     DECODE_BLOCK,
 ];
+
+impl Source {
+    /// The declaration of kernel `name`: its own, or that of the `NAME##suffix` family it
+    /// belongs to (a macro in the .cl that defines one kernel per `NAME`).
+    pub fn declaration(&self, name: &str) -> Option<&'static KernelDecl> {
+        let family = |d: &&KernelDecl| {
+            d.name
+                .strip_prefix("NAME##")
+                .is_some_and(|suffix| name.len() > suffix.len() && name.ends_with(suffix))
+        };
+        (self.kernels.iter().find(|d| d.name == name)).or_else(|| self.kernels.iter().find(family))
+    }
+}
 
 /// Every file under kernels/: the common header, the op families and the device-specific ones.
 pub fn every() -> impl Iterator<Item = &'static Source> {

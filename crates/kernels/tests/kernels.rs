@@ -1,7 +1,10 @@
 //! Program builds, the disk cache, build errors and launch checks on every OpenCL device.
 use netcl_core_devices::{opencl_test_devices, Device, Error};
 use netcl_core_memory::{read, write, Pool};
-use netcl_kernels::{build, program, retired_kernels, Kernel, Origin, Program, Source, GROUP_1D};
+use netcl_kernels::decl::Use::{In, Local, Out, Value as V};
+use netcl_kernels::{
+    build, kernels, program, retired_kernels, Kernel, Origin, Program, Source, GROUP_1D,
+};
 use std::sync::Arc;
 
 /// A test program of its own, so these tests do not depend on the op library's kernels.
@@ -11,6 +14,7 @@ const ELEMENTWISE: Source = Source {
         uint i = get_global_id(0);
         if (i < n) STORE(out, i, LOAD(a, i) + LOAD(b, i));
     }",
+    kernels: kernels![add_contig(out: Out, a: In, b: In, n: V("uint"))],
 };
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
@@ -94,6 +98,7 @@ fn failed_build_reports_file_options_and_log() {
     let broken = Source {
         name: "broken.cl",
         text: "__kernel void f(__global float* x) { x[0] = undefined_thing; }",
+        kernels: kernels![f(x: Out)],
     };
     for dev in opencl_test_devices().unwrap() {
         match build(&dev, &broken, "-DDT_F32", None) {
@@ -121,10 +126,12 @@ fn programs_of_one_name_and_options_with_other_text_do_not_share() {
             uint i = get_global_id(0);
             if (i < n) STORE(out, i, LOAD(a, i) + LOAD(b, i) + 1000.0f);
         }",
+        kernels: ELEMENTWISE.kernels,
     };
     let broken = Source {
         name: ELEMENTWISE.name,
         text: "__kernel void add_contig(__global float* x) { x[0] = undefined_thing; }",
+        kernels: kernels![add_contig(x: Out)],
     };
     for dev in opencl_test_devices().unwrap() {
         let mine = program(&dev, &ELEMENTWISE, "-DDT_F32").unwrap();
@@ -153,6 +160,7 @@ const LOCAL: Source = Source {
         barrier(CLK_LOCAL_MEM_FENCE);
         if (i < n) x[i] = 2.0f * tmp[l];
     }",
+    kernels: kernels![scale(x: Out, tmp: Local, n: V("uint"))],
 };
 
 #[test]
@@ -193,12 +201,29 @@ fn launches_are_checked_before_enqueue() {
             .unwrap_err()
             .to_string()
             .contains("1 of its 3 arguments"));
-        k.arg_mem(buf.mem())
-            .unwrap()
-            .arg_local(256)
-            .unwrap()
-            .arg(&300u32)
-            .unwrap();
+        // Arguments against the declaration: a value where a buffer is declared, a buffer
+        // where local memory is, a value of another size than its built-in type.
+        let e = k
+            .arg(&1u32)
+            .err()
+            .expect("a value for a buffer")
+            .to_string();
+        assert!(e.contains("scale") && e.contains("argument 0 (x)"), "{e}");
+        k.arg_mem(buf.mem()).unwrap();
+        let e = k
+            .arg_mem(buf.mem())
+            .err()
+            .expect("a buffer for local memory")
+            .to_string();
+        assert!(e.contains("argument 1 (tmp)"), "{e}");
+        k.arg_local(256).unwrap();
+        let e = k
+            .arg(&300u64)
+            .err()
+            .expect("8 bytes for a uint")
+            .to_string();
+        assert!(e.contains("argument 2 (n)") && e.contains("8 bytes"), "{e}");
+        k.arg(&300u32).unwrap();
         assert!(k.arg(&1u32).is_err());
         k.launch(&[300], &[64]).unwrap();
         // Nothing bad was enqueued: exactly one doubling happened.
@@ -211,6 +236,16 @@ fn launches_are_checked_before_enqueue() {
             Kernel::new(&p, "no_such_kernel"),
             Err(Error::Launch { .. })
         ));
+        // A declaration whose argument count differs from the kernel's fails at Kernel::new.
+        let miscounted = Source {
+            kernels: kernels![scale(x: Out, n: V("uint"))],
+            ..LOCAL
+        };
+        let p = Arc::new(build(&dev, &miscounted, "", None).unwrap());
+        let e = Kernel::new(&p, "scale")
+            .err()
+            .expect("a miscounted declaration");
+        assert!(e.to_string().contains("declared with 2 arguments"), "{e}");
     }
 }
 
@@ -260,6 +295,7 @@ fn out_of_bounds_write_for_memory_checkers() {
     let past_end = Source {
         name: "past_end.cl",
         text: "__kernel void past_end(__global float* x) { x[get_global_id(0) + 4] = 1.0f; }",
+        kernels: kernels![past_end(x: Out)],
     };
     for dev in opencl_test_devices().unwrap() {
         let p = Arc::new(build(&dev, &past_end, "", None).unwrap());

@@ -138,6 +138,7 @@ pub(crate) fn wg_source(kind: TensorCoreKind, tbn: usize, act: Activation) -> So
         Source {
             name: Box::leak(format!("n{tbn}_{}", base.name).into_boxed_str()),
             text: Box::leak(text.into_boxed_str()),
+            kernels: base.kernels,
         }
     })
 }

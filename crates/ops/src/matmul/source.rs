@@ -31,6 +31,7 @@ pub(crate) fn matmul_source(base: Source, act: Activation, class: Class) -> Sour
                 format!("{}_{}_{}", op.name(), class.cl(), base.name).into_boxed_str(),
             ),
             text: Box::leak(text.into_boxed_str()),
+            kernels: base.kernels,
         }
     })
 }

@@ -1,12 +1,13 @@
 //! The `mma_peak` suite of netcl-bench: mma.sync throughput with operands in registers (crates/bench/kernels/mma_peak.cl), the ceiling for matmul_tc.cl, on devices whose tensor-core probe passed.
 use crate::Runner;
 use netcl_core_devices::{DType, Result};
-use netcl_kernels::{program, Kernel, Source};
+use netcl_kernels::{program, Kernel, Source, Use};
 use netcl_ops::{has_tensor_cores, Tensor, TensorCoreKind};
 
 const MMA_PEAK: Source = Source {
     name: "mma_peak.cl",
     text: include_str!("../../../kernels/mma_peak.cl"),
+    kernels: netcl_kernels::kernels![mma_peak(out: Use::Out, iters: Use::Value("uint"))],
 };
 
 impl Runner {

@@ -1,9 +1,9 @@
-//! Kernel signatures read from OpenCL C text: the parameter lists of a kernel (its name resolved through `-D` options and `NAME##suffix` macro bodies), and what each parameter is (a pointer in which address space, a value of how many bytes).
+//! Kernel signatures read from OpenCL C text: the parameter lists of a kernel (its name resolved through `-D` options and `NAME##suffix` macro bodies), and what each parameter is (a pointer in which address space, a value of how many bytes). Loaded graphs are checked against them, and the declarations against the kernel files.
 
 /// The parameter lists of every signature of `kernel` in the program `text` built with
 /// `options` (comments stripped, object-like macros of the text expanded where they have one
 /// definition; several lists where `#if` branches declare the kernel more than once).
-pub(crate) fn signatures(text: &str, options: &str, kernel: &str) -> Vec<Vec<String>> {
+pub fn signatures(text: &str, options: &str, kernel: &str) -> Vec<Vec<String>> {
     let text = strip_comments(text);
     let macros = macros(&text);
     let defines = defines(options);
@@ -30,7 +30,7 @@ pub(crate) fn signatures(text: &str, options: &str, kernel: &str) -> Vec<Vec<Str
 }
 
 /// `text` with comments and line continuations replaced by spaces.
-pub(crate) fn strip_comments(text: &str) -> String {
+pub fn strip_comments(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut chars = text.chars().peekable();
     while let Some(c) = chars.next() {
@@ -143,13 +143,13 @@ fn defines(options: &str) -> Vec<(String, String)> {
     out
 }
 
-pub(crate) fn is_ident(c: char) -> bool {
+pub fn is_ident(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_'
 }
 
 /// Byte offset of the first of `words` (ASCII) standing as a whole word in `s`. Compares bytes,
 /// so text with multi-byte characters anywhere (an `#if 0` block, a string) is fine.
-pub(crate) fn find_word(s: &str, words: &[&str]) -> Option<usize> {
+pub fn find_word(s: &str, words: &[&str]) -> Option<usize> {
     let bytes = s.as_bytes();
     let whole = |at: usize, len: usize| {
         let before = at == 0 || !is_ident(bytes[at - 1] as char);
@@ -182,7 +182,7 @@ fn balanced(s: &str) -> Option<(&str, &str)> {
 }
 
 /// At `__kernel`: the kernel's name (spaces removed), its parameter list and the text after it.
-pub(crate) fn signature(s: &str) -> Option<(String, &str, &str)> {
+pub fn signature(s: &str) -> Option<(String, &str, &str)> {
     let mut rest = s.trim_start_matches(|c: char| is_ident(c)).trim_start();
     while let Some(attr) = rest.strip_prefix("__attribute__") {
         let (_, after) = balanced(attr.trim_start())?;
@@ -234,7 +234,7 @@ fn split_params(params: &str) -> Vec<&str> {
 
 /// What one kernel parameter takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Param {
+pub enum ParamKind {
     /// A pointer to `__global` or `__constant` memory: a buffer.
     Buffer,
     /// A pointer to `__local` memory: a size in bytes.
@@ -244,14 +244,18 @@ pub(crate) enum Param {
 }
 
 /// What the parameter declaration `p` (`__global const T* x`, `uint n`, `Layout l`) takes.
-pub(crate) fn param(p: &str) -> Param {
+pub fn param(p: &str) -> ParamKind {
     let words: Vec<&str> = p
         .split(|c: char| !is_ident(c))
         .filter(|w| !w.is_empty())
         .collect();
     if p.contains('*') {
         let local = words.iter().any(|w| *w == "__local" || *w == "local");
-        return if local { Param::Local } else { Param::Buffer };
+        return if local {
+            ParamKind::Local
+        } else {
+            ParamKind::Buffer
+        };
     }
     let qualifier = |w: &&&str| {
         matches!(
@@ -264,30 +268,46 @@ pub(crate) fn param(p: &str) -> Param {
     let ty = match types.as_slice() {
         [.., "unsigned", _] | [.., "signed", _] => "int",
         [.., ty, _] => ty,
-        _ => return Param::Value(None),
+        _ => return ParamKind::Value(None),
     };
-    Param::Value(value_bytes(ty))
+    ParamKind::Value(crate::decl::value_bytes(ty))
 }
 
-/// Bytes of a built-in scalar or vector type of OpenCL C (`float4`: 16; a 3-vector takes 4).
-fn value_bytes(ty: &str) -> Option<usize> {
-    let base = ty.trim_end_matches(|c: char| c.is_ascii_digit());
-    let width = match &ty[base.len()..] {
-        "" => 1,
-        "2" => 2,
-        "3" | "4" => 4,
-        "8" => 8,
-        "16" => 16,
-        _ => return None,
+/// The parameter declaration `p`'s name and the use a declaration of it must give, in the
+/// form `{:?}` prints a [`Use`](crate::decl::Use): `In` for a pointer to `const` (or
+/// `__constant`) global data, `Out` for other global pointers, `Local`, `Value("uint")`.
+pub fn declared(p: &str) -> (String, String) {
+    let words: Vec<&str> = p
+        .split(|c: char| !is_ident(c))
+        .filter(|w| !w.is_empty())
+        .collect();
+    let name = words.last().unwrap_or(&"").to_string();
+    let usage = match (param(p), p.find('*')) {
+        (ParamKind::Local, _) => "Local".to_string(),
+        (ParamKind::Buffer, Some(star)) => {
+            let before: Vec<&str> = p[..star]
+                .split(|c: char| !is_ident(c))
+                .filter(|w| !w.is_empty())
+                .collect();
+            let read_only = before
+                .iter()
+                .any(|w| matches!(*w, "const" | "__constant" | "constant"));
+            if read_only { "In" } else { "Out" }.to_string()
+        }
+        _ => {
+            let types: Vec<&&str> = (words.iter())
+                .filter(|w| {
+                    !matches!(
+                        **w,
+                        "const" | "volatile" | "restrict" | "__private" | "private"
+                    )
+                })
+                .collect();
+            let ty = types.len().checked_sub(2).map_or("", |i| *types[i]);
+            format!("Value({ty:?})")
+        }
     };
-    let scalar = match base {
-        "char" | "uchar" => 1,
-        "short" | "ushort" | "half" => 2,
-        "int" | "uint" | "float" => 4,
-        "long" | "ulong" | "double" => 8,
-        _ => return None,
-    };
-    Some(scalar * width)
+    (name, usage)
 }
 
 #[cfg(test)]
@@ -296,14 +316,14 @@ mod tests {
 
     #[test]
     fn parameters_are_buffers_local_memory_or_values_of_known_size() {
-        assert_eq!(param("__global const T* restrict x"), Param::Buffer);
-        assert_eq!(param("__constant float* c"), Param::Buffer);
-        assert_eq!(param("__local float* tmp"), Param::Local);
-        assert_eq!(param("const uint n"), Param::Value(Some(4)));
-        assert_eq!(param("unsigned int n"), Param::Value(Some(4)));
-        assert_eq!(param("ulong seed"), Param::Value(Some(8)));
-        assert_eq!(param("float3 v"), Param::Value(Some(16)));
-        assert_eq!(param("Layout l"), Param::Value(None));
+        assert_eq!(param("__global const T* restrict x"), ParamKind::Buffer);
+        assert_eq!(param("__constant float* c"), ParamKind::Buffer);
+        assert_eq!(param("__local float* tmp"), ParamKind::Local);
+        assert_eq!(param("const uint n"), ParamKind::Value(Some(4)));
+        assert_eq!(param("unsigned int n"), ParamKind::Value(Some(4)));
+        assert_eq!(param("ulong seed"), ParamKind::Value(Some(8)));
+        assert_eq!(param("float3 v"), ParamKind::Value(Some(16)));
+        assert_eq!(param("Layout l"), ParamKind::Value(None));
     }
 
     #[test]
@@ -319,7 +339,7 @@ mod tests {
     /// macros are expanded, so a loaded launch's arguments are checked against all of them.
     #[test]
     fn every_parameter_of_netcls_kernels_has_a_type_and_a_name() {
-        for src in netcl_kernels::sources::every() {
+        for src in crate::sources::every() {
             let text = strip_comments(src.text);
             let macros = macros(&text);
             let mut rest = text.as_str();
@@ -343,8 +363,11 @@ mod tests {
                     __kernel void k(ARGS, uint n) {}\n__kernel void w(W v) {}";
         let k = signatures(text, "", "k");
         assert_eq!(k[0].len(), 3, "{k:?}");
-        assert_eq!(param(&k[0][1]), Param::Buffer);
+        assert_eq!(param(&k[0][1]), ParamKind::Buffer);
         // W has two definitions: left as it is (a value of unknown size).
-        assert_eq!(param(&signatures(text, "", "w")[0][0]), Param::Value(None));
+        assert_eq!(
+            param(&signatures(text, "", "w")[0][0]),
+            ParamKind::Value(None)
+        );
     }
 }
