@@ -1,4 +1,4 @@
-//! One-token decoding ops (a Llama layer in five kernels, or all five in one): GEMV with a fused RMSNorm and a residual, SwiGLU or RoPE-and-KV-cache epilogue, single-query attention over a KV cache, and the whole block.
+//! One-token decoding ops for pre-norm decoder blocks (RMSNorm, RoPE attention with a KV cache, gated MLP: the Llama, Qwen2 and Mistral families) in five kernels, or all five in one: GEMV with a fused RMSNorm and a residual, SwiGLU or RoPE-and-KV-cache epilogue, single-query attention over a KV cache, and the whole block. Ops on tensors like any other family (the model crate composes them), so they live with the kernel machinery they launch through.
 //!
 //! A decode step reads each weight once for a handful of rows, so its cost is the number of
 //! kernels it launches; these ops fold a layer's norms, projections, rotations, cache writes,
