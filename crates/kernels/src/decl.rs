@@ -66,14 +66,27 @@ pub fn value_bytes(ty: &str) -> Option<usize> {
     Some(scalar * width)
 }
 
-/// Declarations in the form of a .cl signature: `name(out: Out, x: In, n: V("uint"))`.
+/// Declarations in the form of a .cl signature: `name(out: Out, x: In, n: V("uint"))`; a
+/// `NAME##suffix` macro family's name as a string, `"NAME##_wg"(...)`.
 #[macro_export]
 macro_rules! kernels {
-    ($($kernel:ident($($param:ident: $usage:expr),* $(,)?)),* $(,)?) => {
+    ($($kernel:tt($($param:ident: $usage:expr),* $(,)?)),* $(,)?) => {
         &[$($crate::decl::KernelDecl {
-            name: stringify!($kernel),
+            name: $crate::kernel_name!($kernel),
             params: &[$($crate::decl::Param { name: stringify!($param), usage: $usage }),*],
         }),*]
+    };
+}
+
+/// A declared kernel's name: an identifier, or a family's string.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! kernel_name {
+    ($name:ident) => {
+        stringify!($name)
+    };
+    ($name:literal) => {
+        $name
     };
 }
 

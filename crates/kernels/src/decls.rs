@@ -1,6 +1,6 @@
 //! The declarations of the kernels in kernels/*.cl, one list per file in the file's order: each kernel's arguments as its signature names them, `In` for buffers it only reads, `Out` for buffers it may write, `V(type)` for values, `Local` for local memory (checked against the .cl signatures by a test).
+use crate::decl::KernelDecl;
 use crate::decl::Use::{In, Local, Out, Value as V};
-use crate::decl::{KernelDecl, Param};
 use crate::kernels;
 
 /// kernels/copy.cl
@@ -79,113 +79,12 @@ pub const ROPE: &[KernelDecl] = kernels![
     rope(out: Out, x: In, ids: In, inv_freq: In, use_table: V("uint"), x_second: V("uint"), out_second: V("uint"), x_head: V("uint"), out_head: V("uint"), seq: V("uint"), heads: V("uint"), half_dim: V("uint"), pos0: V("uint"), use_ids: V("uint"), per_row: V("uint"), theta: V("ACC"), sign: V("ACC"), l: V("Layout"), n: V("uint")),
 ];
 
-/// kernels/reduce.cl
-pub const REDUCE: &[KernelDecl] = &[REDUCE_WG, REDUCE_MERGE, REDUCE_COL];
-
-/// kernels/reduce.cl: `NAME##_wg`, one kernel per reduction (`sum_wg`, `max_wg`, ...).
-const REDUCE_WG: KernelDecl = KernelDecl {
-    name: "NAME##_wg",
-    params: &[
-        Param {
-            name: "out",
-            usage: Out,
-        },
-        Param {
-            name: "part",
-            usage: Out,
-        },
-        Param {
-            name: "x",
-            usage: In,
-        },
-        Param {
-            name: "lk",
-            usage: V("Layout"),
-        },
-        Param {
-            name: "lr",
-            usage: V("Layout"),
-        },
-        Param {
-            name: "nred",
-            usage: V("uint"),
-        },
-        Param {
-            name: "chunk",
-            usage: V("uint"),
-        },
-        Param {
-            name: "nsplit",
-            usage: V("uint"),
-        },
-        Param {
-            name: "p",
-            usage: V("ACC"),
-        },
-    ],
-};
-
-/// kernels/reduce.cl: `NAME##_merge`, one kernel per reduction (`sum_merge`, `max_merge`, ...).
-const REDUCE_MERGE: KernelDecl = KernelDecl {
-    name: "NAME##_merge",
-    params: &[
-        Param {
-            name: "out",
-            usage: Out,
-        },
-        Param {
-            name: "part",
-            usage: In,
-        },
-        Param {
-            name: "nsplit",
-            usage: V("uint"),
-        },
-        Param {
-            name: "nred",
-            usage: V("uint"),
-        },
-        Param {
-            name: "p",
-            usage: V("ACC"),
-        },
-    ],
-};
-
-/// kernels/reduce.cl: `NAME##_col`, one kernel per reduction (`sum_col`, `max_col`, ...).
-const REDUCE_COL: KernelDecl = KernelDecl {
-    name: "NAME##_col",
-    params: &[
-        Param {
-            name: "out",
-            usage: Out,
-        },
-        Param {
-            name: "x",
-            usage: In,
-        },
-        Param {
-            name: "lk",
-            usage: V("Layout"),
-        },
-        Param {
-            name: "lr",
-            usage: V("Layout"),
-        },
-        Param {
-            name: "nred",
-            usage: V("uint"),
-        },
-        Param {
-            name: "p",
-            usage: V("ACC"),
-        },
-        Param {
-            name: "nout",
-            usage: V("uint"),
-        },
-    ],
-};
+/// kernels/reduce.cl: `NAME##_suffix` families, one kernel per reduction (`sum_wg`, `max_wg`, ...).
+pub const REDUCE: &[KernelDecl] = kernels![
+    "NAME##_wg"(out: Out, part: Out, x: In, lk: V("Layout"), lr: V("Layout"), nred: V("uint"), chunk: V("uint"), nsplit: V("uint"), p: V("ACC")),
+    "NAME##_merge"(out: Out, part: In, nsplit: V("uint"), nred: V("uint"), p: V("ACC")),
+    "NAME##_col"(out: Out, x: In, lk: V("Layout"), lr: V("Layout"), nred: V("uint"), p: V("ACC"), nout: V("uint")),
+];
 
 /// kernels/softmax.cl
 pub const SOFTMAX: &[KernelDecl] = kernels![
