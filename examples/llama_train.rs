@@ -2,7 +2,7 @@
 //!
 //! `cargo run --release --example llama_train -- [--data PATH] [--steps N] [--resume]`
 //! Flags: `--help` lists them with their defaults (data parallel with `--devices all|N|list`,
-//! `--precision f32|bf16|f16`, `--checkpoint K`, ...).
+//! `--precision f32|bf16|f16`, `--checkpoint K`, `--zero`, ...).
 //! The last line is `final val_loss=X.XXXX`.
 //!
 //! Defaults: a 14.4M-parameter model (dim 384, 8 layers, 8 heads, SwiGLU 1024, BPE vocabulary 512,
@@ -20,7 +20,7 @@ use netcl::data::{
 };
 use netcl::distributed::{describe_devices, mixed_devices, parse_devices};
 use netcl::nn::{load_checkpoint, save_checkpoint};
-use netcl::optim::clip_grad_norm_on_device;
+use netcl::optim::{clip_grad_norm_of, clip_grad_norm_on_device, Optimizer};
 use netcl::prelude::*;
 use serde_json::json;
 use std::path::PathBuf;
@@ -44,6 +44,8 @@ struct Args {
     checkpoint: usize,
     weights: Option<Vec<f64>>,
     grad_comm: DType,
+    /// Shard AdamW's state across the data-parallel ranks (ZeRO-1).
+    zero: bool,
     /// Measure the devices' speed and split batches by it (a list of devices that differ).
     calibrate: bool,
     /// The data-parallel group's devices, by rank (for the line that shows the split).
@@ -110,6 +112,11 @@ struct Cli {
     /// Shares of each batch per device (`3,1`).
     #[arg(long, value_delimiter = ',')]
     weights: Option<Vec<f64>>,
+    /// Shard AdamW's state across the devices of --devices (ZeRO-1): each keeps the moments of
+    /// its share of the parameters; checkpoints keep a shard per device beside the checkpoint
+    /// and resume on as many devices.
+    #[arg(long)]
+    zero: bool,
     /// The dtype gradients travel in between devices: f32 or bf16.
     #[arg(long = "grad-comm", default_value = "f32", value_parser = ["f32", "bf16"])]
     grad_comm: String,
@@ -155,6 +162,7 @@ fn parse(args: Vec<String>) -> Result<Option<Args>> {
         } else {
             DType::F32
         },
+        zero: c.zero,
         calibrate: false,
         ranks: Vec::new(),
     }))
@@ -247,24 +255,46 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
     }
     // f16 scales the loss (and so the gradients) to keep small gradients from flushing to zero.
     let mut scaler = args.precision.scaler();
-    let (matrices, norms): (Vec<_>, Vec<_>) = model
-        .parameters()
-        .into_iter()
-        .partition(|p| p.shape().len() > 1);
-    let mut opt = AdamW::new(matrices, args.lr)
-        .weight_decay(0.1)
-        .add_group(norms, ParamGroup::new().weight_decay(0.0));
+    // No weight decay on norms (the only parameters that are not matrices).
+    let adamw = |params: Vec<Parameter>| {
+        let (matrices, norms): (Vec<_>, Vec<_>) =
+            params.into_iter().partition(|p| p.shape().len() > 1);
+        AdamW::new(matrices, args.lr)
+            .weight_decay(0.1)
+            .add_group(norms, ParamGroup::new().weight_decay(0.0))
+    };
     let schedule = CosineWithWarmup {
         base: args.lr,
         warmup_steps: args.steps / 20,
         total_steps: args.steps,
         min_lr: args.lr / 10.0,
     };
+    let options = DdpOptions {
+        weights: args.weights.clone(),
+        comm_dtype: args.grad_comm,
+        ..Default::default()
+    };
+    let mut ddp = comm
+        .map(|c| DataParallel::new(c, &model, options))
+        .transpose()?;
+    let mut opt: Box<dyn Optimizer + '_> = match (&mut ddp, args.zero) {
+        (Some(d), true) => Box::new(d.shard_optimizer(|mine| Ok(adamw(mine)))?),
+        (None, true) => {
+            return Err(Error::invalid(
+                "llama_train",
+                "--zero shards the optimizer across devices: give them with --devices",
+            ))
+        }
+        (_, false) => Box::new(adamw(model.parameters())),
+    };
     let ckpt = args.out.join("checkpoint");
     let mut history = History::new();
     let mut step = 0;
     if args.resume {
-        let meta = load_checkpoint(&ckpt, &model, Some(&mut opt))?;
+        let meta = match &ddp {
+            Some(d) => d.load_checkpoint(&ckpt, &model, Some(opt.as_mut()))?,
+            None => load_checkpoint(&ckpt, &model, Some(opt.as_mut()))?,
+        };
         step = meta.step as usize;
         if let Ok(h) = serde_json::from_value::<(Vec<f32>, Vec<f32>)>(meta.extra["history"].clone())
         {
@@ -279,14 +309,6 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
         println!("resumed at step {step} from {}", ckpt.display());
     }
 
-    let options = DdpOptions {
-        weights: args.weights.clone(),
-        comm_dtype: args.grad_comm,
-        ..Default::default()
-    };
-    let mut ddp = comm
-        .map(|c| DataParallel::new(c, &model, options))
-        .transpose()?;
     // This rank's rows of each batch (all of them without data parallelism).
     let mut rows = match &mut ddp {
         Some(d) => d.shard_range(args.batch).len(),
@@ -325,7 +347,7 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
         );
         let mut losses = Vec::new();
         while step < block_end {
-            schedule.apply(&mut opt, step);
+            schedule.apply(opt.as_mut(), step);
             let mut loss_sum = None;
             for micro in 0..args.accum {
                 let b = batches.next_batch()?;
@@ -354,11 +376,15 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
             }
             // Scaled gradients clip at the scaled norm: the unscaled ones at 1.0.
             let scale = scaler.as_ref().map_or(1.0, |s| s.scale_factor());
-            clip_grad_norm_on_device(&model.parameters(), scale)?;
+            match args.zero {
+                // A shard's ranks hold their own gradients only: the norm is summed across them.
+                true => drop(clip_grad_norm_of(opt.as_ref(), scale)?),
+                false => drop(clip_grad_norm_on_device(&model.parameters(), scale)?),
+            }
             match &mut scaler {
                 // A step whose gradients overflowed is skipped and the scale halves.
                 Some(s) => {
-                    s.step(&mut opt)?;
+                    s.step(opt.as_mut())?;
                 }
                 None => opt.step()?,
             }
@@ -412,7 +438,7 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
         if !lead {
             // Other ranks take part in the checkpoint (rank 0 writes it) and go on.
             if let Some(d) = &ddp {
-                d.save_checkpoint(&ckpt, &model, Some(&opt), step as u64, json!({}))?;
+                d.save_checkpoint(&ckpt, &model, Some(opt.as_ref()), step as u64, json!({}))?;
             }
             continue;
         }
@@ -452,9 +478,9 @@ fn train(dev: &Device, comm: Option<&Comm>, mut args: Args) -> Result<()> {
         )?;
         let extra = json!({"history": (&history.train_loss, &history.test_loss), "val_loss": last_val, "bits_per_byte": bpb, "grad_scaler": scaler.as_ref().map(|s| s.state())});
         match &ddp {
-            Some(d) => d.save_checkpoint(&ckpt, &model, Some(&opt), step as u64, extra)?,
+            Some(d) => d.save_checkpoint(&ckpt, &model, Some(opt.as_ref()), step as u64, extra)?,
             None => {
-                save_checkpoint(&ckpt, &model, Some(&opt), step as u64, extra)?;
+                save_checkpoint(&ckpt, &model, Some(opt.as_ref()), step as u64, extra)?;
             }
         }
     }

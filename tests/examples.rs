@@ -1,7 +1,9 @@
-//! The Llama examples end to end at tiny settings on every device, in bf16 autocast (llama_train also in f16 with loss scaling, with per-block checkpointing): training runs, saves, and what it saved loads back (llama_generate with bf16 weights); hf_finetune (llama_finetune's new name) with LoRA on all linear layers over a bf16 base, and on Qwen2, Mistral and GPT-2 directories.
+//! The Llama examples end to end at tiny settings on every device, in bf16 autocast (llama_train also in f16 with loss scaling, with per-block checkpointing, and with a sharded optimizer that resumes): training runs, saves, and what it saved loads back (llama_generate with bf16 weights); hf_finetune (llama_finetune's new name) with LoRA on all linear layers over a bf16 base, and on Qwen2, Mistral and GPT-2 directories.
 use netcl::data::ENDOFTEXT;
 use netcl::devices::test_devices;
+use netcl::distributed::shard_path;
 use netcl::models::{Arch, Family, Llama, LlamaConfig};
+use netcl::nn::checkpoint::json_path;
 use netcl::ops::RopeStyle;
 use netcl::prelude::*;
 use std::path::{Path, PathBuf};
@@ -130,6 +132,50 @@ fn llama_train_data_parallel_in_bf16() {
         let val = meta["extra"]["val_loss"].as_f64().unwrap();
         assert!(val.is_finite() && val > 0.0, "{devices}: val loss {val}");
     }
+}
+
+/// ZeRO-1 in llama_train: trains, saves a shard per rank beside the checkpoint, and resumes
+/// from them (over every OpenCL device, else the host beside one).
+#[test]
+fn llama_train_shards_adamw_and_resumes() {
+    let cl: Vec<Device> = test_devices()
+        .unwrap()
+        .into_iter()
+        .filter(Device::is_opencl)
+        .collect();
+    let devices = match cl.len() {
+        1 => format!("host,{}", cl[0].spec()),
+        _ => cl.iter().map(Device::spec).collect::<Vec<_>>().join(","),
+    };
+    let out = scratch("train-zero");
+    let run = |steps: &str, resume: bool| {
+        let mut a = args(
+            "--vocab 300 --dim 32 --layers 2 --heads 4 --hidden 64 --context 16 --batch 6 \
+             --eval-every 3 --zero",
+            &[
+                ("--data", text().to_str().unwrap()),
+                ("--devices", &devices),
+                ("--out", out.to_str().unwrap()),
+                ("--steps", steps),
+            ],
+        );
+        if resume {
+            a.push("--resume".into());
+        }
+        llama_train::run(a).unwrap_or_else(|e| panic!("{devices}: {e}"));
+    };
+    run("6", false);
+    let ckpt = out.join("checkpoint");
+    let shard = |step| json_path(shard_path(&ckpt, 1, step)).exists();
+    assert!(
+        shard(6) && !shard(3),
+        "{devices}: rank 1 keeps the shard of step 6 only"
+    );
+    run("9", true);
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("checkpoint.json")).unwrap()).unwrap();
+    assert_eq!(meta["step"], 9, "{devices}");
+    assert!(shard(9) && !shard(6), "{devices}");
 }
 
 #[test]

@@ -427,8 +427,14 @@ impl<'c> DataParallel<'c> {
         Ok(self.weights.clone())
     }
 
-    /// Save a checkpoint (see `netcl_nn::save_checkpoint`) written by rank 0 only, once every
-    /// rank has reached this point without error (so a failed step writes nothing). Collective.
+    /// Save a checkpoint (see `netcl_nn::save_checkpoint`) written by rank 0, once every rank
+    /// has reached this point without error (so a failed step writes nothing). Collective.
+    ///
+    /// A sharded optimizer's state lives on every rank: each rank `r > 0` first saves its shard
+    /// beside the checkpoint ([`shard_path`]), then rank 0 saves the model and its own shard
+    /// to `path`, the commit (a failure before it leaves the previous checkpoint and its shards
+    /// loadable), then each rank removes its shards of other steps. Resume with
+    /// [`DataParallel::load_checkpoint`] on a group of the same size.
     pub fn save_checkpoint(
         &self,
         path: impl AsRef<Path>,
@@ -437,26 +443,125 @@ impl<'c> DataParallel<'c> {
         step: u64,
         extra: serde_json::Value,
     ) -> Result<()> {
-        // A sharded optimizer's state lives on every rank: rank 0's file would hold a part.
-        if optimizer.is_some_and(|o| !o.hyper_params()["sharded"].is_null()) && self.comm.size() > 1
-        {
-            return Err(Error::invalid(
-                "DataParallel::save_checkpoint",
-                "the optimizer is sharded (ZeRO-1) and rank 0 holds only its shard of the state: \
-                 save each rank's optimizer (hyper_params and state_tensors) on that rank",
-            ));
+        let path = path.as_ref();
+        let rank = self.comm.rank();
+        let shard = optimizer.filter(|o| self.comm.size() > 1 && is_sharded(&o.hyper_params()));
+        self.comm.barrier()?;
+        if let (Some(o), true) = (shard, rank > 0) {
+            let saved = netcl_nn::save_optimizer(
+                shard_path(path, rank, step),
+                o,
+                step,
+                serde_json::json!({}),
+            );
+            self.all_or_abort(saved.map(drop))?;
         }
         self.comm.barrier()?;
-        let saved = if self.comm.rank() == 0 {
-            netcl_nn::save_checkpoint(path, module, optimizer, step, extra).map(|_| ())
-        } else {
-            Ok(())
+        let saved = match rank {
+            0 => netcl_nn::save_checkpoint(path, module, optimizer, step, extra).map(drop),
+            _ => Ok(()),
         };
-        if let Err(e) = &saved {
+        self.all_or_abort(saved)?;
+        self.comm.barrier()?;
+        if shard.is_some() && rank > 0 {
+            // The checkpoint names this step's shards: the others are no longer needed (a
+            // leftover costs only disk, so a failure to remove one is not an error).
+            remove_other_shards(path, rank, step);
+        }
+        Ok(())
+    }
+
+    /// Restore a checkpoint [`DataParallel::save_checkpoint`] wrote: every rank reads the model
+    /// from `path`, and its optimizer state from `path` (rank 0, or an optimizer that is not
+    /// sharded) or from its shard of the saved step. A sharded optimizer resumes on a group of
+    /// the size that saved it. Collective; returns the checkpoint's metadata.
+    pub fn load_checkpoint(
+        &self,
+        path: impl AsRef<Path>,
+        module: &dyn Module,
+        optimizer: Option<&mut dyn netcl_optim::Optimizer>,
+    ) -> Result<netcl_nn::checkpoint::Checkpoint> {
+        let path = path.as_ref();
+        let (rank, size) = (self.comm.rank(), self.comm.size());
+        let loaded = (|| {
+            let meta = netcl_nn::load_checkpoint(path, module, None)?;
+            let Some(opt) = optimizer else {
+                return Ok(meta);
+            };
+            let saved = meta.optimizer.as_ref().filter(|h| is_sharded(h));
+            let ranks = saved.map(|h| h["sharded"]["ranks"].as_u64().unwrap_or(0) as usize);
+            match ranks {
+                Some(n) if n != size => Err(Error::invalid(
+                    "DataParallel::load_checkpoint",
+                    format!(
+                        "{} holds an optimizer sharded over {n} ranks; this group has {size}",
+                        path.display()
+                    ),
+                )),
+                Some(_) if rank > 0 => {
+                    netcl_nn::load_optimizer(shard_path(path, rank, meta.step), opt).map(drop)
+                }
+                _ => netcl_nn::load_optimizer(path, opt).map(drop),
+            }?;
+            Ok(meta)
+        })();
+        let meta = self.all_or_abort(loaded)?;
+        self.comm.barrier()?;
+        Ok(meta)
+    }
+
+    /// `result`, having aborted the group when it is an error (so no rank waits for this one).
+    fn all_or_abort<T>(&self, result: Result<T>) -> Result<T> {
+        if let Err(e) = &result {
             self.comm.abort(&e.to_string());
         }
-        saved?;
-        self.comm.barrier()
+        result
+    }
+}
+
+/// Whether optimizer hyper-parameters are a sharded optimizer's (`ShardedOptimizer`).
+fn is_sharded(hyper: &serde_json::Value) -> bool {
+    !hyper["sharded"].is_null()
+}
+
+/// Where rank `rank` of a group with a sharded optimizer keeps its shard of the checkpoint at
+/// `path` saved at `step`: `<path>.rank<rank>-step<step>` (its own `.json` and npz, beside).
+pub fn shard_path(path: impl AsRef<Path>, rank: usize, step: u64) -> std::path::PathBuf {
+    let path = path.as_ref();
+    let base = path
+        .file_name()
+        .map_or_else(Default::default, |f| f.to_string_lossy().into_owned());
+    path.with_file_name(format!("{base}.rank{rank}-step{step}"))
+}
+
+/// Removes rank `rank`'s shards of the checkpoint at `path` saved at steps other than `keep`.
+fn remove_other_shards(path: &Path, rank: usize, keep: u64) {
+    let Some(base) = path.file_name().map(|f| f.to_string_lossy().into_owned()) else {
+        return;
+    };
+    let prefix = format!("{base}.rank{rank}-step");
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for name in entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+    {
+        let step = name
+            .strip_prefix(&prefix)
+            .and_then(|s| s.strip_suffix(".json"))
+            .and_then(|s| s.parse::<u64>().ok());
+        if let Some(step) = step.filter(|&s| s != keep) {
+            let shard = shard_path(path, rank, step);
+            if let Ok(meta) = netcl_nn::checkpoint::read_meta(&shard) {
+                let _ = std::fs::remove_file(netcl_nn::checkpoint::npz_path_of(&shard, &meta));
+            }
+            let _ = std::fs::remove_file(netcl_nn::checkpoint::json_path(&shard));
+        }
     }
 }
 

@@ -14,7 +14,7 @@ mod zero;
 
 pub use bucket::CopyRecord;
 pub use collectives::CHUNK_ELEMS;
-pub use ddp::{DataParallel, DdpOptions};
+pub use ddp::{shard_path, DataParallel, DdpOptions};
 pub use devices::{
     describe_devices, mixed_devices, parse_devices, select_of_kinds, take_devices_flag,
 };

@@ -32,9 +32,9 @@ use std::ops::Range;
 ///
 /// Checkpoints: `state_tensors` names this rank's state by the parameter's position among all
 /// (in the gradient buffer's order, whatever order `make` gave the inner optimizer) and
-/// `hyper_params` records the shard; each rank saves and loads its own shard
-/// ([`DataParallel::save_checkpoint`], which writes rank 0's file only, refuses a sharded
-/// optimizer rather than save a part of its state).
+/// `hyper_params` records the shard; [`DataParallel::save_checkpoint`] saves every rank's shard
+/// beside rank 0's checkpoint and [`DataParallel::load_checkpoint`] gives each rank its own back
+/// (on a group of the same size).
 pub struct ShardedOptimizer<'c, O: Optimizer> {
     comm: &'c Comm,
     inner: O,

@@ -1,9 +1,11 @@
 //! ZeRO-1 and bf16 gradient communication: a sharded AdamW equals the unsharded one on 2 and 3 ranks (OpenCL relay, host path), with clipping and a gradient scaler that overflows on one rank only; bf16 all-reduced gradients equal the host rounding of the f32 sum of each rank's bf16 gradient, bit for bit.
 use netcl_core_devices::{opencl_test_devices, DType, Device, Result};
-use netcl_distributed::{Comm, DataParallel, DdpOptions, Group};
+use netcl_distributed::{shard_path, Comm, DataParallel, DdpOptions, Group};
+use netcl_nn::checkpoint::json_path;
 use netcl_nn::Module;
 use netcl_ops::Tensor;
 use netcl_optim::{clip_grad_norm_of, AdamW, GradScaler, Optimizer, ParamGroup};
+use std::path::Path;
 use std::sync::Mutex;
 
 mod support;
@@ -32,6 +34,15 @@ fn groups() -> Result<Vec<(String, Group)>> {
     Ok(out)
 }
 
+/// AdamW with weight decay on matrices only (parameter groups: the inner optimizer's order is
+/// not the buffer's).
+fn make(ps: Vec<netcl_autograd::Parameter>) -> AdamW {
+    let (mats, vecs): (Vec<_>, Vec<_>) = ps.into_iter().partition(|p| p.shape().len() > 1);
+    AdamW::new(mats, 3e-3)
+        .weight_decay(0.1)
+        .add_group(vecs, ParamGroup::new().weight_decay(0.0))
+}
+
 /// Eight AdamW steps (weight decay on matrices only), sharded or not, with `clip` the gradients
 /// clipped to that norm: the parameters after.
 fn train_adamw(comm: &Comm, sharded: bool, clip: Option<f64>) -> Result<Vec<Vec<f32>>> {
@@ -41,12 +52,6 @@ fn train_adamw(comm: &Comm, sharded: bool, clip: Option<f64>) -> Result<Vec<Vec<
         ..Default::default()
     };
     let mut ddp = DataParallel::new(comm, &model, options)?;
-    let make = |ps: Vec<netcl_autograd::Parameter>| {
-        let (mats, vecs): (Vec<_>, Vec<_>) = ps.into_iter().partition(|p| p.shape().len() > 1);
-        AdamW::new(mats, 3e-3)
-            .weight_decay(0.1)
-            .add_group(vecs, ParamGroup::new().weight_decay(0.0))
-    };
     let mut opt: Box<dyn Optimizer + '_> = if sharded {
         let z = ddp.shard_optimizer(|ps| Ok(make(ps)))?;
         let owned = z.owned().len();
@@ -82,16 +87,6 @@ fn train_adamw(comm: &Comm, sharded: bool, clip: Option<f64>) -> Result<Vec<Vec<
             let g: usize = name.rsplit_once('.').unwrap().1.parse().unwrap();
             assert_eq!(t.shape(), opt.params()[g].shape(), "{name}");
         }
-        // rank 0 alone cannot save a sharded optimizer's state.
-        let dir = std::env::temp_dir().join(format!("netcl-zero-{}", std::process::id()));
-        let err = ddp.save_checkpoint(
-            dir.join("c"),
-            &model,
-            Some(opt.as_ref()),
-            8,
-            serde_json::json!({}),
-        );
-        assert!(err.unwrap_err().to_string().contains("sharded"));
     }
     // The moments are sharded: this rank holds state for its parameters only.
     let held: usize = opt.state_tensors().iter().map(|(_, t)| t.numel()).sum();
@@ -145,6 +140,73 @@ fn sharded_adamw_equals_unsharded() -> Result<()> {
             "{name}: clipped, sharded differs from unsharded by {d}"
         );
     }
+    Ok(())
+}
+
+/// Sharded AdamW for 8 steps, saving a checkpoint after 4 and 6 at `save`, or resuming from
+/// the one at `resume`: rank 0's parameters.
+fn zero_run(comm: &Comm, save: Option<&Path>, resume: Option<&Path>) -> Result<Vec<Vec<f32>>> {
+    let model = mlp(
+        comm.device(),
+        7 + 100 * u64::from(resume.is_some()) + comm.rank() as u64,
+    )?;
+    let options = DdpOptions {
+        bucket_bytes: 512,
+        ..Default::default()
+    };
+    let mut ddp = DataParallel::new(comm, &model, options)?;
+    let mut opt = ddp.shard_optimizer(|ps| Ok(make(ps)))?;
+    let mut from = 0;
+    if let Some(path) = resume {
+        from = ddp.load_checkpoint(path, &model, Some(&mut opt))?.step as usize;
+    }
+    for s in from..8 {
+        let (x, y) = batch(s, BATCH)?;
+        ddp_step(&mut ddp, &model, (&x, &y), 1.0)?;
+        opt.step()?;
+        opt.zero_grad();
+        if let Some(path) = save.filter(|_| s + 1 == 4 || s + 1 == 6) {
+            let step = (s + 1) as u64;
+            ddp.save_checkpoint(path, &model, Some(&opt), step, serde_json::json!({}))?;
+        }
+    }
+    params(&model)
+}
+
+#[test]
+fn a_sharded_checkpoint_resumes_the_same_trajectory() -> Result<()> {
+    let _turn = serial();
+    let dir = std::env::temp_dir().join(format!("netcl-zero-resume-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let all = groups()?;
+    for (i, (name, group)) in all.iter().enumerate() {
+        let path = dir.join(format!("ckpt{i}"));
+        let straight = group.run(|c| zero_run(c, Some(&path), None))?;
+        // Each rank but 0 keeps the shard of the last save only, beside rank 0's checkpoint.
+        for r in 1..group.size() {
+            let shard = |step| json_path(shard_path(&path, r, step)).exists();
+            assert!(shard(6), "{name}: rank {r}'s shard");
+            assert!(!shard(4), "{name}: rank {r}'s shard of the earlier save");
+        }
+        let resumed = group.run(|c| zero_run(c, None, Some(&path)))?;
+        let d = max_diff(&straight[0], &resumed[0]);
+        eprintln!("{name}: resumed at step 6 vs straight: {d:e}");
+        assert!(d == 0.0, "{name}: the resumed run differs by {d}");
+    }
+    // A group of another size cannot take the shards: an error on every rank naming both sizes.
+    if let [(_, small), (_, big), ..] = all.as_slice() {
+        if small.size() != big.size() {
+            let path = dir.join("ckpt1");
+            let errs = small.run(|c| Ok(zero_run(c, None, Some(&path)).map(drop)))?;
+            let want = format!("sharded over {} ranks", big.size());
+            assert!(
+                errs.iter()
+                    .all(|e| e.as_ref().is_err_and(|e| e.to_string().contains(&want))),
+                "{errs:?}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 

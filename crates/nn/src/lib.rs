@@ -27,5 +27,7 @@ pub use loss::{cross_entropy, cross_entropy_with, mse_loss, nll_loss, CrossEntro
 pub use module::{in_layer, type_name, Context, Module, Sequential};
 pub use norm::{BatchNorm2d, LayerNorm, RmsNorm};
 pub use pool::{AvgPool2d, Flatten, MaxPool2d};
-pub use state::{load_checkpoint, save_checkpoint, save_checkpoint_with};
+pub use state::{
+    load_checkpoint, load_optimizer, save_checkpoint, save_checkpoint_with, save_optimizer,
+};
 pub use tensor_io::{load_npz, load_safetensors, save_npz, save_safetensors, SafetensorsFile};

@@ -60,6 +60,46 @@ pub fn save_checkpoint_with(
     checkpoint::save_with(path, &info, &refs, options)
 }
 
+/// Save only `optimizer`'s state (as [`save_checkpoint`] names it) and `step` to `path.json` +
+/// its npz, atomically: what a rank of a sharded optimizer holds beside the model rank 0 saves.
+pub fn save_optimizer(
+    path: impl AsRef<Path>,
+    optimizer: &dyn Optimizer,
+    step: u64,
+    extra: Value,
+) -> Result<Checkpoint> {
+    let tensors: Vec<(String, Tensor)> = (optimizer.state_tensors().into_iter())
+        .map(|(n, t)| (format!("{OPTIM}{n}"), t))
+        .collect();
+    let refs: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let info = CheckpointInfo {
+        model: Value::String("optimizer state only".into()),
+        optimizer: Some(optimizer.hyper_params()),
+        step,
+        extra,
+    };
+    checkpoint::save_with(path, &info, &refs, &SaveOptions::default())
+}
+
+/// Restore the optimizer state of a checkpoint ([`save_optimizer`]'s, or the optimizer part of
+/// [`save_checkpoint`]'s) into `optimizer`, which checks names, shapes and its own settings
+/// first and changes nothing on a mismatch. Returns the checkpoint's metadata.
+pub fn load_optimizer(path: impl AsRef<Path>, optimizer: &mut dyn Optimizer) -> Result<Checkpoint> {
+    let path = path.as_ref();
+    let loaded = checkpoint::load(path)?;
+    let hyper = loaded.meta().optimizer.clone().ok_or_else(|| {
+        Error::format(
+            path.display().to_string(),
+            "the checkpoint holds no optimizer state",
+        )
+    })?;
+    let tensors: Vec<(String, Tensor)> = (loaded.tensors().iter())
+        .filter_map(|(n, t)| n.strip_prefix(OPTIM).map(|s| (s.to_string(), t.clone())))
+        .collect();
+    optimizer.load_state(&hyper, &tensors)?;
+    Ok(loaded.meta().clone())
+}
+
 /// Restore what [`save_checkpoint`] wrote into `model` (and `optimizer`): every name, shape
 /// and dtype is checked first, and a mismatch changes nothing and lists every difference.
 /// Returns the checkpoint's metadata (step, extra, ...).
