@@ -172,7 +172,17 @@ impl Runner {
         if replay && self.dev.is_opencl() && model.decode_supported() {
             let cache = netcl_models::KvCache::new(&model.config, 1, &self.dev)?;
             let one = netcl_ops::Tensor::from_vec(vec![1i32], &[1], &self.dev)?;
+            // What generate pays once per call: capturing its first decode step.
+            self.dev.synchronize()?;
+            let t0 = Instant::now();
             let (mut graph, _) = model.capture_decode(&one, &cache, None)?;
+            self.dev.synchronize()?;
+            println!(
+                "{:<12} {:<28} capturing the decode step: {:.2} ms",
+                "",
+                "llama110m_decode_capture",
+                t0.elapsed().as_secs_f64() * 1e3
+            );
             kernels += graph.graph().stats().kernels as u64;
             // Steps queued back to back with nothing read: the host's time to queue a step
             // against the device's time to run one (whichever is longer bounds generation).
