@@ -183,10 +183,7 @@ impl PinnedBuffer {
         let q = &dst.device().cl("PinnedBuffer::write_to")?.queue;
         // SAFETY: the buffer (and its mapping) moves into Pending and is handed back only after the wait.
         let ev = unsafe { enqueue_write(q, dst.mem(), offset, self.ptr, len, false, &[])? };
-        Ok(Pending {
-            event: Some(ev),
-            host: Some(self),
-        })
+        Ok(Pending::new(Some(ev), self))
     }
 
     /// Start copying `len` bytes of `src` at `offset` into the start of this buffer (see [`Self::write_to`]).
@@ -202,10 +199,7 @@ impl PinnedBuffer {
         let q = &src.device().cl("PinnedBuffer::read_from")?.queue;
         // SAFETY: as in write_to; nothing can read the buffer until the wait hands it back.
         let ev = unsafe { enqueue_read(q, src.mem(), offset, self.ptr, len, false, &[])? };
-        Ok(Pending {
-            event: Some(ev),
-            host: Some(self),
-        })
+        Ok(Pending::new(Some(ev), self))
     }
 
     fn check(&self, block: &Block, op: &str, len: usize) -> Result<()> {
@@ -252,13 +246,27 @@ impl Drop for PinnedBuffer {
 pub struct Pending<H> {
     event: Option<Event>,
     host: Option<H>,
+    /// Runs once the copy is complete (also when dropped): a small read's pinned slot copies
+    /// into the host memory and goes back to its device's slots.
+    after: Option<Box<dyn FnOnce(Option<&mut H>) + Send>>,
 }
 
 impl<H> Pending<H> {
+    fn new(event: Option<Event>, host: H) -> Pending<H> {
+        Pending {
+            event,
+            host: Some(host),
+            after: None,
+        }
+    }
+
     /// Wait for the copy and return the host memory (the data, for a read).
     pub fn wait(mut self) -> Result<H> {
         if let Some(ev) = self.event.take() {
             ev.wait().cl("clWaitForEvents")?;
+        }
+        if let Some(after) = self.after.take() {
+            after(self.host.as_mut());
         }
         self.host
             .take()
@@ -283,6 +291,9 @@ impl<H> Drop for Pending<H> {
         if let Some(ev) = self.event.take() {
             let _ = ev.wait();
         }
+        if let Some(after) = self.after.take() {
+            after(None);
+        }
     }
 }
 
@@ -298,10 +309,7 @@ pub fn write_async<H: AsRef<[u8]> + Send + 'static>(
     check_range("write_async", dst, offset, bytes.len())?;
     record_write(dst, offset, bytes);
     if bytes.is_empty() {
-        return Ok(Pending {
-            event: None,
-            host: Some(data),
-        });
+        return Ok(Pending::new(None, data));
     }
     let q = &dst.device().cl("write_async")?.queue;
     // SAFETY: the bytes live on the heap inside the box, which moves into Pending untouched until done.
@@ -316,30 +324,60 @@ pub fn write_async<H: AsRef<[u8]> + Send + 'static>(
             &[],
         )?
     };
-    Ok(Pending {
-        event: Some(ev),
-        host: Some(data),
-    })
+    Ok(Pending::new(Some(ev), data))
 }
 
 /// Start copying `len` bytes of `src` at `offset` into a new host vector, returned by `wait`.
+/// Reads of up to [`SMALL_READ`] bytes land in a pinned slot first (copied out at `wait`): on
+/// NVIDIA's OpenCL a non-blocking read into pageable memory holds the host until the queue has
+/// run up to it, so a token id read back would keep the next step from being queued meanwhile.
 pub fn read_async(src: &Block, offset: usize, len: usize) -> Result<Pending<Vec<u8>>> {
     check_range("read_async", src, offset, len)?;
     capture::forbid(src.device(), "read_async")?;
     let q = &src.device().cl("read_async")?.queue;
     let mut host = vec![0u8; len];
     if len == 0 {
-        return Ok(Pending {
-            event: None,
-            host: Some(host),
-        });
+        return Ok(Pending::new(None, host));
+    }
+    if len <= SMALL_READ {
+        let slots = small_read_slots(src.device())?;
+        let slot = slots.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut slot = match slot {
+            Some(s) => s,
+            None => PinnedBuffer::new(src.device(), SMALL_READ)?,
+        };
+        let at = slot.as_mut_slice().as_mut_ptr();
+        // SAFETY: the slot moves into the Pending's `after` and is touched again (copied out,
+        // then handed back to the device's slots) only once the read is complete.
+        let ev = unsafe { enqueue_read(q, src.mem(), offset, at, len, false, &[])? };
+        let mut pending = Pending::new(Some(ev), host);
+        pending.after = Some(Box::new(move |host: Option<&mut Vec<u8>>| {
+            if let Some(h) = host {
+                h.copy_from_slice(&slot.as_slice()[..len]);
+            }
+            slots.lock().unwrap_or_else(|p| p.into_inner()).push(slot);
+        }));
+        return Ok(pending);
     }
     // SAFETY: the vector's heap memory moves into Pending and is handed out only after the wait.
     let ev = unsafe { enqueue_read(q, src.mem(), offset, host.as_mut_ptr(), len, false, &[])? };
-    Ok(Pending {
-        event: Some(ev),
-        host: Some(host),
-    })
+    Ok(Pending::new(Some(ev), host))
+}
+
+/// The largest read [`read_async`] stages through a pinned slot.
+pub const SMALL_READ: usize = 64 << 10;
+
+/// Each device's free pinned slots for small reads (as many as were ever in flight at once).
+fn small_read_slots(device: &Device) -> Result<&'static Mutex<Vec<PinnedBuffer>>> {
+    static SLOTS: OnceLock<Vec<Mutex<Vec<PinnedBuffer>>>> = OnceLock::new();
+    let slots = SLOTS.get_or_init(|| {
+        (Device::all().iter())
+            .map(|_| Mutex::new(Vec::new()))
+            .collect()
+    });
+    slots
+        .get(device.ordinal())
+        .ok_or_else(|| Error::device("read_async", format!("unknown device {device}")))
 }
 
 /// Events of copies into or out of the staging ring; dropping the set waits for all of them, so
