@@ -248,8 +248,12 @@ pub struct Pending<H> {
     host: Option<H>,
     /// Runs once the copy is complete (also when dropped): a small read's pinned slot copies
     /// into the host memory and goes back to its device's slots.
-    after: Option<Box<dyn FnOnce(Option<&mut H>) + Send>>,
+    after: Option<AfterCopy<H>>,
 }
+
+/// What a [`Pending`] runs once its copy is complete: given the host memory at `wait`, none
+/// when dropped.
+type AfterCopy<H> = Box<dyn FnOnce(Option<&mut H>) + Send>;
 
 impl<H> Pending<H> {
     fn new(event: Option<Event>, host: H) -> Pending<H> {

@@ -1,7 +1,7 @@
 //! The communication thread of data-parallel training: reduces gradient buckets across ranks as backward hands them over (through the device relay where every rank is an OpenCL device, else through host staging on the copy queue).
 use crate::group::Comm;
 use crate::reduce::{round_to_bf16, ReduceOp};
-use crate::relay::{Chunk, ChunkTimes, Relay};
+use crate::relay::{Chunk, ChunkTimes, Relay, Session};
 use crate::staging::{queue, read, write, Queue};
 use netcl_core_devices::opencl3::event::Event;
 use netcl_core_devices::{ClResultExt, Error, Result};
@@ -217,14 +217,13 @@ impl Worker {
     ) -> Result<Done> {
         let stopped = || Error::invalid("DataParallel", "the step's sender has stopped");
         let mut relay = if self.comm.hub.relay && self.flat.device().is_opencl() {
-            Some(Relay::begin(
-                &self.comm,
-                "DataParallel",
-                ReduceOp::WeightedSum,
-                share,
-                self.buckets.iter().map(|b| b.len).sum(),
-                self.wire.dtype() == netcl_core_devices::DType::BF16,
-            )?)
+            let session = Session::Reduce {
+                op: ReduceOp::WeightedSum,
+                scale: share,
+                bf16: self.wire.dtype() == netcl_core_devices::DType::BF16,
+            };
+            let total = self.buckets.iter().map(|b| b.len).sum();
+            Some(Relay::begin(&self.comm, "DataParallel", session, total)?)
         } else {
             None
         };

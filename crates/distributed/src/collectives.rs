@@ -12,7 +12,7 @@
 use crate::group::Comm;
 use crate::hub::Slot;
 use crate::reduce::{reduce_range, split_range, ReduceOp};
-use crate::relay::{Chunk, Relay};
+use crate::relay::{Chunk, Relay, Session};
 use crate::staging::{check_f32, compute_done, read, write, write_tensor, Queue};
 use netcl_core_devices::opencl3::event::Event;
 use netcl_core_devices::{ClResultExt, Error, Result};
@@ -170,7 +170,12 @@ impl Comm {
         if n == 0 {
             return Ok(());
         }
-        let mut relay = Relay::begin(self, name, op, scale, n, false)?;
+        let session = Session::Reduce {
+            op,
+            scale,
+            bf16: false,
+        };
+        let mut relay = Relay::begin(self, name, session, n)?;
         let (mem, base, step) = (t.mem()?, t.offset() * 4, relay.chunk());
         let mut ready = Some(compute_done(&self.device)?);
         for s in (0..n).step_by(step) {
@@ -240,7 +245,7 @@ impl Comm {
         if n == 0 {
             return Ok(());
         }
-        let mut relay = Relay::begin_gather(self, name, n)?;
+        let mut relay = Relay::begin(self, name, Session::Gather, n)?;
         let (mem, base, step) = (t.mem()?, t.offset() * 4, relay.chunk());
         let mut ready = Some(compute_done(&self.device)?);
         for s in (0..n).step_by(step) {

@@ -100,6 +100,19 @@ struct InFlight {
     gather: Vec<Event>,
 }
 
+/// What a relay session does with its chunks.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Session {
+    /// Reduce them in place on every rank.
+    Reduce {
+        op: ReduceOp,
+        scale: f32,
+        bf16: bool,
+    },
+    /// Give every rank each rank's part of them.
+    Gather,
+}
+
 /// One reduction session of a rank: begun together by every rank, fed the same chunks in the
 /// same order, finished together.
 pub(crate) struct Relay<'c> {
@@ -168,42 +181,23 @@ fn span(events: &[Event]) -> (u64, u64) {
 }
 
 impl<'c> Relay<'c> {
-    /// Start a reduction: every rank calls it, about to relay `total` elements (an exchange of
-    /// the lengths, the chunk size and the weights). `scale` is this rank's weight for
-    /// [`ReduceOp::WeightedSum`]. With `bf16`, the chunks' elements are bf16 (the tensors hold
-    /// bf16; the fold sums in f32 and rounds once).
+    /// Start a session: every rank calls it with the same `session`, about to relay `total`
+    /// elements (an exchange of the lengths, the chunk size and the weights). A reduction's
+    /// `scale` is this rank's weight for [`ReduceOp::WeightedSum`]; with `bf16`, the chunks'
+    /// elements are bf16 (the tensors hold bf16; the fold sums in f32 and rounds once). A
+    /// gather moves f32: each chunk's `parts` say which rank holds which of its elements, a rank
+    /// copies its own part down and the others' up (n - 1 parts), nothing is folded: a quarter
+    /// of an all-reduce's copies on four ranks.
     pub(crate) fn begin(
         comm: &'c Comm,
         name: &'static str,
-        op: ReduceOp,
-        scale: f32,
-        total: usize,
-        bf16: bool,
-    ) -> Result<Relay<'c>> {
-        Self::start(comm, name, op, scale, total, bf16, false)
-    }
-
-    /// Start a gather of `total` f32 elements: each chunk's `parts` say which rank holds which
-    /// of its elements; afterwards every rank's tensor holds every part. A rank copies its own
-    /// part down and the others' parts up (n - 1 parts), nothing is folded: a quarter of an
-    /// all-reduce's copies on four ranks.
-    pub(crate) fn begin_gather(
-        comm: &'c Comm,
-        name: &'static str,
+        session: Session,
         total: usize,
     ) -> Result<Relay<'c>> {
-        Self::start(comm, name, ReduceOp::Sum, 1.0, total, false, true)
-    }
-
-    fn start(
-        comm: &'c Comm,
-        name: &'static str,
-        op: ReduceOp,
-        scale: f32,
-        total: usize,
-        bf16: bool,
-        gather: bool,
-    ) -> Result<Relay<'c>> {
+        let (op, scale, bf16, gather) = match session {
+            Session::Reduce { op, scale, bf16 } => (op, scale, bf16, false),
+            Session::Gather => (ReduceOp::Sum, 1.0, false, true),
+        };
         let chunk = chunk_elems()?;
         let mine = {
             let mut held = comm.hub.relay_buffers();
