@@ -72,10 +72,13 @@ pub(super) fn gemv_launch(
         1 => n0,
         _ => (n0 + n1 + n2) / 2,
     };
-    // Work-items per unit: about four (vector) loads of each row per work-item, 32 to 256, so
-    // that short and long rows alike keep enough loads in flight.
+    // Work-items per unit, 32 to 256: about four (vector) loads of each row per work-item for
+    // one group of batch rows, so that short and long rows alike keep enough loads in flight;
+    // sixteen where several batch groups already fill the device with work-groups (measured in
+    // netcl-bench --llama generate,generate_b32: docs/performance.md, Generation).
     let per_row = if k % 4 == 0 { k / 4 } else { k };
-    let team = (per_row / 4).next_power_of_two().clamp(32, GEMV_GROUP);
+    let loads = if b > GEMV_MAXB { 16 } else { 4 };
+    let team = (per_row / loads).next_power_of_two().clamp(32, GEMV_GROUP);
     let (smax, hd, halves, has_pads, use_table) = s.qkv.unwrap_or((1, 2, false, false, false));
     u32_arg(op, "elements", b * (n0 + n1 + n2).max(k))?;
     let args = GemvArgs {
