@@ -332,7 +332,7 @@ pub fn write_async<H: AsRef<[u8]> + Send + 'static>(
 }
 
 /// Start copying `len` bytes of `src` at `offset` into a new host vector, returned by `wait`.
-/// Reads of up to [`SMALL_READ`] bytes land in a pinned slot first (copied out at `wait`): on
+/// Reads of up to `SMALL_READ` (64 KiB) land in a pinned slot first (copied out at `wait`): on
 /// NVIDIA's OpenCL a non-blocking read into pageable memory holds the host until the queue has
 /// run up to it, so a token id read back would keep the next step from being queued meanwhile.
 pub fn read_async(src: &Block, offset: usize, len: usize) -> Result<Pending<Vec<u8>>> {
