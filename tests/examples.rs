@@ -102,15 +102,17 @@ fn llama_train_runs_in_bf16_and_f16() {
     }
 }
 
+/// The OpenCL devices the tests run on (at least one: CI requires it).
+fn opencl_test_devices() -> Vec<Device> {
+    let all = test_devices().unwrap().into_iter();
+    all.filter(Device::is_opencl).collect()
+}
+
 /// Data parallel under bf16 autocast with bf16 gradient communication: over every OpenCL
 /// device (the relay), and over the host beside one (a mix: split by measured speed).
 #[test]
 fn llama_train_data_parallel_in_bf16() {
-    let cl: Vec<Device> = test_devices()
-        .unwrap()
-        .into_iter()
-        .filter(Device::is_opencl)
-        .collect();
+    let cl = opencl_test_devices();
     let mut specs = vec![format!("host,{}", cl[0].spec())];
     if cl.len() >= 2 {
         specs.push(cl.iter().map(Device::spec).collect::<Vec<_>>().join(","));
@@ -138,11 +140,7 @@ fn llama_train_data_parallel_in_bf16() {
 /// from them (over every OpenCL device, else the host beside one).
 #[test]
 fn llama_train_shards_adamw_and_resumes() {
-    let cl: Vec<Device> = test_devices()
-        .unwrap()
-        .into_iter()
-        .filter(Device::is_opencl)
-        .collect();
+    let cl = opencl_test_devices();
     let devices = match cl.len() {
         1 => format!("host,{}", cl[0].spec()),
         _ => cl.iter().map(Device::spec).collect::<Vec<_>>().join(","),
