@@ -1,7 +1,7 @@
 //! The communication thread of data-parallel training: reduces gradient buckets across ranks as backward hands them over (through the device relay where every rank is an OpenCL device, else through host staging on the copy queue).
 use crate::group::Comm;
 use crate::reduce::{round_to_bf16, ReduceOp};
-use crate::relay::{Chunk, ChunkTimes, Relay, Session};
+use crate::relay::{within, Chunk, ChunkTimes, Relay, Session};
 use crate::staging::{queue, read, write, Queue};
 use netcl_core_devices::opencl3::event::Event;
 use netcl_core_devices::{ClResultExt, Error, Result};
@@ -194,10 +194,9 @@ impl Worker {
             else {
                 continue;
             };
-            let out = self.step(&jobs, step, share, buckets, keep);
-            if let Err(e) = &out {
-                self.comm.abort(&e.to_string());
-            }
+            let out = self
+                .comm
+                .or_abort(self.step(&jobs, step, share, buckets, keep));
             if done.send(out).is_err() {
                 return;
             }
@@ -288,13 +287,8 @@ impl Worker {
             let parts = match keep {
                 None => Vec::new(),
                 Some(k) => {
-                    let first = b.start + s;
-                    let (a, z) = (
-                        k.start.clamp(first, first + len),
-                        k.end.clamp(first, first + len),
-                    );
                     let mut parts = vec![0..0; self.comm.size()];
-                    parts[self.comm.rank()] = a - first..z - first;
+                    parts[self.comm.rank()] = within(k, b.start + s, len);
                     parts
                 }
             };

@@ -12,7 +12,7 @@
 use crate::group::Comm;
 use crate::hub::Slot;
 use crate::reduce::{reduce_range, split_range, ReduceOp};
-use crate::relay::{Chunk, Relay, Session};
+use crate::relay::{within, Chunk, Relay, Session};
 use crate::staging::{check_f32, compute_done, read, write, write_tensor, Queue};
 use netcl_core_devices::opencl3::event::Event;
 use netcl_core_devices::{ClResultExt, Error, Result};
@@ -144,48 +144,47 @@ impl Comm {
         // A failure part-way leaves the other ranks inside a chunk's rendezvous: abort the group
         // so they return an error too instead of waiting.
         let done = if self.hub.relay {
-            self.all_reduce_relay(name, t, op, scale)
+            let session = Session::Reduce {
+                op,
+                scale,
+                bf16: false,
+            };
+            self.relay(name, t, session, &[])
         } else {
             self.all_reduce_device(name, t, op, scale)
                 .and_then(|()| self.sync(name))
         };
-        if let Err(e) = done {
-            self.abort(&e.to_string());
-            return Err(e);
-        }
+        self.or_abort(done)?;
         t.mark_modified();
         Ok(())
     }
 
-    /// Every rank an OpenCL device: the device relay (relay.rs), in chunks, after the kernels
-    /// enqueued so far on the compute queue.
-    fn all_reduce_relay(
+    /// Every rank an OpenCL device: `t` through a device relay session (relay.rs), in chunks,
+    /// after the kernels enqueued so far on the compute queue; each chunk's parts are `runs`
+    /// (elements of `t`) within it, none where `runs` is empty.
+    fn relay(
         &self,
         name: &'static str,
         t: &Tensor,
-        op: ReduceOp,
-        scale: f32,
+        session: Session,
+        runs: &[Range<usize>],
     ) -> Result<()> {
         let n = t.numel();
         if n == 0 {
             return Ok(());
         }
-        let session = Session::Reduce {
-            op,
-            scale,
-            bf16: false,
-        };
         let mut relay = Relay::begin(self, name, session, n)?;
         let (mem, base, step) = (t.mem()?, t.offset() * 4, relay.chunk());
         let mut ready = Some(compute_done(&self.device)?);
         for s in (0..n).step_by(step) {
+            let len = step.min(n - s);
             relay.push(Chunk {
                 mem,
                 offset: base + s * 4,
-                len: step.min(n - s),
+                len,
                 after: ready.take(),
                 tag: 0,
-                parts: Vec::new(),
+                parts: runs.iter().map(|r| within(r, s, len)).collect(),
             })?;
         }
         relay.finish().map(drop)
@@ -226,46 +225,9 @@ impl Comm {
             return self.all_reduce(t, ReduceOp::Sum);
         }
         self.agree(name, t)?;
-        let done = self.all_gather_relay(name, t, runs);
-        if let Err(e) = done {
-            self.abort(&e.to_string());
-            return Err(e);
-        }
+        self.or_abort(self.relay(name, t, Session::Gather, runs))?;
         t.mark_modified();
         Ok(())
-    }
-
-    fn all_gather_relay(
-        &self,
-        name: &'static str,
-        t: &Tensor,
-        runs: &[Range<usize>],
-    ) -> Result<()> {
-        let n = t.numel();
-        if n == 0 {
-            return Ok(());
-        }
-        let mut relay = Relay::begin(self, name, Session::Gather, n)?;
-        let (mem, base, step) = (t.mem()?, t.offset() * 4, relay.chunk());
-        let mut ready = Some(compute_done(&self.device)?);
-        for s in (0..n).step_by(step) {
-            let len = step.min(n - s);
-            let parts = (runs.iter())
-                .map(|r| {
-                    let (a, b) = (r.start.clamp(s, s + len), r.end.clamp(s, s + len));
-                    a - s..b - s
-                })
-                .collect();
-            relay.push(Chunk {
-                mem,
-                offset: base + s * 4,
-                len,
-                after: ready.take(),
-                tag: 0,
-                parts,
-            })?;
-        }
-        relay.finish().map(drop)
     }
 
     fn all_reduce_host_chunks(

@@ -313,11 +313,8 @@ impl<'c> DataParallel<'c> {
             self.last_compute_s += started.elapsed().as_secs_f64();
             return Ok(());
         }
-        let out = self.backward_synced(tape, loss, started);
-        if let Err(e) = &out {
-            self.comm.abort(&e.to_string());
-        }
-        out
+        self.comm
+            .or_abort(self.backward_synced(tape, loss, started))
     }
 
     fn backward_synced(&mut self, tape: &Tape, loss: &Var, started: Instant) -> Result<()> {
@@ -454,14 +451,14 @@ impl<'c> DataParallel<'c> {
                 step,
                 serde_json::json!({}),
             );
-            self.all_or_abort(saved.map(drop))?;
+            self.comm.or_abort(saved.map(drop))?;
         }
         self.comm.barrier()?;
         let saved = match rank {
             0 => netcl_nn::save_checkpoint(path, module, optimizer, step, extra).map(drop),
             _ => Ok(()),
         };
-        self.all_or_abort(saved)?;
+        self.comm.or_abort(saved)?;
         self.comm.barrier()?;
         if shard.is_some() && rank > 0 {
             // The checkpoint names this step's shards: the others are no longer needed (a
@@ -505,17 +502,9 @@ impl<'c> DataParallel<'c> {
             }?;
             Ok(meta)
         })();
-        let meta = self.all_or_abort(loaded)?;
+        let meta = self.comm.or_abort(loaded)?;
         self.comm.barrier()?;
         Ok(meta)
-    }
-
-    /// `result`, having aborted the group when it is an error (so no rank waits for this one).
-    fn all_or_abort<T>(&self, result: Result<T>) -> Result<T> {
-        if let Err(e) = &result {
-            self.comm.abort(&e.to_string());
-        }
-        result
     }
 }
 

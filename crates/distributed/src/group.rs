@@ -267,4 +267,12 @@ impl Comm {
             .abort
             .raise(format!("rank {} aborted: {why}", self.rank));
     }
+
+    /// `result`, having aborted the group when it is an error (so no rank waits for this one).
+    pub(crate) fn or_abort<T>(&self, result: Result<T>) -> Result<T> {
+        if let Err(e) = &result {
+            self.abort(&e.to_string());
+        }
+        result
+    }
 }

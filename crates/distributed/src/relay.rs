@@ -100,6 +100,13 @@ struct InFlight {
     gather: Vec<Event>,
 }
 
+/// The part of `r` (elements of a relayed buffer) in the chunk of `len` elements from `at`, as
+/// elements of the chunk (empty where they do not meet).
+pub(crate) fn within(r: &Range<usize>, at: usize, len: usize) -> Range<usize> {
+    let (a, b) = (r.start.clamp(at, at + len), r.end.clamp(at, at + len));
+    a - at..b - at
+}
+
 /// What a relay session does with its chunks.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Session {

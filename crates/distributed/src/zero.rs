@@ -205,11 +205,7 @@ impl<O: Optimizer> Optimizer for ShardedOptimizer<'_, O> {
     /// This rank's shard steps, then the parameters are exchanged (collective); every
     /// parameter's gradient is cleared (the buffer carried the parameters).
     fn step(&mut self) -> Result<()> {
-        let stepped = self.inner.step();
-        if let Err(e) = &stepped {
-            self.comm.abort(&e.to_string());
-        }
-        stepped?;
+        self.comm.or_abort(self.inner.step())?;
         self.exchange_parameters()?;
         for p in &self.all {
             p.zero_grad();
