@@ -21,7 +21,9 @@
 // (one wgmma per 32 bytes of K, both operands read from local memory by the tensor cores). Tiles
 // of 128 bytes of K go global -> local through cp.async in a ring of STAGES, stored in the 128-byte
 // swizzled layouts wgmma reads (`wg_at`); STAGES - 2 tiles are in flight while one is multiplied
-// and the previous one's wgmmas finish.
+// and the previous one's wgmmas finish. With -DWS (384 work-items, not with -DPERSISTENT) a third
+// warpgroup does all the copying and the stages are handed over through mbarriers instead of
+// work-group barriers.
 #ifndef TBN
 #define TBN 256
 #endif
@@ -31,7 +33,14 @@
 #define TBM 128
 #define EPC (16 / (uint)sizeof(T))  // elements a 16-byte chunk
 #define TBK (8 * EPC)                // elements of K a step: one 128-byte line
-#define WG 256
+// Two computing warpgroups, and with -DWS a third that only loads (warp specialisation).
+#ifdef WS
+#define THREADS 384
+#define LOADERS 128
+#else
+#define THREADS 256
+#define LOADERS 256
+#endif
 #define A_BYTES (TBM * 128)          // 16 KiB
 #define B_BYTES (TBN * 128)
 #define STAGE_BYTES (A_BYTES + B_BYTES)
@@ -75,7 +84,8 @@ inline void copy16(uint dst, __global const T* src, uint valid) {
     __asm__ volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16u : 0u)
                      : "memory");
 }
-#if STAGES == 3
+#ifdef WS
+#elif STAGES == 3
 #define WAIT_COPIES() __asm__ volatile("cp.async.wait_group 0;" ::: "memory")
 #elif STAGES == 4
 #define WAIT_COPIES() __asm__ volatile("cp.async.wait_group 1;" ::: "memory")
@@ -84,8 +94,41 @@ inline void copy16(uint dst, __global const T* src, uint valid) {
 #else
 #error "STAGES takes 3 to 5"
 #endif
+#ifdef WS
+// The loaders keep STAGES - 2 steps' copies in flight beyond the one they wait for (wait_group
+// takes a constant).
+#if STAGES == 3
+#define WAIT_BEHIND() __asm__ volatile("cp.async.wait_group 1;" ::: "memory")
+#elif STAGES == 4
+#define WAIT_BEHIND() __asm__ volatile("cp.async.wait_group 2;" ::: "memory")
+#elif STAGES == 5
+#define WAIT_BEHIND() __asm__ volatile("cp.async.wait_group 3;" ::: "memory")
+#elif STAGES == 6
+#define WAIT_BEHIND() __asm__ volatile("cp.async.wait_group 4;" ::: "memory")
+#else
+#error "STAGES takes 3 to 6"
+#endif
+#define BEHIND (STAGES - 2)
+// mbarriers in local memory (byte address `bar`): `count` arrivals complete a phase.
+inline void mbar_init(uint bar, uint count) {
+    __asm__ volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+inline void mbar_arrive(uint bar) {
+    __asm__ volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared.b64 st, [%0];\n}" ::"r"(bar) : "memory");
+}
+// Returns once the phase of parity `parity` has completed.
+inline void mbar_wait(uint bar, uint parity) {
+    uint done = 0;
+    while (!done) {
+        __asm__ volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+                         : "=r"(done)
+                         : "r"(bar), "r"(parity)
+                         : "memory");
+    }
+}
+#endif
 
-__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+__kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void matmul_wg(__global OT* c,          /* (batch, M, N) contiguous per batch: c[m * N + n] */
                __global const T* a,     /* (batch, M, K): a[m * sam + k]; A_MN: a[k * sam + m] */
                __global const T* b,     /* (batch, N, K): b[n * sbn + k]; B_KN: b[k * sbn + n] */
@@ -126,12 +169,12 @@ void matmul_wg(__global OT* c,          /* (batch, M, N) contiguous per batch: c
 #define ISSUE(st, s)                                                                            \
     {                                                                                           \
         const uint k0 = (s) * TBK, sa = base + (st) * STAGE_BYTES, sb = sa + A_BYTES;           \
-        _Pragma("unroll") for (uint i = 0; i < A_BYTES / 16 / WG; ++i) {                        \
-            const uint e = tid + i * WG;                                                        \
+        _Pragma("unroll") for (uint i = 0; i < A_BYTES / 16 / LOADERS; ++i) {                   \
+            const uint e = loader + i * LOADERS;                                                \
             A_CHUNK                                                                             \
         }                                                                                       \
-        _Pragma("unroll") for (uint i = 0; i < B_BYTES / 16 / WG; ++i) {                        \
-            const uint e = tid + i * WG;                                                        \
+        _Pragma("unroll") for (uint i = 0; i < B_BYTES / 16 / LOADERS; ++i) {                   \
+            const uint e = loader + i * LOADERS;                                                \
             B_CHUNK                                                                             \
         }                                                                                       \
     }
@@ -165,6 +208,66 @@ void matmul_wg(__global OT* c,          /* (batch, M, N) contiguous per batch: c
 
     uint t = get_group_id(0), im0 = 0, in0 = 0;
     uint3 io = (uint3)(0, 0, 0);
+#ifdef WS
+    // Warp specialisation: the loading warpgroup fills the ring, the two warpgroups multiply; mbarriers
+    // after the ring hand each stage over: full[s] (its copies landed and were made visible to the
+    // tensor cores' proxy, LOADERS arrivals) and empty[s] (the wgmmas reading it are done, 256).
+    const uint bars = base + STAGES * STAGE_BYTES;
+#define FULL(s) (bars + 8 * (s))
+#define EMPTY(s) (bars + 8 * (STAGES + (s)))
+    if (tid == 0) {
+        for (uint s = 0; s < STAGES; ++s) {
+            mbar_init(FULL(s), LOADERS);
+            mbar_init(EMPTY(s), 256);
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (t < total) TILE_AT(t, im0, in0, io)
+    if (t < total && wg == 2) {
+        const uint loader = tid - 256;
+        // Step s's stage is free once the wgmmas of s - STAGES are done; a loader arrives on
+        // full[s] after its copies of s + BEHIND are requested and its copies of s have landed.
+        for (uint step = 0; step < steps; ++step) {
+            const uint st = step % STAGES;
+            if (step >= STAGES) mbar_wait(EMPTY(st), (step / STAGES - 1) & 1);
+            ISSUE(st, step)
+            COMMIT();
+            if (step >= BEHIND) {
+                WAIT_BEHIND();
+                __asm__ volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                mbar_arrive(FULL((step - BEHIND) % STAGES));
+            }
+        }
+        __asm__ volatile("cp.async.wait_group 0;" ::: "memory");
+        __asm__ volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        for (uint s = steps > BEHIND ? steps - BEHIND : 0; s < steps; ++s) mbar_arrive(FULL(s % STAGES));
+        return;
+    }
+    if (t < total) {
+        const uint m0 = im0, n0 = in0;
+        const uint3 o = io;
+#pragma unroll
+        for (int i = 0; i < TBN / 2; ++i) d[i] = 0.0f;
+        for (uint step = 0; step < steps; ++step) {
+            const uint st = step % STAGES;
+            mbar_wait(FULL(st), (step / STAGES) & 1);
+            const uint sa = base + st * STAGE_BYTES, sb = sa + A_BYTES;
+#ifdef A_MN
+            const uint wa = sa + wg * 8192;
+#else
+            const uint wa = sa + wg * 64 * 128;
+#endif
+            __asm__ volatile("//sm90a: wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+            for (uint kk = 0; kk < 4; ++kk) wgmma(d, A_DESC(wa, kk), B_DESC(sb, kk));
+            __asm__ volatile("//sm90a: wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            __asm__ volatile("//sm90a: wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            // The wgmmas of step - 1 are done: its stage may be refilled.
+            if (step > 0) mbar_arrive(EMPTY((step - 1) % STAGES));
+        }
+        __asm__ volatile("//sm90a: wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#else
+    const uint loader = tid;
     if (t < total) {
         TILE_AT(t, im0, in0, io)
         PROLOGUE()
@@ -204,6 +307,7 @@ void matmul_wg(__global OT* c,          /* (batch, M, N) contiguous per batch: c
             __asm__ volatile("//sm90a: wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
         }
         __asm__ volatile("//sm90a: wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
 #ifdef PERSISTENT
         // Every warpgroup's reads of the ring are done: the next tile's first steps may land.
         barrier(CLK_LOCAL_MEM_FENCE);

@@ -2,32 +2,48 @@
 use netcl_core_devices::Config;
 use serde::{Deserialize, Serialize};
 
-/// matmul_wg.cl's tiling: 128 x `tbn` outputs a work-group, a ring of `stages` K tiles, and
-/// `persistent` work-groups per compute unit looping over the tiles (0: one work-group per tile).
+/// matmul_wg.cl's tiling: 128 x `tbn` outputs a work-group, a ring of `stages` K tiles,
+/// `persistent` work-groups per compute unit looping over the tiles (0: one work-group per tile),
+/// and with `ws` a third warpgroup that only loads the ring while the two others multiply (warp
+/// specialisation; otherwise every work-item loads and multiplies).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct WgTile {
     pub tbn: u32,
     pub stages: u32,
     #[serde(default)]
     pub persistent: u32,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ws: bool,
 }
 
 impl WgTile {
     pub const ROWS: usize = 128;
-    pub const GROUP: usize = 256;
 
-    /// Local memory a work-group declares: the stages (128 + tbn rows of 128 bytes each) and
-    /// 1 KiB to align them.
-    pub fn shared_bytes(self) -> usize {
-        self.stages as usize * (Self::ROWS + self.tbn as usize) * 128 + 1024
+    /// Work-items of a work-group: two warpgroups, three with a loading one.
+    pub fn group(self) -> usize {
+        if self.ws {
+            384
+        } else {
+            256
+        }
     }
 
-    /// Whether matmul_wg.cl builds this tiling: 64, 128 or 256 columns, 3 to 5 stages, within
-    /// the 227 KiB a Hopper work-group may declare.
+    /// Local memory a work-group declares: the stages (128 + tbn rows of 128 bytes each), 1 KiB
+    /// to align them, and the loading warpgroup's barriers.
+    pub fn shared_bytes(self) -> usize {
+        let barriers = if self.ws { 128 } else { 0 };
+        self.stages as usize * (Self::ROWS + self.tbn as usize) * 128 + 1024 + barriers
+    }
+
+    /// Whether matmul_wg.cl builds this tiling: 64, 128 or 256 columns, 3 to 5 stages (6 with
+    /// a loading warpgroup, which takes no persistent loop), within the 227 KiB a Hopper
+    /// work-group may declare.
     pub fn valid(self) -> bool {
+        let stages = if self.ws { 3..=6 } else { 3..=5 };
         [64, 128, 256].contains(&self.tbn)
-            && (3..=5).contains(&self.stages)
+            && stages.contains(&self.stages)
             && self.persistent <= 4
+            && !(self.ws && self.persistent > 0)
             && self.shared_bytes() <= 227 * 1024
     }
 
@@ -42,10 +58,14 @@ impl WgTile {
     /// The -D options of the tiling (the work-groups' count is the launch's).
     pub fn options(self) -> String {
         format!(
-            "-DTBN={} -DSTAGES={} -DSM90A_SHARED={}{}",
+            "-DTBN={} -DSTAGES={} -DSM90A_SHARED={}{}{}",
             self.tbn,
             self.stages,
             self.shared_bytes(),
+            match self.ws {
+                true => format!(" -DWS -DSM90A_THREADS={}", self.group()),
+                false => String::new(),
+            },
             if self.persistent > 0 {
                 " -DPERSISTENT"
             } else {
@@ -193,23 +213,25 @@ impl Default for PlanTuning {
             fixed_us,
             per_cu,
         };
-        let wg = |tbn, stages, c| WgChoice {
+        let wg = |tbn, stages, persistent, ws, c| WgChoice {
             tile: WgTile {
                 tbn,
                 stages,
-                persistent: 0,
+                persistent,
+                ws,
             },
             cost: c,
         };
         PlanTuning {
             wg: vec![
-                wg(256, 4, cost(764.7, 8.76, 1)),
-                wg(128, 5, cost(669.0, 4.7, 1)),
-                wg(128, 3, cost(610.0, 8.16, 2)),
-                wg(64, 5, cost(422.0, 2.17, 1)),
+                wg(256, 4, 0, true, cost(789.3, 9.81, 1)),
+                wg(256, 4, 0, false, cost(764.9, 9.52, 1)),
+                wg(128, 5, 0, false, cost(651.9, 4.77, 1)),
+                wg(128, 3, 0, false, cost(610.8, 9.11, 2)),
+                wg(64, 5, 1, false, cost(424.9, 2.28, 1)),
             ],
-            tc_cost: cost(318.1, 4.22, 1),
-            tf32_ratio: 0.6,
+            tc_cost: cost(317.9, 4.59, 1),
+            tf32_ratio: 0.57,
             raster: true,
             async_f32: Some(AsyncTuning {
                 stages: 2,
@@ -324,23 +346,25 @@ impl Overrides {
             |v: &str| -> Vec<Option<u32>> { v.split(',').map(|x| x.trim().parse().ok()).collect() };
         let wg = c.wg_tile.clone().and_then(|v| {
             let t = match numbers(&v)[..] {
-                [Some(tbn), Some(stages)] => Some(WgTile {
-                    tbn,
-                    stages,
-                    persistent: 0,
-                }),
-                [Some(tbn), Some(stages), Some(persistent)] => Some(WgTile {
-                    tbn,
-                    stages,
-                    persistent,
-                }),
+                [Some(tbn), Some(stages)] => Some((tbn, stages, 0, false)),
+                [Some(tbn), Some(stages), Some(p)] => Some((tbn, stages, p, false)),
+                [Some(tbn), Some(stages), Some(p), Some(ws @ 0..=1)] => {
+                    Some((tbn, stages, p, ws == 1))
+                }
                 _ => None,
-            };
+            }
+            .map(|(tbn, stages, persistent, ws)| WgTile {
+                tbn,
+                stages,
+                persistent,
+                ws,
+            });
             let ok = t.filter(|t| t.valid());
             if ok.is_none() {
                 eprintln!(
                     "netcl: NETCL_WG_TILE={v} ignored: takes 64, 128 or 256 columns, 3 to 5 stages \
-                     (and optionally 0 to 4 persistent work-groups per compute unit)"
+                     (and optionally 0 to 4 persistent work-groups per compute unit, then 1 for \
+                     a loading warpgroup: 3 to 6 stages, no persistent work-groups)"
                 );
             }
             ok
@@ -401,7 +425,8 @@ mod tests {
             Some(WgTile {
                 tbn: 128,
                 stages: 4,
-                persistent: 0
+                persistent: 0,
+                ws: false
             })
         );
         assert_eq!(o.async_f32, Some(Some([Some(3), None, None])));
@@ -425,6 +450,7 @@ mod tests {
             tbn,
             stages,
             persistent: 2,
+            ws: false,
         };
         assert!(t(256, 4).valid() && t(64, 5).valid());
         assert!(!t(256, 5).valid() && !t(96, 4).valid());

@@ -198,6 +198,10 @@ impl Kernel {
 
     /// The largest work-group this kernel can run with on its device.
     pub fn max_work_group_size(&self) -> usize {
+        // sm_90a programs state their size in the PTX, which the driver's query does not see.
+        if let Some(n) = crate::program::sm90a_threads(&self.program.options) {
+            return n;
+        }
         self.entry()
             .work_group_size
             .min(self.program.device.info().max_work_group_size)

@@ -112,13 +112,15 @@ pub fn build(
         });
     }
     if let Some(shared) = sm90a_shared(options) {
-        program = sm90a_program(&cl.context, cl.id.id(), &program, shared).map_err(|log| {
-            Error::KernelBuild {
-                file: source.name.to_string(),
-                options: options.to_string(),
-                log,
-            }
-        })?;
+        let threads = sm90a_threads(options);
+        program =
+            sm90a_program(&cl.context, cl.id.id(), &program, shared, threads).map_err(|log| {
+                Error::KernelBuild {
+                    file: source.name.to_string(),
+                    options: options.to_string(),
+                    log,
+                }
+            })?;
     }
     if let Some(f) = &file {
         match program.get_binaries() {
@@ -138,9 +140,20 @@ const SM90A_STUB: usize = 40976;
 
 /// The local memory `-DSM90A_SHARED=<bytes>` asks for: such programs are rebuilt as sm_90a PTX.
 pub(crate) fn sm90a_shared(options: &str) -> Option<usize> {
+    option_value(options, "-DSM90A_SHARED=")
+}
+
+/// The work-group size `-DSM90A_THREADS=<n>` programs are launched with (their PTX says so).
+pub(crate) fn sm90a_threads(options: &str) -> Option<usize> {
+    option_value(options, "-DSM90A_THREADS=")
+}
+
+/// The number after `prefix` in `options` (e.g. `-DSM90A_THREADS=`: the work-group size an
+/// sm_90a program is launched with).
+fn option_value(options: &str, prefix: &str) -> Option<usize> {
     let rest = options
         .split_whitespace()
-        .find_map(|o| o.strip_prefix("-DSM90A_SHARED="))?;
+        .find_map(|o| o.strip_prefix(prefix))?;
     rest.parse().ok()
 }
 
@@ -154,6 +167,7 @@ fn sm90a_program(
     device: netcl_core_devices::cl3::types::cl_device_id,
     program: &ClProgram,
     shared: usize,
+    threads: Option<usize>,
 ) -> std::result::Result<ClProgram, String> {
     let bins = program
         .get_binaries()
@@ -161,23 +175,7 @@ fn sm90a_program(
     let ptx = bins
         .first()
         .map(|b| String::from_utf8_lossy(b).into_owned());
-    let ptx = ptx.unwrap_or_default();
-    if !ptx.contains(".target sm_90,") {
-        return Err("sm_90a programs need a device whose PTX targets sm_90".into());
-    }
-    let stub = format!("[{SM90A_STUB}]");
-    let mut text = String::with_capacity(ptx.len());
-    for line in ptx.lines() {
-        let line = line.replace(".target sm_90,", ".target sm_90a,");
-        let line = line.replace("//sm90a: ", "");
-        if shared > 0 && line.contains(".shared") && line.contains(&stub) {
-            text.push_str(&line.replace(&stub, &format!("[{shared}]")));
-        } else {
-            text.push_str(&line);
-        }
-        text.push('\n');
-    }
-    text.push('\0');
+    let text = sm90a_ptx(&ptx.unwrap_or_default(), shared, threads)?;
     // SAFETY: `device` is the context's device.
     let mut patched =
         unsafe { ClProgram::create_from_binary(context, &[device], &[text.as_bytes()]) }
@@ -189,9 +187,54 @@ fn sm90a_program(
     Ok(patched)
 }
 
-/// (device ordinal, program name, options, hash of the source text): two sources of one name
-/// (netcl's own and one a graph file brought) never share, or replace each other's, program.
-type ProgramKey = (usize, &'static str, String, Key);
+/// `ptx` (NVIDIA's sm_90 PTX of an sm_90a source) as sm_90a PTX, NUL-terminated: the `//sm90a: `
+/// comments become instructions, the `SM90A_STUB`-byte local array takes `shared` bytes, and where
+/// `threads` is given each entry states that work-group size and its register budget (the driver's
+/// CL_KERNEL_WORK_GROUP_SIZE for such programs does not follow the PTX's .reqntid, and larger
+/// groups failed to launch without the budget stated).
+fn sm90a_ptx(
+    ptx: &str,
+    shared: usize,
+    threads: Option<usize>,
+) -> std::result::Result<String, String> {
+    if !ptx.contains(".target sm_90,") {
+        return Err("sm_90a programs need a device whose PTX targets sm_90".into());
+    }
+    let stub = format!("[{SM90A_STUB}]");
+    let mut text = String::with_capacity(ptx.len());
+    let (mut entry, mut sized) = (false, false);
+    for line in ptx.lines() {
+        if line.contains(".entry ") {
+            (entry, sized) = (true, false);
+        } else if entry && (line.contains(".reqntid") || line.contains(".maxntid")) {
+            sized = true;
+        } else if entry && line.trim() == "{" {
+            entry = false;
+            if let Some(n) = threads {
+                if !sized {
+                    text.push_str(&format!(".maxntid {n}, 1, 1\n"));
+                }
+                text.push_str(&format!(".maxnreg {}\n", (65536 / n).min(255) / 8 * 8));
+            }
+        }
+        let line = line.replace(".target sm_90,", ".target sm_90a,");
+        let line = line.replace("//sm90a: ", "");
+        if shared > 0 && line.contains(".shared") && line.contains(&stub) {
+            text.push_str(&line.replace(&stub, &format!("[{shared}]")));
+        } else {
+            text.push_str(&line);
+        }
+        text.push('\n');
+    }
+    text.push('\0');
+    Ok(text)
+}
+
+/// (device ordinal, program name, options, the source text's address and length): two sources of
+/// one name (netcl's own and one a graph file brought) never share, or replace each other's,
+/// program. Source texts live for the process (`&'static`, never freed), so an address names one
+/// text; hashing the text instead cost tens of microseconds a launch.
+type ProgramKey = (usize, &'static str, String, (usize, usize));
 
 /// The program for (`device`, `source`, `options`), built once per process and cached in memory.
 pub fn program(device: &Device, source: &Source, options: &str) -> Result<Arc<Program>> {
@@ -201,7 +244,7 @@ pub fn program(device: &Device, source: &Source, options: &str) -> Result<Arc<Pr
         device.ordinal(),
         source.name,
         options.to_string(),
-        Key::new(&[source.text]),
+        (source.text.as_ptr() as usize, source.text.len()),
     );
     let mut map = programs.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(p) = map.get(&key) {
@@ -227,6 +270,28 @@ pub fn program(device: &Device, source: &Source, options: &str) -> Result<Arc<Pr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sm90a_ptx_uncomments_resizes_and_sizes_the_entry() {
+        let ptx = format!(
+            ".version 9.0\n.target sm_90, texmode_independent\n.entry k(\n.param .u32 n\n)\n.reqntid 384, 1, 1\n{{\n.shared .align 16 .b8 s[{SM90A_STUB}];\n//sm90a: wgmma.fence.sync.aligned;\nret;\n}}\n"
+        );
+        let out = sm90a_ptx(&ptx, 99000, Some(384)).unwrap();
+        assert!(out.contains(".target sm_90a,") && !out.contains("sm_90,"));
+        assert!(out.contains(".b8 s[99000];") && out.contains("\nwgmma.fence.sync.aligned;"));
+        // The stated size stays, the register budget (65536 / 384, to a multiple of 8) comes
+        // before the body.
+        assert!(out.contains(".reqntid 384, 1, 1\n.maxnreg 168\n{") && !out.contains(".maxntid"));
+        let bare = ptx.replace(".reqntid 384, 1, 1\n", "");
+        let out = sm90a_ptx(&bare, 0, Some(320)).unwrap();
+        assert!(out.contains(")\n.maxntid 320, 1, 1\n.maxnreg 200\n{"));
+        assert!(
+            out.contains(&format!("[{SM90A_STUB}]")),
+            "no size given: the stub stays"
+        );
+        assert!(!sm90a_ptx(&ptx, 0, None).unwrap().contains(".maxnreg"));
+        assert!(sm90a_ptx(".target sm_80, texmode_independent\n", 0, None).is_err());
+    }
     use crate::sources::COPY;
 
     #[test]

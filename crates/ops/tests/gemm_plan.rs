@@ -92,13 +92,15 @@ fn bf16_f32(layout: &str, dims: (usize, usize, usize)) -> GemmProblem {
     problem(layout, dims, DType::BF16, DType::F32)
 }
 
-fn wgmma(tbn: u32, stages: u32, raster: u32, a: TcOperand, b: TcOperand) -> GemmKernel {
+/// The bf16 wgmma kernel in 128 x `tbn` tiles of `stages`, with a loading warpgroup where `ws`.
+fn wgmma(tbn: u32, stages: u32, ws: bool, raster: u32, a: TcOperand, b: TcOperand) -> GemmKernel {
     GemmKernel::Wgmma {
         kind: TensorCoreKind::Bf16,
         tile: WgTile {
             tbn,
             stages,
             persistent: 0,
+            ws,
         },
         raster,
         a,
@@ -172,16 +174,17 @@ fn each_shape_gets_its_kernel_tile_split_and_staging() {
         matches!(got.kernel, GemmKernel::Gemv(g) if g.rows_of_a && !g.kmajor),
         "{got}"
     );
-    // 16-bit products on tensor cores: wide tiles where they fill the device.
+    // 16-bit products on tensor cores: wide tiles with a loading warpgroup where they fill the
+    // device.
     check(
         &gpu,
         &bf16_f32("nt", (8192, 2048, 2048)),
-        &only(wgmma(256, 4, 0, KRows, KRows)),
+        &only(wgmma(256, 4, true, 0, KRows, KRows)),
     );
     check(
         &gpu,
         &problem("nn", (4096, 4096, 4096), DType::BF16, DType::BF16),
-        &only(wgmma(256, 4, 16, KRows, Mn)),
+        &only(wgmma(256, 4, true, 16, KRows, Mn)),
     );
     // A narrow product's weight gradient over a long K: split, tiles as the model says.
     let got = plan(&gpu, &bf16_f32("tn", (256, 2048, 8192)));

@@ -216,11 +216,14 @@ fn every_plan_variant_is_exact_against_the_host() {
             see(Case::new((128, 256, 4096), dtype, dtype).check(dev, Default::default(), false));
         }
         for choice in &plan_tuning(dev).wg {
-            for persistent in [0, 1] {
-                let tile = WgTile {
-                    persistent,
-                    ..choice.tile
-                };
+            // Each chosen shape one work-group a tile, persistent, and with a loading warpgroup.
+            let forms = [(0, false), (1, false), (0, true)];
+            let tiles = forms.map(|(persistent, ws)| WgTile {
+                persistent,
+                ws,
+                ..choice.tile
+            });
+            for tile in tiles.into_iter().filter(|t| t.valid()) {
                 let opts = MatmulOptions {
                     wg_tile: Some(tile),
                     ..Default::default()

@@ -52,7 +52,7 @@ pub struct Config {
     /// `NETCL_TC_TILE=warps_m,warps_n,mi,nj,kw,stages`: the tensor-core GEMM's tiling for every
     /// product (parsed by netcl-kernels; malformed: reported on stderr and ignored).
     pub tc_tile: Option<String>,
-    /// `NETCL_WG_TILE=tbn,stages[,persistent]`: the `wgmma` GEMM's tiling for every product
+    /// `NETCL_WG_TILE=tbn,stages[,persistent[,ws]]`: the `wgmma` GEMM's tiling for every product
     /// (parsed by netcl-kernels; malformed: reported on stderr and ignored).
     pub wg_tile: Option<String>,
     /// `NETCL_GEMM_ASYNC`: `0` turns the pipelined f32 GEMM off; `stages[,k step[,registers]]`

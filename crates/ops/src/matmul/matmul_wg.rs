@@ -87,7 +87,7 @@ fn launch_in(
     let tiles = m.div_ceil(WgTile::ROWS) * n.div_ceil(tile.tbn as usize) * batches;
     let cus = g.out.device.info().compute_units as usize;
     let groups = groups.unwrap_or_else(|| tile.groups(tiles, cus));
-    kern.launch(&[groups * WgTile::GROUP, 1, 1], &[WgTile::GROUP, 1, 1])
+    kern.launch(&[groups * tile.group(), 1, 1], &[tile.group(), 1, 1])
 }
 
 /// Small integers make every product and sum exact: the device must match the host bit for bit
@@ -116,8 +116,16 @@ fn probe(device: &Device, kind: TensorCoreKind, tile: WgTile) -> Result<bool> {
             let out = Tensor::full(&[e.m, e.n], 0.5, dtype, device)?;
             let g = Gemm::plain(&out, &a, b);
             launch_in(kind, tile, 2, [TcOperand::KRows, b_form], &g, groups)?;
-            if out.to_vec_f64()? != e.want {
-                return Ok(false);
+            let got = out.to_vec_f64()?;
+            if got != e.want {
+                let wrong = got.iter().zip(&e.want).filter(|(g, w)| g != w).count();
+                return Err(Error::invalid(
+                    "matmul_wg probe",
+                    format!(
+                        "{wrong} of {} values differ from the host's (B {b_form:?}, {groups:?} groups)",
+                        got.len()
+                    ),
+                ));
             }
         }
     }

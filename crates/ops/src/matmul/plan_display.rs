@@ -143,6 +143,9 @@ impl fmt::Display for GemmKernel {
                 if t.persistent > 0 {
                     write!(f, ", {} persistent a unit", t.persistent)?;
                 }
+                if t.ws {
+                    write!(f, ", a loading warpgroup")?;
+                }
                 if *raster > 0 {
                     write!(f, ", bands of {raster}")?;
                 }

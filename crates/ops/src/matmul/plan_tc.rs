@@ -25,6 +25,7 @@ pub(super) fn tensor_core(
             tbn: 0,
             stages: 0,
             persistent: 0,
+            ws: false,
         },
         cost: caps.tuning.tc_cost,
     };

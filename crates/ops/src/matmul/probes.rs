@@ -84,6 +84,10 @@ pub(crate) fn probed<K: Copy + Eq + std::hash::Hash>(
             .contains("cl_nv_device_attribute_query");
     let ok = eligible
         && probe().unwrap_or_else(|e| {
+            // Why a kernel is not used: printed where GEMM plans are (`NETCL_DEBUG=gemm`).
+            if netcl_core_devices::debug::gemm_plans().unwrap_or(false) {
+                eprintln!("netcl gemm: {e}");
+            }
             log::info!("{e}");
             false
         });

@@ -6,7 +6,8 @@ use netcl_ops::{Generator, MatmulOptions, Tensor};
 use netcl_profiling::Profiler;
 
 /// The tilings tried: widths and depths of matmul_wg.cl, one work-group a tile or 1 to 2
-/// persistent ones per compute unit (2 only where two fit).
+/// persistent ones per compute unit (2 only where two fit), or one a tile with a loading
+/// warpgroup.
 fn candidates() -> Vec<WgTile> {
     let shapes = [
         (256, 4),
@@ -18,12 +19,14 @@ fn candidates() -> Vec<WgTile> {
         (64, 5),
     ];
     let mut v = Vec::new();
-    for (tbn, stages) in shapes {
-        for persistent in [0, 1, 2] {
+    for (tbn, stages) in shapes.into_iter().chain([(128, 6), (64, 6)]) {
+        let kinds = [(0, false), (1, false), (2, false), (0, true)];
+        for (persistent, ws) in kinds {
             let t = WgTile {
                 tbn,
                 stages,
                 persistent,
+                ws,
             };
             if t.valid() && persistent as usize <= resident(t) {
                 v.push(t);
