@@ -93,7 +93,8 @@ fn launch_in(
 /// Small integers make every product and sum exact: the device must match the host bit for bit
 /// (ragged M, N and K, B read both K- and N-contiguous, several K steps) in `tile` (in bands of
 /// two rows of tiles), launched as it would be and, persistent, as one work-group looping over
-/// every tile.
+/// every tile; then over a K of 16 steps or more written in f32 (the ring wraps several times,
+/// as a warp-specialised tiling's stages are handed back and forth).
 fn probe(device: &Device, kind: TensorCoreKind, tile: WgTile) -> Result<bool> {
     let e = Exact::new(136, 264, 200);
     let dtype = kind.dtype();
@@ -112,24 +113,53 @@ fn probe(device: &Device, kind: TensorCoreKind, tile: WgTile) -> Result<bool> {
             _ => &[None, Some(1)],
         };
         for &groups in launches {
-            // Not a product of small integers: a tile left unwritten shows.
-            let out = Tensor::full(&[e.m, e.n], 0.5, dtype, device)?;
-            let g = Gemm::plain(&out, &a, b);
-            launch_in(kind, tile, 2, [TcOperand::KRows, b_form], &g, groups)?;
-            let got = out.to_vec_f64()?;
-            if got != e.want {
-                let wrong = got.iter().zip(&e.want).filter(|(g, w)| g != w).count();
-                return Err(Error::invalid(
-                    "matmul_wg probe",
-                    format!(
-                        "{wrong} of {} values differ from the host's (B {b_form:?}, {groups:?} groups)",
-                        got.len()
-                    ),
-                ));
-            }
+            let forms = [TcOperand::KRows, b_form];
+            let what = format!("B {b_form:?}, {groups:?} groups");
+            exact(kind, tile, forms, (&e, &a, b, dtype), groups, &what)?;
         }
     }
+    let long = Exact::new(136, 72, 1000);
+    let (a, b) = (
+        long.a_on(device, dtype, true)?,
+        long.b_on(device, dtype, false)?,
+    );
+    let forms = [TcOperand::KRows, TcOperand::KRows];
+    exact(
+        kind,
+        tile,
+        forms,
+        (&long, &a, &b, DType::F32),
+        None,
+        "K 1000, f32 out",
+    )?;
     Ok(true)
+}
+
+/// `e`'s product of `a` and `b` into a new `out` tensor through `tile`: an error naming `what`
+/// unless every value equals the host's.
+fn exact(
+    kind: TensorCoreKind,
+    tile: WgTile,
+    forms: [TcOperand; 2],
+    (e, a, b, out): (&Exact, &Tensor, &Tensor, DType),
+    groups: Option<usize>,
+    what: &str,
+) -> Result<()> {
+    // Not a product of small integers: a tile left unwritten shows.
+    let c = Tensor::full(&[e.m, e.n], 0.5, out, &a.device)?;
+    launch_in(kind, tile, 2, forms, &Gemm::plain(&c, a, b), groups)?;
+    let got = c.to_vec_f64()?;
+    if got == e.want {
+        return Ok(());
+    }
+    let wrong = got.iter().zip(&e.want).filter(|(g, w)| g != w).count();
+    Err(Error::invalid(
+        "matmul_wg probe",
+        format!(
+            "{wrong} of {} values differ from the host's ({what})",
+            got.len()
+        ),
+    ))
 }
 
 /// matmul_wg.cl for `kind` and `act`, after the generated wgmma wrapper for `tbn` columns (built
