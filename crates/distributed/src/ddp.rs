@@ -431,7 +431,7 @@ impl<'c> DataParallel<'c> {
     /// beside the checkpoint ([`shard_path`]), then rank 0 saves the model and its own shard
     /// to `path`, the commit (a failure before it leaves the previous checkpoint and its shards
     /// loadable), then each rank removes its shards of other steps. Resume with
-    /// [`DataParallel::load_checkpoint`] on a group of the same size.
+    /// [`DataParallel::load_checkpoint`], on a group of any size.
     pub fn save_checkpoint(
         &self,
         path: impl AsRef<Path>,
@@ -470,8 +470,10 @@ impl<'c> DataParallel<'c> {
 
     /// Restore a checkpoint [`DataParallel::save_checkpoint`] wrote: every rank reads the model
     /// from `path`, and its optimizer state from `path` (rank 0, or an optimizer that is not
-    /// sharded) or from its shard of the saved step. A sharded optimizer resumes on a group of
-    /// the size that saved it. Collective; returns the checkpoint's metadata.
+    /// sharded) or from its shard of the saved step. A sharded optimizer saved by a group of
+    /// another size is resharded: every rank reads every shard and keeps the state of the
+    /// parameters it owns now ([`Optimizer::load_state_parts`](netcl_optim::Optimizer::load_state_parts)).
+    /// Collective; returns the checkpoint's metadata.
     pub fn load_checkpoint(
         &self,
         path: impl AsRef<Path>,
@@ -488,13 +490,18 @@ impl<'c> DataParallel<'c> {
             let saved = meta.optimizer.as_ref().filter(|h| is_sharded(h));
             let ranks = saved.map(|h| h["sharded"]["ranks"].as_u64().unwrap_or(0) as usize);
             match ranks {
-                Some(n) if n != size => Err(Error::invalid(
-                    "DataParallel::load_checkpoint",
-                    format!(
-                        "{} holds an optimizer sharded over {n} ranks; this group has {size}",
-                        path.display()
-                    ),
-                )),
+                // Another number of ranks: each takes its parameters' state out of every shard.
+                Some(n) if n != size => {
+                    let mut parts = Vec::with_capacity(n);
+                    for r in 0..n {
+                        let at = match r {
+                            0 => path.to_path_buf(),
+                            _ => shard_path(path, r, meta.step),
+                        };
+                        parts.push(netcl_nn::read_optimizer(at)?.0);
+                    }
+                    opt.load_state_parts(&parts)
+                }
                 Some(_) if rank > 0 => {
                     netcl_nn::load_optimizer(shard_path(path, rank, meta.step), opt).map(drop)
                 }

@@ -7,6 +7,7 @@ use netcl_core_devices::{Error, Result};
 use netcl_ops::{fused_into_groups, Expr, FusedGroup, Tensor};
 use netcl_optim::Optimizer;
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::ops::Range;
 
 /// An optimizer sharded across the ranks of a [`DataParallel`] group (ZeRO-1, as
@@ -33,8 +34,8 @@ use std::ops::Range;
 /// Checkpoints: `state_tensors` names this rank's state by the parameter's position among all
 /// (in the gradient buffer's order, whatever order `make` gave the inner optimizer) and
 /// `hyper_params` records the shard; [`DataParallel::save_checkpoint`] saves every rank's shard
-/// beside rank 0's checkpoint and [`DataParallel::load_checkpoint`] gives each rank its own back
-/// (on a group of the same size).
+/// beside rank 0's checkpoint and [`DataParallel::load_checkpoint`] gives each rank its own back,
+/// or, on a group of another size, every rank the state of the parameters it now owns.
 pub struct ShardedOptimizer<'c, O: Optimizer> {
     comm: &'c Comm,
     inner: O,
@@ -187,6 +188,31 @@ impl<O: Optimizer> ShardedOptimizer<'_, O> {
         copy(self.views(others)?, false)
     }
 
+    /// This rank's shard as checkpoints record it: its place in the group, the run of parameters
+    /// it owns and each inner parameter's position among all.
+    fn shard(&self) -> Value {
+        json!({
+            "rank": self.comm.rank(),
+            "ranks": self.comm.size(),
+            "owned": [self.owned.start, self.owned.end],
+            "global": self.global_of,
+        })
+    }
+
+    /// The inner optimizer's state from `tensors` named by global positions (others ignored).
+    fn load_local(&mut self, inner: &Value, tensors: &[(String, Tensor)]) -> Result<()> {
+        let local: Vec<(String, Tensor)> = tensors
+            .iter()
+            .filter_map(|(n, t)| {
+                let (head, g) = n.rsplit_once('.')?;
+                let g = g.parse::<usize>().ok()?;
+                let i = self.global_of.iter().position(|&x| x == g)?;
+                Some((format!("{head}.{i}"), t.clone()))
+            })
+            .collect();
+        self.inner.load_state(inner, &local)
+    }
+
     /// `inner`'s state name `"<opt>.<kind>.<local>"` with the local position made global (the
     /// parameter's position in the gradient buffer's order).
     fn global_name(&self, name: &str) -> String {
@@ -238,39 +264,81 @@ impl<O: Optimizer> Optimizer for ShardedOptimizer<'_, O> {
     }
     fn hyper_params(&self) -> Value {
         json!({
-            "sharded": {
-                "rank": self.comm.rank(),
-                "ranks": self.comm.size(),
-                "owned": [self.owned.start, self.owned.end],
-            },
+            "sharded": self.shard(),
             "inner": self.inner.hyper_params(),
         })
     }
     /// Loads a shard saved by the same rank of a group of the same size.
     fn load_state(&mut self, hyper: &Value, tensors: &[(String, Tensor)]) -> Result<()> {
         let op = "ShardedOptimizer::load_state";
-        let s = &hyper["sharded"];
-        let want = json!({
-            "rank": self.comm.rank(),
-            "ranks": self.comm.size(),
-            "owned": [self.owned.start, self.owned.end],
-        });
+        let (s, want) = (&hyper["sharded"], self.shard());
         if *s != want {
             return Err(Error::invalid(
                 op,
                 format!("the state is of shard {s}; this rank's shard is {want}"),
             ));
         }
-        let local: Vec<(String, Tensor)> = tensors
-            .iter()
-            .filter_map(|(n, t)| {
-                let (head, g) = n.rsplit_once('.')?;
-                let g = g.parse::<usize>().ok()?;
-                let i = self.global_of.iter().position(|&x| x == g)?;
-                Some((format!("{head}.{i}"), t.clone()))
-            })
-            .collect();
-        self.inner.load_state(&hyper["inner"], &local)
+        self.load_local(&hyper["inner"], tensors)
+    }
+    /// Takes this rank's parameters' state out of every saved rank's: the inner optimizer's
+    /// settings from rank 0's part (the others must agree), each parameter's own entries
+    /// (`param_steps`, as netcl's optimizers keep them) from the part that held it, the
+    /// parameter groups as this rank's inner optimizer forms them.
+    fn load_state_parts(&mut self, parts: &[(Value, Vec<(String, Tensor)>)]) -> Result<()> {
+        let op = "ShardedOptimizer::load_state_parts";
+        let mut steps: HashMap<usize, Value> = HashMap::new();
+        let mut common: Option<Value> = None;
+        for (r, (hyper, _)) in parts.iter().enumerate() {
+            let global = (hyper["sharded"]["global"].as_array())
+                .map(|a| a.iter().filter_map(Value::as_u64).map(|g| g as usize).collect::<Vec<_>>())
+                .ok_or_else(|| {
+                    Error::invalid(
+                        op,
+                        format!(
+                            "part {r} does not list its parameters' positions (saved by an older netcl); \
+                             resume it on {} ranks",
+                            parts.len()
+                        ),
+                    )
+                })?;
+            let mut inner = hyper["inner"].clone();
+            if let Some(list) = inner.get("param_steps").and_then(Value::as_array) {
+                steps.extend(global.iter().zip(list).map(|(&g, v)| (g, v.clone())));
+            }
+            for key in ["num_params", "param_steps", "groups"] {
+                inner.as_object_mut().map(|o| o.remove(key));
+            }
+            match &common {
+                None => common = Some(inner),
+                Some(c) if *c != inner => {
+                    return Err(Error::invalid(
+                        op,
+                        format!("part {r}'s settings {inner} differ from part 0's {c}"),
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        let mut merged = common.unwrap_or_default();
+        let own = self.inner.hyper_params();
+        merged["num_params"] = json!(self.global_of.len());
+        merged["groups"] = own["groups"].clone();
+        if !steps.is_empty() {
+            let mine: Option<Vec<Value>> = self
+                .global_of
+                .iter()
+                .map(|g| steps.get(g).cloned())
+                .collect();
+            merged["param_steps"] = Value::Array(mine.ok_or_else(|| {
+                Error::invalid(
+                    op,
+                    "the saved parts do not hold every parameter of this shard",
+                )
+            })?);
+        }
+        let tensors: Vec<(String, Tensor)> =
+            parts.iter().flat_map(|p| p.1.iter().cloned()).collect();
+        self.load_local(&merged, &tensors)
     }
 }
 

@@ -28,6 +28,7 @@ pub use module::{in_layer, type_name, Context, Module, Sequential};
 pub use norm::{BatchNorm2d, LayerNorm, RmsNorm};
 pub use pool::{AvgPool2d, Flatten, MaxPool2d};
 pub use state::{
-    load_checkpoint, load_optimizer, save_checkpoint, save_checkpoint_with, save_optimizer,
+    load_checkpoint, load_optimizer, read_optimizer, save_checkpoint, save_checkpoint_with,
+    save_optimizer, OptimizerState,
 };
 pub use tensor_io::{load_npz, load_safetensors, save_npz, save_safetensors, SafetensorsFile};

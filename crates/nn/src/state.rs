@@ -85,6 +85,15 @@ pub fn save_optimizer(
 /// [`save_checkpoint`]'s) into `optimizer`, which checks names, shapes and its own settings
 /// first and changes nothing on a mismatch. Returns the checkpoint's metadata.
 pub fn load_optimizer(path: impl AsRef<Path>, optimizer: &mut dyn Optimizer) -> Result<Checkpoint> {
+    let (state, meta) = read_optimizer(path)?;
+    optimizer.load_state(&state.0, &state.1)?;
+    Ok(meta)
+}
+
+/// The optimizer state of a checkpoint ([`save_optimizer`]'s, or the optimizer part of
+/// [`save_checkpoint`]'s) as `load_state` takes it, (hyper-parameters, named state tensors) on the
+/// host, without loading it anywhere; and the checkpoint's metadata.
+pub fn read_optimizer(path: impl AsRef<Path>) -> Result<(OptimizerState, Checkpoint)> {
     let path = path.as_ref();
     let loaded = checkpoint::load(path)?;
     let hyper = loaded.meta().optimizer.clone().ok_or_else(|| {
@@ -96,9 +105,11 @@ pub fn load_optimizer(path: impl AsRef<Path>, optimizer: &mut dyn Optimizer) -> 
     let tensors: Vec<(String, Tensor)> = (loaded.tensors().iter())
         .filter_map(|(n, t)| n.strip_prefix(OPTIM).map(|s| (s.to_string(), t.clone())))
         .collect();
-    optimizer.load_state(&hyper, &tensors)?;
-    Ok(loaded.meta().clone())
+    Ok(((hyper, tensors), loaded.meta().clone()))
 }
+
+/// An optimizer's saved state: its hyper-parameters and named state tensors.
+pub type OptimizerState = (Value, Vec<(String, Tensor)>);
 
 /// Restore what [`save_checkpoint`] wrote into `model` (and `optimizer`): every name, shape
 /// and dtype is checked first, and a mismatch changes nothing and lists every difference.

@@ -50,6 +50,26 @@ pub trait Optimizer {
     /// dtype: they are copied onto each parameter's device in its dtype.
     fn load_state(&mut self, hyper: &serde_json::Value, tensors: &[(String, Tensor)])
         -> Result<()>;
+    /// Restore the state an optimizer sharded over `parts.len()` ranks saved, each rank's
+    /// (`hyper_params`, `state_tensors`) in rank order, into this optimizer, which may be sharded
+    /// otherwise: what resuming a sharded run on another number of devices needs. One part is
+    /// `load_state`; only sharded optimizers take several.
+    fn load_state_parts(
+        &mut self,
+        parts: &[(serde_json::Value, Vec<(String, Tensor)>)],
+    ) -> Result<()> {
+        match parts {
+            [(hyper, tensors)] => self.load_state(hyper, tensors),
+            _ => Err(Error::invalid(
+                "Optimizer::load_state_parts",
+                format!(
+                    "the state of {} ranks of a sharded optimizer; this optimizer is not sharded \
+                     (shard it over a group of one device: DataParallel::shard_optimizer)",
+                    parts.len()
+                ),
+            )),
+        }
+    }
 }
 
 /// `Err` naming `op` and `what` unless `ok`.
