@@ -114,7 +114,7 @@ struct Cli {
     weights: Option<Vec<f64>>,
     /// Shard AdamW's state across the devices of --devices (ZeRO-1): each keeps the moments of
     /// its share of the parameters; checkpoints keep a shard per device beside the checkpoint
-    /// and resume on as many devices.
+    /// and resume on any number of devices.
     #[arg(long)]
     zero: bool,
     /// The dtype gradients travel in between devices: f32 or bf16.
@@ -181,7 +181,8 @@ pub fn run(args: Vec<String>) -> Result<()> {
         return Ok(());
     };
     match args.devices.as_deref().map(parse_devices).transpose()? {
-        Some(devices) if devices.len() > 1 => {
+        // --zero keeps a group of one device: its checkpoints are sharded like any group's.
+        Some(devices) if devices.len() > 1 || args.zero => {
             println!(
                 "{}",
                 describe_devices(args.devices.as_deref().unwrap_or(""), &devices)

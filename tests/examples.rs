@@ -137,7 +137,7 @@ fn llama_train_data_parallel_in_bf16() {
 }
 
 /// ZeRO-1 in llama_train: trains, saves a shard per rank beside the checkpoint, and resumes
-/// from them (over every OpenCL device, else the host beside one).
+/// from them (over every OpenCL device, else the host beside one), then on one device.
 #[test]
 fn llama_train_shards_adamw_and_resumes() {
     let cl = opencl_test_devices();
@@ -146,13 +146,13 @@ fn llama_train_shards_adamw_and_resumes() {
         _ => cl.iter().map(Device::spec).collect::<Vec<_>>().join(","),
     };
     let out = scratch("train-zero");
-    let run = |steps: &str, resume: bool| {
+    let run_on = |devices: &str, steps: &str, resume: bool| {
         let mut a = args(
             "--vocab 300 --dim 32 --layers 2 --heads 4 --hidden 64 --context 16 --batch 6 \
              --eval-every 3 --zero",
             &[
                 ("--data", text().to_str().unwrap()),
-                ("--devices", &devices),
+                ("--devices", devices),
                 ("--out", out.to_str().unwrap()),
                 ("--steps", steps),
             ],
@@ -162,6 +162,7 @@ fn llama_train_shards_adamw_and_resumes() {
         }
         llama_train::run(a).unwrap_or_else(|e| panic!("{devices}: {e}"));
     };
+    let run = |steps: &str, resume: bool| run_on(&devices, steps, resume);
     run("6", false);
     let ckpt = out.join("checkpoint");
     let shard = |step| json_path(shard_path(&ckpt, 1, step)).exists();
@@ -174,6 +175,11 @@ fn llama_train_shards_adamw_and_resumes() {
         serde_json::from_slice(&std::fs::read(out.join("checkpoint.json")).unwrap()).unwrap();
     assert_eq!(meta["step"], 9, "{devices}");
     assert!(shard(9) && !shard(6), "{devices}");
+    // One device takes every shard's state.
+    run_on(&cl[0].spec(), "11", true);
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("checkpoint.json")).unwrap()).unwrap();
+    assert_eq!(meta["step"], 11, "{devices}, then one device");
 }
 
 #[test]
