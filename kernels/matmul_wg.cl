@@ -199,6 +199,21 @@ void matmul_wg(__global OT* c,          /* (batch, M, N) contiguous per batch: c
     copy16(sb + k_at(e / 8, e % 8), ok ? b + io.z + r * sbn + k : b, ok);
 #endif
 #define COMMIT() __asm__ volatile("cp.async.commit_group;" ::: "memory")
+#ifdef A_MN
+#define WG_A(sa) ((sa) + wg * 8192)  // this warpgroup's 64 of M: the second 8 KiB block
+#else
+#define WG_A(sa) ((sa) + wg * 64 * 128)
+#endif
+    // This warpgroup's wgmmas of stage st, issued; once they are, those of the step before are
+    // waited for.
+#define MULTIPLY(st)                                                                            \
+    {                                                                                           \
+        const uint sa = base + (st) * STAGE_BYTES, sb = sa + A_BYTES, wa = WG_A(sa);           \
+        __asm__ volatile("//sm90a: wgmma.fence.sync.aligned;\n" ::: "memory");                 \
+        _Pragma("unroll") for (uint kk = 0; kk < 4; ++kk) wgmma(d, A_DESC(wa, kk), B_DESC(sb, kk)); \
+        __asm__ volatile("//sm90a: wgmma.commit_group.sync.aligned;\n" ::: "memory");          \
+        __asm__ volatile("//sm90a: wgmma.wait_group.sync.aligned 1;\n" ::: "memory");          \
+    }
     // The first STAGES - 2 steps of K of the tile at (im0, in0, io), one commit group each.
 #define PROLOGUE()                                                                              \
     for (uint s = 0; s + 2 < STAGES; ++s) {                                                     \
@@ -251,17 +266,7 @@ void matmul_wg(__global OT* c,          /* (batch, M, N) contiguous per batch: c
         for (uint step = 0; step < steps; ++step) {
             const uint st = step % STAGES;
             mbar_wait(FULL(st), (step / STAGES) & 1);
-            const uint sa = base + st * STAGE_BYTES, sb = sa + A_BYTES;
-#ifdef A_MN
-            const uint wa = sa + wg * 8192;
-#else
-            const uint wa = sa + wg * 64 * 128;
-#endif
-            __asm__ volatile("//sm90a: wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-            for (uint kk = 0; kk < 4; ++kk) wgmma(d, A_DESC(wa, kk), B_DESC(sb, kk));
-            __asm__ volatile("//sm90a: wgmma.commit_group.sync.aligned;\n" ::: "memory");
-            __asm__ volatile("//sm90a: wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            MULTIPLY(st)
             // The wgmmas of step - 1 are done: its stage may be refilled.
             if (step > 0) mbar_arrive(EMPTY((step - 1) % STAGES));
         }
@@ -294,17 +299,7 @@ void matmul_wg(__global OT* c,          /* (batch, M, N) contiguous per batch: c
                 if (ahead < steps) ISSUE(ahead % STAGES, ahead)
                 COMMIT();
             }
-            const uint sa = base + (step % STAGES) * STAGE_BYTES, sb = sa + A_BYTES;
-#ifdef A_MN
-            const uint wa = sa + wg * 8192;  // this warpgroup's 64 of M: the second 8 KiB block
-#else
-            const uint wa = sa + wg * 64 * 128;
-#endif
-            __asm__ volatile("//sm90a: wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-            for (uint kk = 0; kk < 4; ++kk) wgmma(d, A_DESC(wa, kk), B_DESC(sb, kk));
-            __asm__ volatile("//sm90a: wgmma.commit_group.sync.aligned;\n" ::: "memory");
-            __asm__ volatile("//sm90a: wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            MULTIPLY(step % STAGES)
         }
         __asm__ volatile("//sm90a: wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #endif
