@@ -55,6 +55,31 @@ fn program_text(source: &Source) -> String {
     }
 }
 
+/// The build flags the driver adds on its own, which change the binary as the options do: PoCL's
+/// `POCL_EXTRA_BUILD_FLAGS` (test processes set `-cl-opt-disable`; without it in the key, their
+/// unoptimised binaries were handed to later processes, 30x slower). Read as the driver reads it,
+/// at build time.
+fn driver_flags() -> String {
+    std::env::var("POCL_EXTRA_BUILD_FLAGS").unwrap_or_default()
+}
+
+/// The disk cache's key of `source` (whose full text is `text`) built for `device` with `options`
+/// while the driver adds `flags` ([`driver_flags`]).
+fn cache_key(device: &Device, source: &Source, text: &str, options: &str, flags: &str) -> Key {
+    let info = device.info();
+    Key::new(&[
+        "netcl-program-v1",
+        source.name,
+        text,
+        options,
+        &info.platform,
+        &info.platform_version,
+        &info.name,
+        &info.driver_version,
+        flags,
+    ])
+}
+
 /// Build `source` (with kernels/common.cl in front) for `device` with `options`, through the
 /// disk cache in `cache_dir` when given. A missing, corrupt or rejected binary rebuilds from source.
 pub fn build(
@@ -65,18 +90,8 @@ pub fn build(
 ) -> Result<Program> {
     check_options(device, source, options)?;
     let cl = device.cl(source.name)?;
-    let info = device.info();
     let text = program_text(source);
-    let key = Key::new(&[
-        "netcl-program-v1",
-        source.name,
-        &text,
-        options,
-        &info.platform,
-        &info.platform_version,
-        &info.name,
-        &info.driver_version,
-    ]);
+    let key = cache_key(device, source, &text, options, &driver_flags());
     let file = cache_dir.map(|d| disk_cache::path(d, source.name.trim_end_matches(".cl"), key));
     let make = |inner, origin| Program {
         inner,
@@ -310,17 +325,11 @@ mod tests {
                 .path();
             // A well-formed cache file around bytes that are no program binary.
             let text = program_text(&COPY);
-            let info = dev.info();
-            let key = Key::new(&[
-                "netcl-program-v1",
-                COPY.name,
-                &text,
-                "-DDT_F32",
-                &info.platform,
-                &info.platform_version,
-                &info.name,
-                &info.driver_version,
-            ]);
+            let key = cache_key(&dev, &COPY, &text, "-DDT_F32", &driver_flags());
+            // PoCL's unoptimised builds (the tests') are cached apart from optimised ones.
+            let plain = cache_key(&dev, &COPY, &text, "-DDT_F32", "");
+            let unoptimised = cache_key(&dev, &COPY, &text, "-DDT_F32", "-cl-opt-disable");
+            assert_ne!(plain, unoptimised);
             assert_eq!(disk_cache::path(dir.path(), "copy", key), file);
             disk_cache::store(&file, key, b"definitely not a binary");
             assert!(disk_cache::load(&file, key).is_some());
