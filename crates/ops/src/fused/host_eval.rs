@@ -104,6 +104,65 @@ impl Ptr {
         }
     }
 
+    /// Reads `len` elements from `start` on into `buf` (a dense walk's block).
+    ///
+    /// # Safety
+    /// The elements lie inside the storage.
+    unsafe fn read_run(self, start: usize, len: usize, buf: &mut Buf) {
+        macro_rules! each {
+            ($v:ident, $p:ident, $conv:expr) => {{
+                let src = std::slice::from_raw_parts($p.add(start), len);
+                for (o, &$p) in $v[..len].iter_mut().zip(src) {
+                    *o = $conv;
+                }
+            }};
+        }
+        match (self, buf) {
+            (Ptr::F32(p), Buf::F32(v)) => {
+                v[..len].copy_from_slice(std::slice::from_raw_parts(p.add(start), len))
+            }
+            (Ptr::F16(p), Buf::F32(v)) => each!(v, p, p.to_f32()),
+            (Ptr::BF16(p), Buf::F32(v)) => each!(v, p, p.to_f32()),
+            (Ptr::F64(p), Buf::F64(v)) => {
+                v[..len].copy_from_slice(std::slice::from_raw_parts(p.add(start), len))
+            }
+            (Ptr::I32(p), Buf::F64(v)) => each!(v, p, p as f64),
+            (Ptr::U32(p), Buf::F64(v)) => each!(v, p, p as f64),
+            (p, b) => unreachable!(
+                "input buffer of another arithmetic: {:?}",
+                (p.tag(), b.tag())
+            ),
+        }
+    }
+
+    /// Writes the first `len` values of `buf` to the elements from `start` on, rounding to the
+    /// storage's dtype (a dense walk's block).
+    ///
+    /// # Safety
+    /// The elements lie inside the storage, which is written by this task only there.
+    unsafe fn write_run(self, start: usize, len: usize, buf: &Buf) {
+        macro_rules! each {
+            ($v:ident, $p:ident, $conv:expr) => {{
+                let dst = std::slice::from_raw_parts_mut($p.add(start), len);
+                for (d, &x) in dst.iter_mut().zip(&$v[..len]) {
+                    *d = $conv(x);
+                }
+            }};
+        }
+        match (self, buf) {
+            (Ptr::F32(p), Buf::F32(v)) => each!(v, p, |x| x),
+            (Ptr::F16(p), Buf::F32(v)) => each!(v, p, f16::from_f32),
+            (Ptr::BF16(p), Buf::F32(v)) => each!(v, p, bf16::from_f32),
+            (Ptr::F64(p), Buf::F64(v)) => each!(v, p, |x| x),
+            (Ptr::I32(p), Buf::F64(v)) => each!(v, p, |x: f64| x as i64 as i32),
+            (Ptr::U32(p), Buf::F64(v)) => each!(v, p, |x: f64| x as i64 as u32),
+            (p, b) => unreachable!(
+                "output buffer of another arithmetic: {:?}",
+                (p.tag(), b.tag())
+            ),
+        }
+    }
+
     /// Writes `buf` to the elements at `pos`, rounding to the storage's dtype.
     ///
     /// # Safety
@@ -200,6 +259,15 @@ impl<'a> Walk<'a> {
         }
     }
 
+    /// For a dense walk, the first of the next `len` positions (which follow each other), the
+    /// walk moved past them; None for a strided walk.
+    fn run(&mut self, len: usize) -> Option<usize> {
+        self.dense.then(|| {
+            self.pos += len;
+            self.pos - len
+        })
+    }
+
     /// The next `out.len()` positions.
     fn fill(&mut self, out: &mut [usize]) {
         if self.dense {
@@ -211,10 +279,16 @@ impl<'a> Walk<'a> {
         }
         let last = self.shape.len() - 1;
         let (n, s) = (self.shape[last], self.strides[last]);
-        for o in out.iter_mut() {
-            *o = self.pos;
-            self.idx[last] += 1;
-            self.pos += s;
+        let mut k = 0;
+        while k < out.len() {
+            // A run along the last dim, then the carry into the outer ones.
+            let take = (n - self.idx[last]).min(out.len() - k);
+            for (j, o) in out[k..k + take].iter_mut().enumerate() {
+                *o = self.pos + j * s;
+            }
+            k += take;
+            self.idx[last] += take;
+            self.pos += take * s;
             if self.idx[last] < n {
                 continue;
             }
@@ -274,9 +348,7 @@ fn eval_block(plan: &Plan, bufs: &mut [Buf], len: usize) {
             Kind::Unary(u, a) => {
                 let fast = match (&prev[a], &mut *out) {
                     (Buf::F32(x), Buf::F32(o)) => {
-                        for (o, &x) in o[..len].iter_mut().zip(x) {
-                            *o = u.host(x as f64) as f32;
-                        }
+                        u.host_f32(&x[..len], &mut o[..len]);
                         true
                     }
                     _ => false,
@@ -416,15 +488,25 @@ pub(crate) fn run_host(
             let len = BLOCK.min(end - at);
             let pos = &mut pos[..len];
             for (&(i, id), w) in input_node.iter().zip(&mut in_walks) {
-                w.fill(pos);
                 // SAFETY: positions of a checked view of the input's storage.
-                unsafe { in_ptrs[i].read(pos, &mut bufs[id]) };
+                match w.run(len) {
+                    Some(first) => unsafe { in_ptrs[i].read_run(first, len, &mut bufs[id]) },
+                    None => {
+                        w.fill(pos);
+                        unsafe { in_ptrs[i].read(pos, &mut bufs[id]) }
+                    }
+                }
             }
             eval_block(plan, &mut bufs, len);
             for ((&o, w), p) in plan.key.outputs.iter().zip(&mut out_walks).zip(&out_ptrs) {
-                w.fill(pos);
                 // SAFETY: this task's positions of a destination that does not overlap itself.
-                unsafe { p.write(pos, &bufs[o]) };
+                match w.run(len) {
+                    Some(first) => unsafe { p.write_run(first, len, &bufs[o]) },
+                    None => {
+                        w.fill(pos);
+                        unsafe { p.write(pos, &bufs[o]) }
+                    }
+                }
             }
             at += len;
         }
@@ -438,4 +520,69 @@ pub(crate) fn run_host(
     drop(reads);
     drop(writes);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Walk;
+
+    /// Storage positions of row-major indices `start..start + n` of `shape` at `strides`,
+    /// one index at a time.
+    fn naive(
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+        start: usize,
+        n: usize,
+    ) -> Vec<usize> {
+        (start..start + n)
+            .map(|mut i| {
+                let mut pos = offset;
+                for d in (0..shape.len()).rev() {
+                    pos += (i % shape[d]) * strides[d];
+                    i /= shape[d];
+                }
+                pos
+            })
+            .collect()
+    }
+
+    #[test]
+    fn walks_give_every_view_position_in_blocks_of_any_size() {
+        // Broadcast (stride 0), transposed, sliced and dense views; blocks that end inside rows.
+        let views: [(&[usize], &[usize], usize); 5] = [
+            (&[3, 5, 4], &[0, 1, 5], 2),
+            (&[4, 7], &[1, 4], 0),
+            (&[2, 3, 5], &[40, 10, 2], 3),
+            (&[6, 1, 5], &[5, 9, 1], 1),
+            (&[5], &[0], 7),
+        ];
+        for (shape, strides, offset) in views {
+            let total: usize = shape.iter().product();
+            for start in [0, 1, total / 2] {
+                for block in [1, 3, 7, total] {
+                    let mut w = Walk::new(shape, strides, offset, start);
+                    let mut got = Vec::new();
+                    let mut at = start;
+                    while at < total {
+                        let len = block.min(total - at);
+                        let mut pos = vec![0; len];
+                        match w.run(len) {
+                            Some(first) => {
+                                pos.iter_mut().enumerate().for_each(|(j, p)| *p = first + j)
+                            }
+                            None => w.fill(&mut pos),
+                        }
+                        got.extend(pos);
+                        at += len;
+                    }
+                    let want = naive(shape, strides, offset, start, total - start);
+                    assert_eq!(
+                        got, want,
+                        "{shape:?} at {strides:?} from {start} in blocks of {block}"
+                    );
+                }
+            }
+        }
+    }
 }

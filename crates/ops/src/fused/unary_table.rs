@@ -311,6 +311,19 @@ macro_rules! unary_items {
                 }
             }
 
+            /// `host` over f32 values, each rounded back to f32: the op chosen once for the
+            /// whole slice, so the loop is the op's alone (and vectorises where it can).
+            pub(crate) fn host_f32(self, x: &[f32], o: &mut [f32]) {
+                match self {
+                    $(UnaryOp::$op => {
+                        for (o, &v) in o.iter_mut().zip(x) {
+                            let $x = v as f64;
+                            *o = ($host) as f32;
+                        }
+                    })*
+                }
+            }
+
             /// The input gradient as an expression of x = `Expr::input(0)`, y = `Expr::input(1)`
             /// (the output) and g = `Expr::input(2)` (the output's gradient); None for ops whose
             /// derivative is zero almost everywhere.
