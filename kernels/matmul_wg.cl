@@ -238,7 +238,9 @@ void matmul_wg(__global OT* c,          /* (batch, M, N) contiguous per batch: c
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     if (t < total) TILE_AT(t, im0, in0, io)
-    if (t < total && wg == 2) {
+    // The loading warpgroup never reaches the epilogue (its rows are not the tile's).
+    if (wg == 2) {
+        if (t >= total) return;
         const uint loader = tid - 256;
         // Step s's stage is free once the wgmmas of s - STAGES are done; a loader arrives on
         // full[s] after its copies of s + BEHIND are requested and its copies of s have landed.
