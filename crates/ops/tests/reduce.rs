@@ -207,7 +207,9 @@ fn random_reductions_match_the_host() {
 fn awkward_extents_and_large_reductions() {
     let devices = test_devices().unwrap();
     let mut c = Cases::new(77);
-    let shapes: [(&[usize], &[usize]); 12] = [
+    let shapes: [(&[usize], &[usize]); 13] = [
+        // Column sums of a bias gradient: on CPU devices a work-item per output.
+        (&[300, 100], &[0]),
         (&[1], &[0]),
         (&[255], &[0]),
         (&[257], &[0]),

@@ -5,7 +5,7 @@ use crate::base::axis::{pow2_floor, AxisSplit};
 use crate::base::checks::u32_arg;
 use crate::base::launch::program_for;
 use crate::base::tensor::Tensor;
-use netcl_core_devices::{DType, Device, Error, Result};
+use netcl_core_devices::{DType, Device, DeviceKind, Error, Result};
 use netcl_kernels::sources::REDUCE;
 use netcl_kernels::Kernel;
 
@@ -23,8 +23,12 @@ enum Plan {
 
 fn plan(device: &Device, nout: usize, nred: usize, red_contiguous: bool) -> Plan {
     // Short reductions, or many outputs whose reduced elements are far apart (adjacent work-items
-    // then read adjacent kept elements): one work-item per output.
-    if nred <= 16 || (nout >= 4096 && !red_contiguous) || (nout >= 65536 && nred <= 64) {
+    // then read adjacent kept elements): one work-item per output. A CPU runs a work-group's
+    // items as a loop, so there adjacent outputs a work-item each read memory in order from a few
+    // dozen outputs on (a bias gradient's column sums; docs/performance.md, CPU).
+    let cpu = device.kind() == DeviceKind::Cpu;
+    let many = if cpu { 64 } else { 4096 };
+    if nred <= 16 || (nout >= many && !red_contiguous) || (nout >= 65536 && nred <= 64) {
         return Plan::Col;
     }
     let group = 256.min(pow2_floor(device.info().max_work_group_size));
