@@ -23,7 +23,8 @@ __kernel void max_pool2d(__global T* y,          /* y: (N, C, Ho, Wo), contiguou
     uint ho = g.win.out[0], wo = g.win.out[1];
     uint4 at = nchw_index(i, g.dc, g.dho, g.dwo);
     uint b = at.x, c = at.y, oh = at.z, ow = at.w;
-    ACC best = (ACC)0;
+    // -inf where no tap is in range (the first tap in range always replaces it).
+    ACC best = (ACC)(-INFINITY);
     int bi = -1;
     for (uint ki = 0; ki < g.win.k[0]; ++ki) {
         int h = win_in(&g.win, 0, oh, ki);
@@ -38,7 +39,7 @@ __kernel void max_pool2d(__global T* y,          /* y: (N, C, Ho, Wo), contiguou
             }
         }
     }
-    STORE(y, i, bi < 0 ? (ACC)(-INFINITY) : best);
+    STORE(y, i, best);
     idx[i] = bi;
 }
 
