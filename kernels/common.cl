@@ -87,7 +87,13 @@ typedef struct {
 } Div;
 
 inline uint divq(Div f, uint n) {
+#ifdef NETCL_CPU
+    // PoCL calls its library mul_hi (not inlined), which keeps a work-group's items from running
+    // as vectors; the 64-bit product vectorises. GPUs keep mul_hi (one instruction).
+    uint t = (uint)(((ulong)n * f.m) >> 32);
+#else
     uint t = mul_hi(n, f.m);
+#endif
     return (t + ((n - t) >> f.s1)) >> f.s2;
 }
 

@@ -112,10 +112,15 @@ pub fn build(
     }
     let mut program =
         ClProgram::create_from_source(&cl.context, &text).cl("clCreateProgramWithSource")?;
-    let build_options = match sm90a_shared(options) {
+    let mut build_options = match sm90a_shared(options) {
         Some(_) => format!("{options} -DSM90A_STUB={SM90A_STUB}"),
         None => options.to_string(),
     };
+    // Kernels may take another form on CPU devices, whose compilers run a work-group's items as
+    // a loop (kernels/common.cl).
+    if device.kind() == netcl_core_devices::DeviceKind::Cpu {
+        build_options.push_str(" -DNETCL_CPU");
+    }
     if let Err(e) = program.build(&[cl.id.id()], &build_options) {
         let log = program
             .get_build_log(cl.id.id())
