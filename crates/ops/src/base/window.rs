@@ -4,6 +4,7 @@ use crate::base::fastdiv::Div;
 use crate::base::layout::check_reach;
 use crate::base::tensor::Tensor;
 use netcl_core_devices::{Error, Result};
+use rayon::prelude::*;
 
 /// `View4` of kernels/common.cl: a strided 4-D operand of the conv and pooling kernels.
 #[repr(C)]
@@ -195,6 +196,14 @@ impl Window {
             .map(|t| t / s)
     }
 
+    /// [`covering`](Self::covering) of every input pixel of a plane, at `h * w_extent + w`:
+    /// computed once for all planes of a host pass.
+    pub fn coverings(&self) -> Vec<Vec<(usize, usize, usize, usize)>> {
+        (0..self.h * self.w)
+            .map(|p| self.covering(p / self.w, p % self.w))
+            .collect()
+    }
+
     /// The taps (ki, kj, oh, ow) whose window puts them on input (h, w), ki then kj ascending.
     pub fn covering(&self, h: usize, w: usize) -> Vec<(usize, usize, usize, usize)> {
         let mut v = Vec::new();
@@ -212,18 +221,20 @@ impl Window {
     }
 
     /// Host paths: `f(plane, oh, ow)` for every output pixel in row-major order, plane being
-    /// b * C + c.
-    pub fn per_output<T>(&self, mut f: impl FnMut(usize, usize, usize) -> T) -> Vec<T> {
+    /// b * C + c (on all cores; each value is computed alone, so the result is the same).
+    pub fn per_output<T: Send>(&self, f: impl Fn(usize, usize, usize) -> T + Sync) -> Vec<T> {
         let (ho, wo) = (self.ho, self.wo);
         (0..self.n * self.c * ho * wo)
+            .into_par_iter()
             .map(|i| f(i / (ho * wo), (i / wo) % ho, i % wo))
             .collect()
     }
 
-    /// Host paths: `f(plane, h, w)` for every input pixel in row-major order.
-    pub fn per_input<T>(&self, mut f: impl FnMut(usize, usize, usize) -> T) -> Vec<T> {
+    /// Host paths: `f(plane, h, w)` for every input pixel in row-major order (on all cores).
+    pub fn per_input<T: Send>(&self, f: impl Fn(usize, usize, usize) -> T + Sync) -> Vec<T> {
         let (h, w) = (self.h, self.w);
         (0..self.n * self.c * h * w)
+            .into_par_iter()
             .map(|i| f(i / (h * w), (i / w) % h, i % w))
             .collect()
     }

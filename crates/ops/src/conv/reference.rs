@@ -14,18 +14,27 @@ pub(super) fn im2col(desc: &Im2col) -> Result<Tensor> {
     let xv = host_f64(op, x)?;
     let mut cols = vec![0.0; n * gr * k * l];
     let taps = w.kernel.0 * w.kernel.1;
-    cols.par_iter_mut().enumerate().for_each(|(i, col)| {
-        let (li, rest) = (i % l, i / l);
-        let (kk, rest) = (rest % k, rest / k);
-        let (gi, b) = (rest % gr, rest / gr);
-        let (ci, kr) = (kk / taps, kk % taps);
-        let (ki, kj) = (kr / w.kernel.1, kr % w.kernel.1);
-        let (oh, ow) = (li / w.wo, li % w.wo);
-        if let (Some(hh), Some(ww)) = (w.tap_in(0, oh, ki), w.tap_in(1, ow, kj)) {
-            let c = gi * g.cg() + ci;
-            *col = xv[((b * w.c + c) * w.h + hh) * w.w + ww];
-        }
-    });
+    // A row of L columns per (b, group, k): its tap and input plane found once, then the output
+    // pixels in order.
+    cols.par_chunks_mut(l.max(1))
+        .enumerate()
+        .for_each(|(row, out)| {
+            let (kk, rest) = (row % k, row / k);
+            let (gi, b) = (rest % gr, rest / gr);
+            let (ci, kr) = (kk / taps, kk % taps);
+            let (ki, kj) = (kr / w.kernel.1, kr % w.kernel.1);
+            let plane = ((b * w.c + gi * g.cg() + ci) * w.h) * w.w;
+            for (oh, line) in out.chunks_mut(w.wo.max(1)).enumerate() {
+                let Some(hh) = w.tap_in(0, oh, ki) else {
+                    continue;
+                };
+                for (ow, col) in line.iter_mut().enumerate() {
+                    if let Some(ww) = w.tap_in(1, ow, kj) {
+                        *col = xv[plane + hh * w.w + ww];
+                    }
+                }
+            }
+        });
     let t = Tensor::from_host_data(
         HostData::try_from_fn(x.dtype, cols.len(), |i| cols[i])?,
         &[n, gr, k, l],
@@ -39,11 +48,12 @@ pub(super) fn col2im(desc: &Col2im) -> Result<Tensor> {
     let w = &g.win;
     let cv = host_f64(op, cols)?;
     let (gr, k, l) = (g.groups, g.k(), g.l());
+    let cover = w.coverings();
     let dx = w.per_input(|plane, h, x| {
         let (b, c) = (plane / w.c, plane % w.c);
         let (gi, ci) = (c / g.cg(), c % g.cg());
-        let taps = w.covering(h, x).into_iter();
-        taps.map(|(ki, kj, oh, ow)| {
+        let taps = cover[h * w.w + x].iter();
+        taps.map(|&(ki, kj, oh, ow)| {
             let kk = (ci * w.kernel.0 + ki) * w.kernel.1 + kj;
             cv[((b * gr + gi) * k + kk) * l + oh * w.wo + ow]
         })

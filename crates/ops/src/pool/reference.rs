@@ -80,12 +80,12 @@ pub(super) fn max_pool2d_backward(desc: &MaxPool2dBackward) -> Result<Tensor> {
     let gy = host_f64("max_pool2d_backward", grad_y)?;
     let idx = indices.to_vec::<i32>()?;
     let gw = &g.win;
+    let cover = gw.coverings();
     let dx = gw.per_input(|plane, h, w| {
         let me = (h * gw.w + w) as i32;
-        let outs = gw
-            .covering(h, w)
-            .into_iter()
-            .map(|(_, _, oh, ow)| gw.out_at(plane, oh, ow));
+        let outs = cover[h * gw.w + w]
+            .iter()
+            .map(|&(_, _, oh, ow)| gw.out_at(plane, oh, ow));
         outs.filter(|&o| idx[o] == me).map(|o| gy[o]).sum()
     });
     host_tensor(grad_y.dtype, dx, &gw.in_shape())
@@ -100,11 +100,14 @@ pub(super) fn avg_pool(desc: &AvgPool) -> Result<Tensor> {
             let (hs, he, ws, we, div) = g.avg_window(oh, ow);
             gw.plane_sum(&v, plane, (hs, he), (ws, we)) / div
         }),
-        Avg::PoolBackward => gw.per_input(|plane, h, w| {
-            let taps = gw.covering(h, w).into_iter();
-            taps.map(|(_, _, oh, ow)| v[gw.out_at(plane, oh, ow)] / g.avg_window(oh, ow).4)
-                .sum()
-        }),
+        Avg::PoolBackward => {
+            let cover = gw.coverings();
+            gw.per_input(|plane, h, w| {
+                let taps = cover[h * gw.w + w].iter();
+                taps.map(|&(_, _, oh, ow)| v[gw.out_at(plane, oh, ow)] / g.avg_window(oh, ow).4)
+                    .sum()
+            })
+        }
         Avg::Adaptive => gw.per_output(|plane, oh, ow| {
             let (rows, cols) = (adaptive(oh, gw.h, gw.ho), adaptive(ow, gw.w, gw.wo));
             let size = (rows.1 - rows.0) * (cols.1 - cols.0);
