@@ -58,6 +58,14 @@ enum Ptr {
     U32(*mut u32),
 }
 
+/// Where a block's elements lie in a storage: a run of `len` from `first` (a dense walk), or one
+/// position each.
+#[derive(Clone, Copy)]
+enum At<'a> {
+    Run { first: usize, len: usize },
+    List(&'a [usize]),
+}
+
 // SAFETY: see `Ptr`: the storages outlive the evaluation (their locks are held) and tasks touch
 // disjoint elements.
 unsafe impl Send for Ptr {}
@@ -76,16 +84,26 @@ impl Ptr {
         }
     }
 
-    /// Reads the elements at `pos` into `buf`.
+    /// Reads the elements at `at` into `buf`.
     ///
     /// # Safety
     /// Every position lies inside the storage.
-    unsafe fn read(self, pos: &[usize], buf: &mut Buf) {
+    unsafe fn read(self, at: At<'_>, buf: &mut Buf) {
         macro_rules! each {
             ($v:ident, $p:ident, $conv:expr) => {
-                for (o, &q) in $v.iter_mut().zip(pos) {
-                    let $p = *$p.add(q);
-                    *o = $conv;
+                match at {
+                    At::Run { first, len } => {
+                        let src = std::slice::from_raw_parts($p.add(first), len);
+                        for (o, &$p) in $v[..len].iter_mut().zip(src) {
+                            *o = $conv;
+                        }
+                    }
+                    At::List(pos) => {
+                        for (o, &q) in $v.iter_mut().zip(pos) {
+                            let $p = *$p.add(q);
+                            *o = $conv;
+                        }
+                    }
                 }
             };
         }
@@ -104,74 +122,25 @@ impl Ptr {
         }
     }
 
-    /// Reads `len` elements from `start` on into `buf` (a dense walk's block).
-    ///
-    /// # Safety
-    /// The elements lie inside the storage.
-    unsafe fn read_run(self, start: usize, len: usize, buf: &mut Buf) {
-        macro_rules! each {
-            ($v:ident, $p:ident, $conv:expr) => {{
-                let src = std::slice::from_raw_parts($p.add(start), len);
-                for (o, &$p) in $v[..len].iter_mut().zip(src) {
-                    *o = $conv;
-                }
-            }};
-        }
-        match (self, buf) {
-            (Ptr::F32(p), Buf::F32(v)) => {
-                v[..len].copy_from_slice(std::slice::from_raw_parts(p.add(start), len))
-            }
-            (Ptr::F16(p), Buf::F32(v)) => each!(v, p, p.to_f32()),
-            (Ptr::BF16(p), Buf::F32(v)) => each!(v, p, p.to_f32()),
-            (Ptr::F64(p), Buf::F64(v)) => {
-                v[..len].copy_from_slice(std::slice::from_raw_parts(p.add(start), len))
-            }
-            (Ptr::I32(p), Buf::F64(v)) => each!(v, p, p as f64),
-            (Ptr::U32(p), Buf::F64(v)) => each!(v, p, p as f64),
-            (p, b) => unreachable!(
-                "input buffer of another arithmetic: {:?}",
-                (p.tag(), b.tag())
-            ),
-        }
-    }
-
-    /// Writes the first `len` values of `buf` to the elements from `start` on, rounding to the
-    /// storage's dtype (a dense walk's block).
-    ///
-    /// # Safety
-    /// The elements lie inside the storage, which is written by this task only there.
-    unsafe fn write_run(self, start: usize, len: usize, buf: &Buf) {
-        macro_rules! each {
-            ($v:ident, $p:ident, $conv:expr) => {{
-                let dst = std::slice::from_raw_parts_mut($p.add(start), len);
-                for (d, &x) in dst.iter_mut().zip(&$v[..len]) {
-                    *d = $conv(x);
-                }
-            }};
-        }
-        match (self, buf) {
-            (Ptr::F32(p), Buf::F32(v)) => each!(v, p, |x| x),
-            (Ptr::F16(p), Buf::F32(v)) => each!(v, p, f16::from_f32),
-            (Ptr::BF16(p), Buf::F32(v)) => each!(v, p, bf16::from_f32),
-            (Ptr::F64(p), Buf::F64(v)) => each!(v, p, |x| x),
-            (Ptr::I32(p), Buf::F64(v)) => each!(v, p, |x: f64| x as i64 as i32),
-            (Ptr::U32(p), Buf::F64(v)) => each!(v, p, |x: f64| x as i64 as u32),
-            (p, b) => unreachable!(
-                "output buffer of another arithmetic: {:?}",
-                (p.tag(), b.tag())
-            ),
-        }
-    }
-
-    /// Writes `buf` to the elements at `pos`, rounding to the storage's dtype.
+    /// Writes `buf` to the elements at `at`, rounding to the storage's dtype.
     ///
     /// # Safety
     /// Every position lies inside the storage, which is written by this task only there.
-    unsafe fn write(self, pos: &[usize], buf: &Buf) {
+    unsafe fn write(self, at: At<'_>, buf: &Buf) {
         macro_rules! each {
             ($v:ident, $p:ident, $conv:expr) => {
-                for (&x, &q) in $v.iter().zip(pos) {
-                    *$p.add(q) = $conv(x);
+                match at {
+                    At::Run { first, len } => {
+                        let dst = std::slice::from_raw_parts_mut($p.add(first), len);
+                        for (d, &x) in dst.iter_mut().zip(&$v[..len]) {
+                            *d = $conv(x);
+                        }
+                    }
+                    At::List(pos) => {
+                        for (&x, &q) in $v.iter().zip(pos) {
+                            *$p.add(q) = $conv(x);
+                        }
+                    }
                 }
             };
         }
@@ -259,24 +228,22 @@ impl<'a> Walk<'a> {
         }
     }
 
-    /// For a dense walk, the first of the next `len` positions (which follow each other), the
-    /// walk moved past them; None for a strided walk.
-    fn run(&mut self, len: usize) -> Option<usize> {
-        self.dense.then(|| {
+    /// The next `pos.len()` positions: a run for a dense walk, else filled into `pos`.
+    fn next<'p>(&mut self, pos: &'p mut [usize]) -> At<'p> {
+        let len = pos.len();
+        if self.dense {
             self.pos += len;
-            self.pos - len
-        })
+            return At::Run {
+                first: self.pos - len,
+                len,
+            };
+        }
+        self.fill(pos);
+        At::List(pos)
     }
 
-    /// The next `out.len()` positions.
+    /// The next `out.len()` positions of a strided walk.
     fn fill(&mut self, out: &mut [usize]) {
-        if self.dense {
-            for (j, o) in out.iter_mut().enumerate() {
-                *o = self.pos + j;
-            }
-            self.pos += out.len();
-            return;
-        }
         let last = self.shape.len() - 1;
         let (n, s) = (self.shape[last], self.strides[last]);
         let mut k = 0;
@@ -489,24 +456,12 @@ pub(crate) fn run_host(
             let pos = &mut pos[..len];
             for (&(i, id), w) in input_node.iter().zip(&mut in_walks) {
                 // SAFETY: positions of a checked view of the input's storage.
-                match w.run(len) {
-                    Some(first) => unsafe { in_ptrs[i].read_run(first, len, &mut bufs[id]) },
-                    None => {
-                        w.fill(pos);
-                        unsafe { in_ptrs[i].read(pos, &mut bufs[id]) }
-                    }
-                }
+                unsafe { in_ptrs[i].read(w.next(pos), &mut bufs[id]) };
             }
             eval_block(plan, &mut bufs, len);
             for ((&o, w), p) in plan.key.outputs.iter().zip(&mut out_walks).zip(&out_ptrs) {
                 // SAFETY: this task's positions of a destination that does not overlap itself.
-                match w.run(len) {
-                    Some(first) => unsafe { p.write_run(first, len, &bufs[o]) },
-                    None => {
-                        w.fill(pos);
-                        unsafe { p.write(pos, &bufs[o]) }
-                    }
-                }
+                unsafe { p.write(w.next(pos), &bufs[o]) };
             }
             at += len;
         }
@@ -524,7 +479,7 @@ pub(crate) fn run_host(
 
 #[cfg(test)]
 mod tests {
-    use super::Walk;
+    use super::{At, Walk};
 
     /// Storage positions of row-major indices `start..start + n` of `shape` at `strides`,
     /// one index at a time.
@@ -567,13 +522,10 @@ mod tests {
                     while at < total {
                         let len = block.min(total - at);
                         let mut pos = vec![0; len];
-                        match w.run(len) {
-                            Some(first) => {
-                                pos.iter_mut().enumerate().for_each(|(j, p)| *p = first + j)
-                            }
-                            None => w.fill(&mut pos),
+                        match w.next(&mut pos) {
+                            At::Run { first, len } => got.extend(first..first + len),
+                            At::List(p) => got.extend_from_slice(p),
                         }
-                        got.extend(pos);
                         at += len;
                     }
                     let want = naive(shape, strides, offset, start, total - start);
