@@ -4,27 +4,43 @@
 // 16-bit storage with f32 accumulation; the probabilities and their gradients enter the second
 // product of each pair rounded to the storage format, as in FlashAttention-2. Every view's offset
 // and strides are multiples of 8 elements (rows are read as 16-byte vectors; the host checks).
-// Built with -DHEAD_DIM=D (16, 32, 48 or 64), -DTC_BF16 or -DTC_F16 (the products' format) and
-// the storage's -DDT_*: the same 16-bit format, or f32 (read and written as f32, rounded to the
-// products' format on the way into local memory: autocast without casts around the kernels).
+// Built with -DHEAD_DIM=D (16 to 128 in steps of 16), -DTC_BF16 or -DTC_F16 (the products'
+// format) and the storage's -DDT_*: the same 16-bit format, or f32 (read and written as f32,
+// rounded to the products' format on the way into local memory: autocast without casts around
+// the kernels).
 //
 // A work-group is four warps and owns 64 rows of one side (queries in the forward and dq
-// kernels, keys in the dk/dv kernel), 16 per warp, whose operand fragments stay in registers; the
-// other side streams through local memory in tiles of 64 rows. Fragments come out of local memory
-// through ldmatrix (.trans where the tile's rows are the product's K dim). m16n8k16 tiles: a
-// thread holds rows g and g + 8 (g = lane / 4) and columns 2t, 2t + 1 (t = lane % 4) of each.
+// kernels, keys in the dk/dv kernel), 16 per warp, whose operand fragments stay in registers
+// (but the dk/dv kernel's value rows above head dim 64); the other side streams through local
+// memory in tiles of SN rows. Fragments come out of local memory through ldmatrix (.trans where
+// the tile's rows are the product's K dim). m16n8k16 tiles: a thread holds rows g and g + 8
+// (g = lane / 4) and columns 2t, 2t + 1 (t = lane % 4) of each.
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
 #endif
-#if HEAD_DIM % 16 || HEAD_DIM > 64
-#error "attention_tc.cl takes head dims 16, 32, 48 or 64"
+#if HEAD_DIM % 16 || HEAD_DIM > 128
+#error "attention_tc.cl takes head dims 16 to 128 in steps of 16"
 #endif
 #define DK (HEAD_DIM / 16)  // k steps of 16 over the head dim
 #define DN (HEAD_DIM / 8)   // n tiles of 8 over the head dim
 #define RS (HEAD_DIM / 2 + 4)  // local row stride in 32-bit words (16-byte rows fall on distinct banks)
-#define ROWS 64
+#define ROWS 64  // the rows a work-group owns
 #define WG 128
-
+// Rows of the streamed side a step takes (SN; SN_KV in the dk/dv kernel): above head dim 64 the
+// accumulators are twice as wide, so the score tiles (and the rows fetched ahead) shrink to stay
+// in registers, and the dk/dv kernel reads its value rows' fragments from local memory.
+#if HEAD_DIM > 64
+#ifndef SN
+#define SN 32
+#endif
+#ifndef SN_KV
+#define SN_KV 32
+#endif
+#define VF_LOCAL
+#else
+#define SN 64
+#define SN_KV 64
+#endif
 #if !defined(TC_BF16) && !defined(TC_F16)
 #error "attention_tc.cl needs -DTC_BF16 or -DTC_F16"
 #endif
@@ -71,11 +87,12 @@ inline uint visible(const AttnGeom* g, uint i) {
     return last < 0 ? 0u : min((uint)(last + 1), g->tk);
 }
 
-// A tile's rows travel in chunks of 8 elements (one 16-byte row piece of local memory), PER
-// per work-item: loaded into registers a tile ahead (the loads fly while the current tile is
-// multiplied), then stored into local memory. f32 storage stays f32 in registers (rounded at the
-// store, so that nothing waits on the loads early).
-#define PER (ROWS * (HEAD_DIM / 8) / WG)
+// A tile's rows travel in chunks of 8 elements (one 16-byte row piece of local memory), at most
+// PER(rows) per work-item: loaded into registers a tile ahead (the loads fly while the current
+// tile is multiplied), then stored into local memory. f32 storage stays f32 in registers (rounded
+// at the store, so that nothing waits on the loads early).
+#define CHUNKS(rows) ((rows) * (HEAD_DIM / 8))
+#define PER(rows) ((CHUNKS(rows) + WG - 1) / WG)
 #ifdef IO_F32
 #define CHUNK float8
 inline CHUNK load_chunk(__global const T* p, uint at) {
@@ -91,68 +108,81 @@ inline CHUNK load_chunk(__global const T* p, uint at) { return ((__global const 
 inline uint4 packed(uint4 x) { return x; }
 #endif
 
-// Rows r0 .. r0 + 63 of a (rows, HEAD_DIM) view (row i at base + i * st) into registers r; zeros
-// past n.
-inline void fetch_tile(CHUNK* r, __global const T* p, uint base, uint st, uint r0, uint n, uint lid) {
+// Rows r0 .. r0 + rows - 1 of a (n, HEAD_DIM) view (row i at base + i * st) into registers r;
+// zeros past n. `rows` is a constant at every call (the loops unroll).
+inline void fetch_tile(CHUNK* r, __global const T* p, uint base, uint st, uint r0, uint n, uint lid,
+                       const uint rows) {
 #pragma unroll
-    for (uint i = 0; i < PER; ++i) {
+    for (uint i = 0; i < PER(rows); ++i) {
         uint e = lid + i * WG, row = e / (HEAD_DIM / 8), c = e % (HEAD_DIM / 8);
-        r[i] = r0 + row < n ? load_chunk(p, base + (r0 + row) * st + 8 * c) : (CHUNK)(0);
+        if (CHUNKS(rows) % WG == 0 || e < CHUNKS(rows))
+            r[i] = r0 + row < n ? load_chunk(p, base + (r0 + row) * st + 8 * c) : (CHUNK)(0);
     }
 }
 
 // The fetched rows into local tile t.
-inline void stage_tile(__local uint* t, const CHUNK* r, uint lid) {
+inline void stage_tile(__local uint* t, const CHUNK* r, uint lid, const uint rows) {
 #pragma unroll
-    for (uint i = 0; i < PER; ++i) {
+    for (uint i = 0; i < PER(rows); ++i) {
         uint e = lid + i * WG, row = e / (HEAD_DIM / 8), c = e % (HEAD_DIM / 8);
-        *(__local uint4*)&t[row * RS + c * 4] = packed(r[i]);
+        if (CHUNKS(rows) % WG == 0 || e < CHUNKS(rows))
+            *(__local uint4*)&t[row * RS + c * 4] = packed(r[i]);
     }
 }
 
-// Rows r0 .. r0 + 63 straight into t.
+// The work-group's ROWS rows from r0 straight into t.
 inline void load_tile(__local uint* t, __global const T* p, uint base, uint st, uint r0, uint n,
                       uint lid) {
-    CHUNK r[PER];
-    fetch_tile(r, p, base, st, r0, n, lid);
-    stage_tile(t, r, lid);
+    CHUNK r[PER(ROWS)];
+    fetch_tile(r, p, base, st, r0, n, lid, ROWS);
+    stage_tile(t, r, lid, ROWS);
 }
 
-// Keys and values j0 .. j0 + 63 of (b, hk) into registers.
+// Keys and values j0 .. j0 + SN - 1 of (b, hk) into registers.
 inline void fetch_kv(CHUNK* kr, CHUNK* vr, __global const T* k, __global const T* v,
                      const AttnGeom* G, uint b, uint hk, uint j0, uint lid) {
-    fetch_tile(kr, k, G->k_off + b * G->k_sb + hk * G->k_sh, G->k_st, j0, G->tk, lid);
-    fetch_tile(vr, v, G->v_off + b * G->v_sb + hk * G->v_sh, G->v_st, j0, G->tk, lid);
+    fetch_tile(kr, k, G->k_off + b * G->k_sb + hk * G->k_sh, G->k_st, j0, G->tk, lid, SN);
+    fetch_tile(vr, v, G->v_off + b * G->v_sb + hk * G->v_sh, G->v_st, j0, G->tk, lid, SN);
 }
 
 // The fetched keys and values into ks and vs, once every work-item is done with the previous ones.
 inline void stage_kv(__local uint* ks, __local uint* vs, const CHUNK* kr, const CHUNK* vr, uint lid) {
     barrier(CLK_LOCAL_MEM_FENCE);
-    stage_tile(ks, kr, lid);
-    stage_tile(vs, vr, lid);
+    stage_tile(ks, kr, lid, SN);
+    stage_tile(vs, vr, lid, SN);
     barrier(CLK_LOCAL_MEM_FENCE);
 }
 
-// A fragments (16 rows from row0, all of HEAD_DIM as K) of a tile.
-#define FRAG_A(f, tile, row0)                                                                  \
-    _Pragma("unroll") for (int kk = 0; kk < DK; ++kk)                                          \
-        LDMATRIX_X4(f[kk], &tile[((row0) + lane % 8 + 8 * ((lane / 8) % 2)) * RS + kk * 8 + 4 * (lane / 16)])
+// A fragment kk (16 rows from row0; head-dim columns 16 kk .. 16 kk + 15) of a tile into a.
+#define LOAD_A(a, tile, row0, kk)                                                              \
+    LDMATRIX_X4(a, &(tile)[((row0) + lane % 8 + 8 * ((lane / 8) % 2)) * RS + (kk) * 8 + 4 * (lane / 16)])
 
-// s (16 x 64) = f (16 x HEAD_DIM) x tileᵀ: the tile's 64 rows are the columns.
-#define SCORES(s, f, tile)                                                                        \
-    _Pragma("unroll") for (int j = 0; j < 8; ++j)                                              \
+// All A fragments (16 rows from row0, all of HEAD_DIM as K) of a tile.
+#define FRAG_A(f, tile, row0)                                                                  \
+    _Pragma("unroll") for (int kk = 0; kk < DK; ++kk) LOAD_A(f[kk], tile, row0, kk)
+
+// a = f[kk]: an A fragment held in registers (for SCORES' GET_A).
+#define COPY_A(a, f, kk) _Pragma("unroll") for (int w_ = 0; w_ < 4; ++w_) a[w_] = f[kk][w_]
+
+// s (16 x n) = a (16 x HEAD_DIM) x tileᵀ: the tile's first n rows are the columns; GET_A(a, kk)
+// puts the A fragment kk into a (COPY_A from registers, or LOAD_A from local memory).
+#define SCORES(s, n, tile, GET_A)                                                              \
+    _Pragma("unroll") for (int j = 0; j < (n) / 8; ++j)                                        \
         _Pragma("unroll") for (int q = 0; q < 4; ++q) s[j][q] = 0.0f;                          \
-    _Pragma("unroll") for (int kk = 0; kk < DK; ++kk)                                          \
-        _Pragma("unroll") for (int j = 0; j < 8; j += 2) {                                     \
+    _Pragma("unroll") for (int kk = 0; kk < DK; ++kk) {                                        \
+        uint a_[4];                                                                            \
+        GET_A(a_, kk);                                                                         \
+        _Pragma("unroll") for (int j = 0; j < (n) / 8; j += 2) {                               \
             uint x[4];                                                                         \
             LDMATRIX_X4(x, &tile[(j * 8 + lane % 8 + 8 * (lane / 16)) * RS + kk * 8 + 4 * ((lane / 8) % 2)]); \
-            MMA(s[j], f[kk], x[0], x[1]);                                                      \
-            MMA(s[j + 1], f[kk], x[2], x[3]);                                                  \
-        }
+            MMA(s[j], a_, x[0], x[1]);                                                         \
+            MMA(s[j + 1], a_, x[2], x[3]);                                                     \
+        }                                                                                      \
+    }
 
-// acc (16 x HEAD_DIM) += p (16 x 64, f32 in C layout, rounded here) x tile (64 x HEAD_DIM).
-#define ACCUMULATE(acc, p, tile)                                                                  \
-    _Pragma("unroll") for (int kc = 0; kc < 4; ++kc) {                                         \
+// acc (16 x HEAD_DIM) += p (16 x n, f32 in C layout, rounded here) x tile (n x HEAD_DIM).
+#define ACCUMULATE(acc, p, n, tile)                                                            \
+    _Pragma("unroll") for (int kc = 0; kc < (n) / 16; ++kc) {                                  \
         uint pa[4] = {pack2(p[2 * kc][0], p[2 * kc][1]), pack2(p[2 * kc][2], p[2 * kc][3]),    \
                       pack2(p[2 * kc + 1][0], p[2 * kc + 1][1]),                               \
                       pack2(p[2 * kc + 1][2], p[2 * kc + 1][3])};                              \
@@ -187,42 +217,47 @@ inline void stage_kv(__local uint* ks, __local uint* vs, const CHUNK* kr, const 
         }                                                                                      \
     }
 
+// Local memory of every kernel: two tiles of the work-group's ROWS rows. The owned rows' tiles
+// are read into registers first; the streamed tiles then take the same memory (the dk/dv kernel
+// keeps its value rows in the second half where VF_LOCAL).
+#define LOCAL_WORDS (2 * ROWS * RS)
+
 // o: (B, H, Tq, D) at o_*; lse: (B, H, Tq). Groups: B * H * ceil(Tq / 64), 128 items.
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void attention_fwd_tc(__global T* o, __global float* lse, __global const T* q,
                       __global const T* k, __global const T* v, AttnGeom G, float scale) {
-    __local uint qs[ROWS * RS] __attribute__((aligned(16)));
-    __local uint ks[ROWS * RS] __attribute__((aligned(16)));
-    __local uint vs[ROWS * RS] __attribute__((aligned(16)));
+    __local uint sm[LOCAL_WORDS] __attribute__((aligned(16)));
+    __local uint *const ks = sm, *const vs = sm + SN * RS;
     const uint lid = get_local_id(0), lane = lid % 32, warp = lid / 32, g = lane / 4, t = lane % 4;
     // The last query blocks see the most keys: they start first, so the short ones fill the tail.
     const uint nqb = (G.tq + ROWS - 1) / ROWS, grp = get_group_id(0), qb = nqb - 1 - grp % nqb;
     const uint bh = grp / nqb;
     const uint h = bh % G.heads, b = bh / G.heads, hk = h / (G.heads / G.kv_heads);
     const uint i0 = qb * ROWS, w0 = i0 + warp * 16;
-    load_tile(qs, q, G.q_off + b * G.q_sb + h * G.q_sh, G.q_st, i0, G.tq, lid);
+    load_tile(sm, q, G.q_off + b * G.q_sb + h * G.q_sh, G.q_st, i0, G.tq, lid);
     barrier(CLK_LOCAL_MEM_FENCE);
     uint qf[DK][4];
-    FRAG_A(qf, qs, warp * 16);
+    FRAG_A(qf, sm, warp * 16);
+#define QF(a, kk) COPY_A(a, qf, kk)
     const float c = scale * M_LOG2E_F;  // scores in base-2 units
     float acc[DN][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     ZERO(acc);
     uint vis[2] = {visible(&G, min(w0 + g, G.tq - 1)), visible(&G, min(w0 + g + 8, G.tq - 1))};
     const uint kend = visible(&G, min(i0 + ROWS - 1, G.tq - 1));
     const uint kfull = visible(&G, i0);  // keys every query of the group sees
-    CHUNK kr[PER], vr[PER];
+    CHUNK kr[PER(SN)], vr[PER(SN)];
     if (kend > 0) fetch_kv(kr, vr, k, v, &G, b, hk, 0, lid);
-    for (uint j0 = 0; j0 < kend; j0 += ROWS) {
+    for (uint j0 = 0; j0 < kend; j0 += SN) {
         stage_kv(ks, vs, kr, vr, lid);
-        if (j0 + ROWS < kend) fetch_kv(kr, vr, k, v, &G, b, hk, j0 + ROWS, lid);
-        float s[8][4];
-        SCORES(s, qf, ks);
-        const bool edge = j0 + ROWS > kfull;
+        if (j0 + SN < kend) fetch_kv(kr, vr, k, v, &G, b, hk, j0 + SN, lid);
+        float s[SN / 8][4];
+        SCORES(s, SN, ks, QF);
+        const bool edge = j0 + SN > kfull;
 #pragma unroll
         for (int h2 = 0; h2 < 2; ++h2) {
             float mx = -INFINITY;
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
+            for (int j = 0; j < SN / 8; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     float x = s[j][2 * h2 + e] * c;
@@ -234,7 +269,7 @@ void attention_fwd_tc(__global T* o, __global float* lse, __global const T* q,
             float base = mn == -INFINITY ? 0.0f : mn;
             float alpha = native_exp2(m[h2] - base), sum = 0.0f;
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
+            for (int j = 0; j < SN / 8; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     float p = native_exp2(s[j][2 * h2 + e] - base);
@@ -249,8 +284,9 @@ void attention_fwd_tc(__global T* o, __global float* lse, __global const T* q,
                 acc[dn][2 * h2 + 1] *= alpha;
             }
         }
-        ACCUMULATE(acc, s, vs);
+        ACCUMULATE(acc, s, SN, vs);
     }
+#undef QF
     float inv[2];
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
@@ -289,10 +325,8 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void attention_bwd_dq_tc(__global T* dq, __global float* delta, __global const T* q,
                          __global const T* k, __global const T* v, __global const T* dout,
                          __global const T* o, __global const float* lse, AttnGeom G, float scale) {
-    __local uint qs[ROWS * RS] __attribute__((aligned(16)));
-    __local uint ds[ROWS * RS] __attribute__((aligned(16)));
-    __local uint ks[ROWS * RS] __attribute__((aligned(16)));
-    __local uint vs[ROWS * RS] __attribute__((aligned(16)));
+    __local uint sm[LOCAL_WORDS] __attribute__((aligned(16)));
+    __local uint *const ks = sm, *const vs = sm + SN * RS;
     __local float ls[ROWS], dls[ROWS];
     const uint lid = get_local_id(0), lane = lid % 32, warp = lid / 32, g = lane / 4, t = lane % 4;
     // The last query blocks see the most keys: they start first, so the short ones fill the tail.
@@ -300,13 +334,15 @@ void attention_bwd_dq_tc(__global T* dq, __global float* delta, __global const T
     const uint bh = grp / nqb;
     const uint h = bh % G.heads, b = bh / G.heads, hk = h / (G.heads / G.kv_heads);
     const uint i0 = qb * ROWS, w0 = i0 + warp * 16;
-    load_tile(qs, q, G.q_off + b * G.q_sb + h * G.q_sh, G.q_st, i0, G.tq, lid);
-    load_tile(ds, dout, G.o_off + b * G.o_sb + h * G.o_sh, G.o_st, i0, G.tq, lid);
+    load_tile(sm, q, G.q_off + b * G.q_sb + h * G.q_sh, G.q_st, i0, G.tq, lid);
+    load_tile(sm + ROWS * RS, dout, G.o_off + b * G.o_sb + h * G.o_sh, G.o_st, i0, G.tq, lid);
     row_stats(ls, dls, delta, lse, dout, o, &G, b, h, bh, i0, lid);
     barrier(CLK_LOCAL_MEM_FENCE);
     uint qf[DK][4], df[DK][4];
-    FRAG_A(qf, qs, warp * 16);
-    FRAG_A(df, ds, warp * 16);
+    FRAG_A(qf, sm, warp * 16);
+    FRAG_A(df, sm + ROWS * RS, warp * 16);
+#define QF(a, kk) COPY_A(a, qf, kk)
+#define DF(a, kk) COPY_A(a, df, kk)
     const float c = scale * M_LOG2E_F;
     float li[2], dl[2];
     uint vis[2];
@@ -321,17 +357,17 @@ void attention_bwd_dq_tc(__global T* dq, __global float* delta, __global const T
     ZERO(acc);
     const uint kend = visible(&G, min(i0 + ROWS - 1, G.tq - 1));
     const uint kfull = visible(&G, i0);
-    CHUNK kr[PER], vr[PER];
+    CHUNK kr[PER(SN)], vr[PER(SN)];
     if (kend > 0) fetch_kv(kr, vr, k, v, &G, b, hk, 0, lid);
-    for (uint j0 = 0; j0 < kend; j0 += ROWS) {
+    for (uint j0 = 0; j0 < kend; j0 += SN) {
         stage_kv(ks, vs, kr, vr, lid);
-        if (j0 + ROWS < kend) fetch_kv(kr, vr, k, v, &G, b, hk, j0 + ROWS, lid);
-        float s[8][4], dp[8][4];
-        SCORES(s, qf, ks);
-        SCORES(dp, df, vs);
-        const bool edge = j0 + ROWS > kfull;
+        if (j0 + SN < kend) fetch_kv(kr, vr, k, v, &G, b, hk, j0 + SN, lid);
+        float s[SN / 8][4], dp[SN / 8][4];
+        SCORES(s, SN, ks, QF);
+        SCORES(dp, SN, vs, DF);
+        const bool edge = j0 + SN > kfull;
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < SN / 8; ++j)
 #pragma unroll
             for (int q4 = 0; q4 < 4; ++q4) {
                 int h2 = q4 / 2;
@@ -339,8 +375,10 @@ void attention_bwd_dq_tc(__global T* dq, __global float* delta, __global const T
                 if ((edge || li[h2] == -INFINITY) && j0 + j * 8 + 2 * t + q4 % 2 >= vis[h2]) p = 0.0f;
                 s[j][q4] = p * (dp[j][q4] - dl[h2]);
             }
-        ACCUMULATE(acc, s, ks);
+        ACCUMULATE(acc, s, SN, ks);
     }
+#undef QF
+#undef DF
     float mul[2] = {scale, scale};
     STORE_ROWS(dq, acc, w0, G.tq, mul, ((b * G.tq + row) * G.heads + h) * HEAD_DIM);
 }
@@ -353,40 +391,48 @@ void attention_bwd_dkdv_tc(__global T* dk, __global T* dv, __global const T* q,
                            __global const T* k, __global const T* v, __global const T* dout,
                            __global const float* lse, __global const float* delta, AttnGeom G,
                            float scale) {
-    __local uint qs[ROWS * RS] __attribute__((aligned(16)));
-    __local uint ds[ROWS * RS] __attribute__((aligned(16)));
-    __local float ls[ROWS], dls[ROWS];
+    __local uint sm[LOCAL_WORDS] __attribute__((aligned(16)));
+    // Streamed query and output-gradient tiles; the block's values stay at vb where VF_LOCAL.
+    __local uint *const qs = sm, *const ds = sm + SN_KV * RS, *const vb = sm + ROWS * RS;
+    __local float ls[SN_KV], dls[SN_KV];
     const uint lid = get_local_id(0), lane = lid % 32, warp = lid / 32, g = lane / 4, t = lane % 4;
     const uint nkb = (G.tk + ROWS - 1) / ROWS, grp = get_group_id(0), kbk = grp % nkb, bhk = grp / nkb;
     const uint hk = bhk % G.kv_heads, b = bhk / G.kv_heads, group = G.heads / G.kv_heads;
     const uint j0 = kbk * ROWS, w0 = j0 + warp * 16;
-    // The block's keys and values as A fragments, through the query tiles' local memory.
-    load_tile(qs, k, G.k_off + b * G.k_sb + hk * G.k_sh, G.k_st, j0, G.tk, lid);
-    load_tile(ds, v, G.v_off + b * G.v_sb + hk * G.v_sh, G.v_st, j0, G.tk, lid);
+    // The block's keys and values as A fragments.
+    load_tile(sm, k, G.k_off + b * G.k_sb + hk * G.k_sh, G.k_st, j0, G.tk, lid);
+    load_tile(vb, v, G.v_off + b * G.v_sb + hk * G.v_sh, G.v_st, j0, G.tk, lid);
     barrier(CLK_LOCAL_MEM_FENCE);
-    uint kf[DK][4], vf[DK][4];
-    FRAG_A(kf, qs, warp * 16);
-    FRAG_A(vf, ds, warp * 16);
+    uint kf[DK][4];
+    FRAG_A(kf, sm, warp * 16);
+#define KF(a, kk) COPY_A(a, kf, kk)
+#ifdef VF_LOCAL
+#define VF(a, kk) LOAD_A(a, vb, warp * 16, kk)
+#else
+    uint vf[DK][4];
+    FRAG_A(vf, vb, warp * 16);
+#define VF(a, kk) COPY_A(a, vf, kk)
+#endif
     const float c = scale * M_LOG2E_F;
     float adk[DN][4], adv[DN][4];
     ZERO(adk);
     ZERO(adv);
     // Causal: query i sees key j iff j <= i + offset; the first query to see key j0.
     const int first = G.causal ? (int)j0 - G.offset : 0;
-    const uint istart = first <= 0 ? 0u : ((uint)first / ROWS) * ROWS;
+    const uint istart = first <= 0 ? 0u : ((uint)first / SN_KV) * SN_KV;
     // Queries from which on every query sees every key of the warp's rows (no masking).
     const int all = G.causal ? (int)min(w0 + 15, G.tk - 1) - G.offset : 0;
     // Steps over (query head of the group, query tile from istart), each step's tiles and row
     // statistics fetched into registers one step ahead.
-    const uint tiles = istart < G.tq ? (G.tq - istart + ROWS - 1) / ROWS : 0, steps = group * tiles;
-    CHUNK qr[PER], dr[PER];
+    const uint tiles = istart < G.tq ? (G.tq - istart + SN_KV - 1) / SN_KV : 0, steps = group * tiles;
+    CHUNK qr[PER(SN_KV)], dr[PER(SN_KV)];
     float lq_r = -INFINITY, dl_r = 0.0f;
 #define FETCH_STEP(n)                                                                          \
     {                                                                                          \
-        const uint h_ = hk * group + (n) / tiles, i0_ = istart + ((n) % tiles) * ROWS;         \
-        fetch_tile(qr, q, G.q_off + b * G.q_sb + h_ * G.q_sh, G.q_st, i0_, G.tq, lid);        \
-        fetch_tile(dr, dout, G.o_off + b * G.o_sb + h_ * G.o_sh, G.o_st, i0_, G.tq, lid);     \
-        if (lid < ROWS) {                                                                      \
+        const uint h_ = hk * group + (n) / tiles, i0_ = istart + ((n) % tiles) * SN_KV;        \
+        fetch_tile(qr, q, G.q_off + b * G.q_sb + h_ * G.q_sh, G.q_st, i0_, G.tq, lid, SN_KV);  \
+        fetch_tile(dr, dout, G.o_off + b * G.o_sb + h_ * G.o_sh, G.o_st, i0_, G.tq, lid, SN_KV); \
+        if (lid < SN_KV) {                                                                     \
             const uint i_ = i0_ + lid, bh_ = b * G.heads + h_;                                 \
             lq_r = i_ < G.tq ? lse[bh_ * G.tq + i_] * M_LOG2E_F : -INFINITY;                   \
             dl_r = i_ < G.tq ? delta[bh_ * G.tq + i_] : 0.0f;                                  \
@@ -394,22 +440,22 @@ void attention_bwd_dkdv_tc(__global T* dk, __global T* dv, __global const T* q,
     }
     if (steps > 0) FETCH_STEP(0)
     for (uint n = 0; n < steps; ++n) {
-        const uint i0 = istart + (n % tiles) * ROWS;
+        const uint i0 = istart + (n % tiles) * SN_KV;
         barrier(CLK_LOCAL_MEM_FENCE);
-        stage_tile(qs, qr, lid);
-        stage_tile(ds, dr, lid);
-        if (lid < ROWS) {
+        stage_tile(qs, qr, lid, SN_KV);
+        stage_tile(ds, dr, lid, SN_KV);
+        if (lid < SN_KV) {
             ls[lid] = lq_r;
             dls[lid] = dl_r;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         if (n + 1 < steps) FETCH_STEP(n + 1)
         // Transposed scores: rows are the warp's keys, columns the tile's queries.
-        float s[8][4], dp[8][4];
-        SCORES(s, kf, qs);
-        const bool edge = (int)i0 < all || i0 + ROWS > G.tq;
+        float s[SN_KV / 8][4], dp[SN_KV / 8][4];
+        SCORES(s, SN_KV, qs, KF);
+        const bool edge = (int)i0 < all || i0 + SN_KV > G.tq;
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < SN_KV / 8; ++j)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 uint col = j * 8 + 2 * t + e, i = i0 + col;
@@ -421,15 +467,17 @@ void attention_bwd_dkdv_tc(__global T* dk, __global T* dv, __global const T* q,
                     s[j][2 * h2 + e] = on ? native_exp2(s[j][2 * h2 + e] * c - lq) : 0.0f;
                 }
             }
-        ACCUMULATE(adv, s, ds);
-        SCORES(dp, vf, ds);
+        ACCUMULATE(adv, s, SN_KV, ds);
+        SCORES(dp, SN_KV, ds, VF);
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < SN_KV / 8; ++j)
 #pragma unroll
             for (int q4 = 0; q4 < 4; ++q4) s[j][q4] *= dp[j][q4] - dls[j * 8 + 2 * t + q4 % 2];
-        ACCUMULATE(adk, s, qs);
+        ACCUMULATE(adk, s, SN_KV, qs);
     }
 #undef FETCH_STEP
+#undef KF
+#undef VF
     float one[2] = {1.0f, 1.0f}, mul[2] = {scale, scale};
     STORE_ROWS(dk, adk, w0, G.tk, mul, ((b * G.tk + row) * G.kv_heads + hk) * HEAD_DIM);
     STORE_ROWS(dv, adv, w0, G.tk, one, ((b * G.tk + row) * G.kv_heads + hk) * HEAD_DIM);

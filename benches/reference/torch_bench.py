@@ -227,12 +227,17 @@ def main():
         # Causal attention at the Llama benchmark shapes (netcl-bench --suite attention): PyTorch's
         # scaled_dot_product_attention (its fp32 kernels), forward and backward alone.
         # bf16 rows: its flash-attention kernels (tensor cores).
-        for (b, h, t, d), dt in [(s, dt) for s in ((16, 12, 512, 64), (32, 6, 256, 48))
-                                 for dt in (torch.float32, torch.bfloat16)]:
-            q, k, v, g = (torch.randn(b, h, t, d, device=dev, dtype=dt, requires_grad=True) for _ in range(4))
+        # The 1B and 3B shapes (grouped key/value heads, head dims 64 and 128) in bf16 only.
+        both = (torch.float32, torch.bfloat16)
+        shapes = (((16, 12, 12, 512, 64), both), ((32, 6, 6, 256, 48), both),
+                  ((4, 32, 4, 2048, 64), (torch.bfloat16,)), ((2, 24, 8, 2048, 128), (torch.bfloat16,)))
+        for (b, h, hkv, t, d), dt in [(s, dt) for s, dts in shapes for dt in dts]:
+            q, g = (torch.randn(b, h, t, d, device=dev, dtype=dt, requires_grad=True) for _ in range(2))
+            k, v = (torch.randn(b, hkv, t, d, device=dev, dtype=dt, requires_grad=True) for _ in range(2))
             pairs = b * h * t * (t + 1) / 2
-            tag = f"B{b}_H{h}_T{t}_D{d}" + ("_bf16" if dt == torch.bfloat16 else "")
-            sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            kv = "" if hkv == h else f"_KV{hkv}"
+            tag = f"B{b}_H{h}{kv}_T{t}_D{d}" + ("_bf16" if dt == torch.bfloat16 else "")
+            sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=hkv != h)
             rec("attention", f"attention_fwd_{tag}", timed(sdpa), flops=4 * pairs * d)
             rec("attention", f"attention_bwd_{tag}", timed(bwd(sdpa(), (q, k, v), g)), flops=10 * pairs * d)
     if want("llama"):

@@ -54,7 +54,7 @@ fn head_dim_64_blocks_match_naive_attention_with_either_dq() {
     Config::update(|c| c.attention_ds = before);
 }
 
-/// The shapes the tensor-core kernels take on GPUs that have them (16-bit, head dims 16 to 64 in
+/// The shapes the tensor-core kernels take on GPUs that have them (16-bit, head dims 16 to 128 in
 /// steps of 16), with lengths across their 64-row blocks, grouped heads, causal with fewer keys
 /// than queries (queries that see no key) and more; in 16-bit storage and as f32 operands
 /// computing in 16 bits (autocast); other devices run their own kernels.
@@ -63,7 +63,7 @@ fn tensor_core_attention_shapes_match_naive_attention() {
     let devices = test_devices().unwrap();
     let lengths = [(64, 64), (65, 130), (130, 65), (1, 70), (128, 128), (70, 1)];
     for (n, dtype) in [DType::BF16, DType::F16].into_iter().enumerate() {
-        for (m, d) in [16, 48, 64].into_iter().enumerate() {
+        for (m, d) in [16, 48, 64, 80, 128].into_iter().enumerate() {
             let (tq, tk) = lengths[(3 * n + m) % lengths.len()];
             for causal in [true, false] {
                 let seed = (100 * n + 10 * m + causal as usize) as u64;

@@ -93,7 +93,7 @@ fn attention_program(device: &Device, dtype: DType, d: usize) -> Result<Arc<Prog
 
 /// The tensor-core program (kernels/attention_tc.cl) where it takes this problem: products in
 /// bf16 or f16 (`compute`) on a device whose tensor-core probe passed, over operands of that dtype
-/// or f32 (`io`: read and written as f32), head dims 16 to 64 in steps of 16, every view's offset
+/// or f32 (`io`: read and written as f32), head dims 16 to 128 in steps of 16, every view's offset
 /// and strides multiples of 8 elements. [`Config::attention_tc`](netcl_core_devices::Config::attention_tc) (`NETCL_ATTENTION_TC=0`) turns it off.
 fn tensor_core_program(
     device: &Device,
@@ -111,7 +111,7 @@ fn tensor_core_program(
     let fits = on
         && (io == compute || io == DType::F32)
         && d.is_multiple_of(16)
-        && (16..=64).contains(&d)
+        && (16..=128).contains(&d)
         && views.iter().flatten().all(|x| x.is_multiple_of(8))
         && tensor_core_kind(device, compute).is_some();
     if !fits {

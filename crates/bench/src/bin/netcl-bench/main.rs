@@ -264,22 +264,35 @@ impl Runner {
         })
     }
 
-    /// Causal fused attention at the Llama benchmark shapes, forward and backward (flops of
-    /// the visible pairs: 4·B·H·pairs·D forward, 2.5 times that backward, as PyTorch's
-    /// flash-attention counts), the composed forward beside it, and each kernel's device time.
+    /// Causal fused attention at the Llama benchmark shapes and the 1B and 3B ones (grouped
+    /// key/value heads; head dims 64 and 128), forward and backward (flops of the visible pairs:
+    /// 4·B·H·pairs·D forward, 2.5 times that backward, as PyTorch's flash-attention counts), the
+    /// composed forward beside the small ones, and each kernel's device time.
     fn attention(&mut self) -> Result<()> {
-        let shapes = [(16usize, 12usize, 512usize, 64usize), (32, 6, 256, 48)];
-        for ((b, h, t, d), dtype) in shapes
+        // (batch, heads, key/value heads, length, head dim) and the dtypes each runs in.
+        type Shape = (usize, usize, usize, usize, usize);
+        let both = [DType::F32, DType::BF16];
+        let shapes: [(Shape, &[DType]); 4] = [
+            ((16, 12, 12, 512, 64), &both),
+            ((32, 6, 6, 256, 48), &both),
+            ((4, 32, 4, 2048, 64), &[DType::BF16]),
+            ((2, 24, 8, 2048, 128), &[DType::BF16]),
+        ];
+        for ((b, h, hkv, t, d), dtype) in shapes
             .into_iter()
-            .flat_map(|s| [(s, DType::F32), (s, DType::BF16)])
+            .flat_map(|(s, dts)| dts.iter().map(move |&dt| (s, dt)))
         {
-            let shape = [b, h, t, d];
-            let mut operand = || self.randn(&shape)?.to_dtype(dtype);
-            let (q, k, v, g) = (operand()?, operand()?, operand()?, operand()?);
+            let mut operand = |heads: usize| self.randn(&[b, heads, t, d])?.to_dtype(dtype);
+            let (q, k, v, g) = (operand(h)?, operand(hkv)?, operand(hkv)?, operand(h)?);
             let pairs = (b * h * t * (t + 1) / 2) as f64;
             let fwd = 4.0 * pairs * d as f64;
             let suffix = if dtype == DType::F32 { "" } else { "_bf16" };
-            let tag = format!("B{b}_H{h}_T{t}_D{d}{suffix}");
+            let kv = if hkv == h {
+                String::new()
+            } else {
+                format!("_KV{hkv}")
+            };
+            let tag = format!("B{b}_H{h}{kv}_T{t}_D{d}{suffix}");
             let (o, lse) = Tensor::flash_attention(&q, &k, &v, true, None)?;
             self.measure(
                 "attention",
@@ -296,12 +309,14 @@ impl Runner {
                         .map(|_| ())
                 },
             )?;
-            self.measure(
-                "attention",
-                format!("attention_composed_fwd_{tag}"),
-                (0.0, fwd, 0),
-                || Tensor::attention(&q, &k, &v, None, true, None).map(|_| ()),
-            )?;
+            if t <= 512 {
+                self.measure(
+                    "attention",
+                    format!("attention_composed_fwd_{tag}"),
+                    (0.0, fwd, 0),
+                    || Tensor::attention(&q, &k, &v, None, true, None).map(|_| ()),
+                )?;
+            }
             let p = netcl_profiling::Profiler::start();
             Tensor::flash_attention(&q, &k, &v, true, None)?;
             Tensor::flash_attention_backward(&q, &k, &v, &o, &lse, &g, true, None)?;
