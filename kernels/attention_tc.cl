@@ -10,9 +10,9 @@
 // the kernels).
 //
 // A work-group is four warps and owns 64 rows of one side (queries in the forward and dq
-// kernels, keys in the dk/dv kernel), 16 per warp, whose operand fragments stay in registers
-// (but the dk/dv kernel's value rows above head dim 64); the other side streams through local
-// memory in tiles of SN rows. Fragments come out of local memory through ldmatrix (.trans where
+// kernels, keys in the dk/dv kernel), 16 per warp (32 in the forward up to head dim 64), whose
+// operand fragments stay in registers (but the dk/dv kernel's value rows above head dim 64); the
+// other side streams through local memory in tiles of SN rows. Fragments come out of local memory through ldmatrix (.trans where
 // the tile's rows are the product's K dim). m16n8k16 tiles: a thread holds rows g and g + 8
 // (g = lane / 4) and columns 2t, 2t + 1 (t = lane % 4) of each.
 #ifndef HEAD_DIM
@@ -24,23 +24,25 @@
 #define DK (HEAD_DIM / 16)  // k steps of 16 over the head dim
 #define DN (HEAD_DIM / 8)   // n tiles of 8 over the head dim
 #define RS (HEAD_DIM / 2 + 4)  // local row stride in 32-bit words (16-byte rows fall on distinct banks)
-#define ROWS 64  // the rows a work-group owns
 #define WG 128
+// Row tiles of 16 each warp of the forward owns (MT_F; one in the backward kernels): two share
+// every fragment read from the streamed tiles (half the local-memory reads per product) at twice
+// the accumulators. The host passes it and launches 64 * MT_F rows to a forward work-group.
+#ifndef MT_F
+#define MT_F 1
+#endif
+#define ROWS 64  // the rows a backward work-group owns
 // Rows of the streamed side a step takes (SN; SN_KV in the dk/dv kernel): above head dim 64 the
-// accumulators are twice as wide, so the score tiles (and the rows fetched ahead) shrink to stay
-// in registers, and the dk/dv kernel reads its value rows' fragments from local memory.
-#if HEAD_DIM > 64
-#ifndef SN
+// accumulators are twice as wide, so dk/dv's score tiles (and the rows fetched ahead) shrink to
+// stay in registers, and it reads its value rows' fragments from local memory.
 #define SN 32
-#endif
-#ifndef SN_KV
+#if HEAD_DIM > 64
 #define SN_KV 32
-#endif
 #define VF_LOCAL
 #else
-#define SN 64
 #define SN_KV 64
 #endif
+#define MAX_ROWS(a, b) ((a) > (b) ? (a) : (b))
 #if !defined(TC_BF16) && !defined(TC_F16)
 #error "attention_tc.cl needs -DTC_BF16 or -DTC_F16"
 #endif
@@ -130,12 +132,12 @@ inline void stage_tile(__local uint* t, const CHUNK* r, uint lid, const uint row
     }
 }
 
-// The work-group's ROWS rows from r0 straight into t.
+// Rows r0 .. r0 + rows - 1 (at most 128) straight into t.
 inline void load_tile(__local uint* t, __global const T* p, uint base, uint st, uint r0, uint n,
-                      uint lid) {
-    CHUNK r[PER(ROWS)];
-    fetch_tile(r, p, base, st, r0, n, lid, ROWS);
-    stage_tile(t, r, lid, ROWS);
+                      uint lid, const uint rows) {
+    CHUNK r[PER(128)];
+    fetch_tile(r, p, base, st, r0, n, lid, rows);
+    stage_tile(t, r, lid, rows);
 }
 
 // Keys and values j0 .. j0 + SN - 1 of (b, hk) into registers.
@@ -164,39 +166,16 @@ inline void stage_kv(__local uint* ks, __local uint* vs, const CHUNK* kr, const 
 // a = f[kk]: an A fragment held in registers (for SCORES' GET_A).
 #define COPY_A(a, f, kk) _Pragma("unroll") for (int w_ = 0; w_ < 4; ++w_) a[w_] = f[kk][w_]
 
-// s (16 x n) = a (16 x HEAD_DIM) x tileᵀ: the tile's first n rows are the columns; GET_A(a, kk)
-// puts the A fragment kk into a (COPY_A from registers, or LOAD_A from local memory).
-#define SCORES(s, n, tile, GET_A)                                                              \
-    _Pragma("unroll") for (int j = 0; j < (n) / 8; ++j)                                        \
-        _Pragma("unroll") for (int q = 0; q < 4; ++q) s[j][q] = 0.0f;                          \
-    _Pragma("unroll") for (int kk = 0; kk < DK; ++kk) {                                        \
-        uint a_[4];                                                                            \
-        GET_A(a_, kk);                                                                         \
-        _Pragma("unroll") for (int j = 0; j < (n) / 8; j += 2) {                               \
-            uint x[4];                                                                         \
-            LDMATRIX_X4(x, &tile[(j * 8 + lane % 8 + 8 * (lane / 16)) * RS + kk * 8 + 4 * ((lane / 8) % 2)]); \
-            MMA(s[j], a_, x[0], x[1]);                                                         \
-            MMA(s[j + 1], a_, x[2], x[3]);                                                     \
-        }                                                                                      \
-    }
+// s[mt] (16 x n) = a[mt] (16 x HEAD_DIM) x tileᵀ for each of the warp's mts row tiles: the
+// tile's first n rows are the columns, each of its fragments read once for all mts; GET_A(a, mt,
+// kk) puts row tile mt's A fragment kk into a (COPY_A from registers, or LOAD_A from local memory).
+#define SCORES(s, mts, n, tile, GET_A)                                                             _Pragma("unroll") for (int mt = 0; mt < (mts); ++mt)                                               _Pragma("unroll") for (int j = 0; j < (n) / 8; ++j)                                                _Pragma("unroll") for (int q = 0; q < 4; ++q) s[mt][j][q] = 0.0f;                      _Pragma("unroll") for (int kk = 0; kk < DK; ++kk) {                                                uint a_[mts][4];                                                                               _Pragma("unroll") for (int mt = 0; mt < (mts); ++mt) { GET_A(a_[mt], mt, kk); }                _Pragma("unroll") for (int j = 0; j < (n) / 8; j += 2) {                                           uint x[4];                                                                                     LDMATRIX_X4(x, &tile[(j * 8 + lane % 8 + 8 * (lane / 16)) * RS + kk * 8 + 4 * ((lane / 8) % 2)]);             _Pragma("unroll") for (int mt = 0; mt < (mts); ++mt) {                                             MMA(s[mt][j], a_[mt], x[0], x[1]);                                                             MMA(s[mt][j + 1], a_[mt], x[2], x[3]);                                                     }                                                                                          }                                                                                          }
 
-// acc (16 x HEAD_DIM) += p (16 x n, f32 in C layout, rounded here) x tile (n x HEAD_DIM).
-#define ACCUMULATE(acc, p, n, tile)                                                            \
-    _Pragma("unroll") for (int kc = 0; kc < (n) / 16; ++kc) {                                  \
-        uint pa[4] = {pack2(p[2 * kc][0], p[2 * kc][1]), pack2(p[2 * kc][2], p[2 * kc][3]),    \
-                      pack2(p[2 * kc + 1][0], p[2 * kc + 1][1]),                               \
-                      pack2(p[2 * kc + 1][2], p[2 * kc + 1][3])};                              \
-        _Pragma("unroll") for (int dn = 0; dn < DN; dn += 2) {                                 \
-            uint x[4];                                                                         \
-            LDMATRIX_X4_T(x, &tile[(kc * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * RS + (dn + lane / 16) * 4]); \
-            MMA(acc[dn], pa, x[0], x[1]);                                                      \
-            MMA(acc[dn + 1], pa, x[2], x[3]);                                                  \
-        }                                                                                      \
-    }
+// acc[mt] (16 x HEAD_DIM) += p[mt] (16 x n, f32 in C layout, rounded here) x tile (n x HEAD_DIM)
+// for each of mts row tiles.
+#define ACCUMULATE(acc, p, mts, n, tile)                                                           _Pragma("unroll") for (int kc = 0; kc < (n) / 16; ++kc) {                                          uint pa[mts][4];                                                                               _Pragma("unroll") for (int mt = 0; mt < (mts); ++mt) {                                             pa[mt][0] = pack2(p[mt][2 * kc][0], p[mt][2 * kc][1]);                                         pa[mt][1] = pack2(p[mt][2 * kc][2], p[mt][2 * kc][3]);                                         pa[mt][2] = pack2(p[mt][2 * kc + 1][0], p[mt][2 * kc + 1][1]);                                 pa[mt][3] = pack2(p[mt][2 * kc + 1][2], p[mt][2 * kc + 1][3]);                             }                                                                                              _Pragma("unroll") for (int dn = 0; dn < DN; dn += 2) {                                             uint x[4];                                                                                     LDMATRIX_X4_T(x, &tile[(kc * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * RS + (dn + lane / 16) * 4]);             _Pragma("unroll") for (int mt = 0; mt < (mts); ++mt) {                                             MMA(acc[mt][dn], pa[mt], x[0], x[1]);                                                          MMA(acc[mt][dn + 1], pa[mt], x[2], x[3]);                                                  }                                                                                          }                                                                                          }
 
-#define ZERO(acc)                                                                              \
-    _Pragma("unroll") for (int dn = 0; dn < DN; ++dn)                                          \
-        _Pragma("unroll") for (int q = 0; q < 4; ++q) acc[dn][q] = 0.0f;
+#define ZERO(acc, mts)                                                                             _Pragma("unroll") for (int mt = 0; mt < (mts); ++mt)                                               _Pragma("unroll") for (int dn = 0; dn < DN; ++dn)                                                  _Pragma("unroll") for (int q = 0; q < 4; ++q) acc[mt][dn][q] = 0.0f;
 
 // Elements i and i + 1 (i even) of p.
 #ifdef IO_F32
@@ -217,86 +196,99 @@ inline void stage_kv(__local uint* ks, __local uint* vs, const CHUNK* kr, const 
         }                                                                                      \
     }
 
-// Local memory of every kernel: two tiles of the work-group's ROWS rows. The owned rows' tiles
-// are read into registers first; the streamed tiles then take the same memory (the dk/dv kernel
-// keeps its value rows in the second half where VF_LOCAL).
-#define LOCAL_WORDS (2 * ROWS * RS)
+// Local memory: the owned rows' tiles are read into registers first; the streamed tiles then
+// take the same memory (the dk/dv kernel keeps its value rows in the second half where VF_LOCAL).
+#define ROWS_F (64 * MT_F)
 
-// o: (B, H, Tq, D) at o_*; lse: (B, H, Tq). Groups: B * H * ceil(Tq / 64), 128 items.
+// o: (B, H, Tq, D) at o_*; lse: (B, H, Tq). Groups: B * H * ceil(Tq / ROWS_F), 128 items.
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void attention_fwd_tc(__global T* o, __global float* lse, __global const T* q,
                       __global const T* k, __global const T* v, AttnGeom G, float scale) {
-    __local uint sm[LOCAL_WORDS] __attribute__((aligned(16)));
+    __local uint sm[MAX_ROWS(ROWS_F, 2 * SN) * RS] __attribute__((aligned(16)));
     __local uint *const ks = sm, *const vs = sm + SN * RS;
     const uint lid = get_local_id(0), lane = lid % 32, warp = lid / 32, g = lane / 4, t = lane % 4;
     // The last query blocks see the most keys: they start first, so the short ones fill the tail.
-    const uint nqb = (G.tq + ROWS - 1) / ROWS, grp = get_group_id(0), qb = nqb - 1 - grp % nqb;
+    const uint nqb = (G.tq + ROWS_F - 1) / ROWS_F, grp = get_group_id(0), qb = nqb - 1 - grp % nqb;
     const uint bh = grp / nqb;
     const uint h = bh % G.heads, b = bh / G.heads, hk = h / (G.heads / G.kv_heads);
-    const uint i0 = qb * ROWS, w0 = i0 + warp * 16;
-    load_tile(sm, q, G.q_off + b * G.q_sb + h * G.q_sh, G.q_st, i0, G.tq, lid);
+    const uint i0 = qb * ROWS_F, w0 = i0 + warp * 16 * MT_F;
+    load_tile(sm, q, G.q_off + b * G.q_sb + h * G.q_sh, G.q_st, i0, G.tq, lid, ROWS_F);
     barrier(CLK_LOCAL_MEM_FENCE);
-    uint qf[DK][4];
-    FRAG_A(qf, sm, warp * 16);
-#define QF(a, kk) COPY_A(a, qf, kk)
+    uint qf[MT_F][DK][4];
+#pragma unroll
+    for (int mt = 0; mt < MT_F; ++mt) FRAG_A(qf[mt], sm, warp * 16 * MT_F + 16 * mt);
+#define QF(a, mt, kk) COPY_A(a, qf[mt], kk)
     const float c = scale * M_LOG2E_F;  // scores in base-2 units
-    float acc[DN][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    ZERO(acc);
-    uint vis[2] = {visible(&G, min(w0 + g, G.tq - 1)), visible(&G, min(w0 + g + 8, G.tq - 1))};
-    const uint kend = visible(&G, min(i0 + ROWS - 1, G.tq - 1));
+    float acc[MT_F][DN][4], m[MT_F][2], l[MT_F][2];
+    uint vis[MT_F][2];
+    ZERO(acc, MT_F);
+#pragma unroll
+    for (int mt = 0; mt < MT_F; ++mt)
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+            m[mt][h2] = -INFINITY;
+            l[mt][h2] = 0.0f;
+            vis[mt][h2] = visible(&G, min(w0 + 16 * mt + g + 8 * h2, G.tq - 1));
+        }
+    const uint kend = visible(&G, min(i0 + ROWS_F - 1, G.tq - 1));
     const uint kfull = visible(&G, i0);  // keys every query of the group sees
     CHUNK kr[PER(SN)], vr[PER(SN)];
     if (kend > 0) fetch_kv(kr, vr, k, v, &G, b, hk, 0, lid);
     for (uint j0 = 0; j0 < kend; j0 += SN) {
         stage_kv(ks, vs, kr, vr, lid);
         if (j0 + SN < kend) fetch_kv(kr, vr, k, v, &G, b, hk, j0 + SN, lid);
-        float s[SN / 8][4];
-        SCORES(s, SN, ks, QF);
+        float s[MT_F][SN / 8][4];
+        SCORES(s, MT_F, SN, ks, QF);
         const bool edge = j0 + SN > kfull;
 #pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-            float mx = -INFINITY;
+        for (int mt = 0; mt < MT_F; ++mt)
 #pragma unroll
-            for (int j = 0; j < SN / 8; ++j)
+            for (int h2 = 0; h2 < 2; ++h2) {
+                float mx = -INFINITY;
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float x = s[j][2 * h2 + e] * c;
-                    if (edge && j0 + j * 8 + 2 * t + e >= vis[h2]) x = -INFINITY;
-                    s[j][2 * h2 + e] = x;
-                    mx = fmax(mx, x);
+                for (int j = 0; j < SN / 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        float x = s[mt][j][2 * h2 + e] * c;
+                        if (edge && j0 + j * 8 + 2 * t + e >= vis[mt][h2]) x = -INFINITY;
+                        s[mt][j][2 * h2 + e] = x;
+                        mx = fmax(mx, x);
+                    }
+                float mn = fmax(m[mt][h2], quad_max(mx));
+                float base = mn == -INFINITY ? 0.0f : mn;
+                float alpha = native_exp2(m[mt][h2] - base), sum = 0.0f;
+#pragma unroll
+                for (int j = 0; j < SN / 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        float p = native_exp2(s[mt][j][2 * h2 + e] - base);
+                        s[mt][j][2 * h2 + e] = p;
+                        sum += p;
+                    }
+                l[mt][h2] = l[mt][h2] * alpha + sum;
+                m[mt][h2] = mn;
+#pragma unroll
+                for (int dn = 0; dn < DN; ++dn) {
+                    acc[mt][dn][2 * h2] *= alpha;
+                    acc[mt][dn][2 * h2 + 1] *= alpha;
                 }
-            float mn = fmax(m[h2], quad_max(mx));
-            float base = mn == -INFINITY ? 0.0f : mn;
-            float alpha = native_exp2(m[h2] - base), sum = 0.0f;
-#pragma unroll
-            for (int j = 0; j < SN / 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float p = native_exp2(s[j][2 * h2 + e] - base);
-                    s[j][2 * h2 + e] = p;
-                    sum += p;
-                }
-            l[h2] = l[h2] * alpha + sum;
-            m[h2] = mn;
-#pragma unroll
-            for (int dn = 0; dn < DN; ++dn) {
-                acc[dn][2 * h2] *= alpha;
-                acc[dn][2 * h2 + 1] *= alpha;
             }
-        }
-        ACCUMULATE(acc, s, SN, vs);
+        ACCUMULATE(acc, s, MT_F, SN, vs);
     }
 #undef QF
-    float inv[2];
 #pragma unroll
-    for (int h2 = 0; h2 < 2; ++h2) {
-        l[h2] = quad_sum(l[h2]);
-        inv[h2] = l[h2] > 0.0f ? 1.0f / l[h2] : 0.0f;
-        uint row = w0 + g + 8 * h2;
-        if (t == 0 && row < G.tq)
-            lse[bh * G.tq + row] = l[h2] > 0.0f ? (m[h2] + log2(l[h2])) * M_LN2_F : -INFINITY;
+    for (int mt = 0; mt < MT_F; ++mt) {
+        float inv[2];
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+            float lt = quad_sum(l[mt][h2]);
+            inv[h2] = lt > 0.0f ? 1.0f / lt : 0.0f;
+            uint row = w0 + 16 * mt + g + 8 * h2;
+            if (t == 0 && row < G.tq)
+                lse[bh * G.tq + row] = lt > 0.0f ? (m[mt][h2] + log2(lt)) * M_LN2_F : -INFINITY;
+        }
+        STORE_ROWS(o, acc[mt], w0 + 16 * mt, G.tq, inv, G.o_off + b * G.o_sb + h * G.o_sh + row * G.o_st);
     }
-    STORE_ROWS(o, acc, w0, G.tq, inv, G.o_off + b * G.o_sb + h * G.o_sh + row * G.o_st);
 }
 
 // delta[r] = rowsum(do * o) of rows i0 .. i0 + 63 into dls (and the global delta); lse into ls
@@ -320,12 +312,13 @@ inline void row_stats(__local float* ls, __local float* dls, __global float* del
 }
 
 // dq: (B, H, Tq, D) stored as dense (B, Tq, H, D); delta: (B, H, Tq), written here
-// (rowsum(do * o)) for attention_bwd_dkdv_tc; do at o_*, o at x_*. Groups as attention_fwd_tc.
+// (rowsum(do * o)) for attention_bwd_dkdv_tc; do at o_*, o at x_*. Groups: B * H *
+// ceil(Tq / 64), 128 items.
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void attention_bwd_dq_tc(__global T* dq, __global float* delta, __global const T* q,
                          __global const T* k, __global const T* v, __global const T* dout,
                          __global const T* o, __global const float* lse, AttnGeom G, float scale) {
-    __local uint sm[LOCAL_WORDS] __attribute__((aligned(16)));
+    __local uint sm[2 * ROWS * RS] __attribute__((aligned(16)));
     __local uint *const ks = sm, *const vs = sm + SN * RS;
     __local float ls[ROWS], dls[ROWS];
     const uint lid = get_local_id(0), lane = lid % 32, warp = lid / 32, g = lane / 4, t = lane % 4;
@@ -334,16 +327,13 @@ void attention_bwd_dq_tc(__global T* dq, __global float* delta, __global const T
     const uint bh = grp / nqb;
     const uint h = bh % G.heads, b = bh / G.heads, hk = h / (G.heads / G.kv_heads);
     const uint i0 = qb * ROWS, w0 = i0 + warp * 16;
-    load_tile(sm, q, G.q_off + b * G.q_sb + h * G.q_sh, G.q_st, i0, G.tq, lid);
-    load_tile(sm + ROWS * RS, dout, G.o_off + b * G.o_sb + h * G.o_sh, G.o_st, i0, G.tq, lid);
+    load_tile(sm, q, G.q_off + b * G.q_sb + h * G.q_sh, G.q_st, i0, G.tq, lid, ROWS);
+    load_tile(sm + ROWS * RS, dout, G.o_off + b * G.o_sb + h * G.o_sh, G.o_st, i0, G.tq, lid, ROWS);
     row_stats(ls, dls, delta, lse, dout, o, &G, b, h, bh, i0, lid);
     barrier(CLK_LOCAL_MEM_FENCE);
-    uint qf[DK][4], df[DK][4];
-    FRAG_A(qf, sm, warp * 16);
-    FRAG_A(df, sm + ROWS * RS, warp * 16);
-#define QF(a, kk) COPY_A(a, qf, kk)
-#define DF(a, kk) COPY_A(a, df, kk)
-    const float c = scale * M_LOG2E_F;
+    uint qf[1][DK][4], df[1][DK][4];
+    FRAG_A(qf[0], sm, warp * 16);
+    FRAG_A(df[0], sm + ROWS * RS, warp * 16);
     float li[2], dl[2];
     uint vis[2];
 #pragma unroll
@@ -353,8 +343,11 @@ void attention_bwd_dq_tc(__global T* dq, __global float* delta, __global const T
         dl[h2] = dls[r];
         vis[h2] = li[h2] == -INFINITY ? 0u : visible(&G, min(i0 + r, G.tq - 1));
     }
-    float acc[DN][4];
-    ZERO(acc);
+#define QF(a, mt, kk) COPY_A(a, qf[mt], kk)
+#define DF(a, mt, kk) COPY_A(a, df[mt], kk)
+    const float c = scale * M_LOG2E_F;
+    float acc[1][DN][4];
+    ZERO(acc, 1);
     const uint kend = visible(&G, min(i0 + ROWS - 1, G.tq - 1));
     const uint kfull = visible(&G, i0);
     CHUNK kr[PER(SN)], vr[PER(SN)];
@@ -362,25 +355,25 @@ void attention_bwd_dq_tc(__global T* dq, __global float* delta, __global const T
     for (uint j0 = 0; j0 < kend; j0 += SN) {
         stage_kv(ks, vs, kr, vr, lid);
         if (j0 + SN < kend) fetch_kv(kr, vr, k, v, &G, b, hk, j0 + SN, lid);
-        float s[SN / 8][4], dp[SN / 8][4];
-        SCORES(s, SN, ks, QF);
-        SCORES(dp, SN, vs, DF);
+        float s[1][SN / 8][4], dp[1][SN / 8][4];
+        SCORES(s, 1, SN, ks, QF);
+        SCORES(dp, 1, SN, vs, DF);
         const bool edge = j0 + SN > kfull;
 #pragma unroll
         for (int j = 0; j < SN / 8; ++j)
 #pragma unroll
             for (int q4 = 0; q4 < 4; ++q4) {
                 int h2 = q4 / 2;
-                float p = native_exp2(s[j][q4] * c - li[h2]);
+                float p = native_exp2(s[0][j][q4] * c - li[h2]);
                 if ((edge || li[h2] == -INFINITY) && j0 + j * 8 + 2 * t + q4 % 2 >= vis[h2]) p = 0.0f;
-                s[j][q4] = p * (dp[j][q4] - dl[h2]);
+                s[0][j][q4] = p * (dp[0][j][q4] - dl[h2]);
             }
-        ACCUMULATE(acc, s, SN, ks);
+        ACCUMULATE(acc, s, 1, SN, ks);
     }
 #undef QF
 #undef DF
     float mul[2] = {scale, scale};
-    STORE_ROWS(dq, acc, w0, G.tq, mul, ((b * G.tq + row) * G.heads + h) * HEAD_DIM);
+    STORE_ROWS(dq, acc[0], w0, G.tq, mul, ((b * G.tq + row) * G.heads + h) * HEAD_DIM);
 }
 
 // dk, dv: (B, Hkv, Tk, D) stored as dense (B, Tk, Hkv, D), summed over the H / Hkv query heads
@@ -391,7 +384,7 @@ void attention_bwd_dkdv_tc(__global T* dk, __global T* dv, __global const T* q,
                            __global const T* k, __global const T* v, __global const T* dout,
                            __global const float* lse, __global const float* delta, AttnGeom G,
                            float scale) {
-    __local uint sm[LOCAL_WORDS] __attribute__((aligned(16)));
+    __local uint sm[2 * ROWS * RS] __attribute__((aligned(16)));
     // Streamed query and output-gradient tiles; the block's values stay at vb where VF_LOCAL.
     __local uint *const qs = sm, *const ds = sm + SN_KV * RS, *const vb = sm + ROWS * RS;
     __local float ls[SN_KV], dls[SN_KV];
@@ -400,23 +393,23 @@ void attention_bwd_dkdv_tc(__global T* dk, __global T* dv, __global const T* q,
     const uint hk = bhk % G.kv_heads, b = bhk / G.kv_heads, group = G.heads / G.kv_heads;
     const uint j0 = kbk * ROWS, w0 = j0 + warp * 16;
     // The block's keys and values as A fragments.
-    load_tile(sm, k, G.k_off + b * G.k_sb + hk * G.k_sh, G.k_st, j0, G.tk, lid);
-    load_tile(vb, v, G.v_off + b * G.v_sb + hk * G.v_sh, G.v_st, j0, G.tk, lid);
+    load_tile(sm, k, G.k_off + b * G.k_sb + hk * G.k_sh, G.k_st, j0, G.tk, lid, ROWS);
+    load_tile(vb, v, G.v_off + b * G.v_sb + hk * G.v_sh, G.v_st, j0, G.tk, lid, ROWS);
     barrier(CLK_LOCAL_MEM_FENCE);
-    uint kf[DK][4];
-    FRAG_A(kf, sm, warp * 16);
-#define KF(a, kk) COPY_A(a, kf, kk)
+    uint kf[1][DK][4];
+    FRAG_A(kf[0], sm, warp * 16);
+#define KF(a, mt, kk) COPY_A(a, kf[mt], kk)
 #ifdef VF_LOCAL
-#define VF(a, kk) LOAD_A(a, vb, warp * 16, kk)
+#define VF(a, mt, kk) LOAD_A(a, vb, warp * 16, kk)
 #else
-    uint vf[DK][4];
-    FRAG_A(vf, vb, warp * 16);
-#define VF(a, kk) COPY_A(a, vf, kk)
+    uint vf[1][DK][4];
+    FRAG_A(vf[0], vb, warp * 16);
+#define VF(a, mt, kk) COPY_A(a, vf[mt], kk)
 #endif
     const float c = scale * M_LOG2E_F;
-    float adk[DN][4], adv[DN][4];
-    ZERO(adk);
-    ZERO(adv);
+    float adk[1][DN][4], adv[1][DN][4];
+    ZERO(adk, 1);
+    ZERO(adv, 1);
     // Causal: query i sees key j iff j <= i + offset; the first query to see key j0.
     const int first = G.causal ? (int)j0 - G.offset : 0;
     const uint istart = first <= 0 ? 0u : ((uint)first / SN_KV) * SN_KV;
@@ -451,8 +444,8 @@ void attention_bwd_dkdv_tc(__global T* dk, __global T* dv, __global const T* q,
         barrier(CLK_LOCAL_MEM_FENCE);
         if (n + 1 < steps) FETCH_STEP(n + 1)
         // Transposed scores: rows are the warp's keys, columns the tile's queries.
-        float s[SN_KV / 8][4], dp[SN_KV / 8][4];
-        SCORES(s, SN_KV, qs, KF);
+        float s[1][SN_KV / 8][4], dp[1][SN_KV / 8][4];
+        SCORES(s, 1, SN_KV, qs, KF);
         const bool edge = (int)i0 < all || i0 + SN_KV > G.tq;
 #pragma unroll
         for (int j = 0; j < SN_KV / 8; ++j)
@@ -464,21 +457,21 @@ void attention_bwd_dkdv_tc(__global T* dk, __global T* dv, __global const T* q,
                 for (int h2 = 0; h2 < 2; ++h2) {
                     int key = (int)(w0 + g + 8 * h2);
                     bool on = lq != -INFINITY && (!edge || !G.causal || key <= (int)i + G.offset);
-                    s[j][2 * h2 + e] = on ? native_exp2(s[j][2 * h2 + e] * c - lq) : 0.0f;
+                    s[0][j][2 * h2 + e] = on ? native_exp2(s[0][j][2 * h2 + e] * c - lq) : 0.0f;
                 }
             }
-        ACCUMULATE(adv, s, SN_KV, ds);
-        SCORES(dp, SN_KV, ds, VF);
+        ACCUMULATE(adv, s, 1, SN_KV, ds);
+        SCORES(dp, 1, SN_KV, ds, VF);
 #pragma unroll
         for (int j = 0; j < SN_KV / 8; ++j)
 #pragma unroll
-            for (int q4 = 0; q4 < 4; ++q4) s[j][q4] *= dp[j][q4] - dls[j * 8 + 2 * t + q4 % 2];
-        ACCUMULATE(adk, s, SN_KV, qs);
+            for (int q4 = 0; q4 < 4; ++q4) s[0][j][q4] *= dp[0][j][q4] - dls[j * 8 + 2 * t + q4 % 2];
+        ACCUMULATE(adk, s, 1, SN_KV, qs);
     }
 #undef FETCH_STEP
 #undef KF
 #undef VF
     float one[2] = {1.0f, 1.0f}, mul[2] = {scale, scale};
-    STORE_ROWS(dk, adk, w0, G.tk, mul, ((b * G.tk + row) * G.kv_heads + hk) * HEAD_DIM);
-    STORE_ROWS(dv, adv, w0, G.tk, one, ((b * G.tk + row) * G.kv_heads + hk) * HEAD_DIM);
+    STORE_ROWS(dk, adk[0], w0, G.tk, mul, ((b * G.tk + row) * G.kv_heads + hk) * HEAD_DIM);
+    STORE_ROWS(dv, adv[0], w0, G.tk, one, ((b * G.tk + row) * G.kv_heads + hk) * HEAD_DIM);
 }

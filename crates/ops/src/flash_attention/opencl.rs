@@ -117,8 +117,22 @@ fn tensor_core_program(
     if !fits {
         return Ok(None);
     }
-    let options = format!("{} {tc} -DHEAD_DIM={d}", io.build_option());
+    let options = format!(
+        "{} {tc} -DHEAD_DIM={d} -DMT_F={}",
+        io.build_option(),
+        tc_forward_tiles(d)
+    );
     program(device, &ATTENTION_TC, &options).map(Some)
+}
+
+/// Row tiles of 16 each warp of attention_tc.cl's forward owns at head dim `d` (a work-group takes
+/// 64 times as many rows): two up to 64, where their accumulators still fit the registers.
+fn tc_forward_tiles(d: usize) -> usize {
+    if d <= 64 {
+        2
+    } else {
+        1
+    }
 }
 
 /// Whether the register-blocked backward takes dq from the scores' gradients (B, H, Tq, Tk),
@@ -132,8 +146,10 @@ fn scores_fit(d: &Dims, dtype: DType) -> bool {
     on && matches!(dtype, DType::F32 | DType::F64) && bytes <= 512 << 20
 }
 
-/// Rows per work-group and work-items of attention_tc.cl's kernels.
-const TC_BLOCK: (usize, usize) = (64, 128);
+/// Work-items of attention_tc.cl's work-groups.
+const TC_GROUP: usize = 128;
+/// Rows per work-group and work-items of attention_tc.cl's backward kernels.
+const TC_BLOCK: (usize, usize) = (64, TC_GROUP);
 
 impl Dims {
     fn geom(&self, op: &str, views: [[u32; 4]; 5]) -> Result<AttnGeom> {
@@ -238,7 +254,11 @@ pub(super) fn forward(desc: &FlashAttention, device: &Device) -> Result<(Tensor,
     // The blocked forward's output tile leaves a quarter of its work-items idle at head dim 48,
     // where the streaming kernel is faster (netcl-bench's attention suite): only at 64.
     let (program, name, block) = match tc {
-        Some(p) => (p, "attention_fwd_tc", TC_BLOCK),
+        Some(p) => (
+            p,
+            "attention_fwd_tc",
+            (64 * tc_forward_tiles(d.d), TC_GROUP),
+        ),
         None if d.d == 64 && blocked_fits(device, dtype, d.d) => (
             attention_program(device, dtype, d.d)?,
             "attention_fwd_blocked",
