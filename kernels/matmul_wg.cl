@@ -49,6 +49,26 @@
 // shared_bytes), as OpenCL C caps local arrays at 48 KiB.
 
 // OT, OLOAD, OSTORE, store_pair and PAIRED come from common.cl.
+
+#ifdef PAIRED
+// x[r] of lane q (r, q < 4: the lanes of `mask`, one quad) becomes x[q] of lane r: two butterfly
+// rounds of exchanges within the quad.
+inline void quad_transpose(uint* x, uint q, uint mask) {
+#pragma unroll
+    for (uint s = 1; s < 4; s <<= 1)
+#pragma unroll
+        for (uint r = 0; r < 4; ++r) {
+            if (r & s) continue;
+            const bool up = (q & s) != 0;
+            const uint a = x[r], b = x[r | s];
+            uint v;
+            __asm__ volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, %3;"
+                             : "=r"(v) : "r"(up ? a : b), "r"(s), "r"(mask));
+            x[r] = up ? v : a;
+            x[r | s] = up ? b : v;
+        }
+}
+#endif
 #ifndef ACTIVATION
 inline ACC activate(ACC v) { return v; }
 #endif
@@ -315,30 +335,55 @@ void matmul_wg(__global OT* c,          /* (batch, M, N) contiguous per batch: c
 #endif
 
         // d[4 j + q]: rows g (q < 2) or g + 8, columns 8 j + 2 t + q % 2 of the warp's 16 rows.
-        const uint g = lane / 4, q = lane % 4;
+        const uint g = lane / 4, q = lane % 4, quad = 0xfu << (lane & 28);
+        const bool wide = N % 8 == 0 && o.x % 8 == 0;
 #pragma unroll
         for (uint h = 0; h < 2; ++h) {
             const uint m = m0 + wg * 64 + warp * 16 + g + h * 8;
             if (m >= M) continue;
 #pragma unroll
-            for (uint j = 0; j < TBN / 8; ++j) {
-                const uint n = n0 + j * 8 + 2 * q, e = o.x + m * N + n;
-                ACC lo = d[4 * j + 2 * h], hi = d[4 * j + 2 * h + 1];
-                if (has_bias) {
-                    if (n < N) lo += OLOAD(bias, n);
-                    if (n + 1 < N) hi += OLOAD(bias, n + 1);
-                }
-                // Columns n and n + 1 as one 4-byte (two 16-bit) or 8-byte (two f32) store.
-                if (n + 1 < N && e % 2 == 0) {
+            for (uint j4 = 0; j4 < TBN / 8; j4 += 4) {
 #ifdef PAIRED
-                    store_pair(c, e, activate(lo), activate(hi));
-#else
-                    *(__global float2*)(c + e) = (float2)(activate(lo), activate(hi));
-#endif
+                // Four whole, 16-byte aligned column blocks: the quad's packed pairs transposed
+                // (lane q then holds block j4 + q), one 16-byte store a lane instead of four.
+                if (wide && n0 + j4 * 8 + 32 <= N) {
+                    uint x[4];
+#pragma unroll
+                    for (uint jj = 0; jj < 4; ++jj) {
+                        const uint n = n0 + (j4 + jj) * 8 + 2 * q;
+                        ACC lo = d[4 * (j4 + jj) + 2 * h], hi = d[4 * (j4 + jj) + 2 * h + 1];
+                        if (has_bias) {
+                            lo += OLOAD(bias, n);
+                            hi += OLOAD(bias, n + 1);
+                        }
+                        x[jj] = pack2(activate(lo), activate(hi));
+                    }
+                    quad_transpose(x, q, quad);
+                    *(__global uint4*)(c + o.x + m * N + n0 + (j4 + q) * 8) =
+                        (uint4)(x[0], x[1], x[2], x[3]);
                     continue;
                 }
-                if (n < N) OSTORE(c, e, activate(lo));
-                if (n + 1 < N) OSTORE(c, e + 1, activate(hi));
+#endif
+#pragma unroll
+                for (uint jj = 0; jj < 4; ++jj) {
+                    const uint j = j4 + jj, n = n0 + j * 8 + 2 * q, e = o.x + m * N + n;
+                    ACC lo = d[4 * j + 2 * h], hi = d[4 * j + 2 * h + 1];
+                    if (has_bias) {
+                        if (n < N) lo += OLOAD(bias, n);
+                        if (n + 1 < N) hi += OLOAD(bias, n + 1);
+                    }
+                    // Columns n and n + 1 as one 4-byte (two 16-bit) or 8-byte (two f32) store.
+                    if (n + 1 < N && e % 2 == 0) {
+#ifdef PAIRED
+                        store_pair(c, e, activate(lo), activate(hi));
+#else
+                        *(__global float2*)(c + e) = (float2)(activate(lo), activate(hi));
+#endif
+                        continue;
+                    }
+                    if (n < N) OSTORE(c, e, activate(lo));
+                    if (n + 1 < N) OSTORE(c, e + 1, activate(hi));
+                }
             }
         }
     }

@@ -64,7 +64,7 @@ class Llama(torch.nn.Module):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--suite", default="all")  # gemm,elementwise,softmax,norm,embedding,train,llama,attention,llama1b_gemm
+    p.add_argument("--suite", default="all")  # gemm,elementwise,softmax,norm,embedding,train,llama,attention,llama1b_gemm,lora1b_gemm
     p.add_argument("--sizes", default="1024,2048,4096")  # the gemm suite's square sizes
     p.add_argument("--json")
     p.add_argument("--netcl", help="netcl-bench --json output to compare against")
@@ -94,30 +94,40 @@ def main():
             for name, dt in (("bf16", torch.bfloat16), ("f16", torch.float16)):
                 xh, yh = x.to(dt), y.to(dt)
                 rec("gemm", f"{name}_{n}", timed(lambda: xh @ yh), flops=2 * n**3)
-    if "llama1b_gemm" in a.suite.split(","):
-        # netcl-bench --suite llama1b_gemm: the 1B-class step's products in bf16 (forward nt,
-        # input gradient nn, weight gradient tn); where netcl writes f32 (weight gradients, the
-        # LM head's logits) cuBLAS writes f32 too (out_dtype), else bf16 as autocast does.
+    def bf16_products(suite, products):
+        # (layout, m, n, k, f32_out) in bf16 (nt: y = Wᵀ of a row-major W; tn: x = Yᵀ); where
+        # netcl writes f32 (weight gradients, the LM head's logits) cuBLAS writes f32 too
+        # (out_dtype), else bf16 as autocast does. Named as netcl-bench names them.
         bf = torch.bfloat16
+        for layout, m, n, k, f32_out in products:
+            x = torch.randn(k, m, device=dev, dtype=bf).t() if layout == "tn" else torch.randn(m, k, device=dev, dtype=bf)
+            y = torch.randn(n, k, device=dev, dtype=bf).t() if layout == "nt" else torch.randn(k, n, device=dev, dtype=bf)
+            if f32_out:
+                try:
+                    fn = lambda: torch.mm(x, y, out_dtype=torch.float32)
+                    fn()
+                except (TypeError, RuntimeError):
+                    fn = lambda: torch.mm(x, y).float()
+            else:
+                fn = lambda: torch.mm(x, y)
+            name = f"llama1b_gemm_{layout}_{m}x{n}x{k}" + ("_f32" if f32_out else "")
+            rec(suite, name, timed(fn), flops=2 * m * n * k)
+            del x, y
+    if "llama1b_gemm" in a.suite.split(","):
+        # netcl-bench --suite llama1b_gemm: the 1B-class step's products (forward nt, input
+        # gradient nn, weight gradient tn).
         dim, kv, hidden, vocab = 2048, 256, 5632, 32000
-        for t in (8192, 16384):
-            for out, inn in ((dim, dim), (kv, dim), (hidden, dim), (dim, hidden), (vocab, dim)):
-                head = out == vocab
-                for layout, m, n, k, f32_out in (("nt", t, out, inn, head), ("nn", t, inn, out, False),
-                                                 ("tn", out, inn, t, True)):
-                    x = torch.randn(k, m, device=dev, dtype=bf).t() if layout == "tn" else torch.randn(m, k, device=dev, dtype=bf)
-                    y = torch.randn(n, k, device=dev, dtype=bf).t() if layout == "nt" else torch.randn(k, n, device=dev, dtype=bf)
-                    if f32_out:
-                        try:
-                            fn = lambda: torch.mm(x, y, out_dtype=torch.float32)
-                            fn()
-                        except (TypeError, RuntimeError):
-                            fn = lambda: torch.mm(x, y).float()
-                    else:
-                        fn = lambda: torch.mm(x, y)
-                    name = f"llama1b_gemm_{layout}_{m}x{n}x{k}" + ("_f32" if f32_out else "")
-                    rec("llama1b_gemm", name, timed(fn), flops=2 * m * n * k)
-                    del x, y
+        bf16_products("llama1b_gemm", [
+            p for t in (8192, 16384)
+            for out, inn in ((dim, dim), (kv, dim), (hidden, dim), (dim, hidden), (vocab, dim))
+            for p in (("nt", t, out, inn, out == vocab), ("nn", t, inn, out, False), ("tn", out, inn, t, True))])
+    if "lora1b_gemm" in a.suite.split(","):
+        # netcl-bench --suite lora1b_gemm: a rank-16 adapter's products on each linear, 8192 tokens.
+        t, r = 8192, 16
+        bf16_products("lora1b_gemm", [
+            p for out, inn in ((2048, 2048), (256, 2048), (5632, 2048), (2048, 5632))
+            for p in (("nt", t, r, inn, False), ("nt", t, out, r, False), ("nn", t, r, out, False),
+                      ("nn", t, inn, r, False), ("tn", out, r, t, True), ("tn", r, inn, t, True))])
     if want("elementwise"):
         n = 1 << 26
         x, y = torch.randn(n, device=dev), torch.randn(n, device=dev)

@@ -94,10 +94,11 @@ impl LoraAdapter {
         let (from, to) = (x.dtype(), self.a.dtype());
         let widen = from != to && netcl_autograd::autocast_dtype() != Some(from);
         let x = if widen { x.to_dtype(to)? } else { x };
-        let h = x.linear(&tape.param(&self.a), None, Activation::None)?;
-        let y = h
-            .linear(&tape.param(&self.b), None, Activation::None)?
+        // The scale goes on the rank-wide h, not on the output (nor its gradient).
+        let h = x
+            .linear(&tape.param(&self.a), None, Activation::None)?
             .mul_scalar(self.scale)?;
+        let y = h.linear(&tape.param(&self.b), None, Activation::None)?;
         if widen {
             y.to_dtype(from)
         } else {

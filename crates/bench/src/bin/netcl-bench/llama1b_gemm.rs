@@ -1,4 +1,4 @@
-//! netcl-bench --suite llama1b_gemm: every product of a 1B-class Llama training step under bf16 autocast (dim 2048, 4 key/value heads of 64, SwiGLU 5632, vocabulary 32000), at 8192 and 16384 tokens, with the plan each takes.
+//! netcl-bench --suite llama1b_gemm: every product of a 1B-class Llama training step under bf16 autocast (dim 2048, 4 key/value heads of 64, SwiGLU 5632, vocabulary 32000), at 8192 and 16384 tokens, with the plan each takes; --suite lora1b_gemm: the rank-16 adapters' products of its LoRA step.
 use super::Runner;
 use netcl_core_devices::{DType, Result};
 use netcl_ops::{MatmulOptions, Tensor};
@@ -27,6 +27,26 @@ impl Runner {
                 ] {
                     self.bf16_product(layout, (m, n, k), f32_out)?;
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// The products of a rank-16 LoRA adapter on each linear of the 1B-class step at 8192 tokens
+    /// (bf16 autocast; the adapters' gradients in f32): h = x·Aᵀ and u = h·Bᵀ (nt), dh = dU·B and
+    /// dx = dh·A (nn), dB = dUᵀ·h and dA = dhᵀ·x (tn).
+    pub(crate) fn lora1b_gemm(&mut self) -> Result<()> {
+        let (t, r) = (8192, 16);
+        for (out, inn) in [(2048, 2048), (256, 2048), (5632, 2048), (2048, 5632)] {
+            for (layout, m, n, k, f32_out) in [
+                ("nt", t, r, inn, false),
+                ("nt", t, out, r, false),
+                ("nn", t, r, out, false),
+                ("nn", t, inn, r, false),
+                ("tn", out, r, t, true),
+                ("tn", r, inn, t, true),
+            ] {
+                self.bf16_product(layout, (m, n, k), f32_out)?;
             }
         }
         Ok(())

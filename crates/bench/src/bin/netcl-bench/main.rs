@@ -514,7 +514,7 @@ fn raw_enqueue_secs(dev: &Device, graph: &netcl_graph::Graph, n: usize) -> Resul
     Ok(secs)
 }
 
-const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama,attention,decode,llama_gemm,llama1b_gemm,ddp,tiles,mma_peak] [--sizes 1024,2048,4096] [--llama 15m,110m,15m_bf16,110m_bf16,110m_lora,110m_b2,110m_lora_b2,110m_b1,110m_lora_b1,generate,generate_bf16,generate_b32,generate_1b|1b,1b_lora,3b_lora,1b_tiny,1b_lora_tiny,3b_lora_tiny] [--json FILE]
+const USAGE: &str = "netcl-bench [--device SPEC] [--suite all|gemm,elementwise,softmax,norm,embedding,train,llama,attention,decode,llama_gemm,llama1b_gemm,lora1b_gemm,ddp,tiles,mma_peak] [--sizes 1024,2048,4096] [--llama 15m,110m,15m_bf16,110m_bf16,110m_lora,110m_b2,110m_lora_b2,110m_b1,110m_lora_b1,generate,generate_bf16,generate_b32,generate_1b|1b,1b_lora,3b_lora,1b_tiny,1b_lora_tiny,3b_lora_tiny] [--json FILE]
   Times each workload (median of 5 batches, device synchronised around each) and prints
   one line per workload; --json writes the records for benches/reference/torch_bench.py --netcl.
   NETCL_CLBLAST=/path/libclblast.so adds CLBlast as the OpenCL GEMM peer; NETCL_BENCH_KERNELS=1 lists
@@ -546,6 +546,7 @@ fn main() -> Result<()> {
         "decode",
         "llama_gemm",
         "llama1b_gemm",
+        "lora1b_gemm",
         "ddp",
         "tiles",
         "mma_peak",
@@ -616,6 +617,9 @@ fn main() -> Result<()> {
     }
     if suite.split(',').any(|x| x == "llama1b_gemm") {
         r.llama1b_gemm()?;
+    }
+    if suite.split(',').any(|x| x == "lora1b_gemm") {
+        r.lora1b_gemm()?;
     }
     if want("llama") {
         let which = flag_value(&args, "--llama").unwrap_or("all");
