@@ -11,6 +11,13 @@ typedef struct {
     Div dcg, dc, dh, dw;  // cg and the input's C, H, W
 } ConvGeom;
 
+// x[b, c, h, w] through v, 0 outside the image (the padding).
+inline ACC padded_at(__global const T* x, const View4* v, uint b, uint c, int h, int w) {
+    if (h < 0 || w < 0 || (uint)h >= v->shape[2] || (uint)w >= v->shape[3]) return (ACC)0;
+    return LOAD(x, v->offset + b * v->stride[0] + c * v->stride[1] + (uint)h * v->stride[2] +
+                       (uint)w * v->stride[3]);
+}
+
 // cols[n, g, k, l] = x[n, g * cg + ci, oh * sh - ph + ki * dh, ow * sw - pw + kj * dw] (0 in the
 // padding), k = (ci * kh + ki) * kw + kj, l = oh * wo + ow. One work-item per column element.
 __kernel void im2col(__global T* cols,        /* (N, G, K, L) through g.col_stride */
@@ -24,15 +31,30 @@ __kernel void im2col(__global T* cols,        /* (N, G, K, L) through g.col_stri
     uint ci = divq(g.dkk, k), kr = k - ci * g.dkk.d;
     uint ki = divq(g.dkw, kr), kj = kr - ki * g.dkw.d;
     uint oh = divq(g.dwo, li), ow = li - oh * g.dwo.d;
-    int h = win_in(&g.win, 0, oh, ki), w = win_in(&g.win, 1, ow, kj);
     uint o = b * g.col_stride[0] + gi * g.col_stride[1] + k * g.col_stride[2] + li * g.col_stride[3];
-    ACC val = (ACC)0;
-    if (h >= 0 && w >= 0 && (uint)h < v.shape[2] && (uint)w < v.shape[3]) {
-        uint c = gi * g.cg + ci;
-        val = LOAD(x, v.offset + b * v.stride[0] + c * v.stride[1] + (uint)h * v.stride[2] +
-                          (uint)w * v.stride[3]);
-    }
-    STORE(cols, o, val);
+    STORE(cols, o, padded_at(x, &v, b, gi * g.cg + ci, win_in(&g.win, 0, oh, ki),
+                             win_in(&g.win, 1, ow, kj)));
+}
+
+// im2col for CPU devices: one work-item per row (n, g, k, oh) of wo columns, its index
+// arithmetic once per row and its stores (and at stride 1 its loads) contiguous.
+__kernel void im2col_rows(__global T* cols,        /* (N, G, K, L) through g.col_stride */
+                          __global const T* x,     /* x: (N, C, H, W) through v */
+                          View4 v, ConvGeom g, uint rows /* N * G * K * ho */) {
+    uint r = get_global_id(0);
+    if (r >= rows) return;
+    const uint ho = g.win.out[0], wo = g.win.out[1];
+    uint rest = r / ho, oh = r - rest * ho;
+    uint bg = divq(g.dk, rest), k = rest - bg * g.dk.d;
+    uint b = divq(g.dgroups, bg), gi = bg - b * g.dgroups.d;
+    uint ci = divq(g.dkk, k), kr = k - ci * g.dkk.d;
+    uint ki = divq(g.dkw, kr), kj = kr - ki * g.dkw.d;
+    int h = win_in(&g.win, 0, oh, ki);
+    uint o = b * g.col_stride[0] + gi * g.col_stride[1] + k * g.col_stride[2] +
+             oh * wo * g.col_stride[3];
+    for (uint ow = 0; ow < wo; ++ow)
+        STORE(cols, o + ow * g.col_stride[3],
+              padded_at(x, &v, b, gi * g.cg + ci, h, win_in(&g.win, 1, ow, kj)));
 }
 
 // dx[b, c, h, w] = sum over (ki, kj) ascending of cols[b, g, k, oh * wo + ow] for the output

@@ -116,6 +116,7 @@ pub const NORM: &[KernelDecl] = kernels![
 /// kernels/conv.cl
 pub const CONV: &[KernelDecl] = kernels![
     im2col(cols: Out, x: In, v: V("View4"), g: V("ConvGeom"), n: V("uint")),
+    im2col_rows(cols: Out, x: In, v: V("View4"), g: V("ConvGeom"), rows: V("uint")),
     col2im(dx: Out, cols: In, v: V("View4"), g: V("ConvGeom"), n: V("uint")),
     add_channel_bias(y: Out, bias: In, bstride: V("uint"), boff: V("uint"), c: V("Div"), p: V("Div"), n: V("uint")),
 ];

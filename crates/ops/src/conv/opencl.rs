@@ -6,7 +6,7 @@ use crate::base::launch::{launch_1d, program_for};
 use crate::base::layout::check_reach;
 use crate::base::tensor::Tensor;
 use crate::base::window::{View4, Window2};
-use netcl_core_devices::{Device, Result};
+use netcl_core_devices::{Device, DeviceKind, Result};
 use netcl_kernels::sources::CONV;
 
 /// `ConvGeom` of kernels/conv.cl.
@@ -83,7 +83,13 @@ pub(super) fn im2col(desc: &Im2col, device: &Device) -> Result<Tensor> {
     }
     let (v, cg) = (View4::of(op, x)?, g.cl(op, strides)?);
     let program = program_for(device, &CONV, x.dtype)?;
-    launch_1d(&program, "im2col", out.numel(), |kern| {
+    // CPU devices take a row of columns a work-item (its index arithmetic once), GPUs an element
+    // (adjacent work-items, adjacent columns).
+    let (name, items) = match device.kind() == DeviceKind::Cpu {
+        true => ("im2col_rows", out.numel() / g.win.wo),
+        false => ("im2col", out.numel()),
+    };
+    launch_1d(&program, name, items, |kern| {
         kern.declare(((x.numel() + out.numel()) * x.dtype.size()) as u64, 0);
         kern.arg_mem(out.mem()?)?
             .arg_mem(x.mem()?)?
