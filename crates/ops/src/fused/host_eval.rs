@@ -276,6 +276,7 @@ impl<'a> Walk<'a> {
 
 /// `o = x (op) y` in f32 for the ops whose f32 result is the f64 result rounded to f32 (the
 /// f64 reference's double rounding is exact for +, -, *, /), else None.
+#[inline(always)]
 fn binary_f32(b: BinaryOp, x: &[f32], y: &[f32], o: &mut [f32]) -> Option<()> {
     macro_rules! each {
         ($f:expr) => {
@@ -304,8 +305,38 @@ fn binary_f32(b: BinaryOp, x: &[f32], y: &[f32], o: &mut [f32]) -> Option<()> {
 }
 
 /// Evaluates every node of `plan` over the first `len` elements of the buffers (inputs and
-/// scalars already in place), each in its node's arithmetic.
+/// scalars already in place), each in its node's arithmetic: compiled for AVX-512 and for AVX2 as
+/// well, the widest this CPU has chosen at run time (the same IEEE operations without fused
+/// multiply-adds: the same values).
 fn eval_block(plan: &Plan, bufs: &mut [Buf], len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F.
+            return unsafe { eval_block_avx512(plan, bufs, len) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2.
+            return unsafe { eval_block_avx2(plan, bufs, len) };
+        }
+    }
+    eval_block_any(plan, bufs, len)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn eval_block_avx512(plan: &Plan, bufs: &mut [Buf], len: usize) {
+    eval_block_any(plan, bufs, len)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn eval_block_avx2(plan: &Plan, bufs: &mut [Buf], len: usize) {
+    eval_block_any(plan, bufs, len)
+}
+
+#[inline(always)]
+fn eval_block_any(plan: &Plan, bufs: &mut [Buf], len: usize) {
     for (i, (kind, d)) in plan.key.nodes.iter().enumerate() {
         let c = Class::of(*d);
         let (prev, rest) = bufs.split_at_mut(i);

@@ -313,6 +313,7 @@ macro_rules! unary_items {
 
             /// `host` over f32 values, each rounded back to f32: the op chosen once for the
             /// whole slice, so the loop is the op's alone (and vectorises where it can).
+            #[inline(always)]
             pub(crate) fn host_f32(self, x: &[f32], o: &mut [f32]) {
                 match self {
                     $(UnaryOp::$op => {
