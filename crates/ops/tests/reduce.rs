@@ -207,9 +207,13 @@ fn random_reductions_match_the_host() {
 fn awkward_extents_and_large_reductions() {
     let devices = test_devices().unwrap();
     let mut c = Cases::new(77);
-    let shapes: [(&[usize], &[usize]); 13] = [
+    let shapes: [(&[usize], &[usize]); 15] = [
         // Column sums of a bias gradient: on CPU devices a work-item per output.
         (&[300, 100], &[0]),
+        // A convolution's bias gradient (N, H, W of NCHW; CPU devices sum the H x W runs first),
+        // dense and through a view.
+        (&[6, 3, 9, 8], &[0, 2, 3]),
+        (&[5, 4, 10, 7], &[0, 2, 3]),
         (&[1], &[0]),
         (&[255], &[0]),
         (&[257], &[0]),

@@ -1,5 +1,5 @@
 //! The OpenCL reductions (reduce.cl): a work-item per output (`*_col`), or work-groups per output (`*_wg`) with a merge kernel (`*_merge`) when each output is split over several.
-use super::Reduce;
+use super::{Reduce, ReduceOp};
 use crate::base::acc::arg_acc;
 use crate::base::axis::{pow2_floor, AxisSplit};
 use crate::base::checks::u32_arg;
@@ -28,7 +28,7 @@ fn plan(device: &Device, nout: usize, nred: usize, red_contiguous: bool) -> Plan
     // dozen outputs on (a bias gradient's column sums; docs/performance.md, CPU).
     let cpu = device.kind() == DeviceKind::Cpu;
     let many = if cpu { 64 } else { 4096 };
-    if nred <= 16 || (nout >= many && !red_contiguous) || (nout >= 65536 && nred <= 64) {
+    if nred <= 16 || (nout >= many && (cpu || !red_contiguous)) || (nout >= 65536 && nred <= 64) {
         return Plan::Col;
     }
     let group = 256.min(pow2_floor(device.info().max_work_group_size));
@@ -49,6 +49,28 @@ fn plan(device: &Device, nout: usize, nred: usize, red_contiguous: bool) -> Plan
     }
 }
 
+/// On a CPU device, the trailing reduced axes of a float sum over few outputs whose elements
+/// also lie in other reduced axes, where those trailing axes are dense in memory and at least 64
+/// elements long: summed first (a work-item per run reads it in order) instead of work-groups
+/// walking every element's position.
+fn inner_first(device: &Device, desc: &Reduce, nout: usize) -> Option<Vec<usize>> {
+    let (x, mask) = (&desc.x, &desc.mask);
+    if device.kind() != DeviceKind::Cpu
+        || desc.op != ReduceOp::Sum
+        || !x.dtype.is_float()
+        || nout >= 4096
+    {
+        return None;
+    }
+    let first = (0..mask.len()).rev().take_while(|&d| mask[d]).last()?;
+    let inner: Vec<usize> = (first..mask.len()).collect();
+    let dense = inner.iter().rev().try_fold(1, |want, &d| {
+        (x.strides[d] == want || x.shape[d] == 1).then(|| want * x.shape[d])
+    })?;
+    let more = mask[..first].iter().any(|&m| m);
+    (more && dense >= 64).then_some(inner)
+}
+
 /// The reduction on an OpenCL device, laid out by [`plan`].
 pub(super) fn reduce(desc: &Reduce, device: &Device) -> Result<Tensor> {
     let Reduce {
@@ -67,6 +89,12 @@ pub(super) fn reduce(desc: &Reduce, device: &Device) -> Result<Tensor> {
     let out = Tensor::alloc(out_shape, out_dtype, device)?;
     if nout == 0 {
         return Ok(out);
+    }
+    if let Some(inner) = inner_first(device, desc, nout) {
+        // A sum over outer axes and a long contiguous inner run (a convolution's bias gradient
+        // over N, H and W): the runs first, a work-item each, then the few partial sums.
+        let outer: Vec<usize> = (0..inner[0]).filter(|&d| mask[d]).collect();
+        return x.sum(&inner, true)?.sum(&outer, true)?.reshape(out_shape);
     }
     let program = program_for(device, &REDUCE, x.dtype)?;
     let red_contiguous = lr.ndim == 0 || lr.stride[0][lr.ndim as usize - 1] == 1;
