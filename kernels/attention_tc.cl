@@ -42,7 +42,6 @@
 #else
 #define SN_KV 64
 #endif
-#define MAX_ROWS(a, b) ((a) > (b) ? (a) : (b))
 #if !defined(TC_BF16) && !defined(TC_F16)
 #error "attention_tc.cl needs -DTC_BF16 or -DTC_F16"
 #endif
@@ -199,12 +198,15 @@ inline void stage_kv(__local uint* ks, __local uint* vs, const CHUNK* kr, const 
 // Local memory: the owned rows' tiles are read into registers first; the streamed tiles then
 // take the same memory (the dk/dv kernel keeps its value rows in the second half where VF_LOCAL).
 #define ROWS_F (64 * MT_F)
+#if 2 * SN > ROWS_F
+#error "the forward's key and value tiles must fit the query tile's local memory"
+#endif
 
 // o: (B, H, Tq, D) at o_*; lse: (B, H, Tq). Groups: B * H * ceil(Tq / ROWS_F), 128 items.
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void attention_fwd_tc(__global T* o, __global float* lse, __global const T* q,
                       __global const T* k, __global const T* v, AttnGeom G, float scale) {
-    __local uint sm[MAX_ROWS(ROWS_F, 2 * SN) * RS] __attribute__((aligned(16)));
+    __local uint sm[ROWS_F * RS] __attribute__((aligned(16)));
     __local uint *const ks = sm, *const vs = sm + SN * RS;
     const uint lid = get_local_id(0), lane = lid % 32, warp = lid / 32, g = lane / 4, t = lane % 4;
     // The last query blocks see the most keys: they start first, so the short ones fill the tail.

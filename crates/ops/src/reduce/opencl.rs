@@ -24,8 +24,8 @@ enum Plan {
 fn plan(device: &Device, nout: usize, nred: usize, red_contiguous: bool) -> Plan {
     // Short reductions, or many outputs whose reduced elements are far apart (adjacent work-items
     // then read adjacent kept elements): one work-item per output. A CPU runs a work-group's
-    // items as a loop, so there adjacent outputs a work-item each read memory in order from a few
-    // dozen outputs on (a bias gradient's column sums; docs/performance.md, CPU).
+    // items as a loop, so there a work-item per output reads memory in order (adjacent outputs,
+    // or its own contiguous run) from a few dozen outputs on (docs/performance.md, CPU).
     let cpu = device.kind() == DeviceKind::Cpu;
     let many = if cpu { 64 } else { 4096 };
     if nred <= 16 || (nout >= many && (cpu || !red_contiguous)) || (nout >= 65536 && nred <= 64) {
@@ -83,18 +83,21 @@ pub(super) fn reduce(desc: &Reduce, device: &Device) -> Result<Tensor> {
     let split = AxisSplit::new(x, mask);
     let (nout, nred) = (split.nout(), split.nred());
     let out_dtype = op.out_dtype(x.dtype);
+    if let Some(inner) = (nout > 0)
+        .then(|| inner_first(device, desc, nout))
+        .flatten()
+    {
+        // A sum over outer axes and a long contiguous inner run (a convolution's bias gradient
+        // over N, H and W): the runs first, a work-item each, then the few partial sums.
+        let outer: Vec<usize> = (0..inner[0]).filter(|&d| mask[d]).collect();
+        return x.sum(&inner, true)?.sum(&outer, true)?.reshape(out_shape);
+    }
     let (lk, lr) = split.layouts(name, x.offset)?;
     let nred32 = u32_arg(name, "reduced extent", nred)?;
     let nout32 = u32_arg(name, "output count", nout)?;
     let out = Tensor::alloc(out_shape, out_dtype, device)?;
     if nout == 0 {
         return Ok(out);
-    }
-    if let Some(inner) = inner_first(device, desc, nout) {
-        // A sum over outer axes and a long contiguous inner run (a convolution's bias gradient
-        // over N, H and W): the runs first, a work-item each, then the few partial sums.
-        let outer: Vec<usize> = (0..inner[0]).filter(|&d| mask[d]).collect();
-        return x.sum(&inner, true)?.sum(&outer, true)?.reshape(out_shape);
     }
     let program = program_for(device, &REDUCE, x.dtype)?;
     let red_contiguous = lr.ndim == 0 || lr.stride[0][lr.ndim as usize - 1] == 1;
