@@ -1,4 +1,5 @@
 //! The host device's memory budget: host tensor bytes counted, capped by NETCL_POOL_LIMIT, allocated fallibly.
+use crate::host_cache;
 use netcl_core_devices::{Config, Error, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -73,9 +74,17 @@ pub fn host_check(bytes: usize) -> Result<()> {
 pub fn host_vec<T>(n: usize) -> Result<Vec<T>> {
     let bytes = n.saturating_mul(std::mem::size_of::<T>());
     host_check(bytes)?;
+    if let Some(v) = host_cache::take(n) {
+        return Ok(v);
+    }
     let mut v = Vec::new();
-    v.try_reserve_exact(n)
-        .map_err(|e| out_of_memory(bytes, format!("the system refused the allocation ({e})")))?;
+    if v.try_reserve_exact(n).is_err() {
+        // What the cache keeps may be what the system is missing.
+        host_cache::release();
+        v.try_reserve_exact(n).map_err(|e| {
+            out_of_memory(bytes, format!("the system refused the allocation ({e})"))
+        })?;
+    }
     Ok(v)
 }
 
@@ -134,5 +143,6 @@ impl<T> std::ops::DerefMut for HostBuf<T> {
 impl<T> Drop for HostBuf<T> {
     fn drop(&mut self) {
         host_release(self.bytes);
+        host_cache::give(std::mem::take(&mut self.v));
     }
 }

@@ -2,6 +2,7 @@
 pub mod capture;
 mod held;
 mod host;
+mod host_cache;
 mod pool;
 mod size_class;
 mod transfer;
@@ -11,6 +12,9 @@ pub use held::{held, reset_held_peak};
 pub use host::{
     host_charge, host_check, host_memory, host_release, host_vec, reset_host_peak, set_host_limit,
     HostBuf,
+};
+pub use host_cache::{
+    cached_bytes as host_cached_bytes, give as host_give, release as host_release_cached,
 };
 pub use netcl_core_devices::parse_bytes;
 pub use pool::{Block, Pool, PoolStats};

@@ -42,13 +42,18 @@ impl AxisSplit {
     /// reduced dims), for a tensor whose first element lies at `offset`: host code reads a row
     /// where it lies instead of copying the tensor.
     pub fn row_positions(&self, offset: usize, o: usize) -> impl Iterator<Item = usize> + '_ {
+        strided_positions(&self.red_shape, &self.red_strides, self.row_base(offset, o))
+    }
+
+    /// The storage position of output row `o`'s first element.
+    pub fn row_base(&self, offset: usize, o: usize) -> usize {
         let mut rest = o;
         let mut base = offset;
         for (&n, &s) in self.kept_shape.iter().zip(&self.kept_strides).rev() {
             base += (rest % n.max(1)) * s;
             rest /= n.max(1);
         }
-        strided_positions(&self.red_shape, &self.red_strides, base)
+        base
     }
 
     /// For host tensors: the elements as `nout` rows of `nred` values in f64 (a counted buffer).

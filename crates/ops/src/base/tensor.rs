@@ -6,7 +6,7 @@ use crate::base::layout::{
     checked_numel, contiguous_strides, is_contiguous, numel, strided_positions, KernelLayout,
 };
 use netcl_core_devices::{DType, Device, Error, Result};
-use netcl_core_memory::{host_charge, host_release, host_vec, Block, HostBuf, Pool};
+use netcl_core_memory::{host_charge, host_give, host_release, host_vec, Block, HostBuf, Pool};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, Weak};
@@ -70,6 +70,11 @@ impl VersionWatch {
 impl Drop for Stored {
     fn drop(&mut self) {
         host_release(self.host_bytes);
+        if let Storage::Host(l) = &mut self.data {
+            // The allocation serves the next host tensor of its size.
+            let data = l.get_mut().unwrap_or_else(|p| p.into_inner());
+            with_host!(std::mem::replace(data, HostData::F32(Vec::new())), v => host_give(v))
+        }
     }
 }
 

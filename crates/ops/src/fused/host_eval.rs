@@ -58,11 +58,12 @@ enum Ptr {
     U32(*mut u32),
 }
 
-/// Where a block's elements lie in a storage: a run of `len` from `first` (a dense walk), or one
-/// position each.
+/// Where a block's elements lie in a storage: a run of `len` from `first` (a dense walk), one
+/// position for all `len` (a broadcast value), or one position each.
 #[derive(Clone, Copy)]
 enum At<'a> {
     Run { first: usize, len: usize },
+    Same { at: usize, len: usize },
     List(&'a [usize]),
 }
 
@@ -97,6 +98,10 @@ impl Ptr {
                         for (o, &$p) in $v[..len].iter_mut().zip(src) {
                             *o = $conv;
                         }
+                    }
+                    At::Same { at, len } => {
+                        let $p = *$p.add(at);
+                        $v[..len].fill($conv);
                     }
                     At::List(pos) => {
                         for (o, &q) in $v.iter_mut().zip(pos) {
@@ -136,6 +141,9 @@ impl Ptr {
                             *d = $conv(x);
                         }
                     }
+                    // Positions in order: the last value stays (a destination never overlaps
+                    // itself, so this is a block of one).
+                    At::Same { at, len } => *$p.add(at) = $conv($v[len - 1]),
                     At::List(pos) => {
                         for (&x, &q) in $v.iter().zip(pos) {
                             *$p.add(q) = $conv(x);
@@ -197,6 +205,8 @@ struct Walk<'a> {
     strides: &'a [usize],
     /// Row-major contiguous over the shape: position = base + index.
     dense: bool,
+    /// One element for every index (a broadcast value).
+    constant: bool,
     idx: Vec<usize>,
     pos: usize,
 }
@@ -209,6 +219,7 @@ impl<'a> Walk<'a> {
             .zip(strides)
             .zip(shape)
             .all(|((c, s), &n)| n == 1 || c == s);
+        let constant = strides.iter().zip(shape).all(|(&s, &n)| n == 1 || s == 0);
         let mut idx = vec![0; shape.len()];
         let (mut rest, mut pos) = (start, offset);
         for d in (0..shape.len()).rev() {
@@ -223,6 +234,7 @@ impl<'a> Walk<'a> {
             shape,
             strides,
             dense,
+            constant: constant && !dense,
             idx,
             pos,
         }
@@ -237,6 +249,9 @@ impl<'a> Walk<'a> {
                 first: self.pos - len,
                 len,
             };
+        }
+        if self.constant {
+            return At::Same { at: self.pos, len };
         }
         self.fill(pos);
         At::List(pos)
@@ -371,8 +386,9 @@ fn eval_block_any(plan: &Plan, bufs: &mut [Buf], len: usize) {
             Kind::Where(w, x, y) => {
                 let fast = match (&prev[w], &prev[x], &prev[y], &mut *out) {
                     (Buf::F32(w), Buf::F32(x), Buf::F32(y), Buf::F32(o)) => {
-                        for j in 0..len {
-                            o[j] = if w[j] != 0.0 { x[j] } else { y[j] };
+                        let wxy = w[..len].iter().zip(&x[..len]).zip(&y[..len]);
+                        for (o, ((&w, &x), &y)) in o[..len].iter_mut().zip(wxy) {
+                            *o = if w != 0.0 { x } else { y };
                         }
                         true
                     }
@@ -486,6 +502,10 @@ pub(crate) fn run_host(
             let len = BLOCK.min(end - at);
             let pos = &mut pos[..len];
             for (&(i, id), w) in input_node.iter().zip(&mut in_walks) {
+                if w.constant && at > start {
+                    // Still in its buffer: no later block is longer than the first.
+                    continue;
+                }
                 // SAFETY: positions of a checked view of the input's storage.
                 unsafe { in_ptrs[i].read(w.next(pos), &mut bufs[id]) };
             }

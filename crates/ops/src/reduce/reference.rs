@@ -2,6 +2,7 @@
 use super::{Reduce, ReduceOp};
 use crate::base::axis::AxisSplit;
 use crate::base::element::{Element, HostData};
+use crate::base::layout::strided_positions;
 use crate::base::tensor::{not_on_host, Tensor};
 use netcl_core_devices::Result;
 use netcl_core_memory::HostBuf;
@@ -62,6 +63,35 @@ fn host_reduce<I: Iterator<Item = f64>>(op: ReduceOp, n: usize, row: impl Fn() -
     }
 }
 
+/// Outputs summed together where the innermost kept dim is contiguous (a column sum).
+const COLUMNS: usize = 16;
+
+/// Sums over the reduced dims for kept dims whose innermost (`inner` long) has stride 1:
+/// `COLUMNS` adjacent outputs at a time, each reduced position's values added to all of them
+/// (a contiguous read instead of one strided walk per output), in the same order per output as
+/// one output's row would be summed.
+fn column_sums(
+    split: &AxisSplit,
+    offset: usize,
+    inner: usize,
+    out: &mut [f64],
+    at: impl Fn(usize) -> f64 + Sync,
+) {
+    let zero = std::iter::empty::<f64>().sum::<f64>();
+    out.par_chunks_mut(inner).enumerate().for_each(|(r, row)| {
+        let base = split.row_base(offset, r * inner);
+        for (c, acc) in row.chunks_mut(COLUMNS).enumerate() {
+            acc.fill(zero);
+            let first = c * COLUMNS;
+            for p in strided_positions(&split.red_shape, &split.red_strides, 0) {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    *a += at(base + p + first + j);
+                }
+            }
+        }
+    });
+}
+
 /// The reduction on the host, into a new host tensor: each output's row read in place from the
 /// input's storage (a broadcast view is never expanded), outputs in parallel.
 pub(super) fn reduce(desc: &Reduce) -> Result<Tensor> {
@@ -75,10 +105,21 @@ pub(super) fn reduce(desc: &Reduce) -> Result<Tensor> {
     let (nout, nred) = (split.nout(), split.nred());
     let h = x.host().ok_or_else(not_on_host)?;
     let mut vals = HostBuf::filled(nout, 0.0f64)?;
-    with_host!(&*h, v => vals.par_iter_mut().enumerate().for_each(|(o, out)| {
-        let row = || split.row_positions(x.offset, o).map(|p| v[p].to_f64());
-        *out = host_reduce(*op, nred, row);
-    }));
+    let inner = match (split.kept_shape.last(), split.kept_strides.last()) {
+        (Some(&n), Some(1)) if matches!(op, ReduceOp::Sum | ReduceOp::Mean) && n >= COLUMNS => n,
+        _ => 0,
+    };
+    if inner > 0 {
+        with_host!(&*h, v => column_sums(&split, x.offset, inner, &mut vals, |p| v[p].to_f64()));
+        if let ReduceOp::Mean = op {
+            vals.iter_mut().for_each(|s| *s /= nred as f64);
+        }
+    } else {
+        with_host!(&*h, v => vals.par_iter_mut().enumerate().for_each(|(o, out)| {
+            let row = || split.row_positions(x.offset, o).map(|p| v[p].to_f64());
+            *out = host_reduce(*op, nred, row);
+        }));
+    }
     Ok(Tensor::from_host_data(
         HostData::try_from_fn(op.out_dtype(x.dtype), nout, |i| vals[i])?,
         out_shape,
