@@ -114,6 +114,19 @@ typedef struct {
     Div sd[2];  // the strides as divisors
 } Window2;
 
+// A window's tap counts: build-time constants where the program was built for one kernel size
+// (-DWIN_K0/-DWIN_K1, CPU devices: the tap loops unroll, so work-items can run as vector lanes),
+// else the window's own.
+#ifdef WIN_K0
+#define TAPS0(win) WIN_K0
+#define TAPS1(win) WIN_K1
+#define UNROLL_TAPS _Pragma("unroll")
+#else
+#define UNROLL_TAPS
+#define TAPS0(win) (win).k[0]
+#define TAPS1(win) (win).k[1]
+#endif
+
 // Input index along axis a of tap k of output o (negative, or past the input, in the padding).
 inline int win_in(const Window2* g, int a, uint o, uint k) {
     return (int)(o * g->s[a] + k * g->d[a]) - (int)g->p[a];

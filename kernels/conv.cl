@@ -70,13 +70,15 @@ __kernel void col2im(__global T* dx,          /* dx: (N, C, H, W), contiguous, s
     uint gi = divq(g.dcg, c), ci = c - gi * g.cg;
     uint base = b * g.col_stride[0] + gi * g.col_stride[1];
     ACC acc = (ACC)0;
-    for (uint ki = 0; ki < g.win.k[0]; ++ki) {
+    UNROLL_TAPS
+    for (uint ki = 0; ki < TAPS0(g.win); ++ki) {
         int oh = win_out(&g.win, 0, h, ki);
         if (oh < 0) continue;
-        for (uint kj = 0; kj < g.win.k[1]; ++kj) {
+        UNROLL_TAPS
+        for (uint kj = 0; kj < TAPS1(g.win); ++kj) {
             int ow = win_out(&g.win, 1, w, kj);
             if (ow < 0) continue;
-            uint k = (ci * g.win.k[0] + ki) * g.win.k[1] + kj;
+            uint k = (ci * TAPS0(g.win) + ki) * TAPS1(g.win) + kj;
             acc += LOAD(cols, base + k * g.col_stride[2] + ((uint)oh * g.win.out[1] + (uint)ow) * g.col_stride[3]);
         }
     }

@@ -26,10 +26,12 @@ __kernel void max_pool2d(__global T* y,          /* y: (N, C, Ho, Wo), contiguou
     // -inf where no tap is in range (the first tap in range always replaces it).
     ACC best = (ACC)(-INFINITY);
     int bi = -1;
-    for (uint ki = 0; ki < g.win.k[0]; ++ki) {
+    UNROLL_TAPS
+    for (uint ki = 0; ki < TAPS0(g.win); ++ki) {
         int h = win_in(&g.win, 0, oh, ki);
         if (h < 0 || (uint)h >= g.h) continue;
-        for (uint kj = 0; kj < g.win.k[1]; ++kj) {
+        UNROLL_TAPS
+        for (uint kj = 0; kj < TAPS1(g.win); ++kj) {
             int w = win_in(&g.win, 1, ow, kj);
             if (w < 0 || (uint)w >= g.w) continue;
             ACC val = LOAD(x, at4(&v, b, c, (uint)h, (uint)w));
@@ -55,10 +57,12 @@ __kernel void max_pool2d_backward(__global T* dx,          /* dx: (N, C, H, W), 
     uint b = at.x, c = at.y, h = at.z, w = at.w;
     int me = (int)(h * g.w + w);
     ACC acc = (ACC)0;
-    for (uint ki = 0; ki < g.win.k[0]; ++ki) {
+    UNROLL_TAPS
+    for (uint ki = 0; ki < TAPS0(g.win); ++ki) {
         int oh = win_out(&g.win, 0, h, ki);
         if (oh < 0) continue;
-        for (uint kj = 0; kj < g.win.k[1]; ++kj) {
+        UNROLL_TAPS
+        for (uint kj = 0; kj < TAPS1(g.win); ++kj) {
             int ow = win_out(&g.win, 1, w, kj);
             if (ow < 0) continue;
             // Both loads at once (not the gradient after the index): one memory latency a tap.
@@ -83,7 +87,7 @@ __kernel void max_pool2d_backward_tiled(__global T* dx,          /* dx: (N, C, H
     uint b = at.x, c = at.y, oh = at.z, ow = at.w;
     ACC v = (ACC)0 + LOAD(gy, at4(&gv, b, c, oh, ow));
     int m = idx[at4(&iv, b, c, oh, ow)];
-    uint k0 = g.win.k[0], k1 = g.win.k[1];
+    uint k0 = TAPS0(g.win), k1 = TAPS1(g.win);
     uint plane = (b * g.dc.d + c) * g.h * g.w;
     for (uint ki = 0; ki < k0; ++ki) {
         uint h = oh * k0 + ki;
@@ -135,10 +139,12 @@ __kernel void avg_pool2d_backward(__global T* dx,        /* dx: (N, C, H, W), co
     uint4 at = nchw_index(i, g.dc, g.dh, g.dw);
     uint b = at.x, c = at.y, h = at.z, w = at.w;
     ACC acc = (ACC)0;
-    for (uint ki = 0; ki < g.win.k[0]; ++ki) {
+    UNROLL_TAPS
+    for (uint ki = 0; ki < TAPS0(g.win); ++ki) {
         int oh = win_out(&g.win, 0, h, ki);
         if (oh < 0) continue;
-        for (uint kj = 0; kj < g.win.k[1]; ++kj) {
+        UNROLL_TAPS
+        for (uint kj = 0; kj < TAPS1(g.win); ++kj) {
             int ow = win_out(&g.win, 1, w, kj);
             if (ow < 0) continue;
             int hs, he, ws, we;

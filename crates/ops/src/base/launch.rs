@@ -1,11 +1,30 @@
 //! How ops reach kernels: one program per (device, source, dtype), one-dimensional launches.
-use netcl_core_devices::{DType, Device, Error, Result};
+use netcl_core_devices::{DType, Device, DeviceKind, Error, Result};
 use netcl_kernels::{program, Kernel, Program, Source, GROUP_1D};
 use std::sync::Arc;
 
 /// The program of `source` specialised for `dtype` on `device`.
 pub(crate) fn program_for(device: &Device, source: &Source, dtype: DType) -> Result<Arc<Program>> {
     program(device, source, dtype.build_option())
+}
+
+/// Largest kernel extent whose taps a CPU device's program unrolls.
+const UNROLLED_TAPS: usize = 8;
+
+/// The program of `source` for `dtype` running a sliding window of `kernel` taps (conv,
+/// pooling): on CPU devices built for that kernel size (-DWIN_K0/-DWIN_K1: the tap loops unroll,
+/// so the work-items run as vector lanes), elsewhere one program for every size.
+pub(crate) fn window_program(
+    device: &Device,
+    source: &Source,
+    dtype: DType,
+    kernel: (usize, usize),
+) -> Result<Arc<Program>> {
+    if device.kind() != DeviceKind::Cpu || kernel.0.max(kernel.1) > UNROLLED_TAPS {
+        return program_for(device, source, dtype);
+    }
+    let taps = format!(" -DWIN_K0={}u -DWIN_K1={}u", kernel.0, kernel.1);
+    program(device, source, &(dtype.build_option().to_string() + &taps))
 }
 
 /// Launch kernel `name` over `n` work-items: `args` sets the leading arguments, then `n` (u32)

@@ -2,7 +2,7 @@
 use super::{AddChannelBias, Col2im, Geom, Im2col};
 use crate::base::checks::u32_arg;
 use crate::base::fastdiv::Div;
-use crate::base::launch::{launch_1d, program_for};
+use crate::base::launch::{launch_1d, program_for, window_program};
 use crate::base::layout::check_reach;
 use crate::base::tensor::Tensor;
 use crate::base::window::{View4, Window2};
@@ -82,7 +82,7 @@ pub(super) fn im2col(desc: &Im2col, device: &Device) -> Result<Tensor> {
         return Ok(out);
     }
     let (v, cg) = (View4::of(op, x)?, g.cl(op, strides)?);
-    let program = program_for(device, &CONV, x.dtype)?;
+    let program = window_program(device, &CONV, x.dtype, g.win.kernel)?;
     // CPU devices take a row of columns a work-item (its index arithmetic once), GPUs an element
     // (adjacent work-items, adjacent columns).
     let (name, items) = match device.kind() == DeviceKind::Cpu {
@@ -123,7 +123,7 @@ pub(super) fn col2im(desc: &Col2im, device: &Device) -> Result<Tensor> {
         cols.strides[3],
     ];
     let (v, cg) = (View4::of(op, &out)?, g.cl(op, s)?);
-    let program = program_for(device, &CONV, cols.dtype)?;
+    let program = window_program(device, &CONV, cols.dtype, g.win.kernel)?;
     launch_1d(&program, "col2im", out.numel(), |kern| {
         let bytes = (cols.numel() + out.numel()) * cols.dtype.size();
         kern.declare(bytes as u64, cols.numel() as u64);

@@ -2,7 +2,7 @@
 use super::{AvgPool, Geom, MaxPool2d, MaxPool2dBackward};
 use crate::base::checks::u32_arg;
 use crate::base::fastdiv::Div;
-use crate::base::launch::{launch_1d, program_for};
+use crate::base::launch::{launch_1d, window_program};
 use crate::base::tensor::Tensor;
 use crate::base::window::{View4, Window2};
 use netcl_core_devices::{DType, Device, Result};
@@ -36,16 +36,18 @@ impl Geom {
     }
 }
 
-/// Launches pooling kernel `name` over `n` work-items with buffers `mems`, views `views` and `g`.
+/// Launches pooling kernel `name` of `op` over `n` work-items with buffers `mems`, views `views`
+/// and the geometry `g`.
 fn launch(
+    (op, name): (&str, &str),
     t: &Tensor,
-    name: &str,
     n: usize,
     mems: &[&Tensor],
     views: &[View4],
-    g: PoolGeom,
+    g: &Geom,
 ) -> Result<()> {
-    let program = program_for(&t.device, &POOL, t.dtype)?;
+    let program = window_program(&t.device, &POOL, t.dtype, g.win.kernel)?;
+    let g = g.cl(op)?;
     launch_1d(&program, name, n, |k: &mut Kernel| {
         for m in mems {
             k.arg_mem(m.mem()?)?;
@@ -67,7 +69,7 @@ pub(super) fn max_pool2d(desc: &MaxPool2d, device: &Device) -> Result<(Tensor, T
     let idx = Tensor::alloc(&out, DType::I32, device)?;
     if y.numel() > 0 {
         let v = View4::of(op, x)?;
-        launch(x, op, y.numel(), &[&y, &idx, x], &[v], g.cl(op)?)?;
+        launch((op, op), x, y.numel(), &[&y, &idx, x], &[v], g)?;
     }
     Ok((y, idx))
 }
@@ -91,7 +93,7 @@ pub(super) fn max_pool2d_backward(desc: &MaxPool2dBackward, device: &Device) -> 
             true => ("max_pool2d_backward_tiled", grad_y.numel()),
             false => (op, dx.numel()),
         };
-        launch(grad_y, name, n, &mems, &[gv, iv], g.cl(op)?)?;
+        launch((op, name), grad_y, n, &mems, &[gv, iv], g)?;
     }
     Ok(dx)
 }
@@ -104,7 +106,7 @@ pub(super) fn avg_pool(desc: &AvgPool, device: &Device) -> Result<Tensor> {
     let out = Tensor::alloc(&desc.out_shape(), src.dtype, device)?;
     if out.numel() > 0 {
         let v = View4::of(op, src)?;
-        launch(src, op, out.numel(), &[&out, src], &[v], g.cl(op)?)?;
+        launch((op, op), src, out.numel(), &[&out, src], &[v], g)?;
     }
     Ok(out)
 }
