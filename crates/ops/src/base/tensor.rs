@@ -354,7 +354,18 @@ pub(crate) fn gather<T: Copy>(
 ) -> Result<Vec<T>> {
     let n = checked_numel("host view", shape, std::mem::size_of::<T>())?;
     let mut v = host_vec(n)?;
-    v.extend(strided_positions(shape, strides, offset).map(|p| data[p]));
+    let Some((&len, outer)) = shape.split_last() else {
+        v.extend(strided_positions(shape, strides, offset).map(|p| data[p]));
+        return Ok(v);
+    };
+    // A run along the last dim at a time (a slice copy where it is contiguous).
+    let (step, outer_strides) = strides.split_last().expect("as many strides as dims");
+    for at in strided_positions(outer, outer_strides, offset) {
+        match step {
+            1 => v.extend_from_slice(&data[at..at + len]),
+            s => v.extend((0..len).map(|j| data[at + j * s])),
+        }
+    }
     Ok(v)
 }
 

@@ -196,6 +196,16 @@ impl Window {
             .map(|t| t / s)
     }
 
+    /// Whether the windows tile the input exactly (kernel = stride, no padding or dilation, out *
+    /// stride = in): every input pixel lies in one window.
+    pub fn tiles_input(&self) -> bool {
+        self.kernel == self.stride
+            && self.padding == (0, 0)
+            && self.dilation == (1, 1)
+            && self.ho * self.stride.0 == self.h
+            && self.wo * self.stride.1 == self.w
+    }
+
     /// [`covering`](Self::covering) of every input pixel of a plane, at `h * w_extent + w`:
     /// computed once for all planes of a host pass.
     pub fn coverings(&self) -> Vec<Vec<(usize, usize, usize, usize)>> {
@@ -221,22 +231,21 @@ impl Window {
     }
 
     /// Host paths: `f(plane, oh, ow)` for every output pixel in row-major order, plane being
-    /// b * C + c (on all cores; each value is computed alone, so the result is the same).
-    pub fn per_output<T: Send>(&self, f: impl Fn(usize, usize, usize) -> T + Sync) -> Vec<T> {
-        let (ho, wo) = (self.ho, self.wo);
-        (0..self.n * self.c * ho * wo)
-            .into_par_iter()
-            .map(|i| f(i / (ho * wo), (i / wo) % ho, i % wo))
-            .collect()
+    /// b * C + c (planes on all cores; each value is computed alone, so the result is the same).
+    pub fn per_output<T: Send + Copy + Default>(
+        &self,
+        f: impl Fn(usize, usize, usize) -> T + Sync,
+    ) -> Vec<T> {
+        per_pixel(self.n * self.c, (self.ho, self.wo), f)
     }
 
-    /// Host paths: `f(plane, h, w)` for every input pixel in row-major order (on all cores).
-    pub fn per_input<T: Send>(&self, f: impl Fn(usize, usize, usize) -> T + Sync) -> Vec<T> {
-        let (h, w) = (self.h, self.w);
-        (0..self.n * self.c * h * w)
-            .into_par_iter()
-            .map(|i| f(i / (h * w), (i / w) % h, i % w))
-            .collect()
+    /// Host paths: `f(plane, h, w)` for every input pixel in row-major order (planes on all
+    /// cores).
+    pub fn per_input<T: Send + Copy + Default>(
+        &self,
+        f: impl Fn(usize, usize, usize) -> T + Sync,
+    ) -> Vec<T> {
+        per_pixel(self.n * self.c, (self.h, self.w), f)
     }
 
     /// Row-major index of output pixel (oh, ow) of `plane`.
@@ -294,4 +303,23 @@ impl Window {
         }
         Ok(())
     }
+}
+
+/// `f(plane, row, col)` over `planes` planes of `rows` x `cols` pixels, row-major, a plane a task.
+fn per_pixel<T: Send + Copy + Default>(
+    planes: usize,
+    (rows, cols): (usize, usize),
+    f: impl Fn(usize, usize, usize) -> T + Sync,
+) -> Vec<T> {
+    let mut out = vec![T::default(); planes * rows * cols];
+    out.par_chunks_mut((rows * cols).max(1))
+        .enumerate()
+        .for_each(|(p, plane)| {
+            for (r, line) in plane.chunks_mut(cols.max(1)).enumerate() {
+                for (c, o) in line.iter_mut().enumerate() {
+                    *o = f(p, r, c);
+                }
+            }
+        });
+    out
 }

@@ -556,8 +556,9 @@ mod tests {
     #[test]
     fn walks_give_every_view_position_in_blocks_of_any_size() {
         // Broadcast (stride 0), transposed, sliced and dense views; blocks that end inside rows.
-        let views: [(&[usize], &[usize], usize); 5] = [
+        let views: [(&[usize], &[usize], usize); 6] = [
             (&[3, 5, 4], &[0, 1, 5], 2),
+            (&[2, 1, 3], &[0, 7, 0], 4),
             (&[4, 7], &[1, 4], 0),
             (&[2, 3, 5], &[40, 10, 2], 3),
             (&[6, 1, 5], &[5, 9, 1], 1),
@@ -575,6 +576,7 @@ mod tests {
                         let mut pos = vec![0; len];
                         match w.next(&mut pos) {
                             At::Run { first, len } => got.extend(first..first + len),
+                            At::Same { at, len } => got.extend(std::iter::repeat_n(at, len)),
                             At::List(p) => got.extend_from_slice(p),
                         }
                         at += len;

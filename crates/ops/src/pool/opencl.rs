@@ -83,13 +83,7 @@ pub(super) fn max_pool2d_backward(desc: &MaxPool2dBackward, device: &Device) -> 
     if dx.numel() > 0 {
         let (gv, iv) = (View4::of(op, grad_y)?, View4::of(op, indices)?);
         let mems = [&dx, grad_y, indices];
-        let w = &g.win;
-        let tiles = w.kernel == w.stride
-            && w.padding == (0, 0)
-            && w.dilation == (1, 1)
-            && w.ho * w.stride.0 == w.h
-            && w.wo * w.stride.1 == w.w;
-        let (name, n) = match tiles {
+        let (name, n) = match g.win.tiles_input() {
             true => ("max_pool2d_backward_tiled", grad_y.numel()),
             false => (op, dx.numel()),
         };

@@ -1,9 +1,10 @@
 //! The host side of pooling: every output (or input pixel, for the gradients) computed in f64 over its window.
 use super::{Avg, AvgPool, Geom, MaxPool2d, MaxPool2dBackward};
-use crate::base::element::HostData;
-use crate::base::host::host_f64;
+use crate::base::element::{Element, HostData};
+use crate::base::host::{host_f64, named};
 use crate::base::tensor::Tensor;
 use netcl_core_devices::{DType, Result};
+use rayon::prelude::*;
 
 fn host_tensor(dtype: DType, v: Vec<f64>, shape: &[usize]) -> Result<Tensor> {
     Ok(Tensor::from_host_data(
@@ -44,9 +45,23 @@ impl Geom {
 pub(super) fn max_pool2d(desc: &MaxPool2d) -> Result<(Tensor, Tensor)> {
     let MaxPool2d { x, g } = desc;
     let out = g.out_shape();
-    let xv = host_f64("max_pool2d", x)?;
+    let xv = x
+        .host_view(&x.shape, &x.strides)
+        .map_err(|e| named("max_pool2d", e))?;
+    let best = with_host!(&xv, v => maxima(v, g));
+    let y = best
+        .iter()
+        .map(|b| b.map_or(f64::NEG_INFINITY, |b| b.0))
+        .collect();
+    let idx = best.iter().map(|b| b.map_or(-1, |b| b.1 as i32)).collect();
+    let idx = Tensor::from_host_data(HostData::I32(idx), &out);
+    Ok((host_tensor(x.dtype, y, &out)?, idx))
+}
+
+/// Each window's first maximum and its index in the plane, over the row-major input `xv`.
+fn maxima<T: Element>(xv: &[T], g: &Geom) -> Vec<Option<(f64, usize)>> {
     let gw = &g.win;
-    let best = gw.per_output(|plane, oh, ow| {
+    gw.per_output(|plane, oh, ow| {
         let mut best: Option<(f64, usize)> = None;
         for ki in 0..gw.kernel.0 {
             let Some(h) = gw.tap_in(0, oh, ki) else {
@@ -57,21 +72,14 @@ pub(super) fn max_pool2d(desc: &MaxPool2d) -> Result<(Tensor, Tensor)> {
                     continue;
                 };
                 let at = h * gw.w + w;
-                let v = xv[plane * gw.h * gw.w + at];
+                let v = xv[plane * gw.h * gw.w + at].to_f64();
                 if best.is_none_or(|(b, _)| !b.is_nan() && (v > b || v.is_nan())) {
                     best = Some((v, at));
                 }
             }
         }
         best
-    });
-    let y = best
-        .iter()
-        .map(|b| b.map_or(f64::NEG_INFINITY, |b| b.0))
-        .collect();
-    let idx = best.iter().map(|b| b.map_or(-1, |b| b.1 as i32)).collect();
-    let idx = Tensor::from_host_data(HostData::I32(idx), &out);
-    Ok((host_tensor(x.dtype, y, &out)?, idx))
+    })
 }
 
 /// Each input pixel sums the gradients of the covering windows whose index names it.
@@ -80,6 +88,25 @@ pub(super) fn max_pool2d_backward(desc: &MaxPool2dBackward) -> Result<Tensor> {
     let gy = host_f64("max_pool2d_backward", grad_y)?;
     let idx = indices.to_vec::<i32>()?;
     let gw = &g.win;
+    if gw.tiles_input() {
+        // Each pixel lies in one window: 0 + the window's gradient at its maximum, 0 elsewhere.
+        let mut dx = vec![0.0; gw.n * gw.c * gw.h * gw.w];
+        let (plane_in, plane_out) = (gw.h * gw.w, gw.ho * gw.wo);
+        dx.par_chunks_mut(plane_in.max(1))
+            .enumerate()
+            .for_each(|(plane, d)| {
+                let at = plane * plane_out..(plane + 1) * plane_out;
+                for (o, (&m, &v)) in idx[at.clone()].iter().zip(&gy[at]).enumerate() {
+                    // An index outside its own window names no pixel (as the gather finds none).
+                    let (mh, mw) = (m as usize / gw.w, m as usize % gw.w);
+                    let (k0, k1) = gw.kernel;
+                    if m >= 0 && mh / k0 == o / gw.wo && mw / k1 == o % gw.wo {
+                        d[m as usize] = 0.0 + v;
+                    }
+                }
+            });
+        return host_tensor(grad_y.dtype, dx, &gw.in_shape());
+    }
     let cover = gw.coverings();
     let dx = gw.per_input(|plane, h, w| {
         let me = (h * gw.w + w) as i32;
