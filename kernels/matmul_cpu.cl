@@ -39,6 +39,11 @@ __kernel void matmul_cpu_pack(__global T* bp,         /* (batch, panels, K, W) *
     const uint3 o = layout_offsets(&batch, z);
     __global T* dst = bp + ((z * panels + p) * K + k) * (NV * VN);
     __global const T* src = b + o.z + k * sbk;
+    if (sbn == 1 && (p + 1) * (NV * VN) <= N) {  // a whole panel row of contiguous columns
+        #pragma unroll
+        for (int j = 0; j < NV; ++j) VSTORE(VN)(VLOAD(VN)(j, src + p * (NV * VN)), j, dst);
+        return;
+    }
     for (uint e = 0, n = p * (NV * VN); e < NV * VN; ++e, ++n) dst[e] = n < N ? src[n * sbn] : (T)0;
 }
 
