@@ -354,6 +354,9 @@ pub(crate) fn gather<T: Copy>(
 ) -> Result<Vec<T>> {
     let n = checked_numel("host view", shape, std::mem::size_of::<T>())?;
     let mut v = host_vec(n)?;
+    if n == 0 {
+        return Ok(v);
+    }
     let Some((&len, outer)) = shape.split_last() else {
         v.extend(strided_positions(shape, strides, offset).map(|p| data[p]));
         return Ok(v);
