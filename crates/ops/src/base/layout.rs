@@ -51,6 +51,23 @@ pub fn is_contiguous(shape: &[usize], strides: &[usize]) -> bool {
     true
 }
 
+/// The elements of (`shape`, `strides`) from `offset` in row-major order as runs along the last
+/// dim: (first position, length, step). A scalar is one run of one; an empty shape has none.
+pub(crate) fn strided_runs<'a>(
+    shape: &'a [usize],
+    strides: &'a [usize],
+    offset: usize,
+) -> impl Iterator<Item = (usize, usize, usize)> + 'a {
+    let (len, step, outer, outer_strides) = match (shape.split_last(), strides.split_last()) {
+        (Some((&len, outer)), Some((&step, os))) => (len, step, outer, os),
+        _ => (1, 0, shape, strides),
+    };
+    let any = numel(shape) > 0;
+    strided_positions(outer, outer_strides, offset)
+        .take_while(move |_| any)
+        .map(move |at| (at, len, step))
+}
+
 /// Storage positions of the elements of (`shape`, `strides`) from `offset`, in row-major order.
 pub(crate) fn strided_positions<'a>(
     shape: &'a [usize],
@@ -266,6 +283,25 @@ mod tests {
         assert!(is_contiguous(&[2, 3, 4], &[12, 4, 1]));
         assert!(is_contiguous(&[2, 1, 4], &[4, 99, 1]));
         assert!(!is_contiguous(&[3, 2], &[1, 3]));
+    }
+
+    #[test]
+    fn runs_cover_the_positions_in_order() {
+        let views: [(&[usize], &[usize], usize); 6] = [
+            (&[2, 3, 4], &[12, 4, 1], 0),
+            (&[3, 2], &[1, 3], 5),
+            (&[2, 1, 3], &[0, 9, 2], 1),
+            (&[], &[], 7),
+            (&[4, 0], &[1, 1], 0),
+            (&[0, 4], &[4, 1], 0),
+        ];
+        for (shape, strides, offset) in views {
+            let runs: Vec<usize> = strided_runs(shape, strides, offset)
+                .flat_map(|(at, len, step)| (0..len).map(move |j| at + j * step))
+                .collect();
+            let each: Vec<usize> = strided_positions(shape, strides, offset).collect();
+            assert_eq!(runs, each, "{shape:?} at {strides:?} from {offset}");
+        }
     }
 
     #[test]

@@ -3,7 +3,8 @@ use crate::base::copy::strided_copy;
 use crate::base::dispatch::{backend, dispatch, Backend, Op};
 use crate::base::element::{Element, HostData};
 use crate::base::layout::{
-    checked_numel, contiguous_strides, is_contiguous, numel, strided_positions, KernelLayout,
+    checked_numel, contiguous_strides, is_contiguous, numel, strided_positions, strided_runs,
+    KernelLayout,
 };
 use netcl_core_devices::{DType, Device, Error, Result};
 use netcl_core_memory::{host_charge, host_give, host_release, host_vec, Block, HostBuf, Pool};
@@ -354,16 +355,8 @@ pub(crate) fn gather<T: Copy>(
 ) -> Result<Vec<T>> {
     let n = checked_numel("host view", shape, std::mem::size_of::<T>())?;
     let mut v = host_vec(n)?;
-    if n == 0 {
-        return Ok(v);
-    }
-    let Some((&len, outer)) = shape.split_last() else {
-        v.extend(strided_positions(shape, strides, offset).map(|p| data[p]));
-        return Ok(v);
-    };
     // A run along the last dim at a time (a slice copy where it is contiguous).
-    let (step, outer_strides) = strides.split_last().expect("as many strides as dims");
-    for at in strided_positions(outer, outer_strides, offset) {
+    for (at, len, step) in strided_runs(shape, strides, offset) {
         match step {
             1 => v.extend_from_slice(&data[at..at + len]),
             s => v.extend((0..len).map(|j| data[at + j * s])),

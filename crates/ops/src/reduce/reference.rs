@@ -2,7 +2,7 @@
 use super::{Reduce, ReduceOp};
 use crate::base::axis::AxisSplit;
 use crate::base::element::{Element, HostData};
-use crate::base::layout::strided_positions;
+use crate::base::layout::{strided_positions, strided_runs};
 use crate::base::tensor::{not_on_host, Tensor};
 use netcl_core_devices::Result;
 use netcl_core_memory::HostBuf;
@@ -114,6 +114,21 @@ pub(super) fn reduce(desc: &Reduce) -> Result<Tensor> {
         if let ReduceOp::Mean = op {
             vals.iter_mut().for_each(|s| *s /= nred as f64);
         }
+    } else if matches!(op, ReduceOp::Sum | ReduceOp::Mean) {
+        // Each row a run of its last reduced dim at a time, summed in the same order.
+        let zero = std::iter::empty::<f64>().sum::<f64>();
+        let (shape, strides) = (&split.red_shape, &split.red_strides);
+        with_host!(&*h, v => vals.par_iter_mut().enumerate().for_each(|(o, out)| {
+            let runs = strided_runs(shape, strides, split.row_base(x.offset, o));
+            let sum = runs.fold(zero, |acc, (at, len, step)| match step {
+                1 => v[at..at + len].iter().fold(acc, |a, e| a + e.to_f64()),
+                s => (0..len).fold(acc, |a, j| a + v[at + j * s].to_f64()),
+            });
+            *out = match op {
+                ReduceOp::Mean => sum / nred as f64,
+                _ => sum,
+            };
+        }));
     } else {
         with_host!(&*h, v => vals.par_iter_mut().enumerate().for_each(|(o, out)| {
             let row = || split.row_positions(x.offset, o).map(|p| v[p].to_f64());
