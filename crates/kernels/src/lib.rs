@@ -20,7 +20,7 @@ pub use gemm_tuning::{
 pub use launch::{
     retired_kernels, set_after_sync_check, thread_launches, thread_launches_total, Kernel,
 };
-pub use program::{build, program, Origin, Program};
+pub use program::{binary_cache_dir, build, program, Origin, Program};
 pub use sources::Source;
 pub use tc_tile::TcTile;
 pub use tuning::{gemm_tile, plan_tuning, tc_tile, tuning_generation, GemmTile};

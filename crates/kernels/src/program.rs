@@ -256,6 +256,17 @@ fn sm90a_ptx(
 /// text; hashing the text instead cost tens of microseconds a launch.
 type ProgramKey = (usize, &'static str, String, (usize, usize));
 
+/// Where programs for `device` keep their binaries: the disk cache, except under PoCL, which keeps
+/// each kernel's build in its own cache (`POCL_CACHE_DIR`) and, asked for a program's binary,
+/// compiles every kernel of the program, used or not.
+pub fn binary_cache_dir(device: &Device) -> Option<std::path::PathBuf> {
+    let pocl = device
+        .info()
+        .platform
+        .contains("Portable Computing Language");
+    disk_cache::default_dir().filter(|_| !pocl)
+}
+
 /// The program for (`device`, `source`, `options`), built once per process and cached in memory.
 pub fn program(device: &Device, source: &Source, options: &str) -> Result<Arc<Program>> {
     static PROGRAMS: OnceLock<Mutex<HashMap<ProgramKey, Arc<Program>>>> = OnceLock::new();
@@ -274,7 +285,7 @@ pub fn program(device: &Device, source: &Source, options: &str) -> Result<Arc<Pr
         device,
         source,
         options,
-        disk_cache::default_dir().as_deref(),
+        binary_cache_dir(device).as_deref(),
     )?);
     log::debug!(
         "built {} [{}] for {} ({:?})",

@@ -286,7 +286,7 @@ pub(crate) fn program(
         device,
         &source,
         &options,
-        netcl_kernels::cache_dir().as_deref(),
+        netcl_kernels::binary_cache_dir(device).as_deref(),
     )?);
     cache
         .lock()
