@@ -52,6 +52,20 @@ __kernel void im2col_rows(__global T* cols,        /* (N, G, K, L) through g.col
     int h = win_in(&g.win, 0, oh, ki);
     uint o = b * g.col_stride[0] + gi * g.col_stride[1] + k * g.col_stride[2] +
              oh * wo * g.col_stride[3];
+    if (g.win.s[1] == 1 && v.stride[3] == 1 && g.col_stride[3] == 1) {
+        // Stride 1 along W: zeros, a contiguous copy of the row's in-range taps, zeros.
+        int w0 = win_in(&g.win, 1, 0, kj), wi = (int)v.shape[3];
+        bool row_in = h >= 0 && (uint)h < v.shape[2];
+        int lo = row_in ? clamp(-w0, 0, (int)wo) : (int)wo;
+        int hi = row_in ? clamp(wi - w0, lo, (int)wo) : (int)wo;
+        __global T* dst = cols + o;
+        __global const T* src = x + v.offset + b * v.stride[0] + (gi * g.cg + ci) * v.stride[1] +
+                                (row_in ? (uint)h * v.stride[2] : 0);
+        for (int ow = 0; ow < lo; ++ow) dst[ow] = (T)0;
+        for (int ow = lo; ow < hi; ++ow) dst[ow] = src[w0 + ow];
+        for (int ow = hi; ow < (int)wo; ++ow) dst[ow] = (T)0;
+        return;
+    }
     for (uint ow = 0; ow < wo; ++ow)
         STORE(cols, o + ow * g.col_stride[3],
               padded_at(x, &v, b, gi * g.cg + ci, h, win_in(&g.win, 1, ow, kj)));
