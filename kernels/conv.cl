@@ -58,12 +58,11 @@ __kernel void im2col_rows(__global T* cols,        /* (N, G, K, L) through g.col
         bool row_in = h >= 0 && (uint)h < v.shape[2];
         int lo = row_in ? clamp(-w0, 0, (int)wo) : (int)wo;
         int hi = row_in ? clamp(wi - w0, lo, (int)wo) : (int)wo;
-        __global T* dst = cols + o;
-        __global const T* src = x + v.offset + b * v.stride[0] + (gi * g.cg + ci) * v.stride[1] +
-                                (row_in ? (uint)h * v.stride[2] : 0);
-        for (int ow = 0; ow < lo; ++ow) dst[ow] = (T)0;
-        for (int ow = lo; ow < hi; ++ow) dst[ow] = src[w0 + ow];
-        for (int ow = hi; ow < (int)wo; ++ow) dst[ow] = (T)0;
+        uint src = v.offset + b * v.stride[0] + (gi * g.cg + ci) * v.stride[1] +
+                   (row_in ? (uint)h * v.stride[2] : 0);
+        for (int ow = 0; ow < lo; ++ow) STORE(cols, o + ow, (ACC)0);
+        for (int ow = lo; ow < hi; ++ow) STORE(cols, o + ow, LOAD(x, src + w0 + ow));
+        for (int ow = hi; ow < (int)wo; ++ow) STORE(cols, o + ow, (ACC)0);
         return;
     }
     for (uint ow = 0; ow < wo; ++ow)
