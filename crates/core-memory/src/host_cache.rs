@@ -71,7 +71,7 @@ pub fn give<T>(mut v: Vec<T>) {
 }
 
 /// Frees every kept allocation (before an allocation the system refused is tried again).
-pub fn release() {
+pub(crate) fn release() {
     let free = with(|c| {
         c.bytes = 0;
         std::mem::take(&mut c.free)
@@ -84,11 +84,6 @@ pub fn release() {
             unsafe { dealloc(addr as *mut u8, layout) };
         }
     }
-}
-
-/// Bytes kept for reuse.
-pub fn cached_bytes() -> usize {
-    with(|c| c.bytes)
 }
 
 #[cfg(test)]

@@ -13,9 +13,7 @@ pub use host::{
     host_charge, host_check, host_memory, host_release, host_vec, reset_host_peak, set_host_limit,
     HostBuf,
 };
-pub use host_cache::{
-    cached_bytes as host_cached_bytes, give as host_give, release as host_release_cached,
-};
+pub use host_cache::give as host_give;
 pub use netcl_core_devices::parse_bytes;
 pub use pool::{Block, Pool, PoolStats};
 pub use size_class::{size_class, SLAB_BYTES, SMALL_MAX};

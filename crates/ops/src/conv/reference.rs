@@ -1,4 +1,4 @@
-//! The host side of conv's own steps: im2col, col2im and the channel bias in f64 (the products are matmul's host reference).
+//! The host side of conv's own steps: im2col (a copy in the input's dtype), col2im and the channel bias in f64 (the products are matmul's host reference).
 use super::{AddChannelBias, Col2im, Geom, Im2col};
 use crate::base::element::{Element, HostData};
 use crate::base::host::named;

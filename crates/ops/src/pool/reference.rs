@@ -92,16 +92,16 @@ pub(super) fn max_pool2d_backward(desc: &MaxPool2dBackward) -> Result<Tensor> {
         // Each pixel lies in one window: 0 + the window's gradient at its maximum, 0 elsewhere.
         let mut dx = vec![0.0; gw.n * gw.c * gw.h * gw.w];
         let (plane_in, plane_out) = (gw.h * gw.w, gw.ho * gw.wo);
+        let (k0, k1) = gw.kernel;
         dx.par_chunks_mut(plane_in.max(1))
             .enumerate()
             .for_each(|(plane, d)| {
                 let at = plane * plane_out..(plane + 1) * plane_out;
                 for (o, (&m, &v)) in idx[at.clone()].iter().zip(&gy[at]).enumerate() {
                     // An index outside its own window names no pixel (as the gather finds none).
-                    let (mh, mw) = (m as usize / gw.w, m as usize % gw.w);
-                    let (k0, k1) = gw.kernel;
-                    if m >= 0 && mh / k0 == o / gw.wo && mw / k1 == o % gw.wo {
-                        d[m as usize] = 0.0 + v;
+                    let Ok(m) = usize::try_from(m) else { continue };
+                    if (m / gw.w) / k0 == o / gw.wo && (m % gw.w) / k1 == o % gw.wo {
+                        d[m] = 0.0 + v;
                     }
                 }
             });

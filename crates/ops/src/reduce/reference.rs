@@ -63,6 +63,12 @@ fn host_reduce<I: Iterator<Item = f64>>(op: ReduceOp, n: usize, row: impl Fn() -
     }
 }
 
+/// What an f64 sum starts from (`Iterator::sum`'s value for no items): the sums below add in the
+/// same order from the same start, so they equal `host_reduce`'s bit for bit.
+fn empty_sum() -> f64 {
+    std::iter::empty::<f64>().sum()
+}
+
 /// Outputs summed together where the innermost kept dim is contiguous (a column sum).
 const COLUMNS: usize = 16;
 
@@ -77,11 +83,10 @@ fn column_sums(
     out: &mut [f64],
     at: impl Fn(usize) -> f64 + Sync,
 ) {
-    let zero = std::iter::empty::<f64>().sum::<f64>();
     out.par_chunks_mut(inner).enumerate().for_each(|(r, row)| {
         let base = split.row_base(offset, r * inner);
         for (c, acc) in row.chunks_mut(COLUMNS).enumerate() {
-            acc.fill(zero);
+            acc.fill(empty_sum());
             let first = c * COLUMNS;
             for p in strided_positions(&split.red_shape, &split.red_strides, 0) {
                 for (j, a) in acc.iter_mut().enumerate() {
@@ -109,26 +114,23 @@ pub(super) fn reduce(desc: &Reduce) -> Result<Tensor> {
         (Some(&n), Some(1)) if matches!(op, ReduceOp::Sum | ReduceOp::Mean) && n >= COLUMNS => n,
         _ => 0,
     };
-    if inner > 0 {
-        with_host!(&*h, v => column_sums(&split, x.offset, inner, &mut vals, |p| v[p].to_f64()));
+    if matches!(op, ReduceOp::Sum | ReduceOp::Mean) {
+        if inner > 0 {
+            with_host!(&*h, v => column_sums(&split, x.offset, inner, &mut vals, |p| v[p].to_f64()));
+        } else {
+            // Each row a run of its last reduced dim at a time, summed in the same order.
+            let (shape, strides) = (&split.red_shape, &split.red_strides);
+            with_host!(&*h, v => vals.par_iter_mut().enumerate().for_each(|(o, out)| {
+                let runs = strided_runs(shape, strides, split.row_base(x.offset, o));
+                *out = runs.fold(empty_sum(), |acc, (at, len, step)| match step {
+                    1 => v[at..at + len].iter().fold(acc, |a, e| a + e.to_f64()),
+                    s => (0..len).fold(acc, |a, j| a + v[at + j * s].to_f64()),
+                });
+            }));
+        }
         if let ReduceOp::Mean = op {
             vals.iter_mut().for_each(|s| *s /= nred as f64);
         }
-    } else if matches!(op, ReduceOp::Sum | ReduceOp::Mean) {
-        // Each row a run of its last reduced dim at a time, summed in the same order.
-        let zero = std::iter::empty::<f64>().sum::<f64>();
-        let (shape, strides) = (&split.red_shape, &split.red_strides);
-        with_host!(&*h, v => vals.par_iter_mut().enumerate().for_each(|(o, out)| {
-            let runs = strided_runs(shape, strides, split.row_base(x.offset, o));
-            let sum = runs.fold(zero, |acc, (at, len, step)| match step {
-                1 => v[at..at + len].iter().fold(acc, |a, e| a + e.to_f64()),
-                s => (0..len).fold(acc, |a, j| a + v[at + j * s].to_f64()),
-            });
-            *out = match op {
-                ReduceOp::Mean => sum / nred as f64,
-                _ => sum,
-            };
-        }));
     } else {
         with_host!(&*h, v => vals.par_iter_mut().enumerate().for_each(|(o, out)| {
             let row = || split.row_positions(x.offset, o).map(|p| v[p].to_f64());
