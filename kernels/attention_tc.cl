@@ -246,24 +246,25 @@ void attention_fwd_tc(__global T* o, __global float* lse, __global const T* q,
         for (int mt = 0; mt < MT_F; ++mt)
 #pragma unroll
             for (int h2 = 0; h2 < 2; ++h2) {
+                // The maximum of the unscaled scores (c > 0: the host says so), scaled once; each
+                // probability one fma and one exp2.
                 float mx = -INFINITY;
 #pragma unroll
                 for (int j = 0; j < SN / 8; ++j)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        float x = s[mt][j][2 * h2 + e] * c;
-                        if (edge && j0 + j * 8 + 2 * t + e >= vis[mt][h2]) x = -INFINITY;
-                        s[mt][j][2 * h2 + e] = x;
-                        mx = fmax(mx, x);
+                        if (edge && j0 + j * 8 + 2 * t + e >= vis[mt][h2])
+                            s[mt][j][2 * h2 + e] = -INFINITY;
+                        mx = fmax(mx, s[mt][j][2 * h2 + e]);
                     }
-                float mn = fmax(m[mt][h2], quad_max(mx));
+                float mn = fmax(m[mt][h2], quad_max(mx) * c);
                 float base = mn == -INFINITY ? 0.0f : mn;
                 float alpha = native_exp2(m[mt][h2] - base), sum = 0.0f;
 #pragma unroll
                 for (int j = 0; j < SN / 8; ++j)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        float p = native_exp2(s[mt][j][2 * h2 + e] - base);
+                        float p = native_exp2(fma(s[mt][j][2 * h2 + e], c, -base));
                         s[mt][j][2 * h2 + e] = p;
                         sum += p;
                     }
@@ -391,7 +392,9 @@ void attention_bwd_dkdv_tc(__global T* dk, __global T* dv, __global const T* q,
     __local uint *const qs = sm, *const ds = sm + SN_KV * RS, *const vb = sm + ROWS * RS;
     __local float ls[SN_KV], dls[SN_KV];
     const uint lid = get_local_id(0), lane = lid % 32, warp = lid / 32, g = lane / 4, t = lane % 4;
-    const uint nkb = (G.tk + ROWS - 1) / ROWS, grp = get_group_id(0), kbk = grp % nkb, bhk = grp / nkb;
+    // The first key blocks see the most queries: they start first (then every (batch, key head)
+    // pair's next block), so the short ones fill the tail.
+    const uint nbh = G.batch * G.kv_heads, grp = get_group_id(0), kbk = grp / nbh, bhk = grp % nbh;
     const uint hk = bhk % G.kv_heads, b = bhk / G.kv_heads, group = G.heads / G.kv_heads;
     const uint j0 = kbk * ROWS, w0 = j0 + warp * 16;
     // The block's keys and values as A fragments.
@@ -448,20 +451,33 @@ void attention_bwd_dkdv_tc(__global T* dk, __global T* dv, __global const T* q,
         // Transposed scores: rows are the warp's keys, columns the tile's queries.
         float s[1][SN_KV / 8][4], dp[1][SN_KV / 8][4];
         SCORES(s, 1, SN_KV, qs, KF);
+        // Off the edge every query of the tile sees every key of the warp's rows, and has an lse.
         const bool edge = (int)i0 < all || i0 + SN_KV > G.tq;
+        if (edge) {
 #pragma unroll
-        for (int j = 0; j < SN_KV / 8; ++j)
+            for (int j = 0; j < SN_KV / 8; ++j)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                uint col = j * 8 + 2 * t + e, i = i0 + col;
-                float lq = ls[col];
+                for (int e = 0; e < 2; ++e) {
+                    uint col = j * 8 + 2 * t + e, i = i0 + col;
+                    float lq = ls[col];
 #pragma unroll
-                for (int h2 = 0; h2 < 2; ++h2) {
-                    int key = (int)(w0 + g + 8 * h2);
-                    bool on = lq != -INFINITY && (!edge || !G.causal || key <= (int)i + G.offset);
-                    s[0][j][2 * h2 + e] = on ? native_exp2(s[0][j][2 * h2 + e] * c - lq) : 0.0f;
+                    for (int h2 = 0; h2 < 2; ++h2) {
+                        int key = (int)(w0 + g + 8 * h2);
+                        bool on = lq != -INFINITY && (!G.causal || key <= (int)i + G.offset);
+                        s[0][j][2 * h2 + e] = on ? native_exp2(fma(s[0][j][2 * h2 + e], c, -lq)) : 0.0f;
+                    }
                 }
-            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < SN_KV / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float lq = ls[j * 8 + 2 * t + e];
+#pragma unroll
+                    for (int h2 = 0; h2 < 2; ++h2)
+                        s[0][j][2 * h2 + e] = native_exp2(fma(s[0][j][2 * h2 + e], c, -lq));
+                }
+        }
         ACCUMULATE(adv, s, 1, SN_KV, ds);
         SCORES(dp, 1, SN_KV, ds, VF);
 #pragma unroll

@@ -237,10 +237,12 @@ def main():
         # Causal attention at the Llama benchmark shapes (netcl-bench --suite attention): PyTorch's
         # scaled_dot_product_attention (its fp32 kernels), forward and backward alone.
         # bf16 rows: its flash-attention kernels (tensor cores).
-        # The 1B and 3B shapes (grouped key/value heads, head dims 64 and 128) in bf16 only.
+        # The 1B and 3B shapes (grouped key/value heads, head dims 64 and 128; the 1B one also without
+        # grouping) in bf16 only.
         both = (torch.float32, torch.bfloat16)
         shapes = (((16, 12, 12, 512, 64), both), ((32, 6, 6, 256, 48), both),
-                  ((4, 32, 4, 2048, 64), (torch.bfloat16,)), ((2, 24, 8, 2048, 128), (torch.bfloat16,)))
+                  ((4, 32, 4, 2048, 64), (torch.bfloat16,)), ((4, 32, 32, 2048, 64), (torch.bfloat16,)),
+                  ((2, 24, 8, 2048, 128), (torch.bfloat16,)))
         for (b, h, hkv, t, d), dt in [(s, dt) for s, dts in shapes for dt in dts]:
             q, g = (torch.randn(b, h, t, d, device=dev, dtype=dt, requires_grad=True) for _ in range(2))
             k, v = (torch.randn(b, hkv, t, d, device=dev, dtype=dt, requires_grad=True) for _ in range(2))

@@ -1,4 +1,4 @@
-//! The debug mode: `NETCL_DEBUG=nan` (every recorded op's output and every backward gradient is checked for NaN/Inf), `NETCL_DEBUG=sync` (the queue is finished after each kernel launch) and `NETCL_DEBUG=gemm` (each distinct GEMM plan printed once), or a scoped [`DebugGuard`].
+//! The debug mode: `NETCL_DEBUG=nan` (every recorded op's output and every backward gradient is checked for NaN/Inf), `NETCL_DEBUG=sync` (the queue is finished after each kernel launch), `NETCL_DEBUG=gemm` (each distinct GEMM plan printed once) and `NETCL_DEBUG=build` (each program built from source prints its build log: registers and spills on NVIDIA), or a scoped [`DebugGuard`].
 //!
 //! Off (the default), each hook costs one read of the process's [`Config`] and one relaxed
 //! atomic load: the modes of the guards are only looked up while some guard is alive in the
@@ -17,6 +17,8 @@ const NAN: u8 = 1;
 const SYNC: u8 = 2;
 /// Print each distinct GEMM plan once, on stderr.
 const GEMM: u8 = 4;
+/// Print the build log of each program built from source, on stderr.
+const BUILD: u8 = 8;
 
 /// The process-wide debug modes ([`Config::debug`], `NETCL_DEBUG`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -27,10 +29,13 @@ pub struct DebugModes {
     pub sync: bool,
     /// Print each distinct GEMM plan once, on stderr (`gemm`).
     pub gemm: bool,
+    /// Print the build log of each program built from source, on stderr (`build`; on NVIDIA's
+    /// OpenCL with `-cl-nv-verbose`: each kernel's registers, spills and local memory).
+    pub build: bool,
 }
 
 impl DebugModes {
-    /// `NETCL_DEBUG`'s form: `nan`, `sync`, `gemm`, `all` (nan and sync), `off`, or a
+    /// `NETCL_DEBUG`'s form: `nan`, `sync`, `gemm`, `build`, `all` (nan and sync), `off`, or a
     /// comma-separated list; an unknown word is an error naming the value.
     pub fn parse(value: &str) -> std::result::Result<DebugModes, String> {
         let bits = parse(value)?;
@@ -38,11 +43,15 @@ impl DebugModes {
             nan: bits & NAN != 0,
             sync: bits & SYNC != 0,
             gemm: bits & GEMM != 0,
+            build: bits & BUILD != 0,
         })
     }
 
     fn bits(self) -> u8 {
-        (self.nan as u8 * NAN) | (self.sync as u8 * SYNC) | (self.gemm as u8 * GEMM)
+        (self.nan as u8 * NAN)
+            | (self.sync as u8 * SYNC)
+            | (self.gemm as u8 * GEMM)
+            | (self.build as u8 * BUILD)
     }
 }
 /// Live guards in the process (any thread): while 0, the thread-local modes are not read.
@@ -60,12 +69,13 @@ fn parse(value: &str) -> std::result::Result<u8, String> {
             "nan" | "anomaly" => NAN,
             "sync" => SYNC,
             "gemm" => GEMM,
+            "build" => BUILD,
             "all" => NAN | SYNC,
             "0" | "off" => 0,
             other => {
                 return Err(format!(
                     "NETCL_DEBUG={value:?}: unknown mode {other:?}; use nan, sync, gemm, \
-                     all (nan and sync) or a comma-separated list (nan,sync)"
+                     build, all (nan and sync) or a comma-separated list (nan,sync)"
                 ))
             }
         };
@@ -105,6 +115,12 @@ pub fn sync_launches() -> Result<bool> {
 #[inline]
 pub fn gemm_plans() -> Result<bool> {
     Ok(modes()? & GEMM != 0)
+}
+
+/// Whether programs built from source print their build logs on stderr (`NETCL_DEBUG=build`).
+#[inline]
+pub fn build_logs() -> Result<bool> {
+    Ok(modes()? & BUILD != 0)
 }
 
 /// Turns debug modes on for the current thread while it lives (they nest; dropping one restores
@@ -172,6 +188,7 @@ mod tests {
         assert_eq!(parse("sync, nan"), Ok(NAN | SYNC));
         assert_eq!(parse("all"), Ok(NAN | SYNC));
         assert_eq!(parse("gemm,nan"), Ok(GEMM | NAN));
+        assert_eq!(parse("build"), Ok(BUILD));
         let e = parse("nan,fast").unwrap_err();
         assert!(e.contains("\"fast\"") && e.contains("nan,fast"), "{e}");
     }

@@ -89,6 +89,8 @@ pub fn build(
     cache_dir: Option<&Path>,
 ) -> Result<Program> {
     check_options(device, source, options)?;
+    let verbose = verbose_build(device)?;
+    let options = &format!("{options}{verbose}");
     let cl = device.cl(source.name)?;
     let text = program_text(source);
     let key = cache_key(device, source, &text, options, &driver_flags());
@@ -131,6 +133,13 @@ pub fn build(
             log,
         });
     }
+    if netcl_core_devices::debug::build_logs()? {
+        let log = program.get_build_log(cl.id.id()).unwrap_or_default();
+        eprintln!(
+            "netcl build {} ({options}) on {device}:\n{log}",
+            source.name
+        );
+    }
     if let Some(shared) = sm90a_shared(options) {
         let threads = sm90a_threads(options);
         program =
@@ -151,6 +160,18 @@ pub fn build(
         }
     }
     Ok(make(program, Origin::Source))
+}
+
+/// The option that makes the compiler describe each kernel under `NETCL_DEBUG=build`: NVIDIA's
+/// `-cl-nv-verbose` (registers, spills, local memory); nothing elsewhere or when off. A part of
+/// the options, so such builds never come from or go to another build's cache entry.
+fn verbose_build(device: &Device) -> Result<&'static str> {
+    let nv = device.info().extensions.contains("cl_nv_compiler_options");
+    Ok(if nv && netcl_core_devices::debug::build_logs()? {
+        " -cl-nv-verbose"
+    } else {
+        ""
+    })
 }
 
 /// The bytes of the one `__local` array of `-DSM90A_SHARED=<bytes>` programs, passed to them as

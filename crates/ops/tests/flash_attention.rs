@@ -56,7 +56,7 @@ fn head_dim_64_blocks_match_naive_attention_with_either_dq() {
 
 /// The shapes the tensor-core kernels take on GPUs that have them (16-bit, head dims 16 to 128 in
 /// steps of 16), with lengths across their 64-row blocks, grouped heads, causal with fewer keys
-/// than queries (queries that see no key) and more; in 16-bit storage and as f32 operands
+/// than queries (queries that see no key) and more, one and two batches; in 16-bit storage and as f32 operands
 /// computing in 16 bits (autocast); other devices run their own kernels.
 #[test]
 fn tensor_core_attention_shapes_match_naive_attention() {
@@ -67,9 +67,10 @@ fn tensor_core_attention_shapes_match_naive_attention() {
             let (tq, tk) = lengths[(3 * n + m) % lengths.len()];
             for causal in [true, false] {
                 let seed = (100 * n + 10 * m + causal as usize) as u64;
-                let dims = [1, 4, 2, tq, tk, d];
+                let dims = [1 + n, 4, 2, tq, tk, d];
                 let transposed = [true, causal, false];
-                let scale = (!causal).then_some(0.3);
+                // A negative scale takes another kernel where the tensor-core one needs it positive.
+                let scale = (!causal).then_some(if m == 1 { -0.3 } else { 0.3 });
                 // 16-bit operands, then f32 ones computing in 16 bits.
                 for (dtype, compute) in [(dtype, None), (DType::F32, Some(dtype))] {
                     let case = Case {

@@ -94,14 +94,16 @@ fn attention_program(device: &Device, dtype: DType, d: usize) -> Result<Arc<Prog
 /// The tensor-core program (kernels/attention_tc.cl) where it takes this problem: products in
 /// bf16 or f16 (`compute`) on a device whose tensor-core probe passed, over operands of that dtype
 /// or f32 (`io`: read and written as f32), head dims 16 to 128 in steps of 16, every view's offset
-/// and strides multiples of 8 elements. [`Config::attention_tc`](netcl_core_devices::Config::attention_tc) (`NETCL_ATTENTION_TC=0`) turns it off.
+/// and strides multiples of 8 elements, a positive scale (the forward scales the scores' maximum
+/// once). [`Config::attention_tc`](netcl_core_devices::Config::attention_tc) (`NETCL_ATTENTION_TC=0`) turns it off.
 fn tensor_core_program(
     device: &Device,
     io: DType,
     compute: DType,
-    d: usize,
+    dims: &Dims,
     views: &[[u32; 4]],
 ) -> Result<Option<Arc<Program>>> {
+    let d = dims.d;
     let on = netcl_core_devices::Config::get().attention_tc;
     let tc = match compute {
         DType::BF16 => "-DTC_BF16",
@@ -112,6 +114,8 @@ fn tensor_core_program(
         && (io == compute || io == DType::F32)
         && d.is_multiple_of(16)
         && (16..=128).contains(&d)
+        && dims.scale > 0.0
+        && dims.scale.is_finite()
         && views.iter().flatten().all(|x| x.is_multiple_of(8))
         && tensor_core_kind(device, compute).is_some();
     if !fits {
@@ -241,7 +245,7 @@ pub(super) fn forward(desc: &FlashAttention, device: &Device) -> Result<(Tensor,
     let operands = [view(op, &q)?, view(op, &k)?, view(op, &v)?];
     let compute = d.compute.unwrap_or(dtype);
     let tc = match d.window {
-        None => tensor_core_program(device, dtype, compute, d.d, &operands)?,
+        None => tensor_core_program(device, dtype, compute, d, &operands)?,
         Some(_) => None, // attention_tc.cl has no window
     };
     if tc.is_none() && d.compute.is_some() {
@@ -313,7 +317,7 @@ pub(super) fn backward(
         view(op, &out)?,
     ];
     let tc = match d.window {
-        None => tensor_core_program(device, dtype, d.compute.unwrap_or(dtype), d.d, &views)?,
+        None => tensor_core_program(device, dtype, d.compute.unwrap_or(dtype), d, &views)?,
         Some(_) => None,
     };
     if tc.is_none() && d.compute.is_some() {

@@ -272,10 +272,11 @@ impl Runner {
         // (batch, heads, key/value heads, length, head dim) and the dtypes each runs in.
         type Shape = (usize, usize, usize, usize, usize);
         let both = [DType::F32, DType::BF16];
-        let shapes: [(Shape, &[DType]); 4] = [
+        let shapes: [(Shape, &[DType]); 5] = [
             ((16, 12, 12, 512, 64), &both),
             ((32, 6, 6, 256, 48), &both),
             ((4, 32, 4, 2048, 64), &[DType::BF16]),
+            ((4, 32, 32, 2048, 64), &[DType::BF16]),
             ((2, 24, 8, 2048, 128), &[DType::BF16]),
         ];
         for ((b, h, hkv, t, d), dtype) in shapes
