@@ -12,8 +12,8 @@
 // A work-group is four warps and owns 64 rows of one side (queries in the forward and dq
 // kernels, keys in the dk/dv kernel), 16 per warp (32 in the forward up to head dim 64), whose
 // operand fragments stay in registers (but the dk/dv kernel's value rows above head dim 64); the
-// other side streams through local memory in tiles of SN rows. Fragments come out of local memory through ldmatrix (.trans where
-// the tile's rows are the product's K dim). m16n8k16 tiles: a thread holds rows g and g + 8
+// other side streams through local memory in tiles of SN_F, SN_Q or SN_KV rows. Fragments come
+// out of local memory through ldmatrix (.trans where the tile's rows are the product's K dim). m16n8k16 tiles: a thread holds rows g and g + 8
 // (g = lane / 4) and columns 2t, 2t + 1 (t = lane % 4) of each.
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -32,10 +32,9 @@
 #define MT_F 1
 #endif
 #define ROWS 64  // the rows a backward work-group owns
-// Rows of the streamed side a step takes (SN; SN_KV in the dk/dv kernel): above head dim 64 the
-// accumulators are twice as wide, so dk/dv's score tiles (and the rows fetched ahead) shrink to
-// stay in registers, and it reads its value rows' fragments from local memory.
-#define SN 32
+// Rows of the streamed side a dk/dv step takes (SN_KV): above head dim 64 the accumulators are
+// twice as wide, so its score tiles (and the rows fetched ahead) shrink to stay in registers,
+// and it reads its value rows' fragments from local memory.
 #if HEAD_DIM > 64
 #define SN_KV 32
 #define VF_LOCAL
@@ -50,6 +49,15 @@
 #define IO_F32
 #elif !(defined(DT_BF16) && defined(TC_BF16)) && !(defined(DT_F16) && defined(TC_F16))
 #error "attention_tc.cl stores f32 or the products' 16-bit format"
+#endif
+// Keys a forward step takes (SN_F): 64 where 16-bit tiles arrive through cp.async, 32 where f32
+// storage is rounded on its way through registers (whose copies in flight take the registers).
+#ifndef SN_F
+#ifdef IO_F32
+#define SN_F 32
+#else
+#define SN_F 64
+#endif
 #endif
 
 // Same layout as attention.cl's AttnGeom (ops/src/flash_attention/opencl.rs fills it).
@@ -131,27 +139,33 @@ inline void stage_tile(__local uint* t, const CHUNK* r, uint lid, const uint row
     }
 }
 
+#ifndef IO_F32
+// Rows r0 .. r0 + rows - 1 of a (n, HEAD_DIM) view into local tile t through cp.async (16-byte
+// copies, zeros past n), as one group of copies in flight: cp_wait_all() lands it.
+inline void copy_tile(__local uint* t, __global const T* p, uint base, uint st, uint r0, uint n,
+                      uint lid, const uint rows) {
+#pragma unroll
+    for (uint i = 0; i < PER(rows); ++i) {
+        uint e = lid + i * WG, row = e / (HEAD_DIM / 8), c = e % (HEAD_DIM / 8);
+        if (CHUNKS(rows) % WG == 0 || e < CHUNKS(rows)) {
+            bool in = r0 + row < n;
+            __global const T* src = p + (in ? base + (r0 + row) * st + 8 * c : base);
+            __asm__ volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                             ::"r"((uint)(size_t)&t[row * RS + c * 4]), "l"(src), "r"(in ? 16u : 0u)
+                             : "memory");
+        }
+    }
+    __asm__ volatile("cp.async.commit_group;" ::: "memory");
+}
+inline void cp_wait_all(void) { __asm__ volatile("cp.async.wait_group 0;" ::: "memory"); }
+#endif
+
 // Rows r0 .. r0 + rows - 1 (at most 128) straight into t.
 inline void load_tile(__local uint* t, __global const T* p, uint base, uint st, uint r0, uint n,
                       uint lid, const uint rows) {
     CHUNK r[PER(128)];
     fetch_tile(r, p, base, st, r0, n, lid, rows);
     stage_tile(t, r, lid, rows);
-}
-
-// Keys and values j0 .. j0 + SN - 1 of (b, hk) into registers.
-inline void fetch_kv(CHUNK* kr, CHUNK* vr, __global const T* k, __global const T* v,
-                     const AttnGeom* G, uint b, uint hk, uint j0, uint lid) {
-    fetch_tile(kr, k, G->k_off + b * G->k_sb + hk * G->k_sh, G->k_st, j0, G->tk, lid, SN);
-    fetch_tile(vr, v, G->v_off + b * G->v_sb + hk * G->v_sh, G->v_st, j0, G->tk, lid, SN);
-}
-
-// The fetched keys and values into ks and vs, once every work-item is done with the previous ones.
-inline void stage_kv(__local uint* ks, __local uint* vs, const CHUNK* kr, const CHUNK* vr, uint lid) {
-    barrier(CLK_LOCAL_MEM_FENCE);
-    stage_tile(ks, kr, lid, SN);
-    stage_tile(vs, vr, lid, SN);
-    barrier(CLK_LOCAL_MEM_FENCE);
 }
 
 // A fragment kk (16 rows from row0; head-dim columns 16 kk .. 16 kk + 15) of a tile into a.
@@ -198,22 +212,37 @@ inline void stage_kv(__local uint* ks, __local uint* vs, const CHUNK* kr, const 
 // Local memory: the owned rows' tiles are read into registers first; the streamed tiles then
 // take the same memory (the dk/dv kernel keeps its value rows in the second half where VF_LOCAL).
 #define ROWS_F (64 * MT_F)
-#if 2 * SN > ROWS_F
-#error "the forward's key and value tiles must fit the query tile's local memory"
+#define FWD_WORDS ((ROWS_F > 2 * SN_F ? ROWS_F : 2 * SN_F) * RS)
+#if FWD_WORDS * 4 > 48 * 1024
+#error "the forward's tiles exceed 48 KiB of local memory"
 #endif
 
 // o: (B, H, Tq, D) at o_*; lse: (B, H, Tq). Groups: B * H * ceil(Tq / ROWS_F), 128 items.
+// Each step's keys land before its scores and its values before its probabilities' product;
+// the values are copied while the scores are computed, the next keys while the probabilities
+// are (as FlashAttention-2 orders them).
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void attention_fwd_tc(__global T* o, __global float* lse, __global const T* q,
                       __global const T* k, __global const T* v, AttnGeom G, float scale) {
-    __local uint sm[ROWS_F * RS] __attribute__((aligned(16)));
-    __local uint *const ks = sm, *const vs = sm + SN * RS;
+    __local uint sm[FWD_WORDS] __attribute__((aligned(16)));
     const uint lid = get_local_id(0), lane = lid % 32, warp = lid / 32, g = lane / 4, t = lane % 4;
     // The last query blocks see the most keys: they start first, so the short ones fill the tail.
     const uint nqb = (G.tq + ROWS_F - 1) / ROWS_F, grp = get_group_id(0), qb = nqb - 1 - grp % nqb;
     const uint bh = grp / nqb;
     const uint h = bh % G.heads, b = bh / G.heads, hk = h / (G.heads / G.kv_heads);
     const uint i0 = qb * ROWS_F, w0 = i0 + warp * 16 * MT_F;
+    const uint kbase = G.k_off + b * G.k_sb + hk * G.k_sh, vbase = G.v_off + b * G.v_sb + hk * G.v_sh;
+    __local uint *const ks = sm, *const vs = sm + SN_F * RS;
+#ifdef IO_F32
+    // f32 storage: a tile is loaded into registers when issued and rounded into its local
+    // tile when it lands (keys and values are never in flight together).
+    CHUNK fl[PER(SN_F)];
+#define ISSUE(tile, p, base, st, r0, n) fetch_tile(fl, p, base, st, r0, n, lid, SN_F)
+#define LAND(tile) stage_tile(tile, fl, lid, SN_F)
+#else
+#define ISSUE(tile, p, base, st, r0, n) copy_tile(tile, p, base, st, r0, n, lid, SN_F)
+#define LAND(tile) cp_wait_all()
+#endif
     load_tile(sm, q, G.q_off + b * G.q_sb + h * G.q_sh, G.q_st, i0, G.tq, lid, ROWS_F);
     barrier(CLK_LOCAL_MEM_FENCE);
     uint qf[MT_F][DK][4];
@@ -234,14 +263,16 @@ void attention_fwd_tc(__global T* o, __global float* lse, __global const T* q,
         }
     const uint kend = visible(&G, min(i0 + ROWS_F - 1, G.tq - 1));
     const uint kfull = visible(&G, i0);  // keys every query of the group sees
-    CHUNK kr[PER(SN)], vr[PER(SN)];
-    if (kend > 0) fetch_kv(kr, vr, k, v, &G, b, hk, 0, lid);
-    for (uint j0 = 0; j0 < kend; j0 += SN) {
-        stage_kv(ks, vs, kr, vr, lid);
-        if (j0 + SN < kend) fetch_kv(kr, vr, k, v, &G, b, hk, j0 + SN, lid);
-        float s[MT_F][SN / 8][4];
-        SCORES(s, MT_F, SN, ks, QF);
-        const bool edge = j0 + SN > kfull;
+    barrier(CLK_LOCAL_MEM_FENCE);  // the query tile's fragments are read: the keys take its memory
+    if (kend > 0) ISSUE(ks, k, kbase, G.k_st, 0, G.tk);
+    for (uint j0 = 0; j0 < kend; j0 += SN_F) {
+        LAND(ks);
+        barrier(CLK_LOCAL_MEM_FENCE);  // the keys are in; every warp is done with the last values
+        ISSUE(vs, v, vbase, G.v_st, j0, G.tk);
+        float s[MT_F][SN_F / 8][4];
+        SCORES(s, MT_F, SN_F, ks, QF);
+        const bool edge = j0 + SN_F > kfull;
+        float alpha[MT_F][2];
 #pragma unroll
         for (int mt = 0; mt < MT_F; ++mt)
 #pragma unroll
@@ -250,7 +281,7 @@ void attention_fwd_tc(__global T* o, __global float* lse, __global const T* q,
                 // probability one fma and one exp2.
                 float mx = -INFINITY;
 #pragma unroll
-                for (int j = 0; j < SN / 8; ++j)
+                for (int j = 0; j < SN_F / 8; ++j)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         if (edge && j0 + j * 8 + 2 * t + e >= vis[mt][h2])
@@ -259,25 +290,32 @@ void attention_fwd_tc(__global T* o, __global float* lse, __global const T* q,
                     }
                 float mn = fmax(m[mt][h2], quad_max(mx) * c);
                 float base = mn == -INFINITY ? 0.0f : mn;
-                float alpha = native_exp2(m[mt][h2] - base), sum = 0.0f;
+                alpha[mt][h2] = native_exp2(m[mt][h2] - base);
+                float sum = 0.0f;
 #pragma unroll
-                for (int j = 0; j < SN / 8; ++j)
+                for (int j = 0; j < SN_F / 8; ++j)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         float p = native_exp2(fma(s[mt][j][2 * h2 + e], c, -base));
                         s[mt][j][2 * h2 + e] = p;
                         sum += p;
                     }
-                l[mt][h2] = l[mt][h2] * alpha + sum;
+                l[mt][h2] = l[mt][h2] * alpha[mt][h2] + sum;
                 m[mt][h2] = mn;
-#pragma unroll
-                for (int dn = 0; dn < DN; ++dn) {
-                    acc[mt][dn][2 * h2] *= alpha;
-                    acc[mt][dn][2 * h2 + 1] *= alpha;
-                }
             }
-        ACCUMULATE(acc, s, MT_F, SN, vs);
+        LAND(vs);
+        barrier(CLK_LOCAL_MEM_FENCE);  // the values are in; every warp is done with the keys
+        if (j0 + SN_F < kend) ISSUE(ks, k, kbase, G.k_st, j0 + SN_F, G.tk);
+#pragma unroll
+        for (int mt = 0; mt < MT_F; ++mt)
+#pragma unroll
+            for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+                for (int q4 = 0; q4 < 4; ++q4) acc[mt][dn][q4] *= alpha[mt][q4 / 2];
+        ACCUMULATE(acc, s, MT_F, SN_F, vs);
     }
+#undef ISSUE
+#undef LAND
 #undef QF
 #pragma unroll
     for (int mt = 0; mt < MT_F; ++mt) {
@@ -314,15 +352,21 @@ inline void row_stats(__local float* ls, __local float* dls, __global float* del
     }
 }
 
+// Keys and values a dq step takes (SN_Q), double-buffered (64 was slower at head dim 64).
+#define SN_Q 32
+#define DQ_WORDS ((2 * ROWS > 4 * SN_Q ? 2 * ROWS : 4 * SN_Q) * RS)
+#if DQ_WORDS * 4 + 8 * ROWS > 48 * 1024
+#error "the dq kernel's tiles exceed 48 KiB of local memory"
+#endif
+
 // dq: (B, H, Tq, D) stored as dense (B, Tq, H, D); delta: (B, H, Tq), written here
 // (rowsum(do * o)) for attention_bwd_dkdv_tc; do at o_*, o at x_*. Groups: B * H *
-// ceil(Tq / 64), 128 items.
+// ceil(Tq / 64), 128 items. Each step's keys and values were copied during the step before.
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void attention_bwd_dq_tc(__global T* dq, __global float* delta, __global const T* q,
                          __global const T* k, __global const T* v, __global const T* dout,
                          __global const T* o, __global const float* lse, AttnGeom G, float scale) {
-    __local uint sm[2 * ROWS * RS] __attribute__((aligned(16)));
-    __local uint *const ks = sm, *const vs = sm + SN * RS;
+    __local uint sm[DQ_WORDS] __attribute__((aligned(16)));
     __local float ls[ROWS], dls[ROWS];
     const uint lid = get_local_id(0), lane = lid % 32, warp = lid / 32, g = lane / 4, t = lane % 4;
     // The last query blocks see the most keys: they start first, so the short ones fill the tail.
@@ -330,6 +374,7 @@ void attention_bwd_dq_tc(__global T* dq, __global float* delta, __global const T
     const uint bh = grp / nqb;
     const uint h = bh % G.heads, b = bh / G.heads, hk = h / (G.heads / G.kv_heads);
     const uint i0 = qb * ROWS, w0 = i0 + warp * 16;
+    const uint kbase = G.k_off + b * G.k_sb + hk * G.k_sh, vbase = G.v_off + b * G.v_sb + hk * G.v_sh;
     load_tile(sm, q, G.q_off + b * G.q_sb + h * G.q_sh, G.q_st, i0, G.tq, lid, ROWS);
     load_tile(sm + ROWS * RS, dout, G.o_off + b * G.o_sb + h * G.o_sh, G.o_st, i0, G.tq, lid, ROWS);
     row_stats(ls, dls, delta, lse, dout, o, &G, b, h, bh, i0, lid);
@@ -353,17 +398,42 @@ void attention_bwd_dq_tc(__global T* dq, __global float* delta, __global const T
     ZERO(acc, 1);
     const uint kend = visible(&G, min(i0 + ROWS - 1, G.tq - 1));
     const uint kfull = visible(&G, i0);
-    CHUNK kr[PER(SN)], vr[PER(SN)];
-    if (kend > 0) fetch_kv(kr, vr, k, v, &G, b, hk, 0, lid);
-    for (uint j0 = 0; j0 < kend; j0 += SN) {
-        stage_kv(ks, vs, kr, vr, lid);
-        if (j0 + SN < kend) fetch_kv(kr, vr, k, v, &G, b, hk, j0 + SN, lid);
-        float s[1][SN / 8][4], dp[1][SN / 8][4];
-        SCORES(s, 1, SN, ks, QF);
-        SCORES(dp, 1, SN, vs, DF);
-        const bool edge = j0 + SN > kfull;
+    // Buffer n's keys at sm + 2n SN_Q rows, its values right after.
+#define KS(n) (sm + (2 * (n)) * SN_Q * RS)
+#define VS(n) (sm + (2 * (n) + 1) * SN_Q * RS)
+#ifdef IO_F32
+    CHUNK kfl[PER(SN_Q)], vfl[PER(SN_Q)];
+#define ISSUE(n, j)                                                                            \
+    {                                                                                          \
+        fetch_tile(kfl, k, kbase, G.k_st, j, G.tk, lid, SN_Q);                                 \
+        fetch_tile(vfl, v, vbase, G.v_st, j, G.tk, lid, SN_Q);                                 \
+    }
+#define LAND(n)                                                                                \
+    {                                                                                          \
+        stage_tile(KS(n), kfl, lid, SN_Q);                                                     \
+        stage_tile(VS(n), vfl, lid, SN_Q);                                                     \
+    }
+#else
+#define ISSUE(n, j)                                                                            \
+    {                                                                                          \
+        copy_tile(KS(n), k, kbase, G.k_st, j, G.tk, lid, SN_Q);                                \
+        copy_tile(VS(n), v, vbase, G.v_st, j, G.tk, lid, SN_Q);                                \
+    }
+#define LAND(n) { cp_wait_all(); }
+#endif
+    barrier(CLK_LOCAL_MEM_FENCE);  // the owned rows' fragments are read: the stream takes the memory
+    if (kend > 0) ISSUE(0, 0)
+    for (uint j0 = 0, n = 0; j0 < kend; j0 += SN_Q, n ^= 1) {
+        LAND(n)
+        barrier(CLK_LOCAL_MEM_FENCE);  // buffer n is in; every warp is done with buffer n ^ 1
+        if (j0 + SN_Q < kend) ISSUE(n ^ 1, j0 + SN_Q)
+        __local uint *const ks = KS(n), *const vs = VS(n);
+        float s[1][SN_Q / 8][4], dp[1][SN_Q / 8][4];
+        SCORES(s, 1, SN_Q, ks, QF);
+        SCORES(dp, 1, SN_Q, vs, DF);
+        const bool edge = j0 + SN_Q > kfull;
 #pragma unroll
-        for (int j = 0; j < SN / 8; ++j)
+        for (int j = 0; j < SN_Q / 8; ++j)
 #pragma unroll
             for (int q4 = 0; q4 < 4; ++q4) {
                 int h2 = q4 / 2;
@@ -371,8 +441,12 @@ void attention_bwd_dq_tc(__global T* dq, __global float* delta, __global const T
                 if ((edge || li[h2] == -INFINITY) && j0 + j * 8 + 2 * t + q4 % 2 >= vis[h2]) p = 0.0f;
                 s[0][j][q4] = p * (dp[0][j][q4] - dl[h2]);
             }
-        ACCUMULATE(acc, s, 1, SN, ks);
+        ACCUMULATE(acc, s, 1, SN_Q, ks);
     }
+#undef ISSUE
+#undef LAND
+#undef KS
+#undef VS
 #undef QF
 #undef DF
     float mul[2] = {scale, scale};
