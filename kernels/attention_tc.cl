@@ -453,6 +453,19 @@ void attention_bwd_dq_tc(__global T* dq, __global float* delta, __global const T
     STORE_ROWS(dq, acc[0], w0, G.tq, mul, ((b * G.tq + row) * G.heads + h) * HEAD_DIM);
 }
 
+// dk/dv's streamed tiles: with 16-bit storage up to head dim 64, double-buffered through
+// cp.async (one barrier a step); else fetched into registers a step ahead (f32 storage is
+// rounded on the way; above head dim 64 the value rows keep local memory the second buffer needs).
+#if HEAD_DIM <= 64 && !defined(IO_F32)
+#define DKDV_ASYNC
+#define DKDV_WORDS ((2 * ROWS > 4 * SN_KV ? 2 * ROWS : 4 * SN_KV) * RS)
+#else
+#define DKDV_WORDS (2 * ROWS * RS)
+#endif
+#if DKDV_WORDS * 4 + 16 * SN_KV > 48 * 1024
+#error "the dk/dv kernel's tiles exceed 48 KiB of local memory"
+#endif
+
 // dk, dv: (B, Hkv, Tk, D) stored as dense (B, Tk, Hkv, D), summed over the H / Hkv query heads
 // of each key head; do at o_*; lse and delta as the dq kernel left them. Groups: B * Hkv *
 // ceil(Tk / 64), 128 items.
@@ -461,10 +474,15 @@ void attention_bwd_dkdv_tc(__global T* dk, __global T* dv, __global const T* q,
                            __global const T* k, __global const T* v, __global const T* dout,
                            __global const float* lse, __global const float* delta, AttnGeom G,
                            float scale) {
-    __local uint sm[2 * ROWS * RS] __attribute__((aligned(16)));
+    __local uint sm[DKDV_WORDS] __attribute__((aligned(16)));
+    // Each step's lse (as the forward left it: natural log) and delta of its queries.
+    __local float lsb[2][SN_KV], dlsb[2][SN_KV];
+#ifndef DKDV_ASYNC
     // Streamed query and output-gradient tiles; the block's values stay at vb where VF_LOCAL.
-    __local uint *const qs = sm, *const ds = sm + SN_KV * RS, *const vb = sm + ROWS * RS;
-    __local float ls[SN_KV], dls[SN_KV];
+    __local uint *const qs = sm, *const ds = sm + SN_KV * RS;
+    __local float *const ls = lsb[0], *const dls = dlsb[0];
+#endif
+    __local uint *const vb = sm + ROWS * RS;
     const uint lid = get_local_id(0), lane = lid % 32, warp = lid / 32, g = lane / 4, t = lane % 4;
     // The first key blocks see the most queries: they start first (then every (batch, key head)
     // pair's next block), so the short ones fill the tail.
@@ -494,25 +512,56 @@ void attention_bwd_dkdv_tc(__global T* dk, __global T* dv, __global const T* q,
     const uint istart = first <= 0 ? 0u : ((uint)first / SN_KV) * SN_KV;
     // Queries from which on every query sees every key of the warp's rows (no masking).
     const int all = G.causal ? (int)min(w0 + 15, G.tk - 1) - G.offset : 0;
-    // Steps over (query head of the group, query tile from istart), each step's tiles and row
-    // statistics fetched into registers one step ahead.
+    // Steps over (query head of the group, query tile from istart).
     const uint tiles = istart < G.tq ? (G.tq - istart + SN_KV - 1) / SN_KV : 0, steps = group * tiles;
+#define STEP_HEAD(n) (hk * group + (n) / tiles)
+#define STEP_ROW(n) (istart + ((n) % tiles) * SN_KV)
+#ifdef DKDV_ASYNC
+#define QS(x) (sm + (2 * (x)) * SN_KV * RS)
+#define DS(x) (sm + (2 * (x) + 1) * SN_KV * RS)
+    // Step n's tiles and row statistics into buffer x (zeros past Tq) as one group of copies.
+#define ISSUE(x, n)                                                                            \
+    {                                                                                          \
+        const uint h_ = STEP_HEAD(n), i0_ = STEP_ROW(n), bh_ = b * G.heads + h_;               \
+        copy_tile(QS(x), q, G.q_off + b * G.q_sb + h_ * G.q_sh, G.q_st, i0_, G.tq, lid, SN_KV); \
+        copy_tile(DS(x), dout, G.o_off + b * G.o_sb + h_ * G.o_sh, G.o_st, i0_, G.tq, lid, SN_KV); \
+        if (lid < SN_KV) {                                                                     \
+            const uint i_ = i0_ + lid, in = i_ < G.tq ? 4u : 0u, at = bh_ * G.tq + (in ? i_ : 0u); \
+            __asm__ volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"                    \
+                             ::"r"((uint)(size_t)&lsb[x][lid]), "l"(lse + at), "r"(in) : "memory"); \
+            __asm__ volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"                    \
+                             ::"r"((uint)(size_t)&dlsb[x][lid]), "l"(delta + at), "r"(in) : "memory"); \
+        }                                                                                      \
+        __asm__ volatile("cp.async.commit_group;" ::: "memory");                               \
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);  // the block's fragments are read: the stream takes the memory
+    if (steps > 0) ISSUE(0, 0)
+#else
     CHUNK qr[PER(SN_KV)], dr[PER(SN_KV)];
-    float lq_r = -INFINITY, dl_r = 0.0f;
+    float lq_r = 0.0f, dl_r = 0.0f;
 #define FETCH_STEP(n)                                                                          \
     {                                                                                          \
-        const uint h_ = hk * group + (n) / tiles, i0_ = istart + ((n) % tiles) * SN_KV;        \
+        const uint h_ = STEP_HEAD(n), i0_ = STEP_ROW(n);                                       \
         fetch_tile(qr, q, G.q_off + b * G.q_sb + h_ * G.q_sh, G.q_st, i0_, G.tq, lid, SN_KV);  \
         fetch_tile(dr, dout, G.o_off + b * G.o_sb + h_ * G.o_sh, G.o_st, i0_, G.tq, lid, SN_KV); \
         if (lid < SN_KV) {                                                                     \
             const uint i_ = i0_ + lid, bh_ = b * G.heads + h_;                                 \
-            lq_r = i_ < G.tq ? lse[bh_ * G.tq + i_] * M_LOG2E_F : -INFINITY;                   \
+            lq_r = i_ < G.tq ? lse[bh_ * G.tq + i_] : 0.0f;                                    \
             dl_r = i_ < G.tq ? delta[bh_ * G.tq + i_] : 0.0f;                                  \
         }                                                                                      \
     }
     if (steps > 0) FETCH_STEP(0)
+#endif
     for (uint n = 0; n < steps; ++n) {
-        const uint i0 = istart + (n % tiles) * SN_KV;
+        const uint i0 = STEP_ROW(n);
+#ifdef DKDV_ASYNC
+        const uint x = n & 1;
+        cp_wait_all();
+        barrier(CLK_LOCAL_MEM_FENCE);  // buffer x is in; every warp is done with buffer x ^ 1
+        if (n + 1 < steps) ISSUE(x ^ 1, n + 1)
+        __local uint *const qs = QS(x), *const ds = DS(x);
+        __local float *const ls = lsb[x], *const dls = dlsb[x];
+#else
         barrier(CLK_LOCAL_MEM_FENCE);
         stage_tile(qs, qr, lid, SN_KV);
         stage_tile(ds, dr, lid, SN_KV);
@@ -522,10 +571,12 @@ void attention_bwd_dkdv_tc(__global T* dk, __global T* dv, __global const T* q,
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         if (n + 1 < steps) FETCH_STEP(n + 1)
+#endif
         // Transposed scores: rows are the warp's keys, columns the tile's queries.
         float s[1][SN_KV / 8][4], dp[1][SN_KV / 8][4];
         SCORES(s, 1, SN_KV, qs, KF);
-        // Off the edge every query of the tile sees every key of the warp's rows, and has an lse.
+        // Off the edge every query of the tile exists, sees every key of the warp's rows and has
+        // a finite lse.
         const bool edge = (int)i0 < all || i0 + SN_KV > G.tq;
         if (edge) {
 #pragma unroll
@@ -533,11 +584,11 @@ void attention_bwd_dkdv_tc(__global T* dk, __global T* dv, __global const T* q,
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     uint col = j * 8 + 2 * t + e, i = i0 + col;
-                    float lq = ls[col];
+                    float lq = ls[col] * M_LOG2E_F;
 #pragma unroll
                     for (int h2 = 0; h2 < 2; ++h2) {
                         int key = (int)(w0 + g + 8 * h2);
-                        bool on = lq != -INFINITY && (!G.causal || key <= (int)i + G.offset);
+                        bool on = i < G.tq && lq != -INFINITY && (!G.causal || key <= (int)i + G.offset);
                         s[0][j][2 * h2 + e] = on ? native_exp2(fma(s[0][j][2 * h2 + e], c, -lq)) : 0.0f;
                     }
                 }
@@ -546,7 +597,7 @@ void attention_bwd_dkdv_tc(__global T* dk, __global T* dv, __global const T* q,
             for (int j = 0; j < SN_KV / 8; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    float lq = ls[j * 8 + 2 * t + e];
+                    float lq = ls[j * 8 + 2 * t + e] * M_LOG2E_F;
 #pragma unroll
                     for (int h2 = 0; h2 < 2; ++h2)
                         s[0][j][2 * h2 + e] = native_exp2(fma(s[0][j][2 * h2 + e], c, -lq));
@@ -560,7 +611,12 @@ void attention_bwd_dkdv_tc(__global T* dk, __global T* dv, __global const T* q,
             for (int q4 = 0; q4 < 4; ++q4) s[0][j][q4] *= dp[0][j][q4] - dls[j * 8 + 2 * t + q4 % 2];
         ACCUMULATE(adk, s, 1, SN_KV, qs);
     }
+#undef ISSUE
 #undef FETCH_STEP
+#undef STEP_HEAD
+#undef STEP_ROW
+#undef QS
+#undef DS
 #undef KF
 #undef VF
     float one[2] = {1.0f, 1.0f}, mul[2] = {scale, scale};
