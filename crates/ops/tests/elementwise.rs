@@ -409,13 +409,14 @@ fn empty_tensors_pass_through() {
     }
 }
 
-/// Dense operands at every length mod 4, small lengths and offsets that are and are not
-/// multiples of 4 (the 4-wide and 1-wide `fused_contig` forms), 0-dim scalar tensors broadcast,
+/// Dense operands at every length mod 8, small lengths and offsets that are and are not
+/// multiples of 4 and 8 (the 8-wide form of 16-bit operands, the 4-wide and 1-wide
+/// `fused_contig` forms), 0-dim scalar tensors broadcast,
 /// and in-place updates of a narrowed view that leave its neighbours alone.
 #[test]
 fn fused_dense_lengths_offsets_scalars_and_in_place() {
     let devices = test_devices().unwrap();
-    let lengths = (1..=9).chain([12, 13, 14, 15, 1021, 1024, 1026, 1027]);
+    let lengths = (1..=9).chain([12, 13, 14, 15, 16, 17, 1021, 1024, 1026, 1027]);
     let mut cases = 0;
     for (li, n) in lengths.enumerate() {
         for (di, dtype) in DType::ALL.into_iter().enumerate() {
@@ -425,8 +426,8 @@ fn fused_dense_lengths_offsets_scalars_and_in_place() {
                 (0.0, 50.0)
             };
             let seed = (li * 100 + di * 10) as u64;
-            let a = random_tensor(dtype, &[n + 8], lo, hi, seed);
-            let b = random_tensor(dtype, &[n + 8], lo, hi, seed + 1);
+            let a = random_tensor(dtype, &[n + 16], lo, hi, seed);
+            let b = random_tensor(dtype, &[n + 16], lo, hi, seed + 1);
             let s = random_tensor(dtype, &[], lo, hi, seed + 2);
             let (x, y, z) = (Expr::input(0), Expr::input(1), Expr::input(2));
             // Dense operands only (the contiguous kernel), then with a 0-dim tensor broadcast.
@@ -440,14 +441,14 @@ fn fused_dense_lengths_offsets_scalars_and_in_place() {
             } else {
                 dtype
             };
-            for (oa, ob) in [(0, 0), (4, 8), (1, 1), (0, 3), (2, 4), (3, 5)] {
+            for (oa, ob) in [(0, 0), (8, 16), (4, 8), (1, 1), (0, 3), (2, 4), (3, 5)] {
                 let host_in = (a.narrow(0, oa, n).unwrap(), b.narrow(0, ob, n).unwrap());
                 let want = fused(&[&host_in.0, &host_in.1], &exprs).unwrap();
                 let want_scaled = fused(&[&host_in.0, &host_in.1, &s], &scaled).unwrap();
                 // In place: a's view += b's view * 3.
                 let upd = x.clone() + y.clone() * 3.0;
                 // Fresh copies: in-place updates must not reach `a` (shared on the host device).
-                let fresh_a = || random_tensor(dtype, &[n + 8], lo, hi, seed);
+                let fresh_a = || random_tensor(dtype, &[n + 16], lo, hi, seed);
                 let host_a = fresh_a();
                 let host_view = host_a.narrow(0, oa, n).unwrap();
                 fused_into(&[&host_view, &host_in.1], &[(upd.clone(), &host_view)]).unwrap();
@@ -476,7 +477,7 @@ fn fused_dense_lengths_offsets_scalars_and_in_place() {
             }
         }
     }
-    assert!(cases >= 17 * 6 * 6, "{cases} cases");
+    assert!(cases >= 19 * 6 * 7, "{cases} cases");
 }
 
 #[test]

@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub(crate) const FUSED_CONTIG: &str = "fused_contig";
 pub(crate) const FUSED_STRIDED: &str = "fused_strided";
 
-/// Elements per work-item of `fused_contig` when every operand offset is a multiple of it.
+/// Elements per work-item of `fused_contig` when every operand offset is a multiple of it (twice
+/// as many where every operand is 16-bit).
 pub(crate) const VEC: usize = 4;
 
 /// The per-element statements of a plan: node values `t{id}` from `load(i)` (input i's value),
@@ -57,9 +58,10 @@ pub(crate) fn is_uniform(uniform: u64, i: usize) -> bool {
 
 /// The element loop of a dense kernel, placed where `base` (the work-item's first element) and
 /// `n` (elements in all) are defined and `base < n`: inputs in `uniform` read once, then
-/// `FUSED_VEC` elements through 4-wide loads and stores when the work-item has all 4 (only
-/// compiled with `FUSED_VEC == 4`), else one by one. Operand `j` (outputs first, then inputs)
-/// is the buffer `ptr(j)` from element `off(j)`.
+/// `FUSED_VEC` elements through 4-wide loads and stores when the work-item has all of them (only
+/// compiled with `FUSED_VEC` 4 or 8: every load of the work-item issued before any compute or
+/// store, so 8 keeps twice the bytes in flight), else one by one. Operand `j` (outputs first,
+/// then inputs) is the buffer `ptr(j)` from element `off(j)`.
 pub(crate) fn contig_elements(
     key: &PlanKey,
     uniform: u64,
@@ -79,7 +81,7 @@ pub(crate) fn contig_elements(
         },
         |j, o, d| format!("store_{}({}, {} + e, t{o});", d.name(), ptr(j), off(j)),
     );
-    // Lane v of 4: inputs read from private arrays x{i}, outputs written to y{j}.
+    // Lane v of FUSED_VEC: inputs read from private arrays x{i}, outputs written to y{j}.
     let lane = body(
         key,
         "            ",
@@ -103,7 +105,8 @@ pub(crate) fn contig_elements(
         }
         let _ = writeln!(
             vec_in,
-            "        {c} x{i}[4];\n        vstore4(load4_{}({p}, {o} + base), 0, x{i});",
+            "        {c} x{i}[FUSED_VEC];\n        #pragma unroll\n        for (uint h = 0; h < \
+             FUSED_VEC / 4; ++h) vstore4(load4_{}({p}, {o} + base + 4 * h), h, x{i});",
             d.name()
         );
     }
@@ -111,10 +114,15 @@ pub(crate) fn contig_elements(
     let mut vec_out = String::new();
     for (j, &o) in key.outputs.iter().enumerate() {
         let d = key.nodes[o].1;
-        let _ = writeln!(vec_out_decl, "        {} y{j}[4];", Class::of(d).cl());
+        let _ = writeln!(
+            vec_out_decl,
+            "        {} y{j}[FUSED_VEC];",
+            Class::of(d).cl()
+        );
         let _ = writeln!(
             vec_out,
-            "        store4_{}({}, {} + base, vload4(0, y{j}));",
+            "        #pragma unroll\n        for (uint h = 0; h < FUSED_VEC / 4; ++h) \
+             store4_{}({}, {} + base + 4 * h, vload4(h, y{j}));",
             d.name(),
             ptr(j),
             off(j)
@@ -122,9 +130,9 @@ pub(crate) fn contig_elements(
     }
     format!(
         "{uniform_in}\
-         #if FUSED_VEC == 4\n\
-         \x20   if (n - base >= 4) {{\n{vec_in}{vec_out_decl}\
-         \x20       #pragma unroll\n        for (uint v = 0; v < 4; ++v) {{\n{lane}        }}\n{vec_out}\
+         #if FUSED_VEC >= 4\n\
+         \x20   if (n - base >= FUSED_VEC) {{\n{vec_in}{vec_out_decl}\
+         \x20       #pragma unroll\n        for (uint v = 0; v < FUSED_VEC; ++v) {{\n{lane}        }}\n{vec_out}\
          \x20       return;\n    }}\n\
          #endif\n\
          \x20   uint end = min(n, base + FUSED_VEC);\n\
@@ -143,11 +151,11 @@ pub(crate) fn scalar_params(scalars: &[(f64, Class)]) -> String {
 
 /// OpenCL C for a plan, outputs first, then inputs. `fused_contig`: every operand dense over the
 /// shape, or (inputs whose bit is set in `uniform`) one element read once; element offsets as
-/// arguments; each work-item takes `FUSED_VEC` (a -D option, 1 or 4) consecutive elements
-/// (`contig_elements`; the caller only picks 4 when every dense offset is a multiple of 4).
+/// arguments; each work-item takes `FUSED_VEC` (a -D option, 1, 4 or 8) consecutive elements
+/// (`contig_elements`; the caller only picks 4 or 8 when every dense offset is a multiple of it).
 /// `fused_strided`: a layout of every operand; each work-item finds the offsets of its first
 /// element and takes `FUSED_VEC` consecutive elements from there through the same element loop
-/// (the caller only picks 4 when runs of 4 elements lie side by side in every operand). The
+/// (the caller only picks 4 or 8 when runs of as many lie side by side in every operand). The
 /// per-element body is generated once and placed in each form.
 fn generate(key: &PlanKey, scalars: &[(f64, Class)], uniform: u64) -> (String, Vec<KernelDecl>) {
     let (no, ni) = (key.outputs.len(), key.inputs.len());

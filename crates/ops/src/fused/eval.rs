@@ -163,8 +163,8 @@ impl Op for FusedEval<'_> {
     }
 }
 
-/// The plan's kernel on an OpenCL device: the contiguous form (4 elements per work-item where
-/// aligned) when every operand is dense, else the strided form.
+/// The plan's kernel on an OpenCL device: the contiguous form (4 or 8 elements per work-item
+/// where aligned) when every operand is dense, else the strided form.
 fn launch(e: &FusedEval<'_>, device: &Device) -> Result<()> {
     let FusedEval {
         op,
@@ -222,21 +222,20 @@ fn launch(e: &FusedEval<'_>, device: &Device) -> Result<()> {
         }
         Ok(())
     };
+    // Elements a vector work-item takes: 8 where every operand read or written element by element
+    // is 16-bit (4 of them are 8 bytes a load, too few in flight to keep the memory busy), else 4.
+    let no = out_tensors.len();
+    let narrow = out_tensors.iter().all(|t| t.dtype.size() <= 2)
+        && (inputs.iter().enumerate()).all(|(i, t)| is_uniform(uniform, i) || t.dtype.size() <= 2);
+    let widths = [if narrow { 2 * VEC } else { VEC }, VEC];
     if dense {
-        // 4 elements per work-item when every dense operand's 4-element groups are aligned.
-        let no = out_tensors.len();
-        let aligned = |j: usize, off: usize| {
-            off.is_multiple_of(VEC) || (j >= no && is_uniform(uniform, j - no))
+        // The widest vector whose groups are aligned in every dense operand, else 1.
+        let aligned = |w: usize| {
+            (operands.iter().enumerate()).all(|(j, (_, off))| {
+                off.is_multiple_of(w) || (j >= no && is_uniform(uniform, j - no))
+            })
         };
-        let vec = if operands
-            .iter()
-            .enumerate()
-            .all(|(j, (_, off))| aligned(j, *off))
-        {
-            VEC
-        } else {
-            1
-        };
+        let vec = widths.into_iter().find(|&w| aligned(w)).unwrap_or(1);
         let program = program(device, plan, vec, &Form::Single { uniform })?;
         launch_1d_over(&program, FUSED_CONTIG, n.div_ceil(vec), n, |k| {
             k.declare(work.0, work.1);
@@ -267,13 +266,11 @@ fn launch(e: &FusedEval<'_>, device: &Device) -> Result<()> {
         for (j, (_, off)) in operands.iter().enumerate() {
             words[1 + max * (1 + k) + j] = *off as u32;
         }
-        // 4 elements per work-item where runs of 4 lie side by side in every operand.
+        // The widest vector whose runs lie side by side in every operand, else 1.
         let offsets: Vec<usize> = operands.iter().map(|(_, off)| *off).collect();
-        let vec = if runs_of(VEC as u32, &dims, &offsets) {
-            VEC
-        } else {
-            1
-        };
+        let vec = (widths.into_iter())
+            .find(|&w| runs_of(w as u32, &dims, &offsets))
+            .unwrap_or(1);
         let program = program(device, plan, vec, &Form::Single { uniform: 0 })?;
         launch_1d_over(&program, FUSED_STRIDED, n.div_ceil(vec), n, |k| {
             k.declare(work.0, work.1);
