@@ -28,10 +28,7 @@ impl Comm {
     pub fn barrier(&self) -> Result<()> {
         #[cfg(feature = "mpi")]
         if let Some(m) = &self.mpi {
-            return {
-                m.barrier();
-                Ok(())
-            };
+            return m.barrier();
         }
         self.sync("barrier")
     }

@@ -1,5 +1,10 @@
 //! Group: N devices of one process, one worker thread per device (rank), each handed a `Comm` for collectives.
 use crate::hub::{Abort, Hub, Slot};
+#[cfg(feature = "mpi")]
+use crate::mpi::Link;
+/// Without MPI no group spans processes: no per-rank communicators.
+#[cfg(not(feature = "mpi"))]
+enum Link {}
 use netcl_core_devices::{Device, Error, Result};
 use netcl_core_memory::PinnedBuffer;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -40,6 +45,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 pub struct Group {
     devices: Vec<Device>,
     timeout: Duration,
+    /// Set for a group of one process of an MPI job (`MpiWorld::group`): its ranks are ranks of
+    /// the job, which this communicator over every process joins.
+    #[cfg(feature = "mpi")]
+    across: Option<Arc<crate::mpi::Link>>,
 }
 
 impl Group {
@@ -59,7 +68,33 @@ impl Group {
         Ok(Group {
             devices,
             timeout: DEFAULT_TIMEOUT,
+            #[cfg(feature = "mpi")]
+            across: None,
         })
+    }
+
+    /// This group as one process's part of the MPI job that `world` spans.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn across(mut self, world: Arc<crate::mpi::Link>) -> Group {
+        self.across = Some(world);
+        self
+    }
+
+    /// Rank `rank`'s communicator over the group's `hub`: of the job too for a group that
+    /// spans processes, through `links[rank]` (one MPI communicator per local rank).
+    fn comm(&self, rank: usize, hub: &Arc<Hub>, links: &mut [Option<Link>]) -> Comm {
+        let local = Comm::new(
+            rank,
+            self.devices.len(),
+            self.devices[rank].clone(),
+            hub.clone(),
+        );
+        #[cfg(feature = "mpi")]
+        if let Some(link) = links.get_mut(rank).and_then(Option::take) {
+            return crate::tier::tiered(local, link);
+        }
+        let _ = links;
+        local
     }
 
     /// How long a rank waits for the others in a collective before every rank gets an error
@@ -91,14 +126,24 @@ impl Group {
         let abort = Arc::new(Abort::default());
         let relay = self.devices.iter().all(Device::is_opencl);
         let hub = Arc::new(Hub::new(size, abort.clone(), self.timeout, relay));
+        // Across processes: an MPI communicator per local rank (duplicated in rank order on
+        // every process: a collective over the job).
+        #[cfg(feature = "mpi")]
+        let mut links: Vec<Option<Link>> = match &self.across {
+            Some(world) => (0..size).map(|_| Some(world.dup())).collect(),
+            None => Vec::new(),
+        };
+        #[cfg(not(feature = "mpi"))]
+        let mut links: Vec<Option<Link>> = Vec::new();
+        let comms: Vec<Comm> = (0..size)
+            .map(|rank| self.comm(rank, &hub, &mut links))
+            .collect();
         let first_failure: Mutex<Option<(usize, Error)>> = Mutex::new(None);
         let results: Vec<Option<T>> = std::thread::scope(|s| {
-            let handles: Vec<_> = self
-                .devices
-                .iter()
+            let handles: Vec<_> = comms
+                .into_iter()
                 .enumerate()
-                .map(|(rank, device)| {
-                    let comm = Comm::new(rank, size, device.clone(), hub.clone());
+                .map(|(rank, comm)| {
                     let (f, abort, first) = (&f, &abort, &first_failure);
                     std::thread::Builder::new()
                         .name(format!("netcl-rank-{rank}"))
@@ -137,6 +182,11 @@ impl Group {
             .into_inner()
             .unwrap_or_else(|p| p.into_inner())
         {
+            // The other processes of the job would wait for this one in MPI forever.
+            #[cfg(feature = "mpi")]
+            if let Some(world) = &self.across {
+                crate::mpi::Net::abort(&**world, &format!("rank {rank} failed: {e}"));
+            }
             return Err(match e {
                 Error::Device { op, msg } if !msg.starts_with("rank") => Error::Device {
                     op,
@@ -174,7 +224,7 @@ pub struct Comm {
     seq: AtomicU64,
     /// Set for a communicator between processes: the collectives go through MPI.
     #[cfg(feature = "mpi")]
-    pub(crate) mpi: Option<Arc<crate::mpi::Link>>,
+    pub(crate) mpi: Option<Arc<dyn crate::mpi::Net>>,
 }
 
 impl Comm {
@@ -218,7 +268,7 @@ impl Comm {
     pub fn duplicate(&self) -> Result<Comm> {
         #[cfg(feature = "mpi")]
         if let Some(m) = &self.mpi {
-            return Ok(m.duplicate(self));
+            return m.duplicate(self);
         }
         let fresh = Arc::new(Hub::new(
             self.size,

@@ -10,6 +10,8 @@ mod mpi;
 mod reduce;
 mod relay;
 mod staging;
+#[cfg(feature = "mpi")]
+mod tier;
 mod zero;
 
 pub use bucket::CopyRecord;

@@ -1,10 +1,11 @@
-//! The same `Comm` collectives between processes through MPI (feature `mpi`): one process per device or node, host buffers through MPI.
+//! The same `Comm` collectives between processes through MPI (feature `mpi`): one process per device or node, or several devices per process (`MpiWorld::group`), host buffers through MPI.
 //!
 //! Launch with `mpirun -np N prog` (a hostfile for several nodes) or `srun`. Reductions stay
-//! deterministic and bit-identical to the in-process group: each rank sends segment s of its data
-//! to rank s (MPI_Alltoallv), rank s folds the N copies in rank order, and MPI_Allgatherv brings
-//! every reduced segment to every rank. MPI has no timeout: a rank that fails calls MPI_Abort,
-//! which ends every process of the job with an error.
+//! deterministic and bit-identical on every rank: between processes each rank sends segment s
+//! of its data to rank s (MPI_Alltoallv), rank s folds the N copies in rank order, and
+//! MPI_Allgatherv brings every reduced segment to every rank; a process of several devices first
+//! folds its ranks' data through its hub (tier.rs). MPI has no timeout: a rank that fails calls
+//! MPI_Abort, which ends every process of the job with an error.
 use crate::group::Comm;
 use crate::hub::{Abort, Hub, Slot};
 use crate::reduce::{reduce_range, split_range, ReduceOp};
@@ -24,6 +25,12 @@ pub(crate) struct Link(SimpleCommunicator);
 // Link is used by one thread at a time (its Comm's).
 unsafe impl Send for Link {}
 unsafe impl Sync for Link {}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MPI rank {} of {}", self.0.rank(), self.0.size())
+    }
+}
 
 /// This process's MPI environment: initialise once, make [`Comm`]s, drop last.
 pub struct MpiWorld {
@@ -77,6 +84,24 @@ impl MpiWorld {
         let world = self.universe.world();
         from_link(Link(world.duplicate()), device)
     }
+
+    /// A group of this process's `devices` whose [`Group::run`](crate::Group::run) ranks are
+    /// ranks of the whole job: with P processes of L devices each, process p's device l is rank
+    /// p L + l of P L. Every process must pass the same number of devices (an error on every
+    /// process names the counts otherwise). Collective over the job.
+    pub fn group(&self, devices: Vec<Device>) -> Result<crate::Group> {
+        let world = self.universe.world();
+        let mut counts = vec![0u64; self.size()];
+        world.all_gather_into(&(devices.len() as u64), &mut counts[..]);
+        if counts.iter().any(|&c| c != counts[0]) {
+            return Err(Error::invalid(
+                "MpiWorld::group",
+                format!("processes pass different numbers of devices {counts:?}: each the same"),
+            ));
+        }
+        let group = crate::Group::new(devices)?;
+        Ok(group.across(Arc::new(Link(world.duplicate()))))
+    }
 }
 
 fn from_link(link: Link, device: Device) -> Comm {
@@ -96,6 +121,133 @@ fn from_link(link: Link, device: Device) -> Comm {
     c
 }
 
+/// What `Comm`'s collectives need between processes: host-memory primitives (`Link`: MPI, a
+/// process per rank; `Tier`: several devices per process) and the collectives made of them.
+pub(crate) trait Net: Send + Sync {
+    /// In-place reduction of host memory across every rank, bit-identical on all of them.
+    fn all_reduce_host(&self, data: &mut [f32], op: ReduceOp, scale: f32) -> Result<()>;
+    /// Rank `root`'s `data` into every rank's (the same length on every rank).
+    fn broadcast_host(&self, data: &mut [f32], root: usize) -> Result<()>;
+    /// [`Net::broadcast_host`] of sizes.
+    fn broadcast_sizes(&self, data: &mut [u64], root: usize) -> Result<()>;
+    /// Every rank's rows: (rows per rank, all data in rank order); `row` elements per row.
+    fn all_gather_rows(
+        &self,
+        data: &[f32],
+        rows: usize,
+        row: usize,
+    ) -> Result<(Vec<usize>, Vec<f32>)>;
+    fn barrier(&self) -> Result<()>;
+    /// A communicator over the same ranks for another thread of each (collective).
+    fn duplicate(&self, comm: &Comm) -> Result<Comm>;
+    /// Ends every process of the job.
+    fn abort(&self, why: &str) -> !;
+
+    fn all_reduce(&self, comm: &Comm, t: &Tensor, op: ReduceOp, scale: f32) -> Result<()> {
+        check_f32("all_reduce", t)?;
+        let mut data = t.to_vec::<f32>()?;
+        self.all_reduce_host(&mut data, op, scale)?;
+        let _ = comm;
+        write_tensor(t, &data)
+    }
+
+    fn broadcast(&self, comm: &Comm, t: &Tensor, root: usize) -> Result<()> {
+        check_f32("broadcast", t)?;
+        let mut data = t.to_vec::<f32>()?;
+        self.broadcast_host(&mut data, root)?;
+        if comm.rank != root {
+            write_tensor(t, &data)?;
+        }
+        Ok(())
+    }
+
+    fn reduce(&self, comm: &Comm, t: &Tensor, root: usize, op: ReduceOp) -> Result<()> {
+        check_f32("reduce", t)?;
+        let mut data = t.to_vec::<f32>()?;
+        self.all_reduce_host(&mut data, op, 1.0)?;
+        if comm.rank == root {
+            write_tensor(t, &data)?;
+        }
+        Ok(())
+    }
+
+    fn gather(&self, comm: &Comm, t: &Tensor, root: Option<usize>) -> Result<Option<Tensor>> {
+        check_f32("all_gather", t)?;
+        let shape = if t.shape().is_empty() {
+            vec![1]
+        } else {
+            t.shape().to_vec()
+        };
+        let row: usize = shape[1..].iter().product();
+        let (rows, all) = self.all_gather_rows(&t.to_vec::<f32>()?, shape[0], row)?;
+        if root.is_some_and(|r| r != comm.rank) {
+            return Ok(None);
+        }
+        let mut out = shape;
+        out[0] = rows.iter().sum();
+        Tensor::from_vec(all, &out, &comm.device).map(Some)
+    }
+
+    fn scatter(&self, comm: &Comm, src: Option<&Tensor>, root: usize) -> Result<Tensor> {
+        let mine = match (comm.rank == root, src) {
+            (true, Some(t)) if !t.shape().is_empty() => {
+                check_f32("scatter", t)?;
+                Some(t)
+            }
+            _ => None,
+        };
+        // The root's shape first (ndim, then dims; ndim 0: no tensor), then its data.
+        let mut ndim = [mine.map_or(0u64, |t| t.ndim() as u64)];
+        self.broadcast_sizes(&mut ndim[..], root)?;
+        if ndim[0] == 0 {
+            return Err(Error::invalid(
+                "scatter",
+                format!("root {root} must pass a tensor of at least one dimension"),
+            ));
+        }
+        let mut dims: Vec<u64> = mine.map_or(vec![0; ndim[0] as usize], |t| {
+            t.shape().iter().map(|&d| d as u64).collect()
+        });
+        self.broadcast_sizes(&mut dims[..], root)?;
+        let shape: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
+        let mut data = match mine {
+            Some(t) => t.to_vec::<f32>()?,
+            None => vec![0f32; shape.iter().product()],
+        };
+        self.broadcast_host(&mut data, root)?;
+        let row: usize = shape[1..].iter().product();
+        let rows = split_range(shape[0], comm.size, comm.rank);
+        let mut out = shape;
+        out[0] = rows.len();
+        Tensor::from_vec(
+            data[rows.start * row..rows.end * row].to_vec(),
+            &out,
+            &comm.device,
+        )
+    }
+
+    fn reduce_scatter(&self, comm: &Comm, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        check_f32("reduce_scatter", t)?;
+        if t.shape().is_empty() {
+            return Err(Error::invalid(
+                "reduce_scatter",
+                "the tensor needs at least one dimension",
+            ));
+        }
+        let mut data = t.to_vec::<f32>()?;
+        self.all_reduce_host(&mut data, op, 1.0)?;
+        let row: usize = t.shape()[1..].iter().product();
+        let rows = split_range(t.shape()[0], comm.size, comm.rank);
+        let mut shape = t.shape().to_vec();
+        shape[0] = rows.len();
+        Tensor::from_vec(
+            data[rows.start * row..rows.end * row].to_vec(),
+            &shape,
+            &comm.device,
+        )
+    }
+}
+
 fn counts(len: usize, size: usize) -> (Vec<i32>, Vec<i32>) {
     (0..size)
         .map(|s| {
@@ -106,21 +258,45 @@ fn counts(len: usize, size: usize) -> (Vec<i32>, Vec<i32>) {
 }
 
 impl Link {
-    pub(crate) fn duplicate(&self, comm: &Comm) -> Comm {
-        from_link(Link(self.0.duplicate()), comm.device.clone())
+    /// A second communicator over the same processes (collective over them).
+    pub(crate) fn dup(&self) -> Link {
+        Link(self.0.duplicate())
     }
 
-    pub(crate) fn abort(&self, why: &str) -> ! {
+    /// Every process's `data` (the same length on each), in process order.
+    pub(crate) fn all_gather_sizes(&self, data: &[u64]) -> Vec<u64> {
+        let mut all = vec![0u64; data.len() * self.0.size() as usize];
+        self.0.all_gather_into(data, &mut all[..]);
+        all
+    }
+
+    /// This process's index among the link's.
+    pub(crate) fn rank(&self) -> usize {
+        self.0.rank() as usize
+    }
+
+    pub(crate) fn size(&self) -> usize {
+        self.0.size() as usize
+    }
+}
+
+impl Net for Link {
+    fn duplicate(&self, comm: &Comm) -> Result<Comm> {
+        Ok(from_link(self.dup(), comm.device.clone()))
+    }
+
+    fn abort(&self, why: &str) -> ! {
         eprintln!("netcl: rank {} aborts the MPI job: {why}", self.0.rank());
         self.0.abort(1)
     }
 
-    pub(crate) fn barrier(&self) {
-        self.0.barrier()
+    fn barrier(&self) -> Result<()> {
+        self.0.barrier();
+        Ok(())
     }
 
     /// In-place reduction of host memory, folded in rank order (see the module comment).
-    pub(crate) fn all_reduce_host(&self, data: &mut [f32], op: ReduceOp, scale: f32) -> Result<()> {
+    fn all_reduce_host(&self, data: &mut [f32], op: ReduceOp, scale: f32) -> Result<()> {
         let size = self.0.size() as usize;
         let rank = self.0.rank() as usize;
         let mut lens = vec![0u64; size];
@@ -162,12 +338,17 @@ impl Link {
         Ok(())
     }
 
-    pub(crate) fn broadcast_host(&self, data: &mut [f32], root: usize) {
-        self.0.process_at_rank(root as i32).broadcast_into(data)
+    fn broadcast_host(&self, data: &mut [f32], root: usize) -> Result<()> {
+        self.0.process_at_rank(root as i32).broadcast_into(data);
+        Ok(())
     }
 
-    /// Every rank's rows: (rows per rank, all data in rank order); `row` elements per row.
-    pub(crate) fn all_gather_rows(
+    fn broadcast_sizes(&self, data: &mut [u64], root: usize) -> Result<()> {
+        self.0.process_at_rank(root as i32).broadcast_into(data);
+        Ok(())
+    }
+
+    fn all_gather_rows(
         &self,
         data: &[f32],
         rows: usize,
@@ -199,127 +380,5 @@ impl Link {
             &mut PartitionMut::new(&mut all[..], &lens[..], &displs[..]),
         );
         Ok((rows, all))
-    }
-}
-
-/// The collectives of `Comm` over MPI (called by the `Comm` methods when it has a link).
-impl Link {
-    pub(crate) fn all_reduce(
-        &self,
-        comm: &Comm,
-        t: &Tensor,
-        op: ReduceOp,
-        scale: f32,
-    ) -> Result<()> {
-        check_f32("all_reduce", t)?;
-        let mut data = t.to_vec::<f32>()?;
-        self.all_reduce_host(&mut data, op, scale)?;
-        let _ = comm;
-        write_tensor(t, &data)
-    }
-
-    pub(crate) fn broadcast(&self, comm: &Comm, t: &Tensor, root: usize) -> Result<()> {
-        check_f32("broadcast", t)?;
-        let mut data = t.to_vec::<f32>()?;
-        self.broadcast_host(&mut data, root);
-        if comm.rank != root {
-            write_tensor(t, &data)?;
-        }
-        Ok(())
-    }
-
-    pub(crate) fn reduce(&self, comm: &Comm, t: &Tensor, root: usize, op: ReduceOp) -> Result<()> {
-        check_f32("reduce", t)?;
-        let mut data = t.to_vec::<f32>()?;
-        self.all_reduce_host(&mut data, op, 1.0)?;
-        if comm.rank == root {
-            write_tensor(t, &data)?;
-        }
-        Ok(())
-    }
-
-    pub(crate) fn gather(
-        &self,
-        comm: &Comm,
-        t: &Tensor,
-        root: Option<usize>,
-    ) -> Result<Option<Tensor>> {
-        check_f32("all_gather", t)?;
-        let shape = if t.shape().is_empty() {
-            vec![1]
-        } else {
-            t.shape().to_vec()
-        };
-        let row: usize = shape[1..].iter().product();
-        let (rows, all) = self.all_gather_rows(&t.to_vec::<f32>()?, shape[0], row)?;
-        if root.is_some_and(|r| r != comm.rank) {
-            return Ok(None);
-        }
-        let mut out = shape;
-        out[0] = rows.iter().sum();
-        Tensor::from_vec(all, &out, &comm.device).map(Some)
-    }
-
-    pub(crate) fn scatter(&self, comm: &Comm, src: Option<&Tensor>, root: usize) -> Result<Tensor> {
-        let mine = match (comm.rank == root, src) {
-            (true, Some(t)) if !t.shape().is_empty() => {
-                check_f32("scatter", t)?;
-                Some(t)
-            }
-            _ => None,
-        };
-        // The root's shape first (ndim, then dims; ndim 0: no tensor), then its data.
-        let mut ndim = [mine.map_or(0u64, |t| t.ndim() as u64)];
-        self.0
-            .process_at_rank(root as i32)
-            .broadcast_into(&mut ndim[..]);
-        if ndim[0] == 0 {
-            return Err(Error::invalid(
-                "scatter",
-                format!("root {root} must pass a tensor of at least one dimension"),
-            ));
-        }
-        let mut dims: Vec<u64> = mine.map_or(vec![0; ndim[0] as usize], |t| {
-            t.shape().iter().map(|&d| d as u64).collect()
-        });
-        self.0
-            .process_at_rank(root as i32)
-            .broadcast_into(&mut dims[..]);
-        let shape: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
-        let mut data = match mine {
-            Some(t) => t.to_vec::<f32>()?,
-            None => vec![0f32; shape.iter().product()],
-        };
-        self.broadcast_host(&mut data, root);
-        let row: usize = shape[1..].iter().product();
-        let rows = split_range(shape[0], comm.size, comm.rank);
-        let mut out = shape;
-        out[0] = rows.len();
-        Tensor::from_vec(
-            data[rows.start * row..rows.end * row].to_vec(),
-            &out,
-            &comm.device,
-        )
-    }
-
-    pub(crate) fn reduce_scatter(&self, comm: &Comm, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        check_f32("reduce_scatter", t)?;
-        if t.shape().is_empty() {
-            return Err(Error::invalid(
-                "reduce_scatter",
-                "the tensor needs at least one dimension",
-            ));
-        }
-        let mut data = t.to_vec::<f32>()?;
-        self.all_reduce_host(&mut data, op, 1.0)?;
-        let row: usize = t.shape()[1..].iter().product();
-        let rows = split_range(t.shape()[0], comm.size, comm.rank);
-        let mut shape = t.shape().to_vec();
-        shape[0] = rows.len();
-        Tensor::from_vec(
-            data[rows.start * row..rows.end * row].to_vec(),
-            &shape,
-            &comm.device,
-        )
     }
 }
