@@ -76,6 +76,23 @@ impl Tier {
     }
 }
 
+impl Tier {
+    /// Rank `root`'s `data` into every rank's: within the root's process, then from that
+    /// process to the others through `across` (the MPI broadcast of this element type).
+    fn spread<T: Copy>(
+        &self,
+        data: &mut [T],
+        root: usize,
+        across: impl FnOnce(&Link, &mut [T], usize) -> Result<()>,
+    ) -> Result<()> {
+        let l = self.local.size;
+        if self.link.rank() == root / l {
+            self.or_abort(self.local_broadcast("broadcast", data, root % l));
+        }
+        across(&self.link, data, root / l)
+    }
+}
+
 impl Net for Tier {
     fn all_reduce_host(&self, data: &mut [f32], op: ReduceOp, scale: f32) -> Result<()> {
         // Weights apply once, in the process's fold; Mean divides by L, then by P.
@@ -88,19 +105,11 @@ impl Net for Tier {
     }
 
     fn broadcast_host(&self, data: &mut [f32], root: usize) -> Result<()> {
-        let l = self.local.size;
-        if self.link.rank() == root / l {
-            self.or_abort(self.local_broadcast("broadcast", data, root % l));
-        }
-        self.link.broadcast_host(data, root / l)
+        self.spread(data, root, <Link as Net>::broadcast_host)
     }
 
     fn broadcast_sizes(&self, data: &mut [u64], root: usize) -> Result<()> {
-        let l = self.local.size;
-        if self.link.rank() == root / l {
-            self.or_abort(self.local_broadcast("broadcast", data, root % l));
-        }
-        self.link.broadcast_sizes(data, root / l)
+        self.spread(data, root, <Link as Net>::broadcast_sizes)
     }
 
     fn all_gather_rows(
