@@ -1,7 +1,10 @@
 //! The data-parallel workloads of netcl-bench: the Llama-110M step (16 sequences of 512 per GPU, AdamW; f32 or bf16 autocast, gradients sent in f32 or bf16, optimizer sharded or not) and the 1B-class step, on one GPU and on several through DataParallel; benches/reference/ddp_torch.py runs PyTorch DDP / ZeroRedundancyOptimizer on the same shapes.
 //!
 //! NETCL_BENCH_DDP_BUCKET sets the bucket size; NETCL_BENCH_DDP_TRACE=1 prints rank 0's bucket
-//! copies of the last synchronised step (device clock) to stderr.
+//! copies of the last synchronised step (device clock) to stderr. Built with feature `mpi` and
+//! run under mpirun with NETCL_BENCH_MPI=1, each process takes NETCL_BENCH_GPUS GPUs (those of
+//! its local rank on the node) and the job's ranks train together (MpiWorld::group); rank 0
+//! prints.
 use crate::Runner;
 use netcl_autograd::Tape;
 use netcl_bench::train::LlamaStep;
@@ -125,6 +128,10 @@ impl Runner {
             .into_iter()
             .filter(|d| d.kind() == DeviceKind::Gpu)
             .collect();
+        #[cfg(feature = "mpi")]
+        if std::env::var("NETCL_BENCH_MPI").is_ok_and(|v| v == "1") {
+            return self.ddp_mpi(gpus);
+        }
         if let Ok(n) = std::env::var("NETCL_BENCH_GPUS") {
             gpus.truncate(n.parse().unwrap_or(gpus.len()));
         }
@@ -187,9 +194,57 @@ impl Runner {
         }
         Ok(())
     }
+
+    /// `--suite ddp` across the processes of an MPI job: each process's NETCL_BENCH_GPUS GPUs
+    /// (default 1) from its local rank on; rank 0 prints the job's slowest rank.
+    #[cfg(feature = "mpi")]
+    fn ddp_mpi(&mut self, gpus: Vec<Device>) -> Result<()> {
+        let world = netcl_distributed::MpiWorld::init()?;
+        let per: usize = std::env::var("NETCL_BENCH_GPUS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
+        let first = world.local_rank() * per;
+        let Some(mine) = gpus.get(first..first + per) else {
+            return Err(netcl_core_devices::Error::invalid(
+                "ddp",
+                format!(
+                    "local rank {} needs GPUs {first}..{} of {}",
+                    world.local_rank(),
+                    first + per,
+                    gpus.len()
+                ),
+            ));
+        };
+        let group = world.group(mine.to_vec())?;
+        let n = world.size() * per;
+        let wanted = std::env::var("NETCL_BENCH_DDP").unwrap_or_else(|_| "f32".into());
+        for mode in MODES
+            .iter()
+            .filter(|m| wanted.split(',').any(|w| w == m.key))
+        {
+            let (_, b, name) = mode.shape();
+            let tokens = (b * mode.shape().0.max_seq_len) as f64;
+            let runs = group.run(|comm| rank_step(comm, mode, true))?;
+            if world.rank() == 0 {
+                println!(
+                    "{:<12} {name:<28} {:<10} {n} GPUs, {} processes x {per}: {:.1} ms/step, {:.0} tokens/s, pool peak {:.2} GiB a GPU",
+                    "ddp",
+                    mode.key,
+                    world.size(),
+                    runs[0].0 * 1e3,
+                    n as f64 * tokens / runs[0].0,
+                    gib(runs[0].1)
+                );
+            }
+        }
+        drop(group);
+        Ok(())
+    }
 }
 
-/// One rank's timed steps in `mode`: seconds a step and the pool's peak bytes.
+/// One rank's timed steps in `mode`: seconds a step and the pool's peak bytes (each the
+/// largest over the ranks).
 fn rank_step(comm: &netcl_distributed::Comm, mode: &Mode, sync: bool) -> Result<(f64, usize)> {
     let dev = comm.device();
     let mut gen = Generator::new(7);
@@ -228,7 +283,13 @@ fn rank_step(comm: &netcl_distributed::Comm, mode: &Mode, sync: bool) -> Result<
     if sync && comm.rank() == 0 && std::env::var("NETCL_BENCH_DDP_TRACE").is_ok() {
         trace(&ddp);
     }
-    Ok(out)
+    // The slowest rank sets the pace (and reports for all, where ranks are processes).
+    let mut worst = [out.0 as f32, gib(out.1) as f32];
+    comm.all_reduce_host(&mut worst, netcl_distributed::ReduceOp::Max, 1.0)?;
+    Ok((
+        worst[0] as f64,
+        (worst[1] as f64 * (1u64 << 30) as f64) as usize,
+    ))
 }
 
 /// `f`'s result and the peak bytes the device's pool held above what it held before.
