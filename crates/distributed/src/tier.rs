@@ -1,15 +1,16 @@
 //! Tier: a rank of a job of several processes with several devices each (`MpiWorld::group`): collectives fold the process's ranks through its hub, then the processes through MPI.
 //!
 //! Process p's device l is rank p L + l of P L. A reduction sums the L ranks of each process in
-//! rank order (the hub's host fold), then the P process sums in process order over the MPI
-//! communicator that local rank l of every process shares (one per local rank, so the L
-//! threads of a process reduce at once); every rank ends with the same bits. Broadcasts and
+//! rank order (the hub's host fold), then local rank l sums segment l of the P process sums in
+//! process order over the MPI communicator that local rank l of every process shares (so the L
+//! threads of a process reduce at once, each segment crossing once), and the process's ranks
+//! copy each other's segments; every rank ends with the same bits. Broadcasts and
 //! gathers copy within the process through the hub's exchanged pointers. A failure within a
 //! process ends the MPI job (MPI_Abort): the other processes would wait for it forever.
 use crate::group::Comm;
 use crate::hub::{Hub, Slot};
 use crate::mpi::{Link, Net};
-use crate::reduce::ReduceOp;
+use crate::reduce::{split_range, ReduceOp};
 use netcl_core_devices::{Device, Error, Result};
 use std::sync::Arc;
 
@@ -101,7 +102,33 @@ impl Net for Tier {
             op => op,
         };
         self.or_abort(self.local.all_reduce_host(data, op, scale));
-        self.link.all_reduce_host(data, across, 1.0)
+        // Local rank l folds segment l over the processes, then the process's ranks copy each
+        // other's segments: every segment crosses between processes once.
+        let (n, size) = (data.len(), self.local.size);
+        let seg = |k: usize| split_range(n, size, k);
+        let mine = seg(self.local.rank);
+        let folded = self.link.all_reduce_host(&mut data[mine], across, 1.0);
+        self.or_abort(folded);
+        let slots = self.or_abort(
+            self.local
+                .exchange("all_reduce", Slot::of(data, Vec::new())),
+        );
+        for (k, slot) in slots
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| *k != self.local.rank)
+        {
+            let r = seg(k);
+            // SAFETY: rank k's buffer has data.len() elements (the local fold checked) and its
+            // segment k is final and unchanged until the sync below; nobody writes segment k of
+            // this rank's buffer but this rank.
+            let src = unsafe {
+                std::slice::from_raw_parts((slot.ptr as *const f32).add(r.start), r.len())
+            };
+            data[r].copy_from_slice(src);
+        }
+        self.or_abort(self.local.sync("all_reduce"));
+        Ok(())
     }
 
     fn broadcast_host(&self, data: &mut [f32], root: usize) -> Result<()> {
