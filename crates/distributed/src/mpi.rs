@@ -88,7 +88,8 @@ impl MpiWorld {
     /// A group of this process's `devices` whose [`Group::run`](crate::Group::run) ranks are
     /// ranks of the whole job: with P processes of L devices each, process p's device l is rank
     /// p L + l of P L. Every process must pass the same number of devices (an error on every
-    /// process names the counts otherwise). Collective over the job.
+    /// process names the counts otherwise). Collective over the job, as is each `run` of the
+    /// group (every process runs it the same number of times). Drop it before the `MpiWorld`.
     pub fn group(&self, devices: Vec<Device>) -> Result<crate::Group> {
         let world = self.universe.world();
         let mut counts = vec![0u64; self.size()];
