@@ -75,9 +75,7 @@ impl Tier {
         }
         self.local.sync(op)
     }
-}
 
-impl Tier {
     /// Rank `root`'s `data` into every rank's: within the root's process, then from that
     /// process to the others through `across` (the MPI broadcast of this element type).
     fn spread<T: Copy>(
