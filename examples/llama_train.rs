@@ -46,6 +46,8 @@ struct Args {
     grad_comm: DType,
     /// Shard AdamW's state across the data-parallel ranks (ZeRO-1).
     zero: bool,
+    /// One process of an MPI job: the job's devices train as one group.
+    mpi: bool,
     /// Measure the devices' speed and split batches by it (a list of devices that differ).
     calibrate: bool,
     /// The data-parallel group's devices, by rank (for the line that shows the split).
@@ -126,6 +128,11 @@ struct Cli {
     /// Recompute every K-th block in backward instead of keeping its activations (0: none).
     #[arg(long, default_value_t = 0)]
     checkpoint: usize,
+    /// Data parallel across the processes of an MPI job (`mpirun -np P`; a build with
+    /// `--features mpi`): each process brings the devices of --devices (default: the device of
+    /// its local rank on the node), every process as many; rank 0 of the job reports and saves.
+    #[arg(long)]
+    mpi: bool,
 }
 
 /// The run's settings from `args` (without the program name); `None` after `--help`.
@@ -163,6 +170,7 @@ fn parse(args: Vec<String>) -> Result<Option<Args>> {
             DType::F32
         },
         zero: c.zero,
+        mpi: c.mpi,
         calibrate: false,
         ranks: Vec::new(),
     }))
@@ -180,6 +188,9 @@ pub fn run(args: Vec<String>) -> Result<()> {
     let Some(mut args) = parse(args)? else {
         return Ok(());
     };
+    if args.mpi {
+        return run_mpi(args);
+    }
     match args.devices.as_deref().map(parse_devices).transpose()? {
         // --zero keeps a group of one device: its checkpoints are sharded like any group's.
         Some(devices) if devices.len() > 1 || args.zero => {
@@ -195,6 +206,38 @@ pub fn run(args: Vec<String>) -> Result<()> {
         Some(devices) => train(&devices[0], None, args),
         None => train(&Device::best()?, None, args),
     }
+}
+
+/// `--mpi`: this process's devices as its part of the job's data-parallel group.
+#[cfg(feature = "mpi")]
+fn run_mpi(mut args: Args) -> Result<()> {
+    let world = netcl::distributed::MpiWorld::init()?;
+    let devices = match args.devices.as_deref() {
+        Some(spec) => parse_devices(spec)?,
+        None => vec![world.local_device()],
+    };
+    let group = world.group(devices.clone())?;
+    let size = world.size() * devices.len();
+    if world.rank() == 0 {
+        println!(
+            "MPI: {} processes x {} devices ({size} ranks); process 0: {}",
+            world.size(),
+            devices.len(),
+            describe_devices(args.devices.as_deref().unwrap_or(""), &devices)
+        );
+    }
+    args.ranks = (0..size).map(|r| format!("rank {r}")).collect();
+    let result = group.run(|comm| train(comm.device(), Some(comm), args.clone()));
+    drop(group);
+    result.map(drop)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_: Args) -> Result<()> {
+    Err(Error::invalid(
+        "llama_train",
+        "--mpi needs a build with MPI: cargo build --release --features mpi --example llama_train",
+    ))
 }
 
 /// The run on `dev`; with `comm`, as one rank of a data-parallel group (rank 0 reports,
