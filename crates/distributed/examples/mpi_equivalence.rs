@@ -35,6 +35,17 @@ fn run(world: &MpiWorld) -> Result<usize> {
     // Two devices per process: every process's ranks are ranks of the job.
     let devices = netcl_core_devices::Device::opencl_devices();
     if devices.len() >= 2 {
+        // Processes that bring different numbers of devices: an error on every process.
+        let uneven = devices[..1 + usize::from(world.rank() == 0)].to_vec();
+        match world.group(uneven) {
+            Err(e) if e.to_string().contains("different numbers of devices") => passed += 1,
+            other => {
+                return Err(Error::invalid(
+                    "MpiWorld::group",
+                    format!("uneven device counts gave {:?}", other.map(|g| g.size())),
+                ))
+            }
+        }
         let group = world.group(devices[..2].to_vec())?;
         passed += group.run(|c| check(c, 2))?.into_iter().sum::<usize>();
     }
