@@ -279,6 +279,12 @@ impl Link {
     pub(crate) fn size(&self) -> usize {
         self.0.size() as usize
     }
+
+    /// Process `root`'s `data` into every process's.
+    fn broadcast_any<T: Equivalence>(&self, data: &mut [T], root: usize) -> Result<()> {
+        self.0.process_at_rank(root as i32).broadcast_into(data);
+        Ok(())
+    }
 }
 
 impl Net for Link {
@@ -340,13 +346,11 @@ impl Net for Link {
     }
 
     fn broadcast_host(&self, data: &mut [f32], root: usize) -> Result<()> {
-        self.0.process_at_rank(root as i32).broadcast_into(data);
-        Ok(())
+        self.broadcast_any(data, root)
     }
 
     fn broadcast_sizes(&self, data: &mut [u64], root: usize) -> Result<()> {
-        self.0.process_at_rank(root as i32).broadcast_into(data);
-        Ok(())
+        self.broadcast_any(data, root)
     }
 
     fn all_gather_rows(

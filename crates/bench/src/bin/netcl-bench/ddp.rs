@@ -284,12 +284,9 @@ fn rank_step(comm: &netcl_distributed::Comm, mode: &Mode, sync: bool) -> Result<
         trace(&ddp);
     }
     // The slowest rank sets the pace (and reports for all, where ranks are processes).
-    let mut worst = [out.0 as f32, gib(out.1) as f32];
+    let mut worst = [out.0 as f32, out.1 as f32];
     comm.all_reduce_host(&mut worst, netcl_distributed::ReduceOp::Max, 1.0)?;
-    Ok((
-        worst[0] as f64,
-        (worst[1] as f64 * (1u64 << 30) as f64) as usize,
-    ))
+    Ok((worst[0] as f64, worst[1] as usize))
 }
 
 /// `f`'s result and the peak bytes the device's pool held above what it held before.
