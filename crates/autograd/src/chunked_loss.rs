@@ -5,15 +5,23 @@ use crate::tape::{record, Var};
 use netcl_ops::{fused_into, Error, Expr, MatmulOptions, Result, Tensor};
 
 /// Logits of at most this many elements (rows x vocabulary) are computed whole; above it,
-/// [`Var::linear_cross_entropy`] works in chunks of `LOSS_CHUNK_ELEMENTS / vocabulary` rows
-/// (64M elements: 128 MiB of bf16 logits per chunk, 523 rows of a 128256-token vocabulary).
+/// [`Var::linear_cross_entropy`] works in chunks of at most `LOSS_CHUNK_ELEMENTS / vocabulary`
+/// rows (64M elements: 128 MiB of bf16 logits per chunk, 512 rows of a 128256-token vocabulary).
 pub const LOSS_CHUNK_ELEMENTS: usize = 1 << 26;
 
 /// The rows per chunk the automatic rule picks for `rows` x `vocab` logits: None (one product,
 /// the logits kept for backward) while they hold at most [`LOSS_CHUNK_ELEMENTS`], else
-/// `LOSS_CHUNK_ELEMENTS / vocab` rows (at least one).
+/// `LOSS_CHUNK_ELEMENTS / vocab` rows rounded down to a multiple of 64 where that leaves any
+/// (at least one): a chunk's rows are the K of the head's weight gradient, which tensor cores
+/// read as they lie only in whole 16-byte groups (else the chunk's logits are copied first).
 pub fn loss_chunk_rows(rows: usize, vocab: usize) -> Option<usize> {
-    (rows.saturating_mul(vocab) > LOSS_CHUNK_ELEMENTS).then(|| (LOSS_CHUNK_ELEMENTS / vocab).max(1))
+    let most = LOSS_CHUNK_ELEMENTS / vocab.max(1);
+    let rounded = if most >= 64 {
+        most / 64 * 64
+    } else {
+        most.max(1)
+    };
+    (rows.saturating_mul(vocab) > LOSS_CHUNK_ELEMENTS).then_some(rounded)
 }
 
 impl Var {

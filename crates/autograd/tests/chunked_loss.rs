@@ -132,11 +132,11 @@ fn chunked_loss_equals_the_unchunked_loss_and_gradients() {
 #[test]
 fn the_automatic_rule_chunks_large_logits() {
     assert_eq!(loss_chunk_rows(8 * 128, 32000), None);
-    assert_eq!(
-        loss_chunk_rows(8192, 32000),
-        Some(LOSS_CHUNK_ELEMENTS / 32000)
-    );
-    assert_eq!(loss_chunk_rows(4096, 128256), Some(523));
+    // 2^26 / 32000 = 2097 rows, rounded down to whole 64-row groups; 523 of 128256 likewise.
+    assert_eq!(loss_chunk_rows(8192, 32000), Some(2048));
+    assert_eq!(loss_chunk_rows(4096, 128256), Some(512));
+    // Below 64 rows a chunk keeps what fits.
+    assert_eq!(loss_chunk_rows(64, LOSS_CHUNK_ELEMENTS / 40), Some(40));
     assert_eq!(loss_chunk_rows(2, LOSS_CHUNK_ELEMENTS), Some(1));
     // Bad input is an error, not a panic.
     let dev = Device::host();
