@@ -279,7 +279,17 @@ void attention_fwd_tc(__global T* o, __global float* lse, __global const T* q,
         ISSUE(vs, v, vbase, G.v_st, j0, G.tk);
         float s[MT_F][SN_F / 8][4];
         SCORES(s, MT_F, SN_F, ks, QF);
-        const bool edge = j0 + SN_F > kfull;
+        // Masks only on the causal edge: a branch of its own, so the steps inside it run none
+        // of the compares.
+        if (j0 + SN_F > kfull) {
+#pragma unroll
+            for (int mt = 0; mt < MT_F; ++mt)
+#pragma unroll
+                for (int q4 = 0; q4 < 4; ++q4)
+#pragma unroll
+                    for (int j = 0; j < SN_F / 8; ++j)
+                        if (j0 + j * 8 + 2 * t + q4 % 2 >= vis[mt][q4 / 2]) s[mt][j][q4] = -INFINITY;
+        }
         float alpha[MT_F][2];
 #pragma unroll
         for (int mt = 0; mt < MT_F; ++mt)
@@ -291,11 +301,7 @@ void attention_fwd_tc(__global T* o, __global float* lse, __global const T* q,
 #pragma unroll
                 for (int j = 0; j < SN_F / 8; ++j)
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        if (edge && j0 + j * 8 + 2 * t + e >= vis[mt][h2])
-                            s[mt][j][2 * h2 + e] = -INFINITY;
-                        mx = fmax(mx, s[mt][j][2 * h2 + e]);
-                    }
+                    for (int e = 0; e < 2; ++e) mx = fmax(mx, s[mt][j][2 * h2 + e]);
                 float mn = fmax(m[mt][h2], quad_max(mx) * c);
                 float base = mn == -INFINITY ? 0.0f : mn;
                 alpha[mt][h2] = exp2_ftz(m[mt][h2] - base);
@@ -439,16 +445,19 @@ void attention_bwd_dq_tc(__global T* dq, __global float* delta, __global const T
         float s[1][SN_Q / 8][4], dp[1][SN_Q / 8][4];
         SCORES(s, 1, SN_Q, ks, QF);
         SCORES(dp, 1, SN_Q, vs, DF);
-        const bool edge = j0 + SN_Q > kfull;
 #pragma unroll
         for (int j = 0; j < SN_Q / 8; ++j)
 #pragma unroll
-            for (int q4 = 0; q4 < 4; ++q4) {
-                int h2 = q4 / 2;
-                float p = exp2_ftz(s[0][j][q4] * c - li[h2]);
-                if ((edge || li[h2] == -INFINITY) && j0 + j * 8 + 2 * t + q4 % 2 >= vis[h2]) p = 0.0f;
-                s[0][j][q4] = p * (dp[0][j][q4] - dl[h2]);
-            }
+            for (int q4 = 0; q4 < 4; ++q4)
+                s[0][j][q4] = exp2_ftz(s[0][j][q4] * c - li[q4 / 2]) * (dp[0][j][q4] - dl[q4 / 2]);
+        // Masks on the causal edge and in rows that see no key (vis 0): a branch of their own.
+        if (j0 + SN_Q > kfull || vis[0] == 0 || vis[1] == 0) {
+#pragma unroll
+            for (int j = 0; j < SN_Q / 8; ++j)
+#pragma unroll
+                for (int q4 = 0; q4 < 4; ++q4)
+                    if (j0 + j * 8 + 2 * t + q4 % 2 >= vis[q4 / 2]) s[0][j][q4] = 0.0f;
+        }
         ACCUMULATE(acc, s, 1, SN_Q, ks);
     }
 #undef ISSUE
