@@ -296,24 +296,32 @@ void attention_fwd_tc(__global T* o, __global float* lse, __global const T* q,
 #pragma unroll
             for (int h2 = 0; h2 < 2; ++h2) {
                 // The maximum of the unscaled scores (c > 0: the host says so), scaled once; each
-                // probability one fma and one exp2.
-                float mx = -INFINITY;
+                // probability one fma and one exp2. Maximum and sum as trees over the row's pairs:
+                // short dependency chains.
+                float tr[SN_F / 8];
 #pragma unroll
-                for (int j = 0; j < SN_F / 8; ++j)
+                for (int j = 0; j < SN_F / 8; ++j) tr[j] = fmax(s[mt][j][2 * h2], s[mt][j][2 * h2 + 1]);
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) mx = fmax(mx, s[mt][j][2 * h2 + e]);
+                for (int w = SN_F / 16; w >= 1; w /= 2)
+#pragma unroll
+                    for (int j = 0; j < w; ++j) tr[j] = fmax(tr[j], tr[j + w]);
+                float mx = tr[0];
                 float mn = fmax(m[mt][h2], quad_max(mx) * c);
                 float base = mn == -INFINITY ? 0.0f : mn;
                 alpha[mt][h2] = exp2_ftz(m[mt][h2] - base);
-                float sum = 0.0f;
 #pragma unroll
-                for (int j = 0; j < SN_F / 8; ++j)
+                for (int j = 0; j < SN_F / 8; ++j) {
+                    float p0 = exp2_ftz(fma(s[mt][j][2 * h2], c, -base));
+                    float p1 = exp2_ftz(fma(s[mt][j][2 * h2 + 1], c, -base));
+                    s[mt][j][2 * h2] = p0;
+                    s[mt][j][2 * h2 + 1] = p1;
+                    tr[j] = p0 + p1;
+                }
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        float p = exp2_ftz(fma(s[mt][j][2 * h2 + e], c, -base));
-                        s[mt][j][2 * h2 + e] = p;
-                        sum += p;
-                    }
+                for (int w = SN_F / 16; w >= 1; w /= 2)
+#pragma unroll
+                    for (int j = 0; j < w; ++j) tr[j] += tr[j + w];
+                float sum = tr[0];
                 l[mt][h2] = l[mt][h2] * alpha[mt][h2] + sum;
                 m[mt][h2] = mn;
             }
