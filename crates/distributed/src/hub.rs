@@ -69,7 +69,7 @@ pub(crate) struct Slot {
 impl Slot {
     /// The slot offering `data` (read by the other ranks until the exchange's closing sync) with
     /// its tensor's `shape`.
-    pub fn of(data: &[f32], shape: Vec<usize>) -> Slot {
+    pub fn of<T>(data: &[T], shape: Vec<usize>) -> Slot {
         Slot {
             ptr: data.as_ptr() as usize,
             len: data.len(),

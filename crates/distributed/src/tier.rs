@@ -49,14 +49,7 @@ impl Tier {
 
     /// Local rank `root`'s `data` into every local rank's (pointers exchanged through the hub).
     fn local_broadcast<T: Copy>(&self, op: &str, data: &mut [T], root: usize) -> Result<()> {
-        let slots = self.local.exchange(
-            op,
-            Slot {
-                ptr: data.as_ptr() as usize,
-                len: data.len(),
-                ..Default::default()
-            },
-        )?;
+        let slots = self.local.exchange(op, Slot::of(data, Vec::new()))?;
         let from = &slots[root];
         if from.len != data.len() {
             return Err(Error::shape(
