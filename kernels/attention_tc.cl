@@ -445,29 +445,34 @@ void attention_bwd_dq_tc(__global T* dq, __global float* delta, __global const T
 #endif
     barrier(CLK_LOCAL_MEM_FENCE);  // the owned rows' fragments are read: the stream takes the memory
     if (kend > 0) ISSUE(0, 0)
-    for (uint j0 = 0, n = 0; j0 < kend; j0 += SN_Q, n ^= 1) {
-        LAND(n)
-        barrier(CLK_LOCAL_MEM_FENCE);  // buffer n is in; every warp is done with buffer n ^ 1
-        if (j0 + SN_Q < kend) ISSUE(n ^ 1, j0 + SN_Q)
-        __local uint *const ks = KS(n), *const vs = VS(n);
-        float s[1][SN_Q / 8][4], dp[1][SN_Q / 8][4];
-        SCORES(s, 1, SN_Q, ks, QF);
-        SCORES(dp, 1, SN_Q, vs, DF);
-#pragma unroll
-        for (int j = 0; j < SN_Q / 8; ++j)
-#pragma unroll
-            for (int q4 = 0; q4 < 4; ++q4)
-                s[0][j][q4] = exp2_ftz(s[0][j][q4] * c - li[q4 / 2]) * (dp[0][j][q4] - dl[q4 / 2]);
-        // Masks on the causal edge and in rows that see no key (vis 0): a branch of their own.
-        if (j0 + SN_Q > kfull || vis[0] == 0 || vis[1] == 0) {
-#pragma unroll
-            for (int j = 0; j < SN_Q / 8; ++j)
-#pragma unroll
-                for (int q4 = 0; q4 < 4; ++q4)
-                    if (j0 + j * 8 + 2 * t + q4 % 2 >= vis[q4 / 2]) s[0][j][q4] = 0.0f;
-        }
-        ACCUMULATE(acc, s, 1, SN_Q, ks);
+    // One step on buffer N from key J0; two steps an iteration, so each step's buffer addresses
+    // are constants.
+#define DQ_STEP(N, J0)                                                                          \
+    {                                                                                           \
+        const uint n = (N), j0 = (J0);                                                          \
+        LAND(n)                                                                                 \
+        barrier(CLK_LOCAL_MEM_FENCE); /* buffer n is in; every warp is done with n ^ 1 */       \
+        if (j0 + SN_Q < kend) ISSUE(n ^ 1, j0 + SN_Q)                                           \
+        __local uint *const ks = KS(n), *const vs = VS(n);                                      \
+        float s[1][SN_Q / 8][4], dp[1][SN_Q / 8][4];                                            \
+        SCORES(s, 1, SN_Q, ks, QF);                                                             \
+        SCORES(dp, 1, SN_Q, vs, DF);                                                            \
+        _Pragma("unroll") for (int j = 0; j < SN_Q / 8; ++j)                                    \
+        _Pragma("unroll") for (int q4 = 0; q4 < 4; ++q4)                                        \
+            s[0][j][q4] = exp2_ftz(s[0][j][q4] * c - li[q4 / 2]) * (dp[0][j][q4] - dl[q4 / 2]); \
+        /* masks on the causal edge and in rows that see no key (vis 0): a branch of their own */ \
+        if (j0 + SN_Q > kfull || vis[0] == 0 || vis[1] == 0) {                                  \
+            _Pragma("unroll") for (int j = 0; j < SN_Q / 8; ++j)                                \
+            _Pragma("unroll") for (int q4 = 0; q4 < 4; ++q4)                                    \
+                if (j0 + j * 8 + 2 * t + q4 % 2 >= vis[q4 / 2]) s[0][j][q4] = 0.0f;             \
+        }                                                                                       \
+        ACCUMULATE(acc, s, 1, SN_Q, ks);                                                        \
     }
+    for (uint jj = 0; jj < kend; jj += 2 * SN_Q) {
+        DQ_STEP(0, jj)
+        if (jj + SN_Q < kend) DQ_STEP(1, jj + SN_Q)
+    }
+#undef DQ_STEP
 #undef ISSUE
 #undef LAND
 #undef KS
