@@ -68,11 +68,62 @@ inline void gemv_rows(uint u, uint mode, uint n0, uint n1, uint hd, uint halves,
 #define GEMV_ARGS y, x, g, w0, w1, w2, res, bias, kc, vc, pads, inv_freq, step, err, a, eps, theta
 #define GEMV_LOCAL (3 * GEMV_MAXB * GEMV_GROUP)  // ACC elements of local memory a tile uses
 
+// Unit u's epilogue for batch row `row`: its two dots v0, v1 (over x * g where has_norm; sq: the
+// row's sum of squares over K) normalised, biased and stored as the mode says.
+inline void gemv_store(uint u, uint row, ACC v0, ACC v1, ACC sq, GEMV_ARGS_DECL) {
+    uint m = 0, r0 = 0, r1 = 0, second = 0, n0 = a.n0, n1 = a.n1, hd = a.hd, mode = a.mode;
+    gemv_rows(u, mode, n0, n1, hd, a.halves, &m, &r0, &r1, &second);
+    if (a.has_norm) {
+        ACC rs = (ACC)1 / sqrt(sq / (ACC)a.K + eps);
+        v0 *= rs;
+        v1 *= rs;
+    }
+    if (a.has_bias) {
+        // Row r0 of matrix m and row r1 of matrix m (SwiGLU: of w1), in the joined biases.
+        uint off0 = m == 0 ? 0u : (m == 1 ? n0 : n0 + n1);
+        uint off1 = mode == EPI_SWIGLU ? n0 : off0;
+        v0 += LOAD(bias, off0 + r0);
+        v1 += LOAD(bias, off1 + r1);
+    }
+    if (mode == EPI_PLAIN) {
+        size_t o = (size_t)row * n0;
+        STORE(y, o + r0, v0 + (a.has_res ? LOAD(res, o + r0) : (ACC)0));
+        if (second) STORE(y, o + r1, v1 + (a.has_res ? LOAD(res, o + r1) : (ACC)0));
+    } else if (mode == EPI_SWIGLU) {
+        STORE(y, (size_t)row * n0 + r0, v0 / ((ACC)1 + exp(-v0)) * v1);
+    } else {
+        int at = decode_position(step, a.smax, err, a.code);
+        if (at < 0) return;
+        uint pairs = hd / 2;
+        if (m < 2) {
+            // RoPE as rope.cl computes it: a = pos * inv_freq, or pos / theta^(2i / hd).
+            uint i = (a.halves ? r0 : r0 / 2) % pairs;
+            uint pos = (uint)at - (a.has_pads ? (uint)pads[row] : 0u);
+            ACC freq = a.use_table ? inv_freq[i] : (ACC)1 / pow(theta, (ACC)(2 * i) / (ACC)(2 * pairs));
+            ACC angle = (ACC)pos * freq;
+            ACC cs = cos(angle), sn = sin(angle);
+            ACC x0 = v0, x1 = v1;
+            v0 = x0 * cs - x1 * sn;
+            v1 = x0 * sn + x1 * cs;
+        }
+        if (m == 0) {
+            STORE(y, (size_t)row * n0 + r0, v0);
+            STORE(y, (size_t)row * n0 + r1, v1);
+        } else {
+            // (head, position at) of this row's cache: heads = n1 / hd (keys and values alike).
+            uint head = r0 / hd;
+            size_t o = (((size_t)row * (n1 / hd) + head) * a.smax + (uint)at) * hd;
+            __global T* cache = m == 1 ? kc : vc;
+            STORE(cache, o + r0 % hd, v0);
+            STORE(cache, o + r1 % hd, v1);
+        }
+    }
+}
+
 // Tile (g0, g1) of decode_gemv: its work-group g0 of grid dim 0 and batch group g1.
 inline void gemv_tile(uint g0, uint g1, __local ACC* part, GEMV_ARGS_DECL) {
     uint K = a.K, B = a.B, n0 = a.n0, n1 = a.n1, units = a.units, team = a.team, hd = a.hd;
-    uint smax = a.smax, mode = a.mode, halves = a.halves;
-    uint has_norm = a.has_norm, has_res = a.has_res, has_pads = a.has_pads, use_table = a.use_table;
+    uint mode = a.mode, halves = a.halves, has_norm = a.has_norm;
     uint lid = get_local_id(0), t = lid % team, base = lid - t;
     uint u = (g0 * GEMV_GROUP + lid) / team;
     uint b0 = g1 * GEMV_MAXB;
@@ -131,55 +182,8 @@ inline void gemv_tile(uint g0, uint g1, __local ACC* part, GEMV_ARGS_DECL) {
     if (!active || t >= nb) return;
     // Work-item t of the team finishes batch row b0 + t.
     uint b = t;
-    ACC v0 = part[(3 * b) * GEMV_GROUP + base];
-    ACC v1 = part[(3 * b + 1) * GEMV_GROUP + base];
-    ACC sq = part[(3 * b + 2) * GEMV_GROUP + base];
-    if (has_norm) {
-        ACC rs = (ACC)1 / sqrt(sq / (ACC)K + eps);
-        v0 *= rs;
-        v1 *= rs;
-    }
-    if (a.has_bias) {
-        // Row r0 of matrix m and row r1 of matrix m (SwiGLU: of w1), in the joined biases.
-        uint off0 = m == 0 ? 0u : (m == 1 ? n0 : n0 + n1);
-        uint off1 = mode == EPI_SWIGLU ? n0 : off0;
-        v0 += LOAD(bias, off0 + r0);
-        v1 += LOAD(bias, off1 + r1);
-    }
-    uint row = b0 + b;
-    if (mode == EPI_PLAIN) {
-        size_t o = (size_t)row * n0;
-        STORE(y, o + r0, v0 + (has_res ? LOAD(res, o + r0) : (ACC)0));
-        if (second) STORE(y, o + r1, v1 + (has_res ? LOAD(res, o + r1) : (ACC)0));
-    } else if (mode == EPI_SWIGLU) {
-        STORE(y, (size_t)row * n0 + r0, v0 / ((ACC)1 + exp(-v0)) * v1);
-    } else {
-        int at = decode_position(step, smax, err, a.code);
-        if (at < 0) return;
-        uint pairs = hd / 2;
-        if (m < 2) {
-            // RoPE as rope.cl computes it: a = pos * inv_freq, or pos / theta^(2i / hd).
-            uint i = (halves ? r0 : r0 / 2) % pairs;
-            uint pos = (uint)at - (has_pads ? (uint)pads[row] : 0u);
-            ACC freq = use_table ? inv_freq[i] : (ACC)1 / pow(theta, (ACC)(2 * i) / (ACC)(2 * pairs));
-            ACC a = (ACC)pos * freq;
-            ACC cs = cos(a), sn = sin(a);
-            ACC x0 = v0, x1 = v1;
-            v0 = x0 * cs - x1 * sn;
-            v1 = x0 * sn + x1 * cs;
-        }
-        if (m == 0) {
-            STORE(y, (size_t)row * n0 + r0, v0);
-            STORE(y, (size_t)row * n0 + r1, v1);
-        } else {
-            // (head, position at) of this row's cache: heads = n1 / hd (keys and values alike).
-            uint head = r0 / hd;
-            size_t o = (((size_t)row * (n1 / hd) + head) * smax + (uint)at) * hd;
-            __global T* cache = m == 1 ? kc : vc;
-            STORE(cache, o + r0 % hd, v0);
-            STORE(cache, o + r1 % hd, v1);
-        }
-    }
+    gemv_store(u, b0 + b, part[(3 * b) * GEMV_GROUP + base], part[(3 * b + 1) * GEMV_GROUP + base],
+               part[(3 * b + 2) * GEMV_GROUP + base], GEMV_ARGS);
 }
 
 __kernel __attribute__((reqd_work_group_size(GEMV_GROUP, 1, 1)))
@@ -201,6 +205,128 @@ void decode_gemv(__global T* y,               /* PLAIN, SWIGLU: (B, n0 or N); QK
     __local ACC part[GEMV_LOCAL];
     gemv_tile(get_group_id(0), get_group_id(1), part, GEMV_ARGS);
 }
+
+#if (defined(TC_BF16) && defined(DT_BF16)) || (defined(TC_F16) && defined(DT_F16))
+// Batches of more than GEMV_MAXB rows on tensor cores (mma.sync; only where the host's probe
+// passed): decode_gemv's work-groups each read every weight for their 4 rows, this reads each
+// weight once for 32 rows. x * g, rounded to the 16-bit format (its sum of squares kept in f32), is
+// staged a chunk of K at a time; each warp multiplies 8 units' 16 weight rows, loaded 16 bytes a
+// work-item straight into B fragments, by the chunk's two 16-row tiles; gemv_store finishes.
+#define GT_WARPS 4             // warps of a work-group
+#define GT_UNITS (8 * GT_WARPS) // units of a work-group: 8 a warp (one 8-column mma tile per row)
+#define GT_ROWS 32             // batch rows of a work-group: two 16-row mma tiles
+#define GT_KC 256              // K of a staged chunk
+#define GT_XW (GT_KC / 2 + 4)  // words a staged row takes (padded: ldmatrix's 8 rows on distinct banks)
+
+// The staged word of the chunk's K pair p: a work-item's 16-byte weight load holds K 8t .. 8t + 7
+// of a 32-K group, which mma's m16n8k16 B fragment of lane (g, t) wants as K 2t, 2t + 1 and
+// 2t + 8, 2t + 9 of two k16 steps: the input is staged in that order (a permutation of K that
+// both operands share).
+inline uint gt_word(uint p) {
+    uint c = p / 16, t = (p % 16) / 4, r = p % 4;  // 32-K group, loading work-item, pair of its 4
+    return c * 16 + (r / 2) * 8 + (r % 2) * 4 + t;
+}
+
+__kernel __attribute__((reqd_work_group_size(32 * GT_WARPS, 1, 1)))
+void decode_gemv_tc(__global T* y,               /* PLAIN, SWIGLU: (B, n0); QKV: (B, n0) rotated queries */
+                    __global const T* x,         /* (B, K), K a multiple of 32 */
+                    __global const T* g,         /* (K) RMSNorm weight, read when has_norm */
+                    __global const T* w0,        /* (n0, K), each row 16-byte aligned */
+                    __global const T* w1,        /* (n1, K): SWIGLU's up rows, QKV's key rows */
+                    __global const T* w2,        /* (n2, K): QKV's value rows */
+                    __global const T* res,       /* (B, n0) added in PLAIN when has_res */
+                    __global const T* bias,      /* (n0 [+ n1 [+ n2]]) biases (has_bias) */
+                    __global T* kc,              /* QKV: (B, n1 / hd, smax, hd) key cache */
+                    __global T* vc,              /* QKV: (B, n2 / hd, smax, hd) value cache */
+                    __global const int* pads,    /* (B) left padding (has_pads) */
+                    __global const ACC* inv_freq,/* (hd / 2) pair frequencies when use_table */
+                    __global const int* step,    /* QKV: (1) the cache position written */
+                    __global int* err,           /* QKV: (4) the device's error record */
+                    GemvArgs a, ACC eps, ACC theta) {
+    __local uint xs[GT_ROWS * GT_XW];   // the chunk: (GT_ROWS, GT_KC) 16-bit, K permuted (gt_word)
+    __local ACC ssp[32 * GT_WARPS];     // sums of squares: row lid / 4, a quarter of K each
+    uint K = a.K, B = a.B, units = a.units, mode = a.mode;
+    uint lid = get_local_id(0), warp = lid / 32, lane = lid % 32, gq = lane / 4, t = lane % 4;
+    uint ugs = (units + GT_UNITS - 1) / GT_UNITS, wg = get_group_id(0);
+    uint u0 = (wg % ugs) * GT_UNITS + warp * 8, b0 = (wg / ugs) * GT_ROWS;
+    // This work-item's B-fragment rows: unit u0 + gq's two weight rows.
+    uint u = u0 + gq, m = 0, r0 = 0, r1 = 0, second = 0;
+    bool active = u < units;
+    if (active) gemv_rows(u, mode, a.n0, a.n1, a.hd, a.halves, &m, &r0, &r1, &second);
+    __global const T* wm = m == 0 ? w0 + a.w_off[0] : (m == 1 ? w1 + a.w_off[1] : w2 + a.w_off[2]);
+    __global const uint4* wa = (__global const uint4*)(wm + (size_t)r0 * K);
+    __global const uint4* wb =
+        (__global const uint4*)((mode == EPI_SWIGLU ? w1 + a.w_off[1] : wm) + (size_t)r1 * K);
+    // The staging rows: work-item lid stages row lid / 4's K 4 (lid % 4 + 4 i) .. + 3.
+    uint srow = lid / 4, sq4 = lid % 4;
+    bool srow_in = b0 + srow < B;
+    __global const T* xr = x + (size_t)(srow_in ? b0 + srow : 0) * K;
+    ACC ssq = 0;
+    float acc[2][2][4];  // (m tile, n tile: r0 or r1 rows, fragment)
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc[i / 8][(i / 4) % 2][i % 4] = 0.0f;
+    for (uint k0 = 0; k0 < K; k0 += GT_KC) {
+        uint groups = min((uint)GT_KC, K - k0) / 32;
+        // The chunk's weights first: their loads are in flight while the input is staged.
+        uint4 wq[GT_KC / 32][2];
+#pragma unroll
+        for (uint c = 0; c < GT_KC / 32; ++c) {
+            bool in = active && c < groups;
+            wq[c][0] = in ? wa[(k0 + 32 * c) / 8 + t] : (uint4)(0);
+            wq[c][1] = in ? wb[(k0 + 32 * c) / 8 + t] : (uint4)(0);
+        }
+        for (uint i = 0; i < GT_KC / 16; ++i) {
+            uint kq = sq4 + 4 * i, k = k0 + 4 * kq;  // this work-item's 4 K of the chunk
+            ACC4 v = (ACC4)((ACC)0);
+            if (srow_in && k < K) {
+                v = LOAD4(xr, k / 4);
+                ssq += dot(v, v);
+                if (a.has_norm) v *= LOAD4(g, k / 4);
+            }
+            xs[srow * GT_XW + gt_word(2 * kq)] = pack2(v.x, v.y);
+            xs[srow * GT_XW + gt_word(2 * kq + 1)] = pack2(v.z, v.w);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll
+        for (uint c = 0; c < GT_KC / 32; ++c) {
+            if (c < groups) {
+#pragma unroll
+                for (uint s = 0; s < 2; ++s) {
+                    uint af[2][4];
+#pragma unroll
+                    for (uint mt = 0; mt < 2; ++mt)
+                        LDMATRIX_X4(af[mt], &xs[(mt * 16 + lane % 16) * GT_XW + (2 * c + s) * 8 + (lane / 16) * 4]);
+                    uint a0 = s ? wq[c][0].z : wq[c][0].x, a1 = s ? wq[c][0].w : wq[c][0].y;
+                    uint b0_ = s ? wq[c][1].z : wq[c][1].x, b1_ = s ? wq[c][1].w : wq[c][1].y;
+#pragma unroll
+                    for (uint mt = 0; mt < 2; ++mt) {
+                        MMA(acc[mt][0], af[mt], a0, a1);
+                        MMA(acc[mt][1], af[mt], b0_, b1_);
+                    }
+                }
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);  // every warp is done with the chunk
+    }
+    ssp[lid] = ssq;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // Fragment (mt, hi, j): batch row mt * 16 + gq + 8 hi, unit u0 + 2t + j.
+#pragma unroll
+    for (uint mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (uint hi = 0; hi < 2; ++hi) {
+            uint r = mt * 16 + gq + 8 * hi;
+            ACC sq = ((ssp[4 * r] + ssp[4 * r + 1]) + ssp[4 * r + 2]) + ssp[4 * r + 3];
+#pragma unroll
+            for (uint j = 0; j < 2; ++j) {
+                uint uj = u0 + 2 * t + j;
+                if (uj < units && b0 + r < B)
+                    gemv_store(uj, b0 + r, acc[mt][0][2 * hi + j], acc[mt][1][2 * hi + j], sq,
+                               GEMV_ARGS);
+            }
+        }
+}
+#endif
 
 #define ATT_GROUP 256
 #define ATT_MAX_HD 256
