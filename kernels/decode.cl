@@ -212,8 +212,14 @@ void decode_gemv(__global T* y,               /* PLAIN, SWIGLU: (B, n0 or N); QK
 // weight once for 32 rows. x * g, rounded to the 16-bit format (its sum of squares kept in f32), is
 // staged a chunk of K at a time; each warp multiplies 8 units' 16 weight rows, loaded 16 bytes a
 // work-item straight into B fragments, by the chunk's two 16-row tiles; gemv_store finishes.
+// -DGT_KSPLIT=4 (where few work-groups would fill the device): the warps of a work-group share 8
+// units and take every fourth 32-K group each, their sums added in warp order at the end.
 #define GT_WARPS 4             // warps of a work-group
-#define GT_UNITS (8 * GT_WARPS) // units of a work-group: 8 a warp (one 8-column mma tile per row)
+#ifndef GT_KSPLIT
+#define GT_KSPLIT 1            // warps sharing a unit's K (1, 2 or 4)
+#endif
+#define GT_UNITS (8 * GT_WARPS / GT_KSPLIT) // units of a work-group: 8 a warp (one mma n tile)
+#define GT_KG (GT_KC / 32 / GT_KSPLIT)      // 32-K groups of a chunk a warp takes
 #define GT_ROWS 32             // batch rows of a work-group: two 16-row mma tiles
 #define GT_KC 256              // K of a staged chunk
 #define GT_XW (GT_KC / 2 + 4)  // words a staged row takes (padded: ldmatrix's 8 rows on distinct banks)
@@ -247,8 +253,9 @@ void decode_gemv_tc(__global T* y,               /* PLAIN, SWIGLU: (B, n0); QKV:
     __local ACC ssp[32 * GT_WARPS];     // sums of squares: row lid / 4, a quarter of K each
     uint K = a.K, B = a.B, units = a.units, mode = a.mode;
     uint lid = get_local_id(0), warp = lid / 32, lane = lid % 32, gq = lane / 4, t = lane % 4;
+    uint kw = warp % GT_KSPLIT;  // this warp's share of K: groups kw, kw + GT_KSPLIT, ...
     uint ugs = (units + GT_UNITS - 1) / GT_UNITS, wg = get_group_id(0);
-    uint u0 = (wg % ugs) * GT_UNITS + warp * 8, b0 = (wg / ugs) * GT_ROWS;
+    uint u0 = (wg % ugs) * GT_UNITS + (warp / GT_KSPLIT) * 8, b0 = (wg / ugs) * GT_ROWS;
     // This work-item's B-fragment rows: unit u0 + gq's two weight rows.
     uint u = u0 + gq, m = 0, r0 = 0, r1 = 0, second = 0;
     bool active = u < units;
@@ -268,12 +275,13 @@ void decode_gemv_tc(__global T* y,               /* PLAIN, SWIGLU: (B, n0); QKV:
     for (uint k0 = 0; k0 < K; k0 += GT_KC) {
         uint groups = min((uint)GT_KC, K - k0) / 32;
         // The chunk's weights first: their loads are in flight while the input is staged.
-        uint4 wq[GT_KC / 32][2];
+        uint4 wq[GT_KG][2];
 #pragma unroll
-        for (uint c = 0; c < GT_KC / 32; ++c) {
+        for (uint cc = 0; cc < GT_KG; ++cc) {
+            uint c = cc * GT_KSPLIT + kw;
             bool in = active && c < groups;
-            wq[c][0] = in ? wa[(k0 + 32 * c) / 8 + t] : (uint4)(0);
-            wq[c][1] = in ? wb[(k0 + 32 * c) / 8 + t] : (uint4)(0);
+            wq[cc][0] = in ? wa[(k0 + 32 * c) / 8 + t] : (uint4)(0);
+            wq[cc][1] = in ? wb[(k0 + 32 * c) / 8 + t] : (uint4)(0);
         }
         for (uint i = 0; i < GT_KC / 16; ++i) {
             uint kq = sq4 + 4 * i, k = k0 + 4 * kq;  // this work-item's 4 K of the chunk
@@ -288,7 +296,8 @@ void decode_gemv_tc(__global T* y,               /* PLAIN, SWIGLU: (B, n0); QKV:
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 #pragma unroll
-        for (uint c = 0; c < GT_KC / 32; ++c) {
+        for (uint cc = 0; cc < GT_KG; ++cc) {
+            uint c = cc * GT_KSPLIT + kw;
             if (c < groups) {
 #pragma unroll
                 for (uint s = 0; s < 2; ++s) {
@@ -296,8 +305,8 @@ void decode_gemv_tc(__global T* y,               /* PLAIN, SWIGLU: (B, n0); QKV:
 #pragma unroll
                     for (uint mt = 0; mt < 2; ++mt)
                         LDMATRIX_X4(af[mt], &xs[(mt * 16 + lane % 16) * GT_XW + (2 * c + s) * 8 + (lane / 16) * 4]);
-                    uint a0 = s ? wq[c][0].z : wq[c][0].x, a1 = s ? wq[c][0].w : wq[c][0].y;
-                    uint b0_ = s ? wq[c][1].z : wq[c][1].x, b1_ = s ? wq[c][1].w : wq[c][1].y;
+                    uint a0 = s ? wq[cc][0].z : wq[cc][0].x, a1 = s ? wq[cc][0].w : wq[cc][0].y;
+                    uint b0_ = s ? wq[cc][1].z : wq[cc][1].x, b1_ = s ? wq[cc][1].w : wq[cc][1].y;
 #pragma unroll
                     for (uint mt = 0; mt < 2; ++mt) {
                         MMA(acc[mt][0], af[mt], a0, a1);
@@ -309,7 +318,20 @@ void decode_gemv_tc(__global T* y,               /* PLAIN, SWIGLU: (B, n0); QKV:
         barrier(CLK_LOCAL_MEM_FENCE);  // every warp is done with the chunk
     }
     ssp[lid] = ssq;
+#if GT_KSPLIT > 1
+    // The other warps' sums through the chunk's memory (free after the last barrier), added to
+    // the first warp's of each unit group in warp order.
+    if (kw != 0)
+#pragma unroll
+        for (int i = 0; i < 16; ++i) xs[i * 32 * GT_WARPS + lid] = as_uint(acc[i / 8][(i / 4) % 2][i % 4]);
     barrier(CLK_LOCAL_MEM_FENCE);
+    if (kw != 0) return;
+    for (uint w = 1; w < GT_KSPLIT; ++w)
+#pragma unroll
+        for (int i = 0; i < 16; ++i) acc[i / 8][(i / 4) % 2][i % 4] += as_float(xs[i * 32 * GT_WARPS + lid + 32 * w]);
+#else
+    barrier(CLK_LOCAL_MEM_FENCE);
+#endif
     // Fragment (mt, hi, j): batch row mt * 16 + gq + 8 hi, unit u0 + 2t + j.
 #pragma unroll
     for (uint mt = 0; mt < 2; ++mt)

@@ -41,32 +41,44 @@ pub(super) struct GemvArgs {
 pub(super) const GEMV_GROUP: usize = 256;
 pub(super) const GEMV_MAXB: usize = 4;
 const ATT_GROUP: usize = 256;
-/// decode_gemv_tc's work-items, units and batch rows a work-group (`GT_*` of decode.cl).
+/// decode_gemv_tc's work-items, units (with one warp a unit group's K) and batch rows a
+/// work-group (`GT_*` of decode.cl).
 const GT_GROUP: usize = 128;
 const GT_UNITS: usize = 32;
 const GT_ROWS: usize = 32;
 
-/// The build option of decode.cl's tensor-core GEMV where a launch of `b` rows over `k` and
-/// weights at element offsets `w_off` can take it: more rows than one decode_gemv work-group
-/// takes (fewer read every weight about once anyway), 16-bit dtypes on a device whose
-/// tensor-core probe passed, K a multiple of 32 and every weight row 16-byte aligned.
-fn tc_option(
+/// How decode.cl's tensor-core GEMV takes a launch of `b` rows over `k` and `units` units with
+/// weights at element offsets `w_off`: its build options and units a work-group, where it can:
+/// more rows than one decode_gemv work-group takes (fewer read every weight about once anyway),
+/// 16-bit dtypes on a device whose tensor-core probe passed, K a multiple of 32 and every weight
+/// row 16-byte aligned. Where one warp a unit group would leave compute units idle, four warps
+/// share each unit group's K (`GT_KSPLIT`).
+fn tc_plan(
     device: &Device,
     dtype: DType,
-    b: usize,
-    k: usize,
+    (b, k, units): (usize, usize, usize),
     w_off: &[u32; 3],
-) -> Option<&'static str> {
-    let opt = match dtype {
+) -> Option<(String, usize)> {
+    let tc = match dtype {
         DType::BF16 => "-DTC_BF16",
         DType::F16 => "-DTC_F16",
         _ => return None,
     };
-    (b > GEMV_MAXB
+    let fits = b > GEMV_MAXB
         && k.is_multiple_of(32)
         && w_off.iter().all(|o| o.is_multiple_of(8))
-        && tensor_core_kind(device, dtype).is_some())
-    .then_some(opt)
+        && tensor_core_kind(device, dtype).is_some();
+    if !fits {
+        return None;
+    }
+    let groups = units.div_ceil(GT_UNITS) * b.div_ceil(GT_ROWS);
+    let split = if groups < device.info().compute_units as usize {
+        4
+    } else {
+        1
+    };
+    let options = format!("{} {tc} -DGT_KSPLIT={split}", dtype.build_option());
+    Some((options, GT_UNITS / split))
 }
 
 /// A decode_gemv launch's sizes: its `GemvArgs` and its grid (work-groups along the units, batch
@@ -218,13 +230,9 @@ pub(super) fn gemv(desc: &DecodeGemv, device: &Device) -> Result<Tensor> {
     let launch = gemv_launch(op, (b, k), [n0, n1, n2], shape)?;
     let out_cols = n0;
     let y = Tensor::alloc(&[b, out_cols], x.dtype, device)?;
-    let tc = tc_option(device, x.dtype, b, k, &w_off);
-    let program = match tc {
-        Some(opt) => program(
-            device,
-            &DECODE,
-            &format!("{} {opt}", x.dtype.build_option()),
-        )?,
+    let tc = tc_plan(device, x.dtype, (b, k, launch.args.units as usize), &w_off);
+    let program = match &tc {
+        Some((options, _)) => program(device, &DECODE, options)?,
         None => program_for(device, &DECODE, x.dtype)?,
     };
     let name = if tc.is_some() {
@@ -271,8 +279,8 @@ pub(super) fn gemv(desc: &DecodeGemv, device: &Device) -> Result<Tensor> {
     let bytes = ((n0 + n1 + n2) * k + 2 * b * out_cols) * es;
     kern.declare(bytes as u64, (2 * b * (n0 + n1 + n2) * k) as u64);
     match tc {
-        Some(_) => {
-            let groups = (launch.args.units as usize).div_ceil(GT_UNITS) * b.div_ceil(GT_ROWS);
+        Some((_, per_group)) => {
+            let groups = (launch.args.units as usize).div_ceil(per_group) * b.div_ceil(GT_ROWS);
             kern.launch(&[groups * GT_GROUP], &[GT_GROUP])?
         }
         None => kern.launch(
