@@ -68,16 +68,18 @@ inline void gemv_rows(uint u, uint mode, uint n0, uint n1, uint hd, uint halves,
 #define GEMV_ARGS y, x, g, w0, w1, w2, res, bias, kc, vc, pads, inv_freq, step, err, a, eps, theta
 #define GEMV_LOCAL (3 * GEMV_MAXB * GEMV_GROUP)  // ACC elements of local memory a tile uses
 
-// Unit u's epilogue for batch row `row`: its two dots v0, v1 (over x * g where has_norm; sq: the
-// row's sum of squares over K) normalised, biased and stored as the mode says.
-inline void gemv_store(uint u, uint row, ACC v0, ACC v1, ACC sq, GEMV_ARGS_DECL) {
+// The RMSNorm's factor for a row whose sum of squares over K is sq (1 without a norm).
+inline ACC gemv_rstd(ACC sq, GemvArgs a, ACC eps) {
+    return a.has_norm ? (ACC)1 / sqrt(sq / (ACC)a.K + eps) : (ACC)1;
+}
+
+// Unit u's epilogue for batch row `row`: its two dots v0, v1 (over x * g where has_norm) times
+// the row's norm factor rs, biased and stored as the mode says.
+inline void gemv_store(uint u, uint row, ACC v0, ACC v1, ACC rs, GEMV_ARGS_DECL) {
     uint m = 0, r0 = 0, r1 = 0, second = 0, n0 = a.n0, n1 = a.n1, hd = a.hd, mode = a.mode;
     gemv_rows(u, mode, n0, n1, hd, a.halves, &m, &r0, &r1, &second);
-    if (a.has_norm) {
-        ACC rs = (ACC)1 / sqrt(sq / (ACC)a.K + eps);
-        v0 *= rs;
-        v1 *= rs;
-    }
+    v0 *= rs;
+    v1 *= rs;
     if (a.has_bias) {
         // Row r0 of matrix m and row r1 of matrix m (SwiGLU: of w1), in the joined biases.
         uint off0 = m == 0 ? 0u : (m == 1 ? n0 : n0 + n1);
@@ -182,8 +184,9 @@ inline void gemv_tile(uint g0, uint g1, __local ACC* part, GEMV_ARGS_DECL) {
     if (!active || t >= nb) return;
     // Work-item t of the team finishes batch row b0 + t.
     uint b = t;
+    ACC rs = gemv_rstd(part[(3 * b + 2) * GEMV_GROUP + base], a, eps);
     gemv_store(u, b0 + b, part[(3 * b) * GEMV_GROUP + base], part[(3 * b + 1) * GEMV_GROUP + base],
-               part[(3 * b + 2) * GEMV_GROUP + base], GEMV_ARGS);
+               rs, GEMV_ARGS);
 }
 
 __kernel __attribute__((reqd_work_group_size(GEMV_GROUP, 1, 1)))
@@ -209,8 +212,8 @@ void decode_gemv(__global T* y,               /* PLAIN, SWIGLU: (B, n0 or N); QK
 #if (defined(TC_BF16) && defined(DT_BF16)) || (defined(TC_F16) && defined(DT_F16))
 // Batches of more than GEMV_MAXB rows on tensor cores (mma.sync; only where the host's probe
 // passed): decode_gemv's work-groups each read every weight for their 4 rows, this reads each
-// weight once for 32 rows. x * g, rounded to the 16-bit format (its sum of squares kept in f32), is
-// staged a chunk of K at a time; each warp multiplies 8 units' 16 weight rows, loaded 16 bytes a
+// weight once for 32 rows. The rows' sums of squares come first; x * g * rstd, rounded to the
+// 16-bit format (as the composed norm rounds its output), is then staged a chunk of K at a time; each warp multiplies 8 units' 16 weight rows, loaded 16 bytes a
 // work-item straight into B fragments, by the chunk's two 16-row tiles; gemv_store finishes.
 // -DGT_KSPLIT=4 (where few work-groups would fill the device): the warps of a work-group share 8
 // units and take every fourth 32-K group each, their sums added in warp order at the end.
@@ -249,7 +252,8 @@ void decode_gemv_tc(__global T* y,               /* PLAIN, SWIGLU: (B, n0); QKV:
                     __global const int* step,    /* QKV: (1) the cache position written */
                     __global int* err,           /* QKV: (4) the device's error record */
                     GemvArgs a, ACC eps, ACC theta) {
-    __local uint xs[GT_ROWS * GT_XW];   // the chunk: (GT_ROWS, GT_KC) 16-bit, K permuted (gt_word)
+    // The chunk: (GT_ROWS, GT_KC) 16-bit, K permuted (gt_word); ldmatrix rows 16-byte aligned.
+    __local uint xs[GT_ROWS * GT_XW] __attribute__((aligned(16)));
     __local ACC ssp[32 * GT_WARPS];     // sums of squares: row lid / 4, a quarter of K each
     uint K = a.K, B = a.B, units = a.units, mode = a.mode;
     uint lid = get_local_id(0), warp = lid / 32, lane = lid % 32, gq = lane / 4, t = lane % 4;
@@ -269,6 +273,14 @@ void decode_gemv_tc(__global T* y,               /* PLAIN, SWIGLU: (B, n0); QKV:
     bool srow_in = b0 + srow < B;
     __global const T* xr = x + (size_t)(srow_in ? b0 + srow : 0) * K;
     ACC ssq = 0;
+    for (uint k4 = sq4; srow_in && k4 < K / 4; k4 += 4) {
+        ACC4 v = LOAD4(xr, k4);
+        ssq += dot(v, v);
+    }
+    ssp[lid] = ssq;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // The staged row's norm factor, summed in the order the epilogue sums it.
+    ACC srs = gemv_rstd(((ssp[4 * srow] + ssp[4 * srow + 1]) + ssp[4 * srow + 2]) + ssp[4 * srow + 3], a, eps);
     float acc[2][2][4];  // (m tile, n tile: r0 or r1 rows, fragment)
 #pragma unroll
     for (int i = 0; i < 16; ++i) acc[i / 8][(i / 4) % 2][i % 4] = 0.0f;
@@ -287,8 +299,7 @@ void decode_gemv_tc(__global T* y,               /* PLAIN, SWIGLU: (B, n0); QKV:
             uint kq = sq4 + 4 * i, k = k0 + 4 * kq;  // this work-item's 4 K of the chunk
             ACC4 v = (ACC4)((ACC)0);
             if (srow_in && k < K) {
-                v = LOAD4(xr, k / 4);
-                ssq += dot(v, v);
+                v = LOAD4(xr, k / 4) * srs;
                 if (a.has_norm) v *= LOAD4(g, k / 4);
             }
             xs[srow * GT_XW + gt_word(2 * kq)] = pack2(v.x, v.y);
@@ -317,33 +328,31 @@ void decode_gemv_tc(__global T* y,               /* PLAIN, SWIGLU: (B, n0); QKV:
         }
         barrier(CLK_LOCAL_MEM_FENCE);  // every warp is done with the chunk
     }
-    ssp[lid] = ssq;
 #if GT_KSPLIT > 1
     // The other warps' sums through the chunk's memory (free after the last barrier), added to
     // the first warp's of each unit group in warp order.
-    if (kw != 0)
+    if (kw != 0) {
 #pragma unroll
         for (int i = 0; i < 16; ++i) xs[i * 32 * GT_WARPS + lid] = as_uint(acc[i / 8][(i / 4) % 2][i % 4]);
+    }
     barrier(CLK_LOCAL_MEM_FENCE);
     if (kw != 0) return;
-    for (uint w = 1; w < GT_KSPLIT; ++w)
+    for (uint w = 1; w < GT_KSPLIT; ++w) {
 #pragma unroll
         for (int i = 0; i < 16; ++i) acc[i / 8][(i / 4) % 2][i % 4] += as_float(xs[i * 32 * GT_WARPS + lid + 32 * w]);
-#else
-    barrier(CLK_LOCAL_MEM_FENCE);
+    }
 #endif
     // Fragment (mt, hi, j): batch row mt * 16 + gq + 8 hi, unit u0 + 2t + j.
 #pragma unroll
     for (uint mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (uint hi = 0; hi < 2; ++hi) {
-            uint r = mt * 16 + gq + 8 * hi;
-            ACC sq = ((ssp[4 * r] + ssp[4 * r + 1]) + ssp[4 * r + 2]) + ssp[4 * r + 3];
+            uint r = mt * 16 + gq + 8 * hi;  // normalised in staging
 #pragma unroll
             for (uint j = 0; j < 2; ++j) {
                 uint uj = u0 + 2 * t + j;
                 if (uj < units && b0 + r < B)
-                    gemv_store(uj, b0 + r, acc[mt][0][2 * hi + j], acc[mt][1][2 * hi + j], sq,
+                    gemv_store(uj, b0 + r, acc[mt][0][2 * hi + j], acc[mt][1][2 * hi + j], (ACC)1,
                                GEMV_ARGS);
             }
         }

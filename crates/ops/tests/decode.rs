@@ -36,8 +36,8 @@ fn decode_linear_and_swiglu_match_the_composed_ops() {
             // (vector or scalar loads) and long enough for teams of 32, 64 and 256 work-items;
             // an odd N (a unit with one row); batches that the tensor-core kernel takes on
             // devices that have one (K a multiple of 32; more than one 32-row group, more than
-            // one 256-K chunk, more units than one work-group's 32; enough units for a
-            // work-group per compute unit without splitting K).
+            // one 256-K chunk, more units than one work-group's 32; SwiGLU units enough for a
+            // work-group per compute unit of a 132-unit GPU without splitting K).
             let cases = [
                 (1, 40, 7),
                 (4, 42, 16),
@@ -46,7 +46,7 @@ fn decode_linear_and_swiglu_match_the_composed_ops() {
                 (5, 4100, 3),
                 (6, 64, 10),
                 (37, 288, 75),
-                (6, 32, 8449),
+                (6, 288, 4301),
             ];
             for (case, &(b, k, n)) in cases.iter().enumerate() {
                 let seed = case as u64 * 10;
