@@ -236,6 +236,42 @@ inline uint gt_word(uint p) {
     return c * 16 + (r / 2) * 8 + (r % 2) * 4 + t;
 }
 
+// A word's two 16-bit values as f32 (low half first).
+inline float2 gt_unpack2(uint w) {
+#ifdef TC_BF16
+    return (float2)(as_float(w << 16), as_float(w & 0xffff0000u));
+#else
+    float lo, hi;
+    __asm__("{.reg .b16 lo16, hi16; mov.b32 {lo16, hi16}, %2; cvt.f32.f16 %0, lo16; cvt.f32.f16 %1, hi16;}"
+            : "=f"(lo), "=f"(hi)
+            : "r"(w));
+    return (float2)(lo, hi);
+#endif
+}
+
+// The sum of squares of 8 16-bit values.
+inline float gt_sq8(uint4 w) {
+    float2 a = gt_unpack2(w.x), b = gt_unpack2(w.y), c = gt_unpack2(w.z), d = gt_unpack2(w.w);
+    return ((dot(a, a) + dot(b, b)) + dot(c, c)) + dot(d, d);
+}
+
+// A word of x times the norm factor s (and the word of g where has_norm), rounded back.
+inline uint gt_scale2(uint xw, uint gw, float s, uint has_norm) {
+    float2 v = gt_unpack2(xw) * s;
+    if (has_norm) v *= gt_unpack2(gw);
+    return pack2(v.x, v.y);
+}
+
+#define GT_XV (GT_KC / 32)  // uint4 of a chunk a work-item stages
+// The staging work-item's GT_XV uint4 of x (and g) for the chunk at K k0 (zeros past K).
+#define GT_LOAD_INPUT(k0)                                                  \
+    _Pragma("unroll") for (uint i = 0; i < GT_XV; ++i) {                   \
+        uint j = (k0) / 8 + sq4 + 4 * i;                                   \
+        bool in = j < K / 8;                                               \
+        xv[i] = in && srow_in ? xr[j] : (uint4)(0);                        \
+        gv[i] = in && a.has_norm ? g4[j] : (uint4)(0);                     \
+    }
+
 __kernel __attribute__((reqd_work_group_size(32 * GT_WARPS, 1, 1)))
 void decode_gemv_tc(__global T* y,               /* PLAIN, SWIGLU: (B, n0); QKV: (B, n0) rotated queries */
                     __global const T* x,         /* (B, K), K a multiple of 32 */
@@ -268,18 +304,27 @@ void decode_gemv_tc(__global T* y,               /* PLAIN, SWIGLU: (B, n0); QKV:
     __global const uint4* wa = (__global const uint4*)(wm + (size_t)r0 * K);
     __global const uint4* wb =
         (__global const uint4*)((mode == EPI_SWIGLU ? w1 + a.w_off[1] : wm) + (size_t)r1 * K);
-    // The staging rows: work-item lid stages row lid / 4's K 4 (lid % 4 + 4 i) .. + 3.
+    // The staging rows: work-item lid stages row lid / 4's 8 K (lid % 4 + 4 i) * 8 .. + 7 of a
+    // chunk, i < GT_XV (32-K group i as loading work-item lid % 4), loaded a chunk ahead.
     uint srow = lid / 4, sq4 = lid % 4;
     bool srow_in = b0 + srow < B;
-    __global const T* xr = x + (size_t)(srow_in ? b0 + srow : 0) * K;
+    __global const uint4* xr = (__global const uint4*)(x + (size_t)(srow_in ? b0 + srow : 0) * K);
+    __global const uint4* g4 = (__global const uint4*)g;
     ACC ssq = 0;
-    for (uint k4 = sq4; srow_in && k4 < K / 4; k4 += 4) {
-        ACC4 v = LOAD4(xr, k4);
-        ssq += dot(v, v);
+    if (a.has_norm && srow_in) {
+        uint n = K / 32, m = 0;  // uint4 this work-item sums, four loads in flight at a time
+        for (; m + 4 <= n; m += 4) {
+            uint4 v0 = xr[sq4 + 4 * m], v1 = xr[sq4 + 4 * m + 4], v2 = xr[sq4 + 4 * m + 8],
+                  v3 = xr[sq4 + 4 * m + 12];
+            ssq += ((gt_sq8(v0) + gt_sq8(v1)) + gt_sq8(v2)) + gt_sq8(v3);
+        }
+        for (; m < n; ++m) ssq += gt_sq8(xr[sq4 + 4 * m]);
     }
     ssp[lid] = ssq;
+    uint4 xv[GT_XV], gv[GT_XV];
+    GT_LOAD_INPUT(0);
     barrier(CLK_LOCAL_MEM_FENCE);
-    // The staged row's norm factor, summed in the order the epilogue sums it.
+    // The staged row's norm factor.
     ACC srs = gemv_rstd(((ssp[4 * srow] + ssp[4 * srow + 1]) + ssp[4 * srow + 2]) + ssp[4 * srow + 3], a, eps);
     float acc[2][2][4];  // (m tile, n tile: r0 or r1 rows, fragment)
 #pragma unroll
@@ -295,16 +340,17 @@ void decode_gemv_tc(__global T* y,               /* PLAIN, SWIGLU: (B, n0); QKV:
             wq[cc][0] = in ? wa[(k0 + 32 * c) / 8 + t] : (uint4)(0);
             wq[cc][1] = in ? wb[(k0 + 32 * c) / 8 + t] : (uint4)(0);
         }
-        for (uint i = 0; i < GT_KC / 16; ++i) {
-            uint kq = sq4 + 4 * i, k = k0 + 4 * kq;  // this work-item's 4 K of the chunk
-            ACC4 v = (ACC4)((ACC)0);
-            if (srow_in && k < K) {
-                v = LOAD4(xr, k / 4) * srs;
-                if (a.has_norm) v *= LOAD4(g, k / 4);
-            }
-            xs[srow * GT_XW + gt_word(2 * kq)] = pack2(v.x, v.y);
-            xs[srow * GT_XW + gt_word(2 * kq + 1)] = pack2(v.z, v.w);
+        // x * rstd * g rounded to 16 bits; the words in gt_word's order.
+#pragma unroll
+        for (uint i = 0; i < GT_XV; ++i) {
+            __local uint* row = xs + srow * GT_XW;
+            uint p = 4 * (sq4 + 4 * i);  // the chunk's K pair of the uint4's first word
+            row[gt_word(p)] = gt_scale2(xv[i].x, gv[i].x, srs, a.has_norm);
+            row[gt_word(p + 1)] = gt_scale2(xv[i].y, gv[i].y, srs, a.has_norm);
+            row[gt_word(p + 2)] = gt_scale2(xv[i].z, gv[i].z, srs, a.has_norm);
+            row[gt_word(p + 3)] = gt_scale2(xv[i].w, gv[i].w, srs, a.has_norm);
         }
+        GT_LOAD_INPUT(k0 + GT_KC);  // the next chunk's input, in flight during this one's products
         barrier(CLK_LOCAL_MEM_FENCE);
 #pragma unroll
         for (uint cc = 0; cc < GT_KG; ++cc) {
