@@ -160,6 +160,7 @@ pub const ATTENTION_TC: &[KernelDecl] = kernels![
 /// kernels/decode.cl
 pub const DECODE: &[KernelDecl] = kernels![
     decode_gemv(y: Out, x: In, g: In, w0: In, w1: In, w2: In, res: In, bias: In, kc: Out, vc: Out, pads: In, inv_freq: In, step: In, err: Out, a: V("GemvArgs"), eps: V("ACC"), theta: V("ACC")),
+    decode_gemv_tc(y: Out, x: In, g: In, w0: In, w1: In, w2: In, res: In, bias: In, kc: Out, vc: Out, pads: In, inv_freq: In, step: In, err: Out, a: V("GemvArgs"), eps: V("ACC"), theta: V("ACC")),
     decode_attention(o: Out, q: In, kc: In, vc: In, pads: In, step: In, err: Out, sizes: V("uint8"), scale: V("ACC")),
 ];
 

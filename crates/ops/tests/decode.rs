@@ -34,13 +34,19 @@ fn decode_linear_and_swiglu_match_the_composed_ops() {
         for dtype in floats(&dev) {
             // Batches below, at and above a work-group's 4 rows; K a multiple of 4 or not
             // (vector or scalar loads) and long enough for teams of 32, 64 and 256 work-items;
-            // an odd N (a unit with one row).
+            // an odd N (a unit with one row); batches that the tensor-core kernel takes on
+            // devices that have one (K a multiple of 32; more than one 32-row group, more than
+            // one 256-K chunk, more units than one work-group's 32; SwiGLU units enough for a
+            // work-group per compute unit of a 132-unit GPU without splitting K).
             let cases = [
                 (1, 40, 7),
                 (4, 42, 16),
                 (6, 9, 5),
                 (1, 1024, 6),
                 (5, 4100, 3),
+                (6, 64, 10),
+                (37, 288, 75),
+                (6, 288, 4301),
             ];
             for (case, &(b, k, n)) in cases.iter().enumerate() {
                 let seed = case as u64 * 10;
@@ -86,8 +92,13 @@ fn decode_linear_and_swiglu_match_the_composed_ops() {
 
 #[test]
 fn decode_qkv_rotates_and_writes_the_caches_like_the_composed_ops() {
-    let (b, h, hkv, hd, k, s, at) = (3, 4, 2, 8, 32, 10, 5);
-    for dev in test_devices().unwrap() {
+    let (h, hkv, hd, k, s, at) = (4, 2, 8, 32, 10, 5);
+    // 3 rows, and 37 (the tensor-core kernel's two row groups where a device has one).
+    for (dev, b) in test_devices()
+        .unwrap()
+        .into_iter()
+        .flat_map(|d| [(d.clone(), 3), (d, 37)])
+    {
         for dtype in floats(&dev) {
             for style in [RopeStyle::Interleaved, RopeStyle::Halves] {
                 for table in [false, true] {
@@ -112,7 +123,14 @@ fn decode_qkv_rotates_and_writes_the_caches_like_the_composed_ops() {
                         k_cache: rand(dtype, &[b, hkv, s, hd], 6).to_device(d).unwrap(),
                         v_cache: rand(dtype, &[b, hkv, s, hd], 7).to_device(d).unwrap(),
                         pos: position(at, d),
-                        pads: Some(Tensor::from_vec(vec![0i32, 2, 5], &[b], d).unwrap()),
+                        pads: Some(
+                            Tensor::from_vec(
+                                (0..b).map(|i| [0i32, 2, 5][i % 3]).collect(),
+                                &[b],
+                                d,
+                            )
+                            .unwrap(),
+                        ),
                         style,
                         freqs: freqs(d),
                     };

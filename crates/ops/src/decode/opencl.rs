@@ -7,9 +7,10 @@ use crate::base::host::dense;
 use crate::base::launch::program_for;
 use crate::base::rope_types::{RopeFreqs, RopeStyle};
 use crate::base::tensor::Tensor;
-use netcl_core_devices::{Device, Result};
+use crate::matmul::matmul_tc::tensor_core_kind;
+use netcl_core_devices::{DType, Device, Result};
 use netcl_kernels::sources::DECODE;
-use netcl_kernels::Kernel;
+use netcl_kernels::{program, Kernel};
 
 /// `GemvArgs` of decode.cl: sizes and switches in one kernel argument (each argument set costs
 /// host time on every launch, and a decode step is made of launches).
@@ -40,6 +41,45 @@ pub(super) struct GemvArgs {
 pub(super) const GEMV_GROUP: usize = 256;
 pub(super) const GEMV_MAXB: usize = 4;
 const ATT_GROUP: usize = 256;
+/// decode_gemv_tc's work-items, units (with one warp a unit group's K) and batch rows a
+/// work-group (`GT_*` of decode.cl).
+const GT_GROUP: usize = 128;
+const GT_UNITS: usize = 32;
+const GT_ROWS: usize = 32;
+
+/// How decode.cl's tensor-core GEMV takes a launch of `b` rows over `k` and `units` units with
+/// weights at element offsets `w_off`: its build options and units a work-group, where it can:
+/// more rows than one decode_gemv work-group takes (fewer read every weight about once anyway),
+/// 16-bit dtypes on a device whose tensor-core probe passed, K a multiple of 32 and every weight
+/// row 16-byte aligned. Where one warp a unit group would leave compute units idle, four warps
+/// share each unit group's K (`GT_KSPLIT`).
+fn tc_plan(
+    device: &Device,
+    dtype: DType,
+    (b, k, units): (usize, usize, usize),
+    w_off: &[u32; 3],
+) -> Option<(String, usize)> {
+    let tc = match dtype {
+        DType::BF16 => "-DTC_BF16",
+        DType::F16 => "-DTC_F16",
+        _ => return None,
+    };
+    let fits = b > GEMV_MAXB
+        && k.is_multiple_of(32)
+        && w_off.iter().all(|o| o.is_multiple_of(8))
+        && tensor_core_kind(device, dtype).is_some();
+    if !fits {
+        return None;
+    }
+    let groups = units.div_ceil(GT_UNITS) * b.div_ceil(GT_ROWS);
+    let split = if groups < device.info().compute_units as usize {
+        4
+    } else {
+        1
+    };
+    let options = format!("{} {tc} -DGT_KSPLIT={split}", dtype.build_option());
+    Some((options, GT_UNITS / split))
+}
 
 /// A decode_gemv launch's sizes: its `GemvArgs` and its grid (work-groups along the units, batch
 /// groups of `GEMV_MAXB` rows).
@@ -190,8 +230,17 @@ pub(super) fn gemv(desc: &DecodeGemv, device: &Device) -> Result<Tensor> {
     let launch = gemv_launch(op, (b, k), [n0, n1, n2], shape)?;
     let out_cols = n0;
     let y = Tensor::alloc(&[b, out_cols], x.dtype, device)?;
-    let program = program_for(device, &DECODE, x.dtype)?;
-    let mut kern = Kernel::new(&program, "decode_gemv")?;
+    let tc = tc_plan(device, x.dtype, (b, k, launch.args.units as usize), &w_off);
+    let program = match &tc {
+        Some((options, _)) => program(device, &DECODE, options)?,
+        None => program_for(device, &DECODE, x.dtype)?,
+    };
+    let name = if tc.is_some() {
+        "decode_gemv_tc"
+    } else {
+        "decode_gemv"
+    };
+    let mut kern = Kernel::new(&program, name)?;
     let any = |t: Option<&Tensor>| t.unwrap_or(&x).mem();
     kern.arg_mem(y.mem()?)?
         .arg_mem(x.mem()?)?
@@ -229,10 +278,16 @@ pub(super) fn gemv(desc: &DecodeGemv, device: &Device) -> Result<Tensor> {
     let es = x.dtype.size();
     let bytes = ((n0 + n1 + n2) * k + 2 * b * out_cols) * es;
     kern.declare(bytes as u64, (2 * b * (n0 + n1 + n2) * k) as u64);
-    kern.launch(
-        &[launch.groups * GEMV_GROUP, launch.batch_groups],
-        &[GEMV_GROUP, 1],
-    )?;
+    match tc {
+        Some((_, per_group)) => {
+            let groups = (launch.args.units as usize).div_ceil(per_group) * b.div_ceil(GT_ROWS);
+            kern.launch(&[groups * GT_GROUP], &[GT_GROUP])?
+        }
+        None => kern.launch(
+            &[launch.groups * GEMV_GROUP, launch.batch_groups],
+            &[GEMV_GROUP, 1],
+        )?,
+    };
     Ok(y)
 }
 
