@@ -1,7 +1,7 @@
 //! Generation workloads beyond the 110M f32 one: 110M with bf16 weights (batch 1, and 32 prompts of different lengths) and the 1B-class shape in bf16, batch 1, against the weights' bandwidth limit.
 use crate::scale::tiny_llama_1b;
 use crate::{Record, Runner};
-use netcl_core_devices::{DType, Result};
+use netcl_core_devices::{DType, Error, Result};
 use netcl_models::{generate, Llama, LlamaConfig, Sampler, Sampling};
 use netcl_nn::Module;
 use std::time::Instant;
@@ -19,15 +19,25 @@ impl Runner {
             self.generation("llama110m_bf16_generate", &c110, &prompts, 256)?;
         }
         if on("generate_b32") {
-            // 32 prompts of 4 to 32 tokens.
-            let prompts: Vec<Vec<u32>> = (0..32)
+            // 32 prompts of 4 to 32 tokens (`NETCL_BENCH_PROMPTS`: the first N of them instead).
+            let n = match std::env::var("NETCL_BENCH_PROMPTS") {
+                Ok(v) => v.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                    Error::invalid(
+                        "NETCL_BENCH_PROMPTS",
+                        format!("{v:?}: use a positive number"),
+                    )
+                })?,
+                Err(_) => 32,
+            };
+            let prompts: Vec<Vec<u32>> = (0..n)
                 .map(|i| {
                     (0..4 + (i * 7) % 29)
                         .map(|j| (1 + 37 * i + 11 * j) as u32 % 32000)
                         .collect()
                 })
                 .collect();
-            self.generation("llama110m_bf16_generate_b32", &c110, &prompts, 256)?;
+            let name = format!("llama110m_bf16_generate_b{n}");
+            self.generation(&name, &c110, &prompts, 256)?;
         }
         if on("generate_1b") {
             let cfg = LlamaConfig {
