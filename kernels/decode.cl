@@ -213,8 +213,9 @@ void decode_gemv(__global T* y,               /* PLAIN, SWIGLU: (B, n0 or N); QK
 // Batches of more than GEMV_MAXB rows on tensor cores (mma.sync; only where the host's probe
 // passed): decode_gemv's work-groups each read every weight for their 4 rows, this reads each
 // weight once for 32 rows. The rows' sums of squares come first; x * g * rstd, rounded to the
-// 16-bit format (as the composed norm rounds its output), is then staged a chunk of K at a time; each warp multiplies 8 units' 16 weight rows, loaded 16 bytes a
-// work-item straight into B fragments, by the chunk's two 16-row tiles; gemv_store finishes.
+// 16-bit format (as the composed norm rounds its output), is then staged a chunk of K at a time;
+// each warp multiplies 8 units' 16 weight rows, loaded 16 bytes a work-item straight into B
+// fragments, by the chunk's two 16-row tiles; gemv_store finishes.
 // -DGT_KSPLIT=4 (where few work-groups would fill the device): the warps of a work-group share 8
 // units and take every fourth 32-K group each, their sums added in warp order at the end.
 #define GT_WARPS 4             // warps of a work-group
@@ -312,16 +313,17 @@ void decode_gemv_tc(__global T* y,               /* PLAIN, SWIGLU: (B, n0); QKV:
     __global const uint4* g4 = (__global const uint4*)g;
     ACC ssq = 0;
     if (a.has_norm && srow_in) {
-        uint n = K / 32, m = 0;  // uint4 this work-item sums, four loads in flight at a time
-        for (; m + 4 <= n; m += 4) {
-            uint4 v0 = xr[sq4 + 4 * m], v1 = xr[sq4 + 4 * m + 4], v2 = xr[sq4 + 4 * m + 8],
-                  v3 = xr[sq4 + 4 * m + 12];
+        uint n = K / 32, q = 0;  // uint4 this work-item sums, four loads in flight at a time
+        for (; q + 4 <= n; q += 4) {
+            uint4 v0 = xr[sq4 + 4 * q], v1 = xr[sq4 + 4 * q + 4], v2 = xr[sq4 + 4 * q + 8],
+                  v3 = xr[sq4 + 4 * q + 12];
             ssq += ((gt_sq8(v0) + gt_sq8(v1)) + gt_sq8(v2)) + gt_sq8(v3);
         }
-        for (; m < n; ++m) ssq += gt_sq8(xr[sq4 + 4 * m]);
+        for (; q < n; ++q) ssq += gt_sq8(xr[sq4 + 4 * q]);
     }
     ssp[lid] = ssq;
     uint4 xv[GT_XV], gv[GT_XV];
+    __local uint* srow_xs = xs + srow * GT_XW;  // this work-item's staged row
     GT_LOAD_INPUT(0);
     barrier(CLK_LOCAL_MEM_FENCE);
     // The staged row's norm factor.
@@ -343,12 +345,11 @@ void decode_gemv_tc(__global T* y,               /* PLAIN, SWIGLU: (B, n0); QKV:
         // x * rstd * g rounded to 16 bits; the words in gt_word's order.
 #pragma unroll
         for (uint i = 0; i < GT_XV; ++i) {
-            __local uint* row = xs + srow * GT_XW;
             uint p = 4 * (sq4 + 4 * i);  // the chunk's K pair of the uint4's first word
-            row[gt_word(p)] = gt_scale2(xv[i].x, gv[i].x, srs, a.has_norm);
-            row[gt_word(p + 1)] = gt_scale2(xv[i].y, gv[i].y, srs, a.has_norm);
-            row[gt_word(p + 2)] = gt_scale2(xv[i].z, gv[i].z, srs, a.has_norm);
-            row[gt_word(p + 3)] = gt_scale2(xv[i].w, gv[i].w, srs, a.has_norm);
+            srow_xs[gt_word(p)] = gt_scale2(xv[i].x, gv[i].x, srs, a.has_norm);
+            srow_xs[gt_word(p + 1)] = gt_scale2(xv[i].y, gv[i].y, srs, a.has_norm);
+            srow_xs[gt_word(p + 2)] = gt_scale2(xv[i].z, gv[i].z, srs, a.has_norm);
+            srow_xs[gt_word(p + 3)] = gt_scale2(xv[i].w, gv[i].w, srs, a.has_norm);
         }
         GT_LOAD_INPUT(k0 + GT_KC);  // the next chunk's input, in flight during this one's products
         barrier(CLK_LOCAL_MEM_FENCE);

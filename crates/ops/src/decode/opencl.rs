@@ -231,14 +231,9 @@ pub(super) fn gemv(desc: &DecodeGemv, device: &Device) -> Result<Tensor> {
     let out_cols = n0;
     let y = Tensor::alloc(&[b, out_cols], x.dtype, device)?;
     let tc = tc_plan(device, x.dtype, (b, k, launch.args.units as usize), &w_off);
-    let program = match &tc {
-        Some((options, _)) => program(device, &DECODE, options)?,
-        None => program_for(device, &DECODE, x.dtype)?,
-    };
-    let name = if tc.is_some() {
-        "decode_gemv_tc"
-    } else {
-        "decode_gemv"
+    let (program, name) = match &tc {
+        Some((options, _)) => (program(device, &DECODE, options)?, "decode_gemv_tc"),
+        None => (program_for(device, &DECODE, x.dtype)?, "decode_gemv"),
     };
     let mut kern = Kernel::new(&program, name)?;
     let any = |t: Option<&Tensor>| t.unwrap_or(&x).mem();
