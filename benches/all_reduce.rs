@@ -1,4 +1,4 @@
-//! all_reduce bus bandwidth over every OpenCL device (nccl-tests' formula: 2(n-1)/n x bytes / time) for 1 KiB..1 GiB, against a device->host->device round trip of the same bytes on one device measured in the same run.
+//! all_reduce bus bandwidth over the OpenCL devices of the best kind present (the GPUs where there are any) (nccl-tests' formula: 2(n-1)/n x bytes / time) for 1 KiB..1 GiB, against a device->host->device round trip of the same bytes on one device measured in the same run.
 //!
 //! `cargo bench -p netcl --bench all_reduce` (NETCL_BENCH_MAX_BYTES caps the largest size, default
 //! 1 GiB, also capped by the devices' max allocation). Prints a markdown table.
@@ -9,10 +9,14 @@ use netcl::prelude::*;
 use std::time::Instant;
 
 fn main() -> Result<()> {
-    let devices = Device::opencl_devices();
+    // The devices data-parallel training takes by default: the GPUs where there are any.
+    let devices: Vec<Device> = netcl::distributed::parse_devices("all")?
+        .into_iter()
+        .filter(|d| d.is_opencl())
+        .collect();
     if devices.len() < 2 {
         println!(
-            "all_reduce bench: needs two OpenCL devices, found {}",
+            "all_reduce bench: needs two OpenCL devices of one kind, found {}",
             devices.len()
         );
         return Ok(());

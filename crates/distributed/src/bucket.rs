@@ -38,6 +38,9 @@ pub(crate) enum Job {
 pub struct CopyRecord {
     pub bucket: usize,
     pub bytes: usize,
+    /// When backward had produced it (the end of the compute queue's marker after its kernels;
+    /// 0 where the device does not time markers).
+    pub ready: u64,
     /// Device to host (start, end).
     pub to_host: (u64, u64),
     /// Host to device (start, end).
@@ -352,6 +355,7 @@ impl Worker {
                 done.copies.push(CopyRecord {
                     bucket: index,
                     bytes: b.len * 4,
+                    ready: times(&produced).1,
                     to_host: times(&read),
                     to_device: (0, 0),
                 });
@@ -392,12 +396,14 @@ fn records(chunks: Vec<ChunkTimes>) -> Vec<CopyRecord> {
         match out.last_mut() {
             Some(r) if r.bucket == c.tag => {
                 r.bytes += c.bytes;
+                r.ready = r.ready.max(c.ready);
                 r.to_host = (r.to_host.0.min(c.down.0), r.to_host.1.max(c.down.1));
                 r.to_device = (r.to_device.0.min(c.gather.0), r.to_device.1.max(c.gather.1));
             }
             _ => out.push(CopyRecord {
                 bucket: c.tag,
                 bytes: c.bytes,
+                ready: c.ready,
                 to_host: c.down,
                 to_device: c.gather,
             }),

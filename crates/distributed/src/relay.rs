@@ -84,10 +84,12 @@ pub(crate) struct Chunk {
     pub parts: Vec<Range<usize>>,
 }
 
-/// Device times (raw device clock, ns) of one chunk's copies: its down copy and its gather.
+/// Device times (raw device clock, ns) of one chunk: when its data was ready (the end of its
+/// `after` event; 0 without one), its down copy and its gather.
 pub(crate) struct ChunkTimes {
     pub tag: usize,
     pub bytes: usize,
+    pub ready: u64,
     pub down: (u64, u64),
     pub gather: (u64, u64),
 }
@@ -564,6 +566,7 @@ impl<'c> Relay<'c> {
             .map(|c| ChunkTimes {
                 tag: c.chunk.tag,
                 bytes: c.chunk.len * e,
+                ready: span(c.chunk.after.as_slice()).1,
                 down: span(c.down.as_slice()),
                 gather: span(&c.gather),
             })

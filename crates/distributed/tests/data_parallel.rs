@@ -200,6 +200,15 @@ fn bucket_copies_overlap_backward_kernels() -> Result<()> {
                 c.bucket, c.bytes
             );
             left_early += usize::from(e < last_start);
+            // A bucket leaves only once backward has produced it (where the device times its
+            // markers).
+            assert!(
+                c.ready == 0 || c.ready <= c.to_host.0,
+                "device {ordinal} bucket {}: copied at {} before it was ready at {}",
+                c.bucket,
+                c.to_host.0,
+                c.ready
+            );
         }
         left.push((left_early, records.len()));
     }

@@ -1,7 +1,8 @@
 //! The data-parallel workloads of netcl-bench: the Llama-110M step (16 sequences of 512 per GPU, AdamW; f32 or bf16 autocast, gradients sent in f32 or bf16, optimizer sharded or not) and the 1B-class step, on one GPU and on several through DataParallel; benches/reference/ddp_torch.py runs PyTorch DDP / ZeroRedundancyOptimizer on the same shapes.
 //!
-//! NETCL_BENCH_DDP_BUCKET sets the bucket size; NETCL_BENCH_DDP_TRACE=1 prints rank 0's bucket
-//! copies of the last synchronised step (device clock) to stderr. Built with feature `mpi` and
+//! NETCL_BENCH_DDP_BUCKET sets the bucket size; NETCL_BENCH_DDP_TRACE=1 prints each rank's buckets
+//! of the last synchronised step (when backward produced each, its copies; device clock) to
+//! stderr. Built with feature `mpi` and
 //! run under mpirun with NETCL_BENCH_MPI=1, each process takes NETCL_BENCH_GPUS GPUs (those of
 //! its local rank on the node) and the job's ranks train together (MpiWorld::group); rank 0
 //! prints.
@@ -280,8 +281,8 @@ fn rank_step(comm: &netcl_distributed::Comm, mode: &Mode, sync: bool) -> Result<
         })
     })?;
     comm.barrier()?;
-    if sync && comm.rank() == 0 && std::env::var("NETCL_BENCH_DDP_TRACE").is_ok() {
-        trace(&ddp);
+    if sync && std::env::var("NETCL_BENCH_DDP_TRACE").is_ok() {
+        trace(comm.rank(), &ddp);
     }
     // The slowest rank sets the pace (and reports for all, where ranks are processes).
     let mut worst = [out.0 as f32, out.1 as f32];
@@ -328,22 +329,27 @@ fn timed(dev: &Device, mut step: impl FnMut() -> Result<()>) -> Result<f64> {
     Ok(start.elapsed().as_secs_f64() / STEPS as f64)
 }
 
-/// The last step's bucket copies on this rank (device clock, ms from the first copy).
-fn trace(ddp: &DataParallel<'_>) {
+/// The last step's buckets on this rank (device clock, ms from its first bucket ready): when
+/// backward had produced each, its copies down and back.
+fn trace(rank: usize, ddp: &DataParallel<'_>) {
     let c = ddp.last_copies();
-    let Some(t0) = c.iter().map(|r| r.to_host.0).min() else {
+    let ready = c.iter().map(|r| r.ready).filter(|&t| t > 0);
+    let Some(t0) = ready.chain(c.iter().map(|r| r.to_host.0)).min() else {
         return;
     };
     let ms = |t: u64| (t.saturating_sub(t0)) as f64 / 1e6;
+    let mut out = String::new();
     for r in c {
-        eprintln!(
-            "bucket {:3} {:6.2} MB  down {:7.2}..{:7.2}  gather {:7.2}..{:7.2}",
+        out += &format!(
+            "rank {rank} bucket {:3} {:6.2} MB  ready {:7.2}  down {:7.2}..{:7.2}  gather {:7.2}..{:7.2}\n",
             r.bucket,
             r.bytes as f64 / 1e6,
+            ms(r.ready),
             ms(r.to_host.0),
             ms(r.to_host.1),
             ms(r.to_device.0),
             ms(r.to_device.1)
         );
     }
+    eprint!("{out}");
 }
