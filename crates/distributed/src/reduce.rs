@@ -110,7 +110,9 @@ pub(crate) unsafe fn fold<T: Wire>(
     // conversions gain the most).
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512bw") {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+        {
             return fold_avx512(srcs, scales, op, dst, len);
         }
         if std::arch::is_x86_feature_detected!("avx2") {
@@ -120,35 +122,28 @@ pub(crate) unsafe fn fold<T: Wire>(
     fold_lanes(srcs, scales, op, dst, len)
 }
 
-/// [`fold_lanes`] compiled for AVX2 (8 lanes).
-///
-/// SAFETY: as [`fold`], on a CPU with AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn fold_avx2<T: Wire>(
-    srcs: &[*const T],
-    scales: &[f32],
-    op: ReduceOp,
-    dst: *mut T,
-    len: usize,
-) {
-    fold_lanes(srcs, scales, op, dst, len)
+/// [`fold_lanes`] compiled for more instruction sets than the build's baseline.
+macro_rules! fold_for {
+    ($name:ident, $features:literal) => {
+        /// [`fold_lanes`] compiled with
+        #[doc = $features]
+        ///
+        /// SAFETY: as [`fold`], on a CPU with those features.
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<T: Wire>(
+            srcs: &[*const T],
+            scales: &[f32],
+            op: ReduceOp,
+            dst: *mut T,
+            len: usize,
+        ) {
+            fold_lanes(srcs, scales, op, dst, len)
+        }
+    };
 }
-
-/// [`fold_lanes`] compiled for AVX-512 (16 lanes).
-///
-/// SAFETY: as [`fold`], on a CPU with AVX-512 F and BW.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn fold_avx512<T: Wire>(
-    srcs: &[*const T],
-    scales: &[f32],
-    op: ReduceOp,
-    dst: *mut T,
-    len: usize,
-) {
-    fold_lanes(srcs, scales, op, dst, len)
-}
+fold_for!(fold_avx512, "avx512f,avx512bw");
+fold_for!(fold_avx2, "avx2");
 
 /// [`fold`]'s loops, inlined into each instruction set's copy.
 #[inline(always)]
