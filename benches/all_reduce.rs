@@ -1,4 +1,4 @@
-//! all_reduce bus bandwidth over the OpenCL devices of the best kind present (the GPUs where there are any) (nccl-tests' formula: 2(n-1)/n x bytes / time) for 1 KiB..1 GiB, against a device->host->device round trip of the same bytes on one device measured in the same run.
+//! all_reduce bus bandwidth (nccl-tests' formula: 2(n-1)/n x bytes / time) over the OpenCL devices of the best kind present (the GPUs where there are any) for 1 KiB..1 GiB, against a device->host->device round trip of the same bytes on one device measured in the same run.
 //!
 //! `cargo bench -p netcl --bench all_reduce` (NETCL_BENCH_MAX_BYTES caps the largest size, default
 //! 1 GiB, also capped by the devices' max allocation). Prints a markdown table.

@@ -320,12 +320,7 @@ mod tests {
             ReduceOp::Min,
             ReduceOp::WeightedSum,
         ];
-        fn check<T: Wire + PartialEq + std::fmt::Debug>(
-            data: &[Vec<T>],
-            scales: &[f32],
-            op: ReduceOp,
-            len: usize,
-        ) {
+        fn check<T: Wire>(data: &[Vec<T>], scales: &[f32], op: ReduceOp, len: usize) {
             let srcs: Vec<*const T> = data.iter().map(|d| d.as_ptr()).collect();
             let mut want = data[0].clone();
             let mut got = data[0].clone();

@@ -2,10 +2,9 @@
 //!
 //! NETCL_BENCH_DDP_BUCKET sets the bucket size; NETCL_BENCH_DDP_TRACE=1 prints each rank's buckets
 //! of the last synchronised step (when backward produced each, its copies; device clock) to
-//! stderr. Built with feature `mpi` and
-//! run under mpirun with NETCL_BENCH_MPI=1, each process takes NETCL_BENCH_GPUS GPUs (those of
-//! its local rank on the node) and the job's ranks train together (MpiWorld::group); rank 0
-//! prints.
+//! stderr. Built with feature `mpi` and run under mpirun with NETCL_BENCH_MPI=1, each process
+//! takes NETCL_BENCH_GPUS GPUs (those of its local rank on the node) and the job's ranks train
+//! together (MpiWorld::group); rank 0 prints.
 use crate::Runner;
 use netcl_autograd::Tape;
 use netcl_bench::train::LlamaStep;
