@@ -1,7 +1,7 @@
 //! The communication thread of data-parallel training: reduces gradient buckets across ranks as backward hands them over (through the device relay where every rank is an OpenCL device, else through host staging on the copy queue).
 use crate::group::Comm;
 use crate::reduce::{round_to_bf16, ReduceOp};
-use crate::relay::{within, Chunk, ChunkTimes, Relay, Session};
+use crate::relay::{within, Chunk, ChunkTimes, Relay, Session, HOST_STEPS};
 use crate::staging::{queue, read, write, Queue};
 use netcl_core_devices::opencl3::event::Event;
 use netcl_core_devices::{ClResultExt, Error, Result};
@@ -45,6 +45,10 @@ pub struct CopyRecord {
     pub to_host: (u64, u64),
     /// Host to device (start, end).
     pub to_device: (u64, u64),
+    /// The device relay's host times of its last chunk, ns since the step's relay session began
+    /// (0: not through the relay): its copy down issued, seen complete, its fold started, ended,
+    /// its gather issued, seen complete.
+    pub host: [u64; HOST_STEPS],
 }
 
 enum Msg {
@@ -358,6 +362,7 @@ impl Worker {
                     ready: times(&produced).1,
                     to_host: times(&read),
                     to_device: (0, 0),
+                    host: [0; HOST_STEPS],
                 });
                 done.writes.push(w);
             }
@@ -397,6 +402,7 @@ fn records(chunks: Vec<ChunkTimes>) -> Vec<CopyRecord> {
             Some(r) if r.bucket == c.tag => {
                 r.bytes += c.bytes;
                 r.ready = r.ready.max(c.ready);
+                r.host = std::array::from_fn(|s| r.host[s].max(c.host[s]));
                 r.to_host = (r.to_host.0.min(c.down.0), r.to_host.1.max(c.down.1));
                 r.to_device = (r.to_device.0.min(c.gather.0), r.to_device.1.max(c.gather.1));
             }
@@ -406,6 +412,7 @@ fn records(chunks: Vec<ChunkTimes>) -> Vec<CopyRecord> {
                 ready: c.ready,
                 to_host: c.down,
                 to_device: c.gather,
+                host: c.host,
             }),
         }
     }

@@ -30,7 +30,7 @@ use netcl_core_devices::opencl3::types::cl_mem;
 use netcl_core_devices::{ClResultExt, Error, Result};
 use netcl_core_memory::PinnedBuffer;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -85,11 +85,12 @@ pub(crate) struct Chunk {
 }
 
 /// Device times (raw device clock, ns) of one chunk: when its data was ready (the end of its
-/// `after` event; 0 without one), its down copy and its gather.
+/// `after` event; 0 without one), its down copy and its gather; and the relay's host times.
 pub(crate) struct ChunkTimes {
     pub tag: usize,
     pub bytes: usize,
     pub ready: u64,
+    pub host: [u64; HOST_STEPS],
     pub down: (u64, u64),
     pub gather: (u64, u64),
 }
@@ -100,6 +101,17 @@ struct InFlight {
     /// Set by the fold of this rank's segment once it is in the slot.
     folded: Arc<AtomicBool>,
     gather: Vec<Event>,
+    /// Host times of its steps (`HOST_STEPS`), set by the relay thread and the fold.
+    host: Arc<[AtomicU64; HOST_STEPS]>,
+}
+
+/// The host times a chunk records (ns since its session began, 0 if not reached): its down copy
+/// issued, seen complete, its fold started, ended, its gather issued, seen complete.
+pub(crate) const HOST_STEPS: usize = 6;
+
+/// Ns since `t0`, never 0 (0 marks a step not reached).
+fn since(t0: Instant) -> u64 {
+    t0.elapsed().as_nanos() as u64 + 1
 }
 
 /// The part of `r` (elements of a relayed buffer) in the chunk of `len` elements from `at`, as
@@ -152,6 +164,8 @@ pub(crate) struct Relay<'c> {
     gather_issued: usize,
     freed: usize,
     name: &'static str,
+    /// When the session began (the chunks' host times count from it).
+    t0: Instant,
 }
 
 /// Whether every event has completed; an error for a failed command.
@@ -273,6 +287,7 @@ impl<'c> Relay<'c> {
             gather_issued: 0,
             freed: 0,
             name,
+            t0: Instant::now(),
         })
     }
 
@@ -312,6 +327,7 @@ impl<'c> Relay<'c> {
             down: None,
             folded: Arc::new(AtomicBool::new(false)),
             gather: Vec::new(),
+            host: Arc::new(Default::default()),
         });
         Ok(())
     }
@@ -329,6 +345,11 @@ impl<'c> Relay<'c> {
     fn slot(&self, rank: usize, i: usize) -> usize {
         let k = ((self.base + i as u64) % SLOTS as u64) as usize;
         self.peers[rank].addr + k * self.slot_bytes
+    }
+
+    /// Notes host step `step` of chunk `i` now.
+    fn stamp(&self, i: usize, step: usize) {
+        self.chunks[i].host[step].store(since(self.t0), Ordering::Relaxed);
     }
 
     fn issue_down(&mut self, i: usize) -> Result<()> {
@@ -354,6 +375,7 @@ impl<'c> Relay<'c> {
             )?
         };
         self.chunks[i].down = Some(ev);
+        self.stamp(i, 0);
         Ok(())
     }
 
@@ -375,8 +397,13 @@ impl<'c> Relay<'c> {
             self.comm.hub.clone(),
             self.bf16,
         );
-        let done = self.chunks[i].folded.clone();
+        let (done, host, t0) = (
+            self.chunks[i].folded.clone(),
+            self.chunks[i].host.clone(),
+            self.t0,
+        );
         let fold = move || {
+            host[2].store(since(t0), Ordering::Relaxed);
             // SAFETY: every slot holds chunk i (every rank passed Down) and stays unchanged
             // until every rank passes Freed, which needs this fold; segment r of this rank's
             // slot is read by nobody else before this rank passes Reduced, after the fold. The
@@ -390,6 +417,7 @@ impl<'c> Relay<'c> {
                     fold_parallel(&ptrs, &scales, op, ptrs[r] as *mut _, own.len())
                 }
             };
+            host[3].store(since(t0), Ordering::Relaxed);
             done.store(true, Ordering::Release);
             hub.poke();
         };
@@ -431,6 +459,7 @@ impl<'c> Relay<'c> {
             });
         }
         self.chunks[i].gather = events;
+        self.stamp(i, 4);
         Ok(())
     }
 
@@ -443,6 +472,7 @@ impl<'c> Relay<'c> {
         while self.freed < self.gather_issued
             && complete(&self.chunks[self.freed].gather, self.name)?
         {
+            self.stamp(self.freed, 5);
             self.freed += 1;
             hub.publish(r, Stage::Freed, base + self.freed as u64);
             moved = true;
@@ -478,6 +508,7 @@ impl<'c> Relay<'c> {
         while self.down_done < self.down_issued
             && complete(self.chunks[self.down_done].down.as_slice(), self.name)?
         {
+            self.stamp(self.down_done, 1);
             self.down_done += 1;
             hub.publish(r, Stage::Down, base + self.down_done as u64);
             moved = true;
@@ -567,6 +598,7 @@ impl<'c> Relay<'c> {
                 tag: c.chunk.tag,
                 bytes: c.chunk.len * e,
                 ready: span(c.chunk.after.as_slice()).1,
+                host: std::array::from_fn(|s| c.host[s].load(Ordering::Relaxed)),
                 down: span(c.down.as_slice()),
                 gather: span(&c.gather),
             })

@@ -202,6 +202,15 @@ fn bucket_copies_overlap_backward_kernels() -> Result<()> {
             left_early += usize::from(e < last_start);
             // A bucket leaves only once backward has produced it (where the device times its
             // markers).
+            // The relay's host steps of a bucket happen in order: copy down issued, seen done,
+            // fold, gather issued, seen done.
+            let steps: Vec<u64> = c.host.iter().copied().filter(|&t| t > 0).collect();
+            assert!(
+                steps.len() == c.host.len() && steps.windows(2).all(|w| w[0] <= w[1]),
+                "device {ordinal} bucket {}: host steps {:?}",
+                c.bucket,
+                c.host
+            );
             assert!(
                 c.ready == 0 || c.ready <= c.to_host.0,
                 "device {ordinal} bucket {}: copied at {} before it was ready at {}",

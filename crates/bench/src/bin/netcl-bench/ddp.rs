@@ -328,8 +328,10 @@ fn timed(dev: &Device, mut step: impl FnMut() -> Result<()>) -> Result<f64> {
     Ok(start.elapsed().as_secs_f64() / STEPS as f64)
 }
 
-/// The last step's buckets on this rank (device clock, ms from its first bucket ready): when
-/// backward had produced each, its copies down and back.
+/// The last step's buckets on this rank: when backward had produced each and its copies down
+/// and back (device clock, ms from its first bucket ready), and the relay's host steps of its
+/// last chunk (host clock, ms from the session's start: copy down issued / seen done, fold start
+/// / end, gather issued / seen done).
 fn trace(rank: usize, ddp: &DataParallel<'_>) {
     let c = ddp.last_copies();
     let ready = c.iter().map(|r| r.ready).filter(|&t| t > 0);
@@ -339,15 +341,21 @@ fn trace(rank: usize, ddp: &DataParallel<'_>) {
     let ms = |t: u64| (t.saturating_sub(t0)) as f64 / 1e6;
     let mut out = String::new();
     for r in c {
+        let host: Vec<String> = r
+            .host
+            .iter()
+            .map(|&t| format!("{:6.2}", t as f64 / 1e6))
+            .collect();
         out += &format!(
-            "rank {rank} bucket {:3} {:6.2} MB  ready {:7.2}  down {:7.2}..{:7.2}  gather {:7.2}..{:7.2}\n",
+            "rank {rank} bucket {:3} {:6.2} MB  ready {:7.2}  down {:7.2}..{:7.2}  gather {:7.2}..{:7.2}  host {}\n",
             r.bucket,
             r.bytes as f64 / 1e6,
             ms(r.ready),
             ms(r.to_host.0),
             ms(r.to_host.1),
             ms(r.to_device.0),
-            ms(r.to_device.1)
+            ms(r.to_device.1),
+            host.join(" ")
         );
     }
     eprint!("{out}");
