@@ -55,6 +55,15 @@ pub enum ReduceOp {
 }
 
 impl ReduceOp {
+    /// Every operator.
+    pub const ALL: [ReduceOp; 5] = [
+        ReduceOp::Sum,
+        ReduceOp::Mean,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::WeightedSum,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "sum",
@@ -313,13 +322,6 @@ mod tests {
             _ => f32::from_bits(((i * 31 + r * 1013) as u32).wrapping_mul(2_654_435_761)) % 1e6,
         };
         let scales = [0.5, 0.25, 0.125];
-        let ops = [
-            ReduceOp::Sum,
-            ReduceOp::Mean,
-            ReduceOp::Max,
-            ReduceOp::Min,
-            ReduceOp::WeightedSum,
-        ];
         fn check<T: Wire>(data: &[Vec<T>], scales: &[f32], op: ReduceOp, len: usize) {
             let srcs: Vec<*const T> = data.iter().map(|d| d.as_ptr()).collect();
             let mut want = data[0].clone();
@@ -332,7 +334,7 @@ mod tests {
             let bits = |v: &[T]| v.iter().map(|x| x.get().to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "{op:?}");
         }
-        for op in ops {
+        for op in ReduceOp::ALL {
             let f: Vec<Vec<f32>> = (0..3)
                 .map(|r| (0..len).map(|i| value(r, i)).collect())
                 .collect();

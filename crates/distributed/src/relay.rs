@@ -30,7 +30,7 @@ use netcl_core_devices::opencl3::types::cl_mem;
 use netcl_core_devices::{ClResultExt, Error, Result};
 use netcl_core_memory::PinnedBuffer;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -98,16 +98,30 @@ pub(crate) struct ChunkTimes {
 struct InFlight {
     chunk: Chunk,
     down: Option<Event>,
-    /// Set by the fold of this rank's segment once it is in the slot.
-    folded: Arc<AtomicBool>,
     gather: Vec<Event>,
-    /// Host times of its steps (`HOST_STEPS`), set by the relay thread and the fold.
+    /// Host times of its steps (`HOST_STEPS`), set by the relay thread and the fold; the fold's
+    /// end (`FOLDED`, stored with Release) is also the signal that this rank's segment is in
+    /// its slot.
     host: Arc<[AtomicU64; HOST_STEPS]>,
 }
 
-/// The host times a chunk records (ns since its session began, 0 if not reached): its down copy
-/// issued, seen complete, its fold started, ended, its gather issued, seen complete.
+impl InFlight {
+    /// Whether this rank's segment of the chunk is folded into its slot.
+    fn folded(&self) -> bool {
+        self.host[FOLDED].load(Ordering::Acquire) != 0
+    }
+}
+
+/// The host times a chunk records (ns since its session began, 0 if not reached), in this
+/// order: its down copy issued, seen complete, its fold started, ended, its gather issued, seen
+/// complete.
 pub(crate) const HOST_STEPS: usize = 6;
+const DOWN_ISSUED: usize = 0;
+const DOWN_SEEN: usize = 1;
+const FOLD_STARTED: usize = 2;
+const FOLDED: usize = 3;
+const GATHER_ISSUED: usize = 4;
+const GATHER_SEEN: usize = 5;
 
 /// Ns since `t0`, never 0 (0 marks a step not reached).
 fn since(t0: Instant) -> u64 {
@@ -325,7 +339,6 @@ impl<'c> Relay<'c> {
         self.chunks.push(InFlight {
             chunk,
             down: None,
-            folded: Arc::new(AtomicBool::new(false)),
             gather: Vec::new(),
             host: Arc::new(Default::default()),
         });
@@ -375,16 +388,17 @@ impl<'c> Relay<'c> {
             )?
         };
         self.chunks[i].down = Some(ev);
-        self.stamp(i, 0);
+        self.stamp(i, DOWN_ISSUED);
         Ok(())
     }
 
     /// Start folding segment r of every rank's slot of chunk `i` into this rank's slot, on the
-    /// fold pool: this thread goes on issuing copies meanwhile. The fold sets the chunk's
-    /// `folded` flag and wakes the hub's waiters when done.
+    /// fold pool: this thread goes on issuing copies meanwhile. The fold notes its end (the
+    /// chunk is then `folded`) and wakes the hub's waiters.
     fn start_fold(&self, i: usize) {
         if self.gather {
-            self.chunks[i].folded.store(true, Ordering::Release);
+            self.stamp(i, FOLD_STARTED);
+            self.chunks[i].host[FOLDED].store(since(self.t0), Ordering::Release);
             return;
         }
         let (n, r) = (self.comm.size, self.comm.rank);
@@ -397,13 +411,9 @@ impl<'c> Relay<'c> {
             self.comm.hub.clone(),
             self.bf16,
         );
-        let (done, host, t0) = (
-            self.chunks[i].folded.clone(),
-            self.chunks[i].host.clone(),
-            self.t0,
-        );
+        let (host, t0) = (self.chunks[i].host.clone(), self.t0);
         let fold = move || {
-            host[2].store(since(t0), Ordering::Relaxed);
+            host[FOLD_STARTED].store(since(t0), Ordering::Relaxed);
             // SAFETY: every slot holds chunk i (every rank passed Down) and stays unchanged
             // until every rank passes Freed, which needs this fold; segment r of this rank's
             // slot is read by nobody else before this rank passes Reduced, after the fold. The
@@ -417,8 +427,7 @@ impl<'c> Relay<'c> {
                     fold_parallel(&ptrs, &scales, op, ptrs[r] as *mut _, own.len())
                 }
             };
-            host[3].store(since(t0), Ordering::Relaxed);
-            done.store(true, Ordering::Release);
+            host[FOLDED].store(since(t0), Ordering::Release);
             hub.poke();
         };
         match fold_pool() {
@@ -459,7 +468,7 @@ impl<'c> Relay<'c> {
             });
         }
         self.chunks[i].gather = events;
-        self.stamp(i, 4);
+        self.stamp(i, GATHER_ISSUED);
         Ok(())
     }
 
@@ -472,7 +481,7 @@ impl<'c> Relay<'c> {
         while self.freed < self.gather_issued
             && complete(&self.chunks[self.freed].gather, self.name)?
         {
-            self.stamp(self.freed, 5);
+            self.stamp(self.freed, GATHER_SEEN);
             self.freed += 1;
             hub.publish(r, Stage::Freed, base + self.freed as u64);
             moved = true;
@@ -508,7 +517,7 @@ impl<'c> Relay<'c> {
         while self.down_done < self.down_issued
             && complete(self.chunks[self.down_done].down.as_slice(), self.name)?
         {
-            self.stamp(self.down_done, 1);
+            self.stamp(self.down_done, DOWN_SEEN);
             self.down_done += 1;
             hub.publish(r, Stage::Down, base + self.down_done as u64);
             moved = true;
@@ -520,9 +529,7 @@ impl<'c> Relay<'c> {
             self.folds_started += 1;
             moved = true;
         }
-        while self.reduced < self.folds_started
-            && self.chunks[self.reduced].folded.load(Ordering::Acquire)
-        {
+        while self.reduced < self.folds_started && self.chunks[self.reduced].folded() {
             self.reduced += 1;
             hub.publish(r, Stage::Reduced, base + self.reduced as u64);
             moved = true;
@@ -612,7 +619,7 @@ impl Drop for Relay<'_> {
     fn drop(&mut self) {
         // Folds read and write the slots.
         for c in &self.chunks[..self.folds_started] {
-            while !c.folded.load(Ordering::Acquire) {
+            while !c.folded() {
                 std::thread::yield_now();
             }
         }

@@ -27,13 +27,7 @@ fn all_reduce_matches_the_host_bit_for_bit() -> Result<()> {
     for group in groups() {
         let size = group.size();
         let weights: Vec<f32> = (0..size).map(|r| (r + 1) as f32 / 7.0).collect();
-        for op in [
-            ReduceOp::Sum,
-            ReduceOp::Mean,
-            ReduceOp::Max,
-            ReduceOp::Min,
-            ReduceOp::WeightedSum,
-        ] {
+        for op in ReduceOp::ALL {
             for n in SIZES {
                 let want = bits(&reference(op, size, n, &weights));
                 let got = group.run(|comm| {

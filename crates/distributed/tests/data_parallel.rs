@@ -200,8 +200,6 @@ fn bucket_copies_overlap_backward_kernels() -> Result<()> {
                 c.bucket, c.bytes
             );
             left_early += usize::from(e < last_start);
-            // A bucket leaves only once backward has produced it (where the device times its
-            // markers).
             // The relay's host steps of a bucket happen in order: copy down issued, seen done,
             // fold, gather issued, seen done.
             let steps: Vec<u64> = c.host.iter().copied().filter(|&t| t > 0).collect();
@@ -211,6 +209,8 @@ fn bucket_copies_overlap_backward_kernels() -> Result<()> {
                 c.bucket,
                 c.host
             );
+            // A bucket leaves only once backward has produced it (where the device times its
+            // markers).
             assert!(
                 c.ready == 0 || c.ready <= c.to_host.0,
                 "device {ordinal} bucket {}: copied at {} before it was ready at {}",
